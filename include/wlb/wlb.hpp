@@ -3,3 +3,15 @@
 #pragma once
 
 #include "wlb/core/document.hpp"
+#include "wlb/cost/cost_model.hpp"
+#include "wlb/io/default_distribution.hpp"
+#include "wlb/io/lengths.hpp"
+#include "wlb/io/profile.hpp"
+#include "wlb/metrics/imbalance.hpp"
+#include "wlb/pack/fixed_greedy_packer.hpp"
+#include "wlb/pack/make_packer.hpp"
+#include "wlb/pack/original_packer.hpp"
+#include "wlb/pack/packer.hpp"
+#include "wlb/pack/refine.hpp"
+#include "wlb/pack/stream.hpp"
+#include "wlb/pack/wlb_packer.hpp"

@@ -1,0 +1,213 @@
+// Cost models W(d) = W_a(d) + W_l(d): how much work one document of d tokens is.
+//
+//   // From a transformer shape: forward FLOPs.
+//   absl::StatusOr<wlb::CostModel> w = wlb::CostModelFromPreset("llama2-7b");
+//   double flops = (*w)(4096);
+//
+//   // Fitted to measured attention latency (ms) by non-negative least squares.
+//   absl::StatusOr<wlb::ProfileFit> fit = wlb::FitCostModel(points);
+//
+// FLOP formula (forward pass, one document of d tokens, summed over `layers` layers; h = hidden,
+// f = ffn, hd = h / heads, kv = kv_heads * hd):
+//   W_l(d) = layers * d * (2*h*(h + 2*kv)   [Q, K, V projections]
+//                          + 2*h*h          [output projection]
+//                          + 6*h*f)         [SwiGLU MLP: gate, up, down]
+//   W_a(d) = layers * 4*h * d*(d+1)/2       [causal: d(d+1)/2 (query, key) pairs, 2*hd FLOPs for
+//                                            QK^T and 2*hd for PV per pair and query head]
+// Embeddings and the LM head are left out: they are linear in tokens and the same for any packing
+// of a step, so they shift costs but do not change which packing is balanced.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "Eigen/Dense"
+
+namespace wlb {
+
+// The shape of a LLaMA-style decoder (SwiGLU MLP, grouped-query attention).
+struct TransformerShape {
+  std::string name;
+  int64_t hidden = 0;
+  int64_t ffn = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t layers = 0;
+};
+
+// Built-in shapes. "wlb-550m" is the ~550M-parameter model of the paper's 550M runs as wlb assumes
+// it (the paper does not publish it): hidden 1536, ffn 4096, 16 heads, 16 KV heads, 16 layers
+// = 453M in the blocks + 98M in 32K-vocabulary embeddings and head.
+inline const std::vector<TransformerShape>& TransformerPresets() {
+  static const std::vector<TransformerShape> presets = {
+      {"llama2-7b", 4096, 11008, 32, 32, 32},
+      {"llama2-13b", 5120, 13824, 40, 40, 40},
+      {"llama2-70b", 8192, 28672, 64, 8, 80},
+      {"wlb-550m", 1536, 4096, 16, 16, 16},
+  };
+  return presets;
+}
+
+// W(d) = attn_quadratic*d^2 + attn_linear*d + linear_per_token*d + per_document, all >= 0.
+// `unit` says what a cost counts ("flop" or "ms").
+struct CostModel {
+  double attn_quadratic = 0.0;
+  double attn_linear = 0.0;
+  double linear_per_token = 0.0;
+  double per_document = 0.0;
+  std::string unit = "flop";
+  std::string description;
+
+  // The attention part W_a(d).
+  double Attention(int64_t d) const {
+    const double x = static_cast<double>(d);
+    return attn_quadratic * x * x + attn_linear * x;
+  }
+  // The linear part W_l(d), including the per-document constant.
+  double Linear(int64_t d) const {
+    return linear_per_token * static_cast<double>(d) + per_document;
+  }
+  // W(d).
+  double operator()(int64_t d) const { return Attention(d) + Linear(d); }
+};
+
+// Checks a shape: every size positive, hidden divisible by heads, kv_heads dividing heads.
+inline absl::Status ValidateShape(const TransformerShape& s) {
+  const std::array<std::pair<const char*, int64_t>, 5> sizes = {{{"hidden", s.hidden},
+                                                                 {"ffn", s.ffn},
+                                                                 {"heads", s.heads},
+                                                                 {"kv_heads", s.kv_heads},
+                                                                 {"layers", s.layers}}};
+  for (const auto& [name, value] : sizes) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("transformer shape '%s': %s must be > 0, got %d", s.name, name, value));
+    }
+  }
+  if (s.hidden % s.heads != 0 || s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "transformer shape '%s': heads (%d) must divide hidden (%d) and kv_heads (%d) must divide "
+        "heads",
+        s.name, s.heads, s.hidden, s.kv_heads));
+  }
+  return absl::OkStatus();
+}
+
+// Forward-FLOP cost model of a shape (formula in the file comment).
+inline absl::StatusOr<CostModel> CostModelFromShape(const TransformerShape& s) {
+  if (absl::Status st = ValidateShape(s); !st.ok()) return st;
+  const double h = static_cast<double>(s.hidden);
+  const double kv = static_cast<double>(s.kv_heads * (s.hidden / s.heads));
+  const double layers = static_cast<double>(s.layers);
+  CostModel m;
+  m.attn_quadratic = layers * 2.0 * h;  // 4h * d(d+1)/2 = 2h d^2 + 2h d
+  m.attn_linear = layers * 2.0 * h;
+  m.linear_per_token = layers * (2.0 * h * (h + 2.0 * kv) + 2.0 * h * h + 6.0 * h * s.ffn);
+  m.unit = "flop";
+  m.description = absl::StrFormat("%s forward FLOPs (hidden %d, ffn %d, heads %d/%d, layers %d)",
+                                  s.name, s.hidden, s.ffn, s.heads, s.kv_heads, s.layers);
+  return m;
+}
+
+// The FLOP cost model of a named preset; an unknown name is an error listing the known ones.
+inline absl::StatusOr<CostModel> CostModelFromPreset(std::string_view name) {
+  std::vector<std::string> known;
+  for (const TransformerShape& s : TransformerPresets()) {
+    if (s.name == name) return CostModelFromShape(s);
+    known.push_back(s.name);
+  }
+  return absl::NotFoundError(absl::StrFormat("unknown cost preset '%s' (known: %s)", name,
+                                             absl::StrJoin(known, ", ")));
+}
+
+// One measurement: a document of `length` tokens took `ms`.
+struct ProfilePoint {
+  int64_t length = 0;
+  double ms = 0.0;
+};
+
+// A fitted model and how well it reproduces the points it was fitted to.
+struct ProfileFit {
+  CostModel model;
+  double rms_relative_error = 0.0;  // sqrt(mean(((fit - ms) / ms)^2))
+  double max_relative_error = 0.0;  // max |fit - ms| / ms
+};
+
+// Fits W(d) = a*d^2 + b*d + c (a, b, c >= 0, in ms) to measured latencies, minimising the squared
+// relative error (so short and long documents count alike). Non-negativity is exact: with three
+// unknowns every active set is tried and the best feasible least-squares solution kept. The
+// quadratic and linear terms go to W_a, the constant to the per-document overhead.
+inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> points) {
+  if (points.size() < 3) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a cost fit needs at least 3 profile points (distinct lengths), got %d", points.size()));
+  }
+  for (const ProfilePoint& p : points) {
+    if (p.length <= 0 || !(p.ms > 0.0) || !std::isfinite(p.ms)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "profile point (length %d, %g ms): length and latency must be positive", p.length, p.ms));
+    }
+  }
+  const Eigen::Index n = static_cast<Eigen::Index>(points.size());
+  Eigen::MatrixXd a(n, 3);
+  Eigen::VectorXd y(n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double d = static_cast<double>(points[i].length);
+    const double w = 1.0 / points[i].ms;  // relative-error weighting
+    a(i, 0) = d * d * w;
+    a(i, 1) = d * w;
+    a(i, 2) = w;
+    y(i) = 1.0;
+  }
+  Eigen::Vector3d best = Eigen::Vector3d::Zero();
+  double best_residual = INFINITY;
+  for (int mask = 1; mask < 8; ++mask) {  // every non-empty set of free coefficients
+    std::vector<Eigen::Index> cols;
+    for (int j = 0; j < 3; ++j) {
+      if (mask & (1 << j)) cols.push_back(j);
+    }
+    Eigen::MatrixXd sub(n, static_cast<Eigen::Index>(cols.size()));
+    for (size_t k = 0; k < cols.size(); ++k) sub.col(static_cast<Eigen::Index>(k)) = a.col(cols[k]);
+    const Eigen::VectorXd x = sub.colPivHouseholderQr().solve(y);
+    if ((x.array() < 0.0).any() || !x.allFinite()) continue;
+    Eigen::Vector3d full = Eigen::Vector3d::Zero();
+    for (size_t k = 0; k < cols.size(); ++k) full(cols[k]) = x(static_cast<Eigen::Index>(k));
+    const double residual = (a * full - y).squaredNorm();
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = full;
+    }
+  }
+  if (!std::isfinite(best_residual)) {
+    return absl::InvalidArgumentError("profile points admit no non-negative quadratic fit");
+  }
+  ProfileFit fit;
+  fit.model.attn_quadratic = best(0);
+  fit.model.attn_linear = best(1);
+  fit.model.per_document = best(2);
+  fit.model.unit = "ms";
+  double sum_sq = 0.0;
+  for (const ProfilePoint& p : points) {
+    const double rel = std::abs(fit.model(p.length) - p.ms) / p.ms;
+    sum_sq += rel * rel;
+    fit.max_relative_error = std::max(fit.max_relative_error, rel);
+  }
+  fit.rms_relative_error = std::sqrt(sum_sq / static_cast<double>(points.size()));
+  fit.model.description = absl::StrFormat(
+      "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)",
+      best(0), best(1), best(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
+      points.size());
+  return fit;
+}
+
+}  // namespace wlb

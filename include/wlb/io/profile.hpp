@@ -1,0 +1,129 @@
+// Reading measured latency profiles and turning a `--cost` argument into a cost model.
+//
+//   absl::StatusOr<std::vector<wlb::ProfilePoint>> pts =
+//       wlb::ReadProfileCsv("../shared/data/h100/compute-attn-H100.csv");
+//   absl::StatusOr<wlb::ProfileFit> fit = wlb::ResolveCostModel("llama2-7b");  // or a CSV path
+//
+// A profile is a CSV (or TSV) with a header. The length column is the first of L, seq_len,
+// ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc, latency(ms),
+// latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are kept (one GPU,
+// no parallelism). Rows with the same length are averaged.
+#pragma once
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "wlb/cost/cost_model.hpp"
+
+namespace wlb {
+
+// Parses profile text (`source` names it in messages).
+inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_view text,
+                                                                 absl::string_view source) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
+  if (lines.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: empty profile", source));
+  }
+  const char delimiter = lines[0].find('\t') != absl::string_view::npos ? '\t' : ',';
+  std::vector<std::string> header;
+  for (absl::string_view h : absl::StrSplit(lines[0], delimiter)) {
+    header.push_back(std::string(absl::StripAsciiWhitespace(h)));
+  }
+  auto find_column = [&](std::initializer_list<absl::string_view> names) -> int {
+    for (absl::string_view name : names) {
+      for (size_t i = 0; i < header.size(); ++i) {
+        if (header[i] == name) return static_cast<int>(i);
+      }
+    }
+    return -1;
+  };
+  const int length_col = find_column({"L", "seq_len", "ctx_length", "length", "q_len"});
+  const int ms_col = find_column({"duration_per_doc", "latency(ms)", "latency_ms", "ms"});
+  if (length_col < 0 || ms_col < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: header '%s' needs a length column (L, seq_len, ctx_length, length, q_len) and a "
+        "latency column (duration_per_doc, latency(ms), latency_ms, ms)",
+        source, lines[0]));
+  }
+  const int filter_cols[] = {find_column({"cp"}), find_column({"tp"})};
+  std::map<int64_t, std::pair<double, int>> by_length;  // length -> (sum ms, rows)
+  for (size_t li = 1; li < lines.size(); ++li) {
+    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], delimiter);
+    if (cells.size() != header.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
+    }
+    bool keep = true;
+    for (int col : filter_cols) {
+      int64_t degree = 0;
+      if (col >= 0 && (!absl::SimpleAtoi(absl::StripAsciiWhitespace(cells[col]), &degree) ||
+                       degree != 1)) {
+        keep = false;
+      }
+    }
+    if (!keep) continue;
+    int64_t length = 0;
+    double ms = 0.0;
+    absl::string_view length_text = absl::StripAsciiWhitespace(cells[length_col]);
+    absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
+    if (!absl::SimpleAtoi(length_text, &length) || length <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: length '%s' is not a positive integer", source, li + 1, length_text));
+    }
+    if (!absl::SimpleAtod(ms_text, &ms) || !(ms > 0.0) || !std::isfinite(ms)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: latency '%s' is not a positive number", source, li + 1, ms_text));
+    }
+    auto& [sum, rows] = by_length[length];
+    sum += ms;
+    ++rows;
+  }
+  std::vector<ProfilePoint> points;
+  for (const auto& [length, acc] : by_length) {
+    points.push_back({length, acc.first / acc.second});
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: no usable rows (rows with cp/tp other than 1 are skipped)", source));
+  }
+  return points;
+}
+
+// Reads a profile file.
+inline absl::StatusOr<std::vector<ProfilePoint>> ReadProfileCsv(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open profile '%s'", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return ParseProfileCsv(buffer.str(), path);
+}
+
+// A `--cost` argument: a preset name (exact FLOP model, zero fit error) or the path of a profile
+// to fit. Anything else is an error that lists the presets.
+inline absl::StatusOr<ProfileFit> ResolveCostModel(const std::string& spec) {
+  absl::StatusOr<CostModel> preset = CostModelFromPreset(spec);
+  if (preset.ok()) return ProfileFit{.model = *std::move(preset)};
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(spec, ec)) {
+    return absl::NotFoundError(absl::StrFormat(
+        "--cost '%s' is neither a readable profile file nor a preset (%s)", spec,
+        preset.status().message()));
+  }
+  absl::StatusOr<std::vector<ProfilePoint>> points = ReadProfileCsv(spec);
+  if (!points.ok()) return points.status();
+  return FitCostModel(*points);
+}
+
+}  // namespace wlb

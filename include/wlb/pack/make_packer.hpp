@@ -1,0 +1,72 @@
+// Creating packers by name, as wlb-plan's --packer spells them.
+//
+//   auto packer = wlb::MakePacker("wlb-refine", config, cost, {.thresholds = {32768, 65536}});
+//
+// Names: "original", "fixed-greedy" (uses window), "wlb" and "wlb-refine" (use thresholds).
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "wlb/pack/fixed_greedy_packer.hpp"
+#include "wlb/pack/original_packer.hpp"
+#include "wlb/pack/wlb_packer.hpp"
+
+namespace wlb {
+
+// Settings only some packers use.
+struct PackerOptions {
+  int window = 1;                   // fixed-greedy: steps packed together (W >= 1)
+  std::vector<int64_t> thresholds;  // wlb, wlb-refine: outlier thresholds L_1 < ... < L_n
+  int refine_rounds = 0;            // wlb-refine: max refinement changes per step; 0 = 4N
+};
+
+inline constexpr const char* kPackerNames[] = {"original", "fixed-greedy", "wlb",
+                                                    "wlb-refine"};
+
+// Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
+// 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
+// S = 128K, N = 4 (README, "Results"); the tuner (wlb/pack/tuner.hpp) picks thresholds for other
+// distributions and delay budgets.
+inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
+  std::vector<int64_t> t;
+  for (int i = 1; i <= levels; ++i) {
+    const int64_t value = levels == 1   ? context / 2
+                          : levels <= 3 ? context * i / 4
+                                        : context * i / (levels + 1);
+    t.push_back(std::max<int64_t>(1, value));
+  }
+  return t;
+}
+
+// Validates everything and builds the named packer; errors name the bad value.
+inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
+                                                          const PackerConfig& config,
+                                                          CostModel cost,
+                                                          const PackerOptions& options) {
+  if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));
+  if (name == "fixed-greedy") {
+    if (options.window < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("fixed-greedy window must be >= 1 step, got %d", options.window));
+    }
+    return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
+  }
+  if (name == "wlb" || name == "wlb-refine") {
+    if (absl::Status s = ValidateThresholds(options.thresholds, config.context); !s.ok()) return s;
+    if (options.refine_rounds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
+    }
+    const int rounds =
+        name == "wlb" ? 0 : (options.refine_rounds > 0 ? options.refine_rounds
+                                                       : 4 * config.micro_batches);
+    return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
+}
+
+}  // namespace wlb

@@ -1,0 +1,90 @@
+// Original packing: what a packing-unaware data loader does.
+//
+// Documents are concatenated in arrival order and cut into N sequences of exactly S tokens; a
+// document crossing a sequence boundary is cut into parts. Parts are numbered in the order they
+// are emitted (`piece` = 0, 1, ... per document, `offset` = first token), so (id, piece) stays
+// unique. The tail of the stream that does not fill a whole step waits for the next Push().
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "wlb/pack/packer.hpp"
+
+namespace wlb {
+
+class OriginalPacker final : public Packer {
+ public:
+  using Packer::Packer;
+  std::string_view name() const override { return "original"; }
+
+  std::vector<Document> Pending() const override { return buffer_; }
+
+  nlohmann::json StateJson() const override {
+    return {{"buffer", detail::DocumentsState(buffer_)},
+            {"last_id", last_id_},
+            {"next_piece", next_piece_}};
+  }
+  void LoadStateJson(const nlohmann::json& j) override {
+    std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
+    const int64_t last_id = j.at("last_id").get<int64_t>();
+    const int32_t next_piece = j.at("next_piece").get<int32_t>();
+    buffer_ = std::move(buffer);
+    last_id_ = last_id;
+    next_piece_ = next_piece;
+  }
+
+ protected:
+  std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
+    buffer_.insert(buffer_.end(), arrivals.begin(), arrivals.end());
+    std::vector<StepPlan> steps;
+    const int64_t step_tokens = config_.context * config_.micro_batches;
+    while (TotalTokens(buffer_) >= step_tokens) steps.push_back(CutStep());
+    return steps;
+  }
+
+  std::vector<StepPlan> DoFlush() override {
+    std::vector<StepPlan> steps;
+    while (!buffer_.empty()) steps.push_back(CutStep());
+    return steps;
+  }
+
+ private:
+  // Fills N sequences of S tokens from the front of the buffer (fewer at the end of input).
+  StepPlan CutStep() {
+    std::vector<MicroBatch> sequences(config_.micro_batches);
+    size_t next = 0;
+    for (MicroBatch& seq : sequences) {
+      while (seq.tokens < config_.context && next < buffer_.size()) {
+        Document& d = buffer_[next];
+        const int64_t room = config_.context - seq.tokens;
+        Document part = d;
+        if (d.length > room) {  // cut: the rest stays at the front of the buffer
+          part.length = room;
+          d.length -= room;
+          d.offset += room;
+        } else {
+          ++next;
+        }
+        part.piece = NextPieceIndex(part.id);
+        Add(seq, part);
+      }
+    }
+    buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(next));
+    return MakeStep(std::move(sequences));
+  }
+
+  int32_t NextPieceIndex(int64_t id) {
+    if (id != last_id_) {
+      last_id_ = id;
+      next_piece_ = 0;
+    }
+    return next_piece_++;
+  }
+
+  std::vector<Document> buffer_;  // not yet emitted, stream order (the front may be a cut tail)
+  int64_t last_id_ = -1;          // document of the last emitted part, for piece numbering
+  int32_t next_piece_ = 0;
+};
+
+}  // namespace wlb

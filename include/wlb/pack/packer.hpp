@@ -1,0 +1,242 @@
+// The packer interface: a stream of steps' documents in, balanced micro-batches out.
+//
+//   wlb::PackerConfig config{.context = 131072, .max_tokens = 196608, .micro_batches = 4};
+//   absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
+//       wlb::MakePacker("wlb", config, *wlb::CostModelFromPreset("llama2-7b"), {});
+//   for (auto& arrivals : steps) {                   // see wlb/pack/stream.hpp
+//     auto ready = (*packer)->Push(std::move(arrivals));   // the steps now ready (usually one)
+//   }
+//   auto drained = (*packer)->Flush();               // everything still held, as final steps
+//
+// Packers are stateful: outlier queues and carry-over live between steps, and SaveState() /
+// RestoreState() carry them across a checkpoint exactly.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "wlb/core/document.hpp"
+#include "wlb/cost/cost_model.hpp"
+
+namespace wlb {
+
+namespace detail {
+// 64-bit FNV-1a: a cheap checksum that catches corrupted state blobs (not a security measure).
+inline uint64_t Fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// A document as a compact JSON array [id, length, piece, offset, arrival_step] (state blobs).
+inline nlohmann::json DocumentState(const Document& d) {
+  return nlohmann::json::array({d.id, d.length, d.piece, d.offset, d.arrival_step});
+}
+inline Document DocumentFromState(const nlohmann::json& j) {
+  if (!j.is_array() || j.size() != 5) {
+    throw nlohmann::json::type_error::create(302, "document entry is not a 5-element array",
+                                             &j);
+  }
+  Document d{.id = j[0].get<int64_t>(),
+             .length = j[1].get<int64_t>(),
+             .piece = j[2].get<int32_t>(),
+             .offset = j[3].get<int64_t>(),
+             .arrival_step = j[4].get<int64_t>()};
+  if (d.length <= 0 || d.id < 0 || d.offset < 0) {
+    throw nlohmann::json::out_of_range::create(401, "document entry out of range", &j);
+  }
+  return d;
+}
+inline nlohmann::json DocumentsState(const std::vector<Document>& docs) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const Document& d : docs) a.push_back(DocumentState(d));
+  return a;
+}
+inline std::vector<Document> DocumentsFromState(const nlohmann::json& j) {
+  std::vector<Document> docs;
+  for (const nlohmann::json& e : j) docs.push_back(DocumentFromState(e));
+  return docs;
+}
+}  // namespace detail
+
+// Sizes every packer shares.
+struct PackerConfig {
+  int64_t context = 131072;     // S: the fixed-length capacity, and the longest piece.
+  int64_t max_tokens = 131072;  // S_max: the variable-length cap per micro-batch (>= S).
+  int32_t micro_batches = 4;    // N: micro-batches per step (PP x DP).
+};
+
+// Returns an error naming the bad value unless N >= 1, S >= 1 and S_max >= S.
+inline absl::Status ValidateConfig(const PackerConfig& c) {
+  if (c.micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("micro-batches per step (N) must be >= 1, got %d", c.micro_batches));
+  }
+  if (c.context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("context window (S) must be >= 1 token, got %d", c.context));
+  }
+  if (c.max_tokens < c.context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max tokens per micro-batch (S_max) %d is below the context window (S) %d", c.max_tokens,
+        c.context));
+  }
+  return absl::OkStatus();
+}
+
+// One step's plan: N micro-batches.
+struct StepPlan {
+  int64_t step = 0;  // 0-based index of the training step.
+  std::vector<MicroBatch> micro_batches;
+  int64_t held_back_documents = 0;  // what the packer still holds after planning this step
+  int64_t held_back_tokens = 0;
+  bool drain = false;  // produced by Flush() at the end of input
+};
+
+// A stateful packer. Push() validates before it changes any state: on error nothing happened.
+class Packer {
+ public:
+  Packer(PackerConfig config, CostModel cost) : config_(config), cost_(std::move(cost)) {}
+  virtual ~Packer() = default;
+
+  // The packer's name as wlb-plan's --packer spells it.
+  virtual std::string_view name() const = 0;
+
+  // Consumes one step of arrivals (pieces of <= S tokens, in stream order) and returns the steps
+  // that became ready: one for most packers, W at every W-th call for a window of W steps.
+  absl::StatusOr<std::vector<StepPlan>> Push(std::vector<Document> arrivals) {
+    for (const Document& d : arrivals) {
+      if (d.length <= 0 || d.length > config_.context) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d piece %d: length %d is outside [1, %d] (split documents longer than the "
+            "context window into pieces first)",
+            d.id, d.piece, d.length, config_.context));
+      }
+    }
+    for (Document& d : arrivals) d.arrival_step = pushes_;
+    ++pushes_;
+    return DoPush(std::move(arrivals));
+  }
+
+  // Plans everything still held into final steps (marked drain); afterwards Pending() is empty.
+  std::vector<StepPlan> Flush() {
+    std::vector<StepPlan> steps = DoFlush();
+    for (StepPlan& s : steps) s.drain = true;
+    return steps;
+  }
+
+  // The documents held back (queued or carried), in a deterministic order.
+  virtual std::vector<Document> Pending() const = 0;
+
+  // The identity a saved state must match: packer name, sizes and packer-specific settings.
+  virtual nlohmann::json ConfigJson() const {
+    return {{"packer", std::string(name())},
+            {"context", config_.context},
+            {"max_tokens", config_.max_tokens},
+            {"micro_batches", config_.micro_batches}};
+  }
+
+  // The packer's mutable state (queues, carry-over, counters) as JSON, and its inverse. LoadState
+  // may throw nlohmann::json::exception on malformed input; RestoreState() turns that into a Status.
+  virtual nlohmann::json StateJson() const = 0;
+  virtual void LoadStateJson(const nlohmann::json& state) = 0;
+
+  // The whole state as a self-checking blob: a magic line, an FNV-1a checksum of the payload,
+  // then JSON holding ConfigJson(), the step counters and StateJson().
+  std::string SaveState() const {
+    const std::string payload = nlohmann::json{{"config", ConfigJson()},
+                                               {"pushes", pushes_},
+                                               {"next_step", next_step_},
+                                               {"state", StateJson()}}
+                                    .dump();
+    return absl::StrFormat("%s\n%016x\n%s", kStateMagic, detail::Fnv1a64(payload), payload);
+  }
+
+  // Restores a blob from SaveState(). A corrupted blob, or one saved by a packer of another kind
+  // or configuration, is rejected with an error and leaves this packer unchanged.
+  absl::Status RestoreState(std::string_view blob) {
+    const size_t first = blob.find('\n');
+    const size_t second = first == std::string_view::npos ? first : blob.find('\n', first + 1);
+    if (second == std::string_view::npos || blob.substr(0, first) != kStateMagic) {
+      return absl::DataLossError(
+          absl::StrFormat("packer state: missing the '%s' header", kStateMagic));
+    }
+    const std::string_view checksum = blob.substr(first + 1, second - first - 1);
+    const std::string_view payload = blob.substr(second + 1);
+    const std::string expected = absl::StrFormat("%016x", detail::Fnv1a64(payload));
+    if (checksum != expected) {
+      return absl::DataLossError(absl::StrFormat(
+          "packer state: checksum %s does not match the payload (%s): the blob is corrupted",
+          checksum, expected));
+    }
+    const nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("config")) {
+      return absl::DataLossError("packer state: payload is not a state object");
+    }
+    if (j["config"] != ConfigJson()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "packer state was saved by %s but this packer is %s", j["config"].dump(),
+          ConfigJson().dump()));
+    }
+    try {
+      const int64_t pushes = j.at("pushes").get<int64_t>();
+      const int64_t next_step = j.at("next_step").get<int64_t>();
+      LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
+      pushes_ = pushes;
+      next_step_ = next_step;
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(absl::StrFormat("packer state: malformed payload (%s)", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  const PackerConfig& config() const { return config_; }
+  const CostModel& cost() const { return cost_; }
+  static constexpr std::string_view kStateMagic = "wlb-packer-state v1";
+
+ protected:
+  virtual std::vector<StepPlan> DoPush(std::vector<Document> arrivals) = 0;
+  virtual std::vector<StepPlan> DoFlush() = 0;
+
+  // Wraps micro-batches into the next step, recording what is still held back.
+  StepPlan MakeStep(std::vector<MicroBatch> micro_batches) {
+    StepPlan plan{.step = next_step_++, .micro_batches = std::move(micro_batches)};
+    for (const Document& d : Pending()) {
+      ++plan.held_back_documents;
+      plan.held_back_tokens += d.length;
+    }
+    return plan;
+  }
+
+  // Appends `d` to `mb`, keeping tokens and cost current.
+  void Add(MicroBatch& mb, const Document& d) const {
+    mb.documents.push_back(d);
+    mb.tokens += d.length;
+    mb.cost += cost_(d.length);
+  }
+
+  PackerConfig config_;
+  CostModel cost_;
+  int64_t pushes_ = 0;     // Push() calls so far: the arrival step of the next arrivals
+  int64_t next_step_ = 0;  // index of the next step to be planned
+};
+
+// Orders documents longest first; ties by stream position so the order is deterministic.
+inline void SortLongestFirst(std::vector<Document>& docs) {
+  std::stable_sort(docs.begin(), docs.end(), [](const Document& a, const Document& b) {
+    return a.length > b.length;
+  });
+}
+
+}  // namespace wlb

@@ -1,0 +1,162 @@
+// WLB-LLM variable-length packing with multi-level outlier queues (the paper's Algorithm 1), and
+// wlb's refined variant.
+//
+// Thresholds L_1 < ... < L_n define n outlier queues: a document with L_i <= d < L_{i+1}
+// (L_{n+1} = infinity) waits in queue i. A queue holding >= N documents releases its N oldest into
+// the current step, so every micro-batch of that step gets one outlier of similar size instead of
+// one micro-batch getting all of them. The step's documents (released outliers, then carry-over,
+// then new arrivals, each group longest first) go to the micro-batch with the least W if it fits
+// under S_max, else to the one with the fewest tokens if it fits, else carry to the next step.
+//
+// "wlb-refine" runs the same algorithm (same queues, same carry-over, so the same token delay) and
+// then RefineMicroBatches() on each step, which moves and swaps documents from the heaviest
+// micro-batch to lighter ones under S_max.
+#pragma once
+
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "wlb/pack/packer.hpp"
+#include "wlb/pack/refine.hpp"
+
+namespace wlb {
+
+// Checks outlier thresholds: strictly increasing, each in [1, S].
+inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, int64_t context) {
+  for (size_t i = 0; i < thresholds.size(); ++i) {
+    if (thresholds[i] < 1 || thresholds[i] > context) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "outlier threshold %d is outside [1, %d] (the context window)", thresholds[i], context));
+    }
+    if (i > 0 && thresholds[i] <= thresholds[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "outlier thresholds must be strictly increasing, got %s",
+          absl::StrJoin(thresholds, ",")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class WlbPacker final : public Packer {
+ public:
+  // `thresholds` must pass ValidateThresholds (MakePacker checks); refine_rounds = 0 is plain WLB.
+  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds,
+            int refine_rounds)
+      : Packer(config, std::move(cost)),
+        thresholds_(std::move(thresholds)),
+        queues_(thresholds_.size()),
+        refine_rounds_(refine_rounds) {}
+
+  std::string_view name() const override { return refine_rounds_ > 0 ? "wlb-refine" : "wlb"; }
+  const std::vector<int64_t>& thresholds() const { return thresholds_; }
+
+  std::vector<Document> Pending() const override {
+    std::vector<Document> pending;
+    for (const auto& q : queues_) pending.insert(pending.end(), q.begin(), q.end());
+    pending.insert(pending.end(), carry_.begin(), carry_.end());
+    return pending;
+  }
+
+  nlohmann::json ConfigJson() const override {
+    nlohmann::json j = Packer::ConfigJson();
+    j["thresholds"] = thresholds_;
+    j["refine_rounds"] = refine_rounds_;
+    return j;
+  }
+  nlohmann::json StateJson() const override {
+    nlohmann::json queues = nlohmann::json::array();
+    for (const auto& q : queues_) queues.push_back(detail::DocumentsState(q));
+    return {{"queues", queues}, {"carry", detail::DocumentsState(carry_)}};
+  }
+  void LoadStateJson(const nlohmann::json& j) override {
+    const nlohmann::json& qs = j.at("queues");
+    if (!qs.is_array() || qs.size() != queues_.size()) {
+      throw nlohmann::json::out_of_range::create(401, "queue count does not match thresholds", &j);
+    }
+    std::vector<std::vector<Document>> queues;
+    for (const nlohmann::json& q : qs) queues.push_back(detail::DocumentsFromState(q));
+    std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    queues_ = std::move(queues);
+    carry_ = std::move(carry);
+  }
+
+ protected:
+  std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
+    std::vector<Document> fresh;
+    fresh.reserve(arrivals.size());
+    for (const Document& d : arrivals) {
+      const int level = QueueLevel(d.length);
+      (level < 0 ? fresh : queues_[level]).push_back(d);
+    }
+    std::vector<Document> released;
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    for (auto& q : queues_) {
+      if (q.size() < n) continue;
+      released.insert(released.end(), q.begin(), q.begin() + n);
+      q.erase(q.begin(), q.begin() + n);
+    }
+    std::vector<StepPlan> steps;
+    steps.push_back(PackStep(std::move(released), std::move(fresh)));
+    return steps;
+  }
+
+  // End of input: every queue releases everything, and steps are planned until nothing is held.
+  std::vector<StepPlan> DoFlush() override {
+    std::vector<StepPlan> steps;
+    while (!Pending().empty()) {  // each step places at least one piece, so this ends
+      std::vector<Document> released;
+      for (auto& q : queues_) {
+        released.insert(released.end(), q.begin(), q.end());
+        q.clear();
+      }
+      steps.push_back(PackStep(std::move(released), {}));
+    }
+    return steps;
+  }
+
+ private:
+  int QueueLevel(int64_t length) const {
+    int level = -1;
+    for (size_t i = 0; i < thresholds_.size() && length >= thresholds_[i]; ++i) {
+      level = static_cast<int>(i);
+    }
+    return level;
+  }
+
+  StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
+    std::vector<Document> carry = std::move(carry_);
+    carry_.clear();
+    SortLongestFirst(released);
+    SortLongestFirst(carry);
+    SortLongestFirst(fresh);
+    std::vector<MicroBatch> mbs(config_.micro_batches);
+    for (const std::vector<Document>* group : {&released, &carry, &fresh}) {
+      for (const Document& d : *group) Place(d, mbs);
+    }
+    if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
+    return MakeStep(std::move(mbs));
+  }
+
+  void Place(const Document& d, std::vector<MicroBatch>& mbs) {
+    size_t lightest = 0;
+    size_t emptiest = 0;
+    for (size_t b = 1; b < mbs.size(); ++b) {
+      if (mbs[b].cost < mbs[lightest].cost) lightest = b;
+      if (mbs[b].tokens < mbs[emptiest].tokens) emptiest = b;
+    }
+    for (size_t b : {lightest, emptiest}) {
+      if (mbs[b].tokens + d.length <= config_.max_tokens) {
+        Add(mbs[b], d);
+        return;
+      }
+    }
+    carry_.push_back(d);
+  }
+
+  std::vector<int64_t> thresholds_;
+  std::vector<std::vector<Document>> queues_;  // FIFO per level
+  std::vector<Document> carry_;                // did not fit in the last step
+  int refine_rounds_;
+};
+
+}  // namespace wlb
