@@ -6,6 +6,7 @@
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
+#include "wlb/io/plan_json.hpp"
 #include "wlb/io/profile.hpp"
 #include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/fixed_greedy_packer.hpp"
@@ -14,4 +15,5 @@
 #include "wlb/pack/packer.hpp"
 #include "wlb/pack/refine.hpp"
 #include "wlb/pack/stream.hpp"
+#include "wlb/pack/tuner.hpp"
 #include "wlb/pack/wlb_packer.hpp"

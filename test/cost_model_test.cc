@@ -1,0 +1,132 @@
+#include "wlb/cost/cost_model.hpp"
+
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wlb/io/profile.hpp"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CostModelFromPreset, Llama7bLinearFlopsAreTwicePerTokenBlockParameters) {
+  absl::StatusOr<CostModel> m = CostModelFromPreset("llama2-7b");
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Block parameters of LLaMA-2 7B, counted independently: 4 h^2 attention + 3 h f MLP per layer.
+  const double h = 4096, f = 11008, layers = 32;
+  const double block_params = layers * (4 * h * h + 3 * h * f);
+  EXPECT_DOUBLE_EQ(m->Linear(1), 2 * block_params);
+  EXPECT_DOUBLE_EQ(m->Linear(1000), 1000 * 2 * block_params);
+  // Causal attention: 4 h FLOPs per (query, key) pair per layer, d(d+1)/2 pairs.
+  EXPECT_DOUBLE_EQ(m->Attention(3), layers * 4 * h * 6);
+  EXPECT_DOUBLE_EQ((*m)(128), m->Attention(128) + m->Linear(128));
+  EXPECT_EQ(m->unit, "flop");
+}
+
+TEST(CostModelFromPreset, GroupedQueryAttentionShrinksOnlyKvProjections) {
+  absl::StatusOr<CostModel> m = CostModelFromPreset("llama2-70b");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const double h = 8192, kv = 8 * 128, f = 28672, layers = 80;
+  EXPECT_DOUBLE_EQ(m->Linear(1), layers * (2 * h * (h + 2 * kv) + 2 * h * h + 6 * h * f));
+}
+
+TEST(CostModelFromPreset, The550mPresetHasAbout550mParameters) {
+  const TransformerShape& s = TransformerPresets().back();
+  ASSERT_EQ(s.name, "wlb-550m");
+  const double blocks = s.layers * (4.0 * s.hidden * s.hidden + 3.0 * s.hidden * s.ffn);
+  const double embeddings = 2.0 * 32000 * s.hidden;
+  EXPECT_NEAR((blocks + embeddings) / 1e6, 550, 10);
+}
+
+TEST(CostModelFromPreset, UnknownPresetListsTheKnownOnes) {
+  absl::StatusOr<CostModel> m = CostModelFromPreset("gpt-5");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(m.status().message(), HasSubstr("'gpt-5'"));
+  EXPECT_THAT(m.status().message(), HasSubstr("llama2-7b"));
+}
+
+TEST(CostModelFromShape, RejectsBadShapes) {
+  EXPECT_THAT(CostModelFromShape({"x", 4096, 0, 32, 32, 32}).status().message(),
+              HasSubstr("ffn must be > 0, got 0"));
+  EXPECT_THAT(CostModelFromShape({"x", 4096, 100, 32, 5, 32}).status().message(),
+              HasSubstr("kv_heads (5)"));
+}
+
+TEST(FitCostModel, RecoversAnExactQuadratic) {
+  std::vector<ProfilePoint> pts;
+  for (int64_t d : {64, 256, 1024, 4096, 16384, 65536}) {
+    pts.push_back({d, 2e-7 * d * d + 3e-4 * d + 0.02});
+  }
+  absl::StatusOr<ProfileFit> fit = FitCostModel(pts);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->model.attn_quadratic, 2e-7, 1e-12);
+  EXPECT_NEAR(fit->model.attn_linear, 3e-4, 1e-9);
+  EXPECT_NEAR(fit->model.per_document, 0.02, 1e-7);
+  EXPECT_LT(fit->max_relative_error, 1e-6);
+  EXPECT_EQ(fit->model.unit, "ms");
+}
+
+TEST(FitCostModel, KeepsCoefficientsNonNegative) {
+  // A decreasing linear term would fit these best; the constrained fit must clamp it at zero.
+  std::vector<ProfilePoint> pts;
+  for (int64_t d : {100, 200, 400, 800, 1600}) pts.push_back({d, 1e-5 * d * d - 1e-3 * d + 5});
+  absl::StatusOr<ProfileFit> fit = FitCostModel(pts);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_GE(fit->model.attn_quadratic, 0);
+  EXPECT_GE(fit->model.attn_linear, 0);
+  EXPECT_GE(fit->model.per_document, 0);
+  EXPECT_GT(fit->max_relative_error, 0);
+}
+
+TEST(FitCostModel, RejectsTooFewOrBadPoints) {
+  std::vector<ProfilePoint> two = {{1, 1.0}, {2, 2.0}};
+  EXPECT_THAT(FitCostModel(two).status().message(), HasSubstr("at least 3"));
+  std::vector<ProfilePoint> bad = {{1, 1.0}, {2, -2.0}, {3, 3.0}};
+  EXPECT_THAT(FitCostModel(bad).status().message(), HasSubstr("-2"));
+}
+
+TEST(ParseProfileCsv, KeepsSingleGpuRowsAndAveragesRepeats) {
+  auto pts = ParseProfileCsv(
+      "L,cp,tp,duration_per_doc\n64,1,1,0.5\n64,2,1,9\n128,1,1,1.0\n128,1,1,2.0\n", "p.csv");
+  ASSERT_TRUE(pts.ok()) << pts.status();
+  ASSERT_EQ(pts->size(), 2u);
+  EXPECT_EQ((*pts)[0].length, 64);
+  EXPECT_DOUBLE_EQ((*pts)[0].ms, 0.5);
+  EXPECT_DOUBLE_EQ((*pts)[1].ms, 1.5);
+}
+
+TEST(ParseProfileCsv, ErrorsNameTheLineAndValue) {
+  EXPECT_THAT(ParseProfileCsv("L,ms\n64,0.5\nabc,1\n", "p.csv").status().message(),
+              HasSubstr("p.csv:3: length 'abc'"));
+  EXPECT_THAT(ParseProfileCsv("L,ms\n64,-1\n", "p.csv").status().message(),
+              HasSubstr("latency '-1'"));
+  EXPECT_THAT(ParseProfileCsv("L,ms\n64\n", "p.csv").status().message(),
+              HasSubstr("1 fields, the header has 2"));
+  EXPECT_THAT(ParseProfileCsv("a,b\n1,2\n", "p.csv").status().message(),
+              HasSubstr("needs a length column"));
+}
+
+TEST(ResolveCostModel, PresetOrFileElseAnError) {
+  EXPECT_TRUE(ResolveCostModel("llama2-70b").ok());
+  absl::StatusOr<ProfileFit> bad = ResolveCostModel("no-such-model");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("'no-such-model'"));
+}
+
+TEST(ResolveCostModel, FitsTheH100AttentionProfile) {
+  const std::string path = std::string(WLB_SHARED_DATA_DIR) + "/h100/compute-attn-H100.csv";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "public data not present: " << path;
+  absl::StatusOr<ProfileFit> fit = ResolveCostModel(path);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  // Attention latency is flat below ~256 tokens and quadratic above: a + b d + c d^2 fits it to
+  // within a few percent on average (measured: see README, "Cost models").
+  EXPECT_LT(fit->rms_relative_error, 0.15) << fit->model.description;
+  EXPECT_GT(fit->model.attn_quadratic, 0);
+  EXPECT_GT(fit->model.per_document, 0);  // the flat part: fixed launch cost per document
+}
+
+}  // namespace
+}  // namespace wlb

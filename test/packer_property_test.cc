@@ -1,0 +1,149 @@
+// Property tests: thousands of seeded random streams through every packer.
+#include <random>
+
+#include "gtest/gtest.h"
+#include "test_util.hpp"
+
+namespace wlb {
+namespace {
+
+struct Case {
+  std::string packer;
+  PackerOptions options;
+};
+
+std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
+  const int64_t t1 = std::uniform_int_distribution<int64_t>(1, context)(rng);
+  const int64_t t2 = std::uniform_int_distribution<int64_t>(t1, context)(rng);
+  std::vector<int64_t> two = {t1};
+  if (t2 > t1) two.push_back(t2);
+  return {{"original", {}},
+          {"fixed-greedy", {.window = 1}},
+          {"fixed-greedy", {.window = 3}},
+          {"wlb", {}},
+          {"wlb", {.thresholds = two}},
+          {"wlb-refine", {.thresholds = two}},
+          {"wlb-refine", {.thresholds = {context / 2 + 1}, .refine_rounds = 3}}};
+}
+
+struct Stream {
+  PackerConfig config;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<Document>> arrivals;
+};
+
+Stream RandomStream(std::mt19937_64& rng, int index) {
+  Stream s;
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  s.config.context = uniform(1, 4) == 1 ? uniform(1, 8) : uniform(16, 512);
+  s.config.max_tokens = s.config.context + uniform(0, s.config.context);
+  s.config.micro_batches = static_cast<int32_t>(uniform(1, 6));
+  s.lengths = testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
+  auto pieces = *MakeDocuments(s.lengths, s.config.context);
+  s.arrivals = SplitIntoSteps(pieces, s.config.context * s.config.micro_batches);
+  return s;
+}
+
+const CostModel kCost{.attn_quadratic = 1.0, .attn_linear = 1.0, .linear_per_token = 64.0,
+                      .per_document = 3.0, .unit = "test"};
+
+TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
+  std::mt19937_64 rng(20251121);
+  int streams = 0;
+  for (int i = 0; i < 1500; ++i) {
+    Stream s = RandomStream(rng, i);
+    for (const Case& c : AllPackers(s.config.context, rng)) {
+      SCOPED_TRACE(::testing::Message() << "stream " << i << " packer " << c.packer << " S="
+                                        << s.config.context << " N=" << s.config.micro_batches);
+      auto packer = MakePacker(c.packer, s.config, kCost, c.options);
+      ASSERT_TRUE(packer.ok()) << packer.status();
+      absl::StatusOr<PackRun> run = RunPacker(**packer, s.arrivals);
+      ASSERT_TRUE(run.ok()) << run.status();
+      ASSERT_TRUE((*packer)->Pending().empty());
+      ASSERT_TRUE(testing::CoversExactlyOnce(s.lengths, testing::Collect(run->steps)));
+      const bool fixed = c.packer != "wlb" && c.packer != "wlb-refine";
+      const int64_t cap = fixed ? s.config.context : s.config.max_tokens;
+      for (size_t k = 0; k < run->steps.size(); ++k) {
+        const StepPlan& step = run->steps[k];
+        ASSERT_EQ(step.step, static_cast<int64_t>(k));
+        ASSERT_EQ(step.micro_batches.size(), static_cast<size_t>(s.config.micro_batches));
+        for (const MicroBatch& mb : step.micro_batches) {
+          ASSERT_LE(mb.tokens, cap);
+          ASSERT_EQ(mb.tokens, TotalTokens(mb.documents));
+          double cost = 0;
+          for (const Document& d : mb.documents) cost += kCost(d.length);
+          ASSERT_NEAR(mb.cost, cost, 1e-9 * std::max(1.0, cost));
+          if (c.packer == "original" && !step.drain) ASSERT_EQ(mb.tokens, s.config.context);
+        }
+        ASSERT_GE(ImbalanceDegree(step.micro_batches), LowerBound(step.micro_batches, kCost) - 1e-9);
+      }
+      const DelayStats delay = TokenDelay(run->steps);
+      if (c.packer != "fixed-greedy") ASSERT_GE(delay.mean, 0.0);
+      ++streams;
+    }
+  }
+  EXPECT_GT(streams, 10000);
+}
+
+TEST(PackerProperties, RefineNeverWorseThanWlbWithTheSameDelay) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 1000; ++i) {
+    Stream s = RandomStream(rng, i);
+    const std::vector<int64_t> t = {std::max<int64_t>(1, s.config.context / 2)};
+    auto wlb = *MakePacker("wlb", s.config, kCost, {.thresholds = t});
+    auto refined = *MakePacker("wlb-refine", s.config, kCost, {.thresholds = t});
+    auto a = *RunPacker(*wlb, s.arrivals);
+    auto b = *RunPacker(*refined, s.arrivals);
+    ASSERT_EQ(a.steps.size(), b.steps.size()) << "stream " << i;
+    for (size_t k = 0; k < a.steps.size(); ++k) {
+      ASSERT_LE(ImbalanceDegree(b.steps[k].micro_batches),
+                ImbalanceDegree(a.steps[k].micro_batches) + 1e-9)
+          << "stream " << i << " step " << k;
+    }
+    ASSERT_DOUBLE_EQ(TokenDelay(a.steps).mean, TokenDelay(b.steps).mean) << "stream " << i;
+  }
+}
+
+TEST(PackerProperties, SameSeedGivesByteIdenticalJson) {
+  for (int i = 0; i < 200; ++i) {
+    std::string dumps[2];
+    for (std::string& dump : dumps) {
+      std::mt19937_64 rng(1000 + i);
+      Stream s = RandomStream(rng, i);
+      for (const Case& c : AllPackers(s.config.context, rng)) {
+        auto packer = *MakePacker(c.packer, s.config, kCost, c.options);
+        auto run = *RunPacker(*packer, s.arrivals);
+        dump += PlanToJson(run.steps, packer->Pending(), kCost).dump();
+      }
+    }
+    ASSERT_EQ(dumps[0], dumps[1]) << "seed " << 1000 + i;
+  }
+}
+
+TEST(PackerProperties, StateRoundTripMidStreamGivesTheSameFuture) {
+  std::mt19937_64 rng(99);
+  for (int i = 0; i < 1000; ++i) {
+    Stream s = RandomStream(rng, i);
+    if (s.arrivals.empty()) continue;
+    const size_t cut = std::uniform_int_distribution<size_t>(0, s.arrivals.size())(rng);
+    for (const Case& c : AllPackers(s.config.context, rng)) {
+      SCOPED_TRACE(::testing::Message() << "stream " << i << " packer " << c.packer);
+      auto uninterrupted = *MakePacker(c.packer, s.config, kCost, c.options);
+      auto first = *MakePacker(c.packer, s.config, kCost, c.options);
+      auto resumed = *MakePacker(c.packer, s.config, kCost, c.options);
+      std::vector<StepPlan> expected = RunPacker(*uninterrupted, s.arrivals)->steps;
+      std::vector<std::vector<Document>> head(s.arrivals.begin(), s.arrivals.begin() + cut);
+      std::vector<std::vector<Document>> tail(s.arrivals.begin() + cut, s.arrivals.end());
+      std::vector<StepPlan> got = RunPacker(*first, head, /*flush=*/false)->steps;
+      ASSERT_TRUE(resumed->RestoreState(first->SaveState()).ok());
+      std::vector<StepPlan> rest = RunPacker(*resumed, tail)->steps;
+      got.insert(got.end(), rest.begin(), rest.end());
+      ASSERT_EQ(PlanToJson(got, {}, kCost).dump(), PlanToJson(expected, {}, kCost).dump());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace wlb

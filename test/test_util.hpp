@@ -1,0 +1,80 @@
+// Shared checks for the packer tests.
+#pragma once
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "wlb/wlb.hpp"
+
+namespace wlb::testing {
+
+// Every token of every input document appears exactly once in `pieces`: per document id, the
+// (offset, length) ranges tile [0, length) without gap or overlap.
+inline ::testing::AssertionResult CoversExactlyOnce(const std::vector<int64_t>& lengths,
+                                                    const std::vector<Document>& pieces) {
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  for (const Document& d : pieces) {
+    if (d.id < 0 || d.id >= static_cast<int64_t>(lengths.size())) {
+      return ::testing::AssertionFailure() << "unknown document id " << d.id;
+    }
+    if (d.length <= 0) return ::testing::AssertionFailure() << "empty piece of " << d.id;
+    ranges[d.id].push_back({d.offset, d.length});
+  }
+  for (size_t id = 0; id < lengths.size(); ++id) {
+    auto& r = ranges[static_cast<int64_t>(id)];
+    std::sort(r.begin(), r.end());
+    int64_t next = 0;
+    for (const auto& [offset, length] : r) {
+      if (offset != next) {
+        return ::testing::AssertionFailure()
+               << "document " << id << ": expected a piece at offset " << next << ", got "
+               << offset << (offset < next ? " (duplicate tokens)" : " (lost tokens)");
+      }
+      next += length;
+    }
+    if (next != lengths[id]) {
+      return ::testing::AssertionFailure()
+             << "document " << id << ": pieces hold " << next << " of " << lengths[id]
+             << " tokens";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// All documents of all steps, then `pending`.
+inline std::vector<Document> Collect(const std::vector<StepPlan>& steps,
+                                     const std::vector<Document>& pending = {}) {
+  std::vector<Document> all;
+  for (const StepPlan& s : steps) {
+    for (const MicroBatch& mb : s.micro_batches) {
+      all.insert(all.end(), mb.documents.begin(), mb.documents.end());
+    }
+  }
+  all.insert(all.end(), pending.begin(), pending.end());
+  return all;
+}
+
+// Random lengths of one of several shapes: tiny, uniform, heavy-tailed, all-huge, mixed.
+inline std::vector<int64_t> RandomLengths(std::mt19937_64& rng, int64_t context, int shape,
+                                          int count) {
+  std::vector<int64_t> lengths;
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int i = 0; i < count; ++i) {
+    switch (shape % 5) {
+      case 0: lengths.push_back(uniform(1, 4)); break;
+      case 1: lengths.push_back(uniform(1, context)); break;
+      case 2: lengths.push_back(uniform(0, 9) == 0 ? uniform(context / 2 + 1, 3 * context)
+                                                    : uniform(1, context / 8 + 1)); break;
+      case 3: lengths.push_back(uniform(std::max<int64_t>(1, context - 1), 2 * context + 1)); break;
+      default: lengths.push_back(uniform(1, 2) == 1 ? 1 : uniform(1, 4 * context)); break;
+    }
+  }
+  return lengths;
+}
+
+}  // namespace wlb::testing

@@ -1,0 +1,61 @@
+#include "wlb/pack/tuner.hpp"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wlb/io/default_distribution.hpp"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Sample {
+  PackerConfig config{.context = 32768, .max_tokens = 40960, .micro_batches = 4};
+  std::vector<std::vector<Document>> arrivals;
+  CostModel cost = *CostModelFromPreset("llama2-7b");
+  Sample() {
+    // The default distribution scaled to a 32K window (lengths / 4), 60 steps.
+    std::vector<int64_t> lengths = SampleDefaultLengths(60 * 4 * 131072, 5);
+    for (int64_t& l : lengths) l = std::max<int64_t>(1, l / 4);
+    arrivals = SplitIntoSteps(*MakeDocuments(lengths, config.context), 4 * config.context);
+  }
+};
+
+TEST(TuneThresholds, BeatsNoQueuesWithinTheBudget) {
+  Sample s;
+  auto tuned = TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = 2, .delay_budget = 1});
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_LE(tuned->delay_mean, 1.0);
+  EXPECT_FALSE(tuned->thresholds.empty());
+  EXPECT_EQ(tuned->evaluated, 1 + 8 + 28);  // none, one of 8, two of 8
+  auto none = *MakePacker("wlb", s.config, s.cost, {});
+  const double plain = Summarize(RunPacker(*none, s.arrivals)->steps, s.cost).imbalance_mean;
+  EXPECT_LT(tuned->imbalance_mean, plain - 0.05);
+  // Reproducible: the reported imbalance is what the thresholds give.
+  auto check = *MakePacker("wlb", s.config, s.cost, {.thresholds = tuned->thresholds});
+  EXPECT_DOUBLE_EQ(Summarize(RunPacker(*check, s.arrivals)->steps, s.cost).imbalance_mean,
+                   tuned->imbalance_mean);
+}
+
+TEST(TuneThresholds, TighterBudgetNeverLowersDelay) {
+  Sample s;
+  auto loose = *TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = 2, .delay_budget = 5});
+  auto tight =
+      *TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = 2, .delay_budget = 0.2});
+  EXPECT_LE(tight.delay_mean, 0.2);
+  EXPECT_LE(loose.imbalance_mean, tight.imbalance_mean);
+}
+
+TEST(TuneThresholds, BadOptionsAndImpossibleBudgets) {
+  Sample s;
+  EXPECT_THAT(TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = -1}).status().message(),
+              HasSubstr("got -1"));
+  EXPECT_THAT(
+      TuneThresholds(s.arrivals, s.config, s.cost, {.delay_budget = -0.5}).status().message(),
+      HasSubstr("got -0.5"));
+  auto none = TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = 1, .delay_budget = 0});
+  if (!none.ok()) EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace wlb

@@ -1,0 +1,142 @@
+// End-to-end tests of the wlb-plan binary: outputs, determinism and bad input.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "test_util.hpp"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
+  const std::string dir = ::testing::TempDir();
+  const std::string in = dir + "/wlb_cli_in", out = dir + "/wlb_cli_out", err = dir + "/wlb_cli_err";
+  std::ofstream(in) << stdin_text;
+  const std::string cmd = std::string(WLB_PLAN_BINARY) + " " + args + " <" + in + " >" + out +
+                          " 2>" + err;
+  const int status = std::system(cmd.c_str());
+  return {WEXITSTATUS(status), Slurp(out), Slurp(err)};
+}
+
+TEST(WlbPlan, DefaultRunPrintsStepsAndComparesOriginalWithWlb) {
+  Result r = RunPlan("--steps 12");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("embedded default distribution"));
+  EXPECT_THAT(r.out, HasSubstr("| original"));
+  EXPECT_THAT(r.out, HasSubstr("| wlb"));
+  EXPECT_THAT(r.out, HasSubstr("   11  |"));  // a row per step
+}
+
+TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
+  const std::string args =
+      "--steps 20 --seed 3 --packer wlb-refine --format json --timing=false --micro-batches 3";
+  Result a = RunPlan(args);
+  Result b = RunPlan(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, RunPlan("--steps 20 --seed 4 --packer wlb-refine --format json --timing=false "
+                       "--micro-batches 3").out);
+  nlohmann::json j = nlohmann::json::parse(a.out);
+  EXPECT_TRUE(j["pending"].empty());
+  std::vector<Document> docs;
+  for (const auto& step : j["steps"]) {
+    ASSERT_EQ(step["micro_batches"].size(), 3u);
+    for (const auto& mb : step["micro_batches"]) {
+      int64_t tokens = 0;
+      for (const auto& d : mb["documents"]) {
+        docs.push_back({.id = d["id"], .length = d["length"], .piece = d["piece"],
+                        .offset = d["offset"]});
+        tokens += d["length"].get<int64_t>();
+      }
+      EXPECT_EQ(mb["tokens"].get<int64_t>(), tokens);
+      EXPECT_LE(tokens, 131072 + 131072 / 4);
+    }
+    EXPECT_GE(step["imbalance"].get<double>(), step["lower_bound"].get<double>() - 1e-12);
+  }
+  // The same lengths, sampled by the library with the same seed, are exactly covered.
+  std::vector<int64_t> lengths = SampleDefaultLengths(int64_t{20} * 3 * 131072, 3);
+  EXPECT_TRUE(testing::CoversExactlyOnce(lengths, docs));
+  for (const char* key : {"imbalance_mean", "delay_mean", "delay_p99", "delay_max", "steps"}) {
+    EXPECT_TRUE(j["summary"].contains(key)) << key;
+  }
+  EXPECT_FALSE(j["summary"].contains("planning_ms_per_step_median"));
+  EXPECT_TRUE(nlohmann::json::parse(RunPlan("--steps 2 --format json").out)["summary"].contains(
+      "planning_ms_per_step_median"));
+}
+
+TEST(WlbPlan, ReadsStdinAndFiles) {
+  Result r = RunPlan("--docs - --context 32 --micro-batches 1 --format json --packer original",
+                 "5\n19\n8\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["steps"].size(), 1u);
+  EXPECT_EQ(j["steps"][0]["micro_batches"][0]["tokens"], 32);
+  const std::string path = ::testing::TempDir() + "/wlb_cli_docs.json";
+  std::ofstream(path) << "[5, 19, 8]";
+  Result f = RunPlan("--docs " + path + " --context 32 --micro-batches 1 --format json");
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+}
+
+TEST(WlbPlan, WritesOutFileAtomically) {
+  const std::string path = ::testing::TempDir() + "/wlb_cli_plan.json";
+  std::filesystem::remove(path);
+  ASSERT_EQ(RunPlan("--steps 3 --format json --out " + path).exit_code, 0);
+  EXPECT_FALSE(nlohmann::json::parse(Slurp(path))["steps"].empty());
+  std::filesystem::remove(path);
+  Result bad = RunPlan("--docs - --format json --out " + path, "5\nx\n");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(path));  // never a partial output file
+}
+
+struct BadCase {
+  std::string args;
+  std::string stdin_text;
+  std::string message;
+};
+
+TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
+  const std::vector<BadCase> cases = {
+      {"--docs -", "5\n-3\n", "<stdin>:2: '-3' is not a positive integer"},
+      {"--docs -", "5\n0\n", "<stdin>:2: '0'"},
+      {"--docs -", "5\nabc\n", "'abc'"},
+      {"--micro-batches 0", "", "(N) must be >= 1, got 0"},
+      {"--max-tokens 1000", "", "S_max) 1000 is below the context window (S) 131072"},
+      {"--cost gpt-9", "", "'gpt-9'"},
+      {"--packer best-fit", "", "unknown packer 'best-fit'"},
+      {"--docs /nonexistent/lengths.txt", "", "cannot open lengths file '/nonexistent/lengths.txt'"},
+      {"--thresholds 9,x", "", "'x' is not an integer"},
+      {"--thresholds 70000,60000", "", "strictly increasing"},
+      {"--format yaml", "", "'yaml'"},
+      {"--window 0 --packer fixed-greedy", "", "got 0"},
+  };
+  for (const BadCase& c : cases) {
+    Result r = RunPlan(c.args, c.stdin_text);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args;
+  }
+}
+
+}  // namespace
+}  // namespace wlb

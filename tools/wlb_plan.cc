@@ -1,0 +1,343 @@
+// wlb-plan: plans packed micro-batches for a stream of documents and reports their balance.
+//
+//   wlb-plan                                   # 100 steps of the embedded default distribution
+//   wlb-plan --docs lengths.txt --packer wlb-refine --format json --out plan.json
+//   cat lengths.txt | wlb-plan --docs - --micro-batches 8 --thresholds 32768,65536
+//
+// See README.md ("wlb-plan") for every flag and the JSON schema. On any error wlb-plan prints one
+// line naming the problem, exits non-zero and writes no output file.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "wlb/wlb.hpp"
+
+ABSL_FLAG(std::string, docs, "",
+          "lengths file (one integer per line, or a JSON array); '-' reads stdin; empty samples "
+          "the embedded default distribution");
+ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
+ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
+ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
+ABSL_FLAG(std::string, packer, "wlb", "original, fixed-greedy, wlb or wlb-refine");
+ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
+ABSL_FLAG(std::string, thresholds, "",
+          "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
+ABSL_FLAG(int32_t, queues, -1,
+          "wlb/wlb-refine: number of outlier queues with default thresholds (default 2); "
+          "ignored when --thresholds is given");
+ABSL_FLAG(bool, tune, false,
+          "wlb/wlb-refine: pick thresholds with the tuner on the planned stream itself, within "
+          "--delay_budget");
+ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
+ABSL_FLAG(std::string, cost, "llama2-7b",
+          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
+          "of length -> latency to fit");
+ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
+ABSL_FLAG(int64_t, steps, 0,
+          "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
+          "this many (0 = all)");
+ABSL_FLAG(std::string, format, "table", "table or json");
+ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
+ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
+ABSL_FLAG(bool, compare, true, "table: also run original and wlb packing on the same stream");
+
+namespace {
+
+struct Options {
+  wlb::PackerConfig config;
+  std::string packer;
+  wlb::PackerOptions packer_options;
+  std::string input_name;
+};
+
+absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
+  std::vector<int64_t> values;
+  if (text == "none") return values;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--thresholds: '%s' is not an integer token count", std::string(part)));
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+absl::StatusOr<std::vector<int64_t>> LoadLengths(int64_t steps, const wlb::PackerConfig& config,
+                                                 std::string& input_name) {
+  const std::string docs = absl::GetFlag(FLAGS_docs);
+  if (!docs.empty()) {
+    input_name = docs == "-" ? "<stdin>" : docs;
+    return wlb::ReadLengthsFile(docs);
+  }
+  const int64_t n = steps > 0 ? steps : 100;
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  input_name = absl::StrFormat("the embedded default distribution (%d steps, seed %d)", n, seed);
+  return wlb::SampleDefaultLengths(n * config.context * config.micro_batches, seed);
+}
+
+std::string Mega(int64_t tokens) { return absl::StrFormat("%.1fM", tokens / 1e6); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Result {
+  std::string packer;
+  wlb::PackRun run;
+  wlb::StreamSummary summary;
+  std::vector<wlb::Document> pending;
+};
+
+absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& config,
+                            const wlb::CostModel& cost, const wlb::PackerOptions& options,
+                            const std::vector<std::vector<wlb::Document>>& arrivals) {
+  absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
+      wlb::MakePacker(name, config, cost, options);
+  if (!packer.ok()) return packer.status();
+  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
+  if (!run.ok()) return run.status();
+  Result r{.packer = name, .run = *std::move(run)};
+  r.summary = wlb::Summarize(r.run.steps, cost);
+  r.pending = (*packer)->Pending();
+  return r;
+}
+
+std::string SummaryRow(const Result& r) {
+  const wlb::StreamSummary& s = r.summary;
+  return absl::StrFormat("| %-12s | %9.3f | %5.3f | %5.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n",
+                         r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
+                         s.imbalance_mean - s.lower_bound_mean, s.delay.mean, s.delay.p99,
+                         s.delay.max, Median(r.run.plan_ms));
+}
+
+constexpr char kSummaryHeader[] =
+    "| packer       | imbalance |   p90 |   max | gap LB | delay |  p99 | max | ms/step |\n"
+    "|--------------|-----------|-------|-------|--------|-------|------|-----|---------|\n";
+
+// The per-step summary of the chosen packer, then its stream summary.
+std::string StepTable(const Result& r, const wlb::CostModel& cost) {
+  std::string out =
+      "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
+      "held back\n";
+  for (const wlb::StepPlan& s : r.run.steps) {
+    int64_t docs = 0, tokens = 0, lo = INT64_MAX, hi = 0;
+    for (const wlb::MicroBatch& mb : s.micro_batches) {
+      docs += static_cast<int64_t>(mb.documents.size());
+      tokens += mb.tokens;
+      lo = std::min(lo, mb.tokens);
+      hi = std::max(hi, mb.tokens);
+    }
+    absl::StrAppendFormat(&out, "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %d docs\n",
+                          s.step, s.drain ? "*" : " ", docs, tokens, lo, hi,
+                          wlb::ImbalanceDegree(s.micro_batches),
+                          wlb::LowerBound(s.micro_batches, cost), s.held_back_documents);
+  }
+  absl::StrAppend(&out, "(* = drain step at the end of input, left out of the summary)\n");
+  return out;
+}
+
+absl::Status WriteOutput(const std::string& text) {
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return absl::OkStatus();
+  }
+  // Write a sibling temporary file and rename it, so a failure never leaves a partial file.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      return absl::UnavailableError(absl::StrFormat("cannot write output file '%s'", path));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return absl::UnavailableError(absl::StrFormat("cannot write output file '%s'", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  wlb::PackerConfig config{.context = absl::GetFlag(FLAGS_context),
+                           .micro_batches = absl::GetFlag(FLAGS_micro_batches)};
+  const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--max_tokens must be >= 0 (0 = S + S/4), got %d", max_tokens));
+  }
+  config.max_tokens = max_tokens > 0 ? max_tokens : config.context + config.context / 4;
+  if (absl::Status s = wlb::ValidateConfig(config); !s.ok()) return s;
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "table" && format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--format must be table or json, got '%s'", format));
+  }
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  if (steps < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("--steps must be >= 0, got %d", steps));
+  }
+  absl::StatusOr<wlb::ProfileFit> cost = wlb::ResolveCostModel(absl::GetFlag(FLAGS_cost));
+  if (!cost.ok()) return cost.status();
+
+  const std::string packer = absl::GetFlag(FLAGS_packer);
+  wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window)};
+  const std::string thresholds = absl::GetFlag(FLAGS_thresholds);
+  if (!thresholds.empty()) {
+    absl::StatusOr<std::vector<int64_t>> t = ParseThresholds(thresholds);
+    if (!t.ok()) return t.status();
+    options.thresholds = *t;
+  } else {
+    const int queues = absl::GetFlag(FLAGS_queues) < 0 ? 2 : absl::GetFlag(FLAGS_queues);
+    if (queues > 16) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--queues must be in [0, 16], got %d", queues));
+    }
+    options.thresholds = wlb::DefaultThresholds(config.context, queues);
+  }
+  // Validate the packer and its options before reading any input.
+  if (auto p = wlb::MakePacker(packer, config, cost->model, options); !p.ok()) return p.status();
+
+  std::string input_name;
+  absl::StatusOr<std::vector<int64_t>> lengths = LoadLengths(steps, config, input_name);
+  if (!lengths.ok()) return lengths.status();
+  absl::StatusOr<std::vector<wlb::Document>> pieces =
+      wlb::MakeDocuments(*lengths, config.context);
+  if (!pieces.ok()) return pieces.status();
+  std::vector<std::vector<wlb::Document>> arrivals =
+      wlb::SplitIntoSteps(*pieces, config.context * config.micro_batches);
+  if (steps > 0 && static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
+
+  std::string tune_note;
+  if (absl::GetFlag(FLAGS_tune)) {
+    if (packer != "wlb" && packer != "wlb-refine") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--tune applies to wlb and wlb-refine, not '%s'", packer));
+    }
+    absl::StatusOr<wlb::TunedThresholds> tuned = wlb::TuneThresholds(
+        arrivals, config, cost->model,
+        {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
+    if (!tuned.ok()) return tuned.status();
+    options.thresholds = tuned->thresholds;
+    tune_note = absl::StrFormat(" (tuned over %d sets for mean delay <= %g)", tuned->evaluated,
+                                absl::GetFlag(FLAGS_delay_budget));
+  }
+
+  absl::StatusOr<Result> main = Plan(packer, config, cost->model, options, arrivals);
+  if (!main.ok()) return main.status();
+
+  if (format == "json") {
+    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, cost->model);
+    nlohmann::json summary = wlb::SummaryToJson(main->summary);
+    summary["packer"] = packer;
+    summary["context"] = config.context;
+    summary["max_tokens"] = config.max_tokens;
+    summary["micro_batches"] = config.micro_batches;
+    summary["thresholds"] = options.thresholds;
+    summary["window"] = options.window;
+    summary["cost_model"] = cost->model.description;
+    summary["cost_unit"] = cost->model.unit;
+    summary["documents"] = lengths->size();
+    summary["tokens"] = wlb::TotalTokens(*pieces);
+    if (absl::GetFlag(FLAGS_timing)) {
+      summary["planning_ms_per_step_median"] = Median(main->run.plan_ms);
+      double total = 0.0;
+      for (double ms : main->run.plan_ms) total += ms;
+      summary["planning_ms_total"] = total;
+    }
+    j["summary"] = std::move(summary);
+    return WriteOutput(j.dump(1) + "\n");
+  }
+
+  std::string header = absl::StrFormat(
+      "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
+      "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
+      "cost: %s\n",
+      input_name, lengths->size(), Mega(wlb::TotalTokens(*pieces)), arrivals.size(), packer,
+      config.context, config.max_tokens, config.micro_batches,
+      options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
+      options.window, cost->model.description);
+  std::string out = header + StepTable(*main, cost->model);
+  absl::StrAppend(&out, "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
+                        "mean imbalance - mean lower bound; delay in steps, per token):\n",
+                  kSummaryHeader);
+  std::vector<std::string> compared = {"original", "wlb"};
+  if (packer != "original" && packer != "wlb") compared.push_back(packer);
+  if (!absl::GetFlag(FLAGS_compare)) compared = {packer};
+  for (const std::string& name : compared) {
+    if (name == packer) {
+      absl::StrAppend(&out, SummaryRow(*main));
+      continue;
+    }
+    absl::StatusOr<Result> other = Plan(name, config, cost->model, options, arrivals);
+    if (!other.ok()) return other.status();
+    absl::StrAppend(&out, SummaryRow(*other));
+  }
+  return WriteOutput(out);
+}
+
+}  // namespace
+
+// Abseil flag names cannot hold '-', so "--max-tokens=5" is accepted by rewriting it to
+// "--max_tokens=5" (only the name, never the value). "--docs -" becomes "--docs=-", which Abseil
+// would otherwise question as a value that looks like a flag.
+std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a.size() > 2 && a.compare(0, 2, "--") == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+      if (end == a.size() && i + 1 < argc && std::string(argv[i + 1]) == "-") {
+        a += "=-";
+        ++i;
+      }
+    }
+    args.push_back(std::move(a));
+  }
+  return args;
+}
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "plans balanced micro-batches for a document stream; see README.md for the flags");
+  std::vector<std::string> args = NormalizeArgs(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "wlb-plan: error: unexpected argument '%s' (inputs go in --docs)\n",
+                 rest[1]);
+    return 2;
+  }
+  if (absl::Status s = Run(); !s.ok()) {
+    std::fprintf(stderr, "wlb-plan: error: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
