@@ -1,0 +1,269 @@
+// Times the flash varlen attention kernels and prints TFLOP/s (useful FLOPs: causal pairs counted
+// per document; backward = 2.5 x forward) as a table and as JSON lines.
+//
+//   wlb_cuda_attention_bench [--tokens=131072] [--heads=16] [--kv_heads=16] [--head_dim=128]
+//       [--warmup=3] [--iters=10] [--mix=PATH] [--mix_offset=0] [--dump_mix=PATH]
+//       [--json=PATH] [--configs=512,2048,8192,16384,mix]
+//
+// Configurations: uniform documents of 512, 2K, 8K and 16K tokens filling --tokens, and "mix": a
+// --tokens micro-batch of consecutive documents from the WLB-LLM-like length file (--mix,
+// default ../shared/data/doc_lengths_wlbllm_like.json), cut at the end to fit; when the file is
+// absent, a seeded sample (97% uniform in 1..6250, 3% log-uniform up to 128K) stands in, and the
+// JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/varlen_attention.h"
+
+namespace {
+
+using wlb::cuda::AttentionProblem;
+
+struct Flags {
+  int64_t tokens = 131072;
+  int heads = 16;
+  int kv_heads = 16;
+  int head_dim = 128;
+  int warmup = 3;
+  int iters = 10;
+  std::string mix = std::string(WLB_SHARED_DATA_DIR) + "/doc_lengths_wlbllm_like.json";
+  int64_t mix_offset = 0;
+  std::string dump_mix;
+  std::string json;
+  std::string configs = "512,2048,8192,16384,mix";
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || eq == std::string::npos) {
+      std::fprintf(stderr, "bad argument '%s' (expected --name=value)\n", arg.c_str());
+      return false;
+    }
+    const std::string name = arg.substr(2, eq - 2), value = arg.substr(eq + 1);
+    bool ok = true;
+    if (name == "tokens") ok = absl::SimpleAtoi(value, &f->tokens);
+    else if (name == "heads") ok = absl::SimpleAtoi(value, &f->heads);
+    else if (name == "kv_heads") ok = absl::SimpleAtoi(value, &f->kv_heads);
+    else if (name == "head_dim") ok = absl::SimpleAtoi(value, &f->head_dim);
+    else if (name == "warmup") ok = absl::SimpleAtoi(value, &f->warmup);
+    else if (name == "iters") ok = absl::SimpleAtoi(value, &f->iters) && f->iters > 0;
+    else if (name == "mix") f->mix = value;
+    else if (name == "mix_offset") ok = absl::SimpleAtoi(value, &f->mix_offset);
+    else if (name == "dump_mix") f->dump_mix = value;
+    else if (name == "json") f->json = value;
+    else if (name == "configs") f->configs = value;
+    else ok = false;
+    if (!ok) {
+      std::fprintf(stderr, "bad flag '%s'\n", arg.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// The mix micro-batch: consecutive documents from `lengths`, the last one cut to fill `tokens`.
+std::vector<int32_t> CutMicroBatch(const std::vector<int64_t>& lengths, int64_t offset,
+                                   int64_t tokens) {
+  std::vector<int32_t> out;
+  int64_t total = 0;
+  for (size_t i = offset; i < lengths.size() && total < tokens; ++i) {
+    const int64_t l = std::min(lengths[i], tokens - total);
+    out.push_back(static_cast<int32_t>(l));
+    total += l;
+  }
+  return out;
+}
+
+std::vector<int64_t> GeneratedLengths(size_t n) {
+  std::mt19937_64 rng(20250701);
+  std::vector<int64_t> v(n);
+  for (int64_t& l : v) {
+    if (std::bernoulli_distribution(0.97)(rng)) {
+      l = std::uniform_int_distribution<int64_t>(1, 6250)(rng);
+    } else {
+      l = static_cast<int64_t>(std::exp(std::uniform_real_distribution<double>(
+          std::log(6250.0), std::log(124913.0))(rng)));
+    }
+  }
+  return v;
+}
+
+#define CHECK_CUDA(expr)                                                              \
+  do {                                                                                \
+    const cudaError_t e_ = (expr);                                                    \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s\n",                                                    \
+                   wlb::cuda::CudaStatus(e_, #expr, __FILE__, __LINE__).ToString().c_str()); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (false)
+
+#define CHECK_OK(expr)                                                     \
+  do {                                                                     \
+    const absl::Status s_ = (expr);                                        \
+    if (!s_.ok()) {                                                        \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                        \
+    }                                                                      \
+  } while (false)
+
+// Uniform random bf16 in [-1, 1] filled on the host once per buffer (never zeros).
+void FillRandom(__nv_bfloat16* dev, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<__nv_bfloat16> h(n);
+  for (auto& x : h) x = __float2bfloat16(u(rng));
+  CHECK_CUDA(cudaMemcpy(dev, h.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+}
+
+template <typename F>
+double MedianMs(F&& run, int warmup, int iters) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < warmup; ++i) run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    run();
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) return 2;
+  if (absl::Status s = wlb::cuda::CudaDeviceAvailable(); !s.ok()) {
+    std::fprintf(stderr, "no usable CUDA device, nothing measured: %s\n", s.ToString().c_str());
+    return 3;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major,
+              prop.minor);
+
+  std::vector<int64_t> all_lengths;
+  std::string mix_source;
+  if (std::ifstream in(flags.mix); in) {
+    all_lengths = nlohmann::json::parse(in).get<std::vector<int64_t>>();
+    mix_source = flags.mix;
+  } else {
+    all_lengths = GeneratedLengths(4096);
+    mix_source = "generated (seed 20250701; file not found: " + flags.mix + ")";
+  }
+  const std::vector<int32_t> mix = CutMicroBatch(all_lengths, flags.mix_offset, flags.tokens);
+  if (!flags.dump_mix.empty()) {
+    std::ofstream(flags.dump_mix) << nlohmann::json(mix).dump() << "\n";
+  }
+
+  std::ofstream json_out;
+  if (!flags.json.empty()) json_out.open(flags.json);
+  std::printf("%-8s %6s %9s %10s %10s %10s %10s\n", "config", "docs", "tokens", "fwd_ms",
+              "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
+  for (const std::string& config :
+       std::vector<std::string>(absl::StrSplit(flags.configs, ','))) {
+    std::vector<int32_t> lengths;
+    if (config == "mix") {
+      lengths = mix;
+    } else {
+      int64_t len = 0;
+      if (!absl::SimpleAtoi(config, &len) || len <= 0) {
+        std::fprintf(stderr, "bad config '%s'\n", config.c_str());
+        return 2;
+      }
+      lengths.assign(std::max<int64_t>(1, flags.tokens / len), static_cast<int32_t>(len));
+    }
+    AttentionProblem p;
+    p.cu_seqlens_q = {0};
+    for (int32_t l : lengths) p.cu_seqlens_q.push_back(p.cu_seqlens_q.back() + l);
+    p.cu_seqlens_k = p.cu_seqlens_q;
+    p.max_seqlen_q = p.max_seqlen_k = *std::max_element(lengths.begin(), lengths.end());
+    p.num_heads = flags.heads;
+    p.num_kv_heads = flags.kv_heads;
+    p.head_dim = flags.head_dim;
+    p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(flags.head_dim));
+    p.causal = true;
+
+    absl::StatusOr<wlb::cuda::VarlenAttention> attn = wlb::cuda::VarlenAttention::Create(p);
+    CHECK_OK(attn.status());
+    const int64_t tq = p.total_q(), h = p.num_heads, hk = p.num_kv_heads, d = p.head_dim;
+    const size_t nq = size_t(tq) * h * d, nk = size_t(tq) * hk * d;
+    __nv_bfloat16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+    float* lse;
+    for (auto [ptr, n] : {std::pair{&q, nq}, {&k, nk}, {&v, nk}, {&out, nq}, {&dout, nq},
+                          {&dq, nq}, {&dk, nk}, {&dv, nk}}) {
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(ptr), n * sizeof(__nv_bfloat16)));
+    }
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&lse), size_t(tq) * h * sizeof(float)));
+    FillRandom(q, nq, 1);
+    FillRandom(k, nk, 2);
+    FillRandom(v, nk, 3);
+    FillRandom(dout, nq, 4);
+
+    wlb::cuda::ForwardTensors f;
+    f.q = {q, tq, h, d};
+    f.k = {k, tq, hk, d};
+    f.v = {v, tq, hk, d};
+    f.out = {out, tq, h, d};
+    f.lse = {lse, h, tq};
+    wlb::cuda::BackwardTensors b;
+    b.q = f.q;
+    b.k = f.k;
+    b.v = f.v;
+    b.out = {out, tq, h, d};
+    b.dout = {dout, tq, h, d};
+    b.lse = {lse, h, tq};
+    b.dq = {dq, tq, h, d};
+    b.dk = {dk, tq, hk, d};
+    b.dv = {dv, tq, hk, d};
+
+    const double fwd_ms =
+        MedianMs([&] { CHECK_OK(attn->Forward(f, nullptr)); }, flags.warmup, flags.iters);
+    const double bwd_ms =
+        MedianMs([&] { CHECK_OK(attn->Backward(b, nullptr)); }, flags.warmup, flags.iters);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const double flops = wlb::cuda::ForwardFlops(p);
+    const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
+    const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
+    std::printf("%-8s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(), lengths.size(),
+                static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms, bwd_tflops);
+    nlohmann::json row = {{"impl", "wlb_flash"},     {"config", config},
+                          {"docs", lengths.size()},  {"tokens", tq},
+                          {"heads", h},              {"kv_heads", hk},
+                          {"head_dim", d},           {"fwd_ms", fwd_ms},
+                          {"bwd_ms", bwd_ms},        {"fwd_tflops", fwd_tflops},
+                          {"bwd_tflops", bwd_tflops}, {"useful_fwd_flops", flops},
+                          {"device", prop.name}};
+    if (config == "mix") row["mix_source"] = mix_source;
+    if (json_out) json_out << row.dump() << "\n";
+    for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
+                      static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(dq),
+                      static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(lse)}) {
+      CHECK_CUDA(cudaFree(ptr));
+    }
+  }
+  return 0;
+}

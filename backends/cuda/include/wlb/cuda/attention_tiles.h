@@ -1,0 +1,57 @@
+// Work-list entries of the flash kernels, shared by the host plan builder (attention_plan.h)
+// and the device code; plain structs with no dependencies, so CUDA translation units can
+// include them.
+//
+//   wlb::cuda::ForwardTile t = plan.front();
+//   int32_t end = wlb::cuda::ForwardVisibleEnd(t, 0);  // keys row 0 of the tile sees
+#ifndef WLB_CUDA_ATTENTION_TILES_H_
+#define WLB_CUDA_ATTENTION_TILES_H_
+
+#include <cstdint>
+
+namespace wlb::cuda {
+
+// Largest head_dim the reference kernels accept.
+inline constexpr int kMaxReferenceHeadDim = 256;
+
+// A "diagonal" so large that the causal test never masks (used for non-causal segments).
+inline constexpr int32_t kNoDiagonal = 1 << 30;
+
+// Query rows [q_begin, q_begin + q_rows) of the packed Q (global token indices). Tile row r
+// (0-based) sees key j (0-based within the segment, stored from global k_begin) iff
+// j < k_len and j <= r + diag.
+struct ForwardTile {
+  int32_t q_begin;
+  int32_t q_rows;   // 1..block_m
+  int32_t k_begin;  // global index of the segment's first key
+  int32_t k_len;    // keys [0, k_len) of the segment are visited; the rest are masked for all rows
+  int32_t diag;     // causal offset, kNoDiagonal when not causal
+  int32_t segment;  // index into cu_seqlens (for diagnostics)
+};
+static_assert(sizeof(ForwardTile) == 24);
+
+// Keys [k_begin, k_begin + k_rows) (global). Query q of the segment (0-based, stored from global
+// q_begin) sees tile key c (0-based) iff q < q_len and c <= q + diag; queries before q_first see
+// none of the tile's keys.
+struct BackwardTile {
+  int32_t k_begin;
+  int32_t k_rows;   // 1..block_n
+  int32_t q_begin;  // global index of the segment's first query
+  int32_t q_len;    // the segment's query count
+  int32_t q_first;  // first query that sees a key of this tile
+  int32_t diag;     // causal offset, kNoDiagonal when not causal
+  int32_t segment;
+  int32_t pad = 0;
+};
+static_assert(sizeof(BackwardTile) == 32);
+
+// Keys of the segment that tile row r sees, as the half-open range [0, end): end = min(k_len,
+// r + diag + 1). Shared by tests and the CPU model of the kernels.
+inline int32_t ForwardVisibleEnd(const ForwardTile& t, int32_t r) {
+  const int64_t end = static_cast<int64_t>(r) + t.diag + 1;
+  return end < t.k_len ? static_cast<int32_t>(end) : t.k_len;
+}
+
+}  // namespace wlb::cuda
+
+#endif  // WLB_CUDA_ATTENTION_TILES_H_

@@ -1,0 +1,50 @@
+// Float64 CPU reference for varlen attention, forward and backward.
+//
+// The ground truth that the device kernels are checked against on small shapes. Inputs are the
+// float values of the bf16 tensors (THD, row-major, contiguous); everything is computed in
+// double. Same semantics as the device API (see attention_problem.h); LSE is natural-log,
+// laid out (num_heads, total_q).
+//
+//   wlb::cuda::AttentionProblem p = ...;
+//   std::vector<float> q = ..., k = ..., v = ..., dout = ...;
+//   absl::StatusOr<wlb::cuda::CpuForward> f = wlb::cuda::CpuAttentionForward(p, q, k, v);
+//   absl::StatusOr<wlb::cuda::CpuGradients> g = wlb::cuda::CpuAttentionBackward(p, q, k, v, dout);
+#ifndef WLB_CUDA_CPU_REFERENCE_H_
+#define WLB_CUDA_CPU_REFERENCE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "wlb/cuda/attention_problem.h"
+
+namespace wlb::cuda {
+
+struct CpuForward {
+  std::vector<double> out;  // (total_q, num_heads, head_dim)
+  std::vector<double> lse;  // (num_heads, total_q)
+};
+
+struct CpuGradients {
+  std::vector<double> dq;  // (total_q, num_heads, head_dim)
+  std::vector<double> dk;  // (total_k, num_kv_heads, head_dim)
+  std::vector<double> dv;  // (total_k, num_kv_heads, head_dim)
+};
+
+// Forward pass. InvalidArgument when the problem is invalid (reference kernel rules) or a tensor
+// has the wrong element count (the message names the tensor and both counts).
+absl::StatusOr<CpuForward> CpuAttentionForward(const AttentionProblem& problem,
+                                               absl::Span<const float> q,
+                                               absl::Span<const float> k,
+                                               absl::Span<const float> v);
+
+// Gradients of sum(out * dout) with respect to q, k and v; same errors as the forward.
+absl::StatusOr<CpuGradients> CpuAttentionBackward(const AttentionProblem& problem,
+                                                  absl::Span<const float> q,
+                                                  absl::Span<const float> k,
+                                                  absl::Span<const float> v,
+                                                  absl::Span<const float> dout);
+
+}  // namespace wlb::cuda
+
+#endif  // WLB_CUDA_CPU_REFERENCE_H_

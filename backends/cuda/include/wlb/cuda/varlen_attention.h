@@ -1,0 +1,127 @@
+// Variable-length causal attention on the GPU: forward (output + log-sum-exp) and backward.
+//
+// Tensors are THD: (tokens, heads, head_dim), bf16, contiguous, device memory, 16-byte aligned.
+// Q has num_heads heads, K and V num_kv_heads (grouped-query attention). The LSE is fp32,
+// natural-log, (num_heads, total_q). Semantics (segments, bottom-right causal mask) are in
+// attention_problem.h. A VarlenAttention object is the plan: it validates the problem, builds the
+// per-tile work lists on the host, uploads them once, and then runs forward/backward any number
+// of times (once per layer); the run side only reads the plan.
+//
+//   wlb::cuda::AttentionProblem p = ...;  // cu_seqlens on the host
+//   absl::StatusOr<wlb::cuda::VarlenAttention> attn = wlb::cuda::VarlenAttention::Create(p);
+//   if (!attn.ok()) return attn.status();
+//   wlb::cuda::ForwardTensors f;
+//   f.q = {q_ptr, p.total_q(), 32, 128};  f.k = {k_ptr, p.total_k(), 8, 128};  f.v = ...;
+//   f.out = {out_ptr, p.total_q(), 32, 128};  f.lse = {lse_ptr, 32, p.total_q()};
+//   absl::Status s = attn->Forward(f, stream);
+//
+// Every argument is checked before anything is launched; every CUDA call's error becomes a
+// Status with file:line. One object must not run two backward passes concurrently (they share
+// its fp32 dQ workspace).
+#ifndef WLB_CUDA_VARLEN_ATTENTION_H_
+#define WLB_CUDA_VARLEN_ATTENTION_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "wlb/cuda/attention_plan.h"
+#include "wlb/cuda/attention_problem.h"
+
+namespace wlb::cuda {
+namespace detail {
+struct LaunchShape;
+}  // namespace detail
+
+// A contiguous (tokens, heads, head_dim) bf16 tensor in device memory.
+template <typename T>
+struct ThdTensor {
+  T* data = nullptr;
+  int64_t tokens = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t numel() const { return tokens * heads * head_dim; }
+};
+using ConstThd = ThdTensor<const __nv_bfloat16>;
+using MutableThd = ThdTensor<__nv_bfloat16>;
+
+// A contiguous (heads, tokens) fp32 tensor in device memory.
+template <typename T>
+struct LseTensor {
+  T* data = nullptr;
+  int64_t heads = 0;
+  int64_t tokens = 0;
+  int64_t numel() const { return heads * tokens; }
+};
+
+struct ForwardTensors {
+  ConstThd q, k, v;
+  MutableThd out;         // written completely; must not overlap q, k, v
+  LseTensor<float> lse;   // written completely
+};
+
+struct BackwardTensors {
+  ConstThd q, k, v, out, dout;
+  LseTensor<const float> lse;  // as written by Forward
+  MutableThd dq, dk, dv;       // written completely; must not overlap the inputs or each other
+};
+
+struct AttentionOptions {
+  AttentionKernel kernel = AttentionKernel::kFlash;
+  bool backward = true;  // allocate the backward workspace (fp32 dQ, 4 * total_q * heads * dim B)
+};
+
+// Checks shapes against `problem`, non-null 16-byte-aligned pointers and the no-overlap rules;
+// InvalidArgument naming the tensor and the bad value otherwise. Runs on the host only.
+absl::Status ValidateForwardTensors(const AttentionProblem& problem, const ForwardTensors& t);
+absl::Status ValidateBackwardTensors(const AttentionProblem& problem, const BackwardTensors& t);
+
+class VarlenAttention {
+ public:
+  // Validates `problem` for options.kernel, builds the work lists and uploads them (and
+  // allocates the backward workspace) on `stream`.
+  static absl::StatusOr<VarlenAttention> Create(const AttentionProblem& problem,
+                                                const AttentionOptions& options = {},
+                                                cudaStream_t stream = nullptr);
+
+  VarlenAttention(VarlenAttention&&) noexcept = default;
+  VarlenAttention& operator=(VarlenAttention&&) noexcept = default;
+  ~VarlenAttention() = default;
+
+  // out = softmax(scale * Q K^T + mask) V, lse = log-sum-exp of the masked scaled scores.
+  absl::Status Forward(const ForwardTensors& t, cudaStream_t stream) const;
+
+  // dq, dk, dv: gradients of sum(out * dout). dk/dv sum over the heads of each GQA group.
+  absl::Status Backward(const BackwardTensors& t, cudaStream_t stream) const;
+
+  const AttentionProblem& problem() const { return problem_; }
+  const AttentionOptions& options() const { return options_; }
+  const std::vector<ForwardTile>& forward_tiles() const { return forward_tiles_; }
+  const std::vector<BackwardTile>& backward_tiles() const { return backward_tiles_; }
+
+ private:
+  struct DeviceFree {
+    void operator()(void* p) const;
+  };
+  using DevicePtr = std::unique_ptr<void, DeviceFree>;
+
+  VarlenAttention() = default;
+  detail::LaunchShape Shape() const;
+
+  AttentionProblem problem_;
+  AttentionOptions options_;
+  std::vector<ForwardTile> forward_tiles_;
+  std::vector<BackwardTile> backward_tiles_;
+  bool zero_dkv_ = false;  // some keys belong to segments without queries: their grads are zero
+  DevicePtr cu_seqlens_q_, cu_seqlens_k_, forward_tiles_dev_, backward_tiles_dev_;
+  DevicePtr dq_accum_, dot_do_o_;
+};
+
+}  // namespace wlb::cuda
+
+#endif  // WLB_CUDA_VARLEN_ATTENTION_H_

@@ -1,0 +1,66 @@
+#include "wlb/cuda/attention_plan.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace wlb::cuda {
+
+std::vector<ForwardTile> BuildForwardTiles(const AttentionProblem& p, int block_m) {
+  assert(block_m > 0);
+  std::vector<ForwardTile> tiles;
+  for (int b = 0; b < p.batch(); ++b) {
+    const int32_t lq = p.seqlen_q(b);
+    const int32_t lk = p.seqlen_k(b);
+    for (int32_t m0 = 0; m0 < lq; m0 += block_m) {
+      ForwardTile t;
+      t.q_begin = p.cu_seqlens_q[b] + m0;
+      t.q_rows = std::min(block_m, lq - m0);
+      t.k_begin = p.cu_seqlens_k[b];
+      if (p.causal) {
+        t.diag = m0 + (lk - lq);
+        t.k_len = std::min(lk, t.diag + t.q_rows);  // the last row sees keys [0, diag + q_rows)
+      } else {
+        t.diag = kNoDiagonal;
+        t.k_len = lk;
+      }
+      t.segment = b;
+      tiles.push_back(t);
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const ForwardTile& a, const ForwardTile& b) { return a.k_len > b.k_len; });
+  return tiles;
+}
+
+std::vector<BackwardTile> BuildBackwardTiles(const AttentionProblem& p, int block_n) {
+  assert(block_n > 0);
+  std::vector<BackwardTile> tiles;
+  for (int b = 0; b < p.batch(); ++b) {
+    const int32_t lq = p.seqlen_q(b);
+    const int32_t lk = p.seqlen_k(b);
+    if (lq == 0) continue;
+    for (int32_t n0 = 0; n0 < lk; n0 += block_n) {
+      BackwardTile t;
+      t.k_begin = p.cu_seqlens_k[b] + n0;
+      t.k_rows = std::min(block_n, lk - n0);
+      t.q_begin = p.cu_seqlens_q[b];
+      t.q_len = lq;
+      if (p.causal) {
+        // Query q sees segment key j iff j <= q + (lk - lq); tile key c is j = n0 + c.
+        t.diag = (lk - lq) - n0;
+        t.q_first = std::max(0, -t.diag);  // the first query that sees tile key 0
+      } else {
+        t.diag = kNoDiagonal;
+        t.q_first = 0;
+      }
+      t.segment = b;
+      tiles.push_back(t);
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(), [](const BackwardTile& a, const BackwardTile& b) {
+    return a.q_len - a.q_first > b.q_len - b.q_first;
+  });
+  return tiles;
+}
+
+}  // namespace wlb::cuda

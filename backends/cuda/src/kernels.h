@@ -1,0 +1,68 @@
+// Internal launch interface between the C++ API (varlen_attention.cc, compiled by the host
+// compiler) and the CUDA translation units. Plain types only, so nvcc never sees Abseil.
+#ifndef WLB_CUDA_SRC_KERNELS_H_
+#define WLB_CUDA_SRC_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "wlb/cuda/attention_tiles.h"
+
+namespace wlb::cuda::detail {
+
+// Tile sizes of the flash kernels; the host plan builder and the kernels must agree.
+inline constexpr int kFwdBlockM = 128;  // query rows per forward block (4 warps x 32 rows)
+inline constexpr int kBwdBlockN = 64;   // keys per backward block (4 warps x 16 keys)
+inline constexpr int kBwdBlockM = 64;   // query rows per backward Q/dO tile
+
+// What every launch needs to know about the problem (filled once from the plan).
+struct LaunchShape {
+  int64_t total_q;
+  int64_t total_k;
+  int num_heads;
+  int num_kv_heads;
+  int head_dim;
+  float scale;
+  bool causal;
+  const int32_t* cu_seqlens_q;  // device; reference kernels only
+  const int32_t* cu_seqlens_k;
+  int batch;
+};
+
+struct ForwardLaunch : LaunchShape {
+  const void* q;  // bf16 (total_q, num_heads, head_dim)
+  const void* k;  // bf16 (total_k, num_kv_heads, head_dim)
+  const void* v;
+  void* out;   // bf16 (total_q, num_heads, head_dim)
+  float* lse;  // (num_heads, total_q)
+  const ForwardTile* tiles;  // flash kernel
+  int num_tiles;
+};
+
+struct BackwardLaunch : LaunchShape {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* out;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* dq_accum;  // fp32 (total_q, num_heads, head_dim), flash only
+  float* dot_do_o;  // fp32 (num_heads, total_q): rowsum(dout * out)
+  const BackwardTile* tiles;  // flash kernel
+  int num_tiles;
+};
+
+// Each returns the first CUDA error met (attribute setting, launch), else cudaSuccess. The flash
+// launchers accept head_dim 64 and 128 only (cudaErrorInvalidValue otherwise).
+cudaError_t LaunchFlashForward(const ForwardLaunch& a, cudaStream_t stream);
+cudaError_t LaunchFlashBackward(const BackwardLaunch& a, cudaStream_t stream);
+cudaError_t LaunchReferenceForward(const ForwardLaunch& a, cudaStream_t stream);
+cudaError_t LaunchReferenceBackward(const BackwardLaunch& a, cudaStream_t stream);
+
+}  // namespace wlb::cuda::detail
+
+#endif  // WLB_CUDA_SRC_KERNELS_H_

@@ -1,0 +1,327 @@
+// Device correctness of the flash and reference kernels, forward and backward.
+//
+// Small shapes are checked against the float64 CPU reference, large ones (a 128K document, a
+// 16K-token WLB-like mix) against the reference kernel. Inputs are fresh random values each run
+// (the seed is printed on failure), outputs are poisoned with NaN before each run so unwritten
+// elements show, and NaN never passes. Skips with a reason when no CUDA device is present.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test/test_util.h"
+#include "wlb/cuda/cpu_reference.h"
+#include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/varlen_attention.h"
+
+namespace wlb::cuda {
+namespace {
+
+using testing::DocumentsProblem;
+using testing::Inputs;
+using testing::RandomInputs;
+using testing::RandomBf16Values;
+using testing::RelativeError;
+using testing::SegmentsProblem;
+
+// Relative L2 error bounds. Outputs are bf16 (rounding alone is ~2e-3 relative); gradients also
+// go through bf16 P and dS operands.
+constexpr double kOutTol = 1e-2;
+constexpr double kLseTol = 1e-4;
+constexpr double kGradTol = 2e-2;
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    if (n > 0 && cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)) != cudaSuccess) p_ = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  bool ok() const { return n_ == 0 || p_ != nullptr; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+std::vector<__nv_bfloat16> ToBf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __float2bfloat16(x[i]);
+  return y;
+}
+
+std::vector<float> ToFloat(const std::vector<__nv_bfloat16>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = __bfloat162float(x[i]);
+  return y;
+}
+
+size_t CountNaN(const std::vector<float>& x) {
+  size_t n = 0;
+  for (float v : x) n += std::isnan(v) ? 1 : 0;
+  return n;
+}
+
+
+struct Results {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// Runs forward (and backward on its own out/lse) with `kernel`; every output poisoned first.
+void RunOnDevice(const AttentionProblem& p, AttentionKernel kernel, const Inputs& in,
+                 bool backward, Results* r) {
+  const size_t nq = in.q.size(), nk = in.k.size();
+  const size_t nl = size_t(p.total_q()) * p.num_heads;
+  DeviceBuffer<__nv_bfloat16> q(nq), k(nk), v(nk), out(nq), dout(nq), dq(nq), dk(nk), dv(nk);
+  DeviceBuffer<float> lse(nl);
+  for (bool ok : {q.ok(), k.ok(), v.ok(), out.ok(), dout.ok(), dq.ok(), dk.ok(), dv.ok(),
+                  lse.ok()}) {
+    ASSERT_TRUE(ok) << "cudaMalloc failed";
+  }
+  ASSERT_CUDA(cudaMemcpy(q.get(), ToBf16(in.q).data(), nq * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(k.get(), ToBf16(in.k).data(), nk * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(v.get(), ToBf16(in.v).data(), nk * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(dout.get(), ToBf16(in.dout).data(), nq * 2, cudaMemcpyHostToDevice));
+  // 0xff bytes are NaN both as bf16 and as fp32.
+  ASSERT_CUDA(cudaMemset(out.get(), 0xff, nq * 2));
+  ASSERT_CUDA(cudaMemset(lse.get(), 0xff, nl * 4));
+  ASSERT_CUDA(cudaMemset(dq.get(), 0xff, nq * 2));
+  ASSERT_CUDA(cudaMemset(dk.get(), 0xff, nk * 2));
+  ASSERT_CUDA(cudaMemset(dv.get(), 0xff, nk * 2));
+
+  AttentionOptions options;
+  options.kernel = kernel;
+  options.backward = backward;
+  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p, options);
+  ASSERT_TRUE(attn.ok()) << attn.status();
+  const int64_t tq = p.total_q(), tk = p.total_k(), h = p.num_heads, hk = p.num_kv_heads,
+                d = p.head_dim;
+  ForwardTensors f;
+  f.q = {q.get(), tq, h, d};
+  f.k = {k.get(), tk, hk, d};
+  f.v = {v.get(), tk, hk, d};
+  f.out = {out.get(), tq, h, d};
+  f.lse = {lse.get(), h, tq};
+  absl::Status s = attn->Forward(f, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<__nv_bfloat16> host(std::max(nq, nk));
+  host.resize(nq);
+  ASSERT_CUDA(cudaMemcpy(host.data(), out.get(), nq * 2, cudaMemcpyDeviceToHost));
+  r->out = ToFloat(host);
+  r->lse.resize(nl);
+  ASSERT_CUDA(cudaMemcpy(r->lse.data(), lse.get(), nl * 4, cudaMemcpyDeviceToHost));
+  if (!backward) return;
+
+  BackwardTensors b;
+  b.q = f.q;
+  b.k = f.k;
+  b.v = f.v;
+  b.out = {out.get(), tq, h, d};
+  b.dout = {dout.get(), tq, h, d};
+  b.lse = {lse.get(), h, tq};
+  b.dq = {dq.get(), tq, h, d};
+  b.dk = {dk.get(), tk, hk, d};
+  b.dv = {dv.get(), tk, hk, d};
+  s = attn->Backward(b, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  ASSERT_CUDA(cudaMemcpy(host.data(), dq.get(), nq * 2, cudaMemcpyDeviceToHost));
+  r->dq = ToFloat(host);
+  host.resize(nk);
+  ASSERT_CUDA(cudaMemcpy(host.data(), dk.get(), nk * 2, cudaMemcpyDeviceToHost));
+  r->dk = ToFloat(host);
+  ASSERT_CUDA(cudaMemcpy(host.data(), dv.get(), nk * 2, cudaMemcpyDeviceToHost));
+  r->dv = ToFloat(host);
+}
+
+class AttentionGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const absl::Status s = CudaDeviceAvailable();
+    if (!s.ok()) GTEST_SKIP() << "no usable CUDA device: " << s;
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double tol,
+                 const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(CountNaN(got), 0u) << what << ": NaN (unwritten or overflowed) elements";
+  const double err = RelativeError(got, want);
+  EXPECT_LE(err, tol) << what << ": relative error " << err;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                 const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(CountNaN(got), 0u) << what << ": NaN (unwritten or overflowed) elements";
+  EXPECT_EQ(CountNaN(want), 0u) << what << " (reference kernel): NaN elements";
+  const double err = RelativeError(got, want);
+  EXPECT_LE(err, tol) << what << ": relative error " << err;
+}
+
+// Both kernels against the float64 CPU reference.
+void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
+  const Inputs in = RandomInputs(p, rng);
+  absl::StatusOr<CpuForward> f = CpuAttentionForward(p, in.q, in.k, in.v);
+  ASSERT_TRUE(f.ok()) << f.status();
+  absl::StatusOr<CpuGradients> g = CpuAttentionBackward(p, in.q, in.k, in.v, in.dout);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (AttentionKernel kernel : {AttentionKernel::kFlash, AttentionKernel::kReference}) {
+    SCOPED_TRACE(kernel == AttentionKernel::kFlash ? "flash kernel" : "reference kernel");
+    Results r;
+    RunOnDevice(p, kernel, in, /*backward=*/true, &r);
+    if (::testing::Test::HasFatalFailure()) return;
+    ExpectClose(r.out, f->out, kOutTol, "out");
+    ExpectClose(r.lse, f->lse, kLseTol, "lse");
+    ExpectClose(r.dq, g->dq, kGradTol, "dq");
+    ExpectClose(r.dk, g->dk, kGradTol, "dk");
+    ExpectClose(r.dv, g->dv, kGradTol, "dv");
+  }
+}
+
+std::string Describe(const AttentionProblem& p) {
+  std::string s = "segments (q,k):";
+  for (int b = 0; b < p.batch() && b < 12; ++b) {
+    s += " (" + std::to_string(p.seqlen_q(b)) + "," + std::to_string(p.seqlen_k(b)) + ")";
+  }
+  if (p.batch() > 12) s += " ... " + std::to_string(p.batch()) + " segments";
+  return s + " heads " + std::to_string(p.num_heads) + "/" + std::to_string(p.num_kv_heads) +
+         " dim " + std::to_string(p.head_dim) + (p.causal ? " causal" : " full");
+}
+
+TEST_F(AttentionGpu, SmallShapesMatchCpuFloat64Reference) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::vector<int32_t> tiny;
+  for (int i = 0; i < 300; ++i) tiny.push_back(std::uniform_int_distribution<int>(1, 9)(rng_));
+  for (int d : {64, 128}) {
+    const std::vector<AttentionProblem> cases = {
+        DocumentsProblem({1}, 4, 2, d),
+        DocumentsProblem({127}, 4, 2, d),
+        DocumentsProblem({128}, 4, 2, d),
+        DocumentsProblem({129}, 4, 4, d),
+        DocumentsProblem({1, 3, 17, 255, 333, 65}, 4, 1, d),
+        DocumentsProblem(tiny, 2, 1, d),
+        // CP segments: keys longer than queries; an empty query segment; a long key range.
+        SegmentsProblem({{64, 300}, {1, 129}, {0, 50}, {129, 1000}, {200, 200}, {31, 33}}, 4, 2,
+                        d),
+        SegmentsProblem({{100, 37}, {5, 300}, {129, 129}}, 4, 2, d, /*causal=*/false),
+    };
+    for (const AttentionProblem& p : cases) {
+      SCOPED_TRACE(Describe(p));
+      CheckAgainstCpu(p, rng_);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(AttentionGpu, RandomSegmentsMatchCpuFloat64Reference) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<std::pair<int32_t, int32_t>> segs;
+    for (int i = std::uniform_int_distribution<int>(1, 8)(rng_); i > 0; --i) {
+      const int32_t lk = std::uniform_int_distribution<int32_t>(1, 400)(rng_);
+      segs.push_back({std::uniform_int_distribution<int32_t>(0, lk)(rng_), lk});
+    }
+    const AttentionProblem p = SegmentsProblem(segs, 4, 2, trial % 2 ? 128 : 64);
+    SCOPED_TRACE(Describe(p));
+    CheckAgainstCpu(p, rng_);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Flash against the reference kernel where the CPU reference would be too slow.
+void CheckAgainstReferenceKernel(const AttentionProblem& p, std::mt19937_64& rng) {
+  const Inputs in = RandomInputs(p, rng);
+  Results flash, ref;
+  RunOnDevice(p, AttentionKernel::kFlash, in, true, &flash);
+  if (::testing::Test::HasFatalFailure()) return;
+  RunOnDevice(p, AttentionKernel::kReference, in, true, &ref);
+  if (::testing::Test::HasFatalFailure()) return;
+  ExpectClose(flash.out, ref.out, kOutTol, "out");
+  ExpectClose(flash.lse, ref.lse, kLseTol, "lse");
+  ExpectClose(flash.dq, ref.dq, kGradTol, "dq");
+  ExpectClose(flash.dk, ref.dk, kGradTol, "dk");
+  ExpectClose(flash.dv, ref.dv, kGradTol, "dv");
+}
+
+TEST_F(AttentionGpu, OneDocumentOf128KMatchesReferenceKernel) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const AttentionProblem p = DocumentsProblem({131072}, 2, 1, 128);
+  SCOPED_TRACE(Describe(p));
+  CheckAgainstReferenceKernel(p, rng_);
+}
+
+TEST_F(AttentionGpu, WlbLikeMixOf16KMatchesReferenceKernel) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  // Mostly short documents with one long one, as in the WLB-LLM length distribution.
+  std::vector<int32_t> lengths = {9000};
+  int32_t total = 9000;
+  while (total < 16384) {
+    const int32_t l = std::min(16384 - total, std::uniform_int_distribution<int32_t>(1, 2000)(rng_));
+    lengths.push_back(l);
+    total += l;
+  }
+  std::shuffle(lengths.begin(), lengths.end(), rng_);
+  for (int d : {64, 128}) {
+    const AttentionProblem p = DocumentsProblem(lengths, 4, 2, d);
+    SCOPED_TRACE(Describe(p));
+    CheckAgainstReferenceKernel(p, rng_);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(AttentionGpu, FlashIsDeterministic) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const AttentionProblem p = SegmentsProblem({{700, 1500}, {3000, 3000}, {5, 9}}, 8, 2, 128);
+  const Inputs in = RandomInputs(p, rng_);
+  Results a, b;
+  RunOnDevice(p, AttentionKernel::kFlash, in, true, &a);
+  RunOnDevice(p, AttentionKernel::kFlash, in, true, &b);
+  if (HasFatalFailure()) return;
+  // Forward, dK and dV have a fixed summation order; dQ sums with atomics.
+  EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4), 0);
+  EXPECT_LE(RelativeError(a.dq, b.dq), 1e-3);
+}
+
+TEST_F(AttentionGpu, BadTensorsAreRejectedBeforeLaunch) {
+  const AttentionProblem p = DocumentsProblem({100}, 4, 2, 64);
+  DeviceBuffer<__nv_bfloat16> q(100 * 4 * 64), kv(100 * 2 * 64), out(100 * 4 * 64);
+  DeviceBuffer<float> lse(4 * 100);
+  ASSERT_TRUE(q.ok() && kv.ok() && out.ok() && lse.ok());
+  ASSERT_CUDA(cudaMemset(out.get(), 0xff, out.size() * 2));
+  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p);
+  ASSERT_TRUE(attn.ok()) << attn.status();
+  ForwardTensors f;
+  f.q = {q.get(), 100, 4, 64};
+  f.k = {kv.get(), 100, 2, 64};
+  f.v = {kv.get(), 100, 2, 64};
+  f.out = {out.get(), 100, 4, 64};
+  f.lse = {lse.get(), 4, 99};  // wrong
+  const absl::Status s = attn->Forward(f, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<__nv_bfloat16> host(out.size());
+  ASSERT_CUDA(cudaMemcpy(host.data(), out.get(), host.size() * 2, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(CountNaN(ToFloat(host)), host.size()) << "out was written despite the error";
+}
+
+}  // namespace
+}  // namespace wlb::cuda

@@ -1,0 +1,158 @@
+#include "wlb/cuda/attention_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "test/test_util.h"
+
+namespace wlb::cuda {
+namespace {
+
+using testing::DocumentsProblem;
+using testing::SegmentsProblem;
+
+// Random valid problems: whole documents, CP-style segments (keys longer than queries), empty
+// segments, tiny and tile-boundary lengths, causal or not.
+AttentionProblem RandomProblem(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> n_segments(1, 12);
+  std::vector<std::pair<int32_t, int32_t>> segs;
+  const bool causal = std::bernoulli_distribution(0.8)(rng);
+  const int32_t special[] = {0, 1, 2, 63, 64, 65, 127, 128, 129, 255, 256, 257};
+  for (int i = n_segments(rng); i > 0; --i) {
+    int32_t lk = std::bernoulli_distribution(0.5)(rng)
+                     ? special[std::uniform_int_distribution<int>(0, 11)(rng)]
+                     : std::uniform_int_distribution<int32_t>(0, 700)(rng);
+    int32_t lq = std::bernoulli_distribution(0.5)(rng)
+                     ? lk
+                     : std::uniform_int_distribution<int32_t>(0, lk)(rng);
+    if (!causal && std::bernoulli_distribution(0.2)(rng)) {
+      lq = std::uniform_int_distribution<int32_t>(0, 300)(rng);
+    }
+    if (lk == 0) lq = 0;
+    segs.push_back({lq, lk});
+  }
+  return SegmentsProblem(segs, 4, 2, 64, causal);
+}
+
+// Row i (0-based in segment b) sees keys [0, VisibleEnd).
+int32_t TrueVisibleEnd(const AttentionProblem& p, int b, int32_t i) {
+  return p.causal ? i + p.seqlen_k(b) - p.seqlen_q(b) + 1 : p.seqlen_k(b);
+}
+
+class PlanProperties : public ::testing::TestWithParam<int> {};
+
+TEST_P(PlanProperties, ForwardTilesCoverEveryQueryOnceWithTheRightKeys) {
+  std::mt19937_64 rng(GetParam());
+  for (int trial = 0; trial < 50; ++trial) {
+    const AttentionProblem p = RandomProblem(rng);
+    ASSERT_TRUE(ValidateProblem(p, AttentionKernel::kFlash).ok());
+    for (int block_m : {64, 128}) {
+      const std::vector<ForwardTile> tiles = BuildForwardTiles(p, block_m);
+      std::vector<int> covered(p.total_q(), 0);
+      for (const ForwardTile& t : tiles) {
+        ASSERT_GE(t.q_rows, 1);
+        ASSERT_LE(t.q_rows, block_m);
+        const int b = t.segment;
+        ASSERT_GE(t.q_begin, p.cu_seqlens_q[b]);
+        ASSERT_LE(t.q_begin + t.q_rows, p.cu_seqlens_q[b + 1]);
+        ASSERT_EQ(t.k_begin, p.cu_seqlens_k[b]);
+        ASSERT_GE(t.k_len, 1);
+        ASSERT_LE(t.k_len, p.seqlen_k(b));
+        int32_t max_end = 0;
+        for (int32_t r = 0; r < t.q_rows; ++r) {
+          ++covered[t.q_begin + r];
+          const int32_t i = t.q_begin + r - p.cu_seqlens_q[b];
+          ASSERT_EQ(ForwardVisibleEnd(t, r), TrueVisibleEnd(p, b, i))
+              << "segment " << b << " row " << i;
+          max_end = std::max(max_end, ForwardVisibleEnd(t, r));
+        }
+        // No key tile is visited that no row of the tile can see.
+        ASSERT_EQ(t.k_len, max_end);
+      }
+      for (int32_t q = 0; q < p.total_q(); ++q) ASSERT_EQ(covered[q], 1) << "query " << q;
+      for (size_t i = 1; i < tiles.size(); ++i) ASSERT_GE(tiles[i - 1].k_len, tiles[i].k_len);
+    }
+  }
+}
+
+TEST_P(PlanProperties, BackwardTilesCoverEveryKeyOnceAndStartAtTheFirstSeeingQuery) {
+  std::mt19937_64 rng(GetParam() + 1000);
+  for (int trial = 0; trial < 50; ++trial) {
+    const AttentionProblem p = RandomProblem(rng);
+    for (int block_n : {64, 128}) {
+      const std::vector<BackwardTile> tiles = BuildBackwardTiles(p, block_n);
+      std::vector<int> covered(p.total_k(), 0);
+      for (const BackwardTile& t : tiles) {
+        const int b = t.segment;
+        ASSERT_GE(t.k_rows, 1);
+        ASSERT_LE(t.k_rows, block_n);
+        ASSERT_GE(t.k_begin, p.cu_seqlens_k[b]);
+        ASSERT_LE(t.k_begin + t.k_rows, p.cu_seqlens_k[b + 1]);
+        ASSERT_EQ(t.q_begin, p.cu_seqlens_q[b]);
+        ASSERT_EQ(t.q_len, p.seqlen_q(b));
+        ASSERT_GE(t.q_first, 0);
+        ASSERT_LT(t.q_first, t.q_len);
+        for (int32_t c = 0; c < t.k_rows; ++c) {
+          ++covered[t.k_begin + c];
+          const int32_t j = t.k_begin + c - p.cu_seqlens_k[b];
+          for (int32_t i = 0; i < t.q_len; ++i) {
+            const bool truth = j < TrueVisibleEnd(p, b, i);
+            const bool tile = c <= int64_t(i) + t.diag;
+            ASSERT_EQ(tile, truth) << "segment " << b << " key " << j << " query " << i;
+            if (truth) ASSERT_GE(i, t.q_first);
+          }
+        }
+        // The first query sees at least one key of the tile.
+        ASSERT_LT(0, TrueVisibleEnd(p, b, t.q_first) - (t.k_begin - p.cu_seqlens_k[b]));
+      }
+      for (int b = 0; b < p.batch(); ++b) {
+        for (int32_t k = p.cu_seqlens_k[b]; k < p.cu_seqlens_k[b + 1]; ++k) {
+          // Keys of a segment without queries get no tile (their gradients are zeroed).
+          ASSERT_EQ(covered[k], p.seqlen_q(b) > 0 ? 1 : 0) << "key " << k;
+        }
+      }
+      for (size_t i = 1; i < tiles.size(); ++i) {
+        ASSERT_GE(tiles[i - 1].q_len - tiles[i - 1].q_first, tiles[i].q_len - tiles[i].q_first);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, PlanProperties, ::testing::Range(1, 6));
+
+TEST(ForwardTiles, WorkedExample) {
+  // Queries [100, 300) of a 300-token document (a CP segment) and a whole 129-token document.
+  const AttentionProblem p = SegmentsProblem({{200, 300}, {129, 129}}, 1, 1, 128);
+  const std::vector<ForwardTile> t = BuildForwardTiles(p, 128);
+  ASSERT_EQ(t.size(), 4u);
+  // Heaviest first: the segment's second tile sees all 300 keys.
+  EXPECT_EQ(t[0].q_begin, 128);
+  EXPECT_EQ(t[0].q_rows, 72);
+  EXPECT_EQ(t[0].k_len, 300);
+  EXPECT_EQ(t[0].diag, 228);
+  EXPECT_EQ(t[1].q_begin, 0);
+  EXPECT_EQ(t[1].k_len, 228);
+  EXPECT_EQ(t[2].q_begin, 328);  // document 2, rows 128..129
+  EXPECT_EQ(t[2].q_rows, 1);
+  EXPECT_EQ(t[2].k_len, 129);
+  EXPECT_EQ(t[3].q_rows, 128);
+  EXPECT_EQ(t[3].k_len, 128);
+}
+
+TEST(ForwardTiles, DeterministicAndEmptySegmentsSkipped) {
+  const AttentionProblem p = SegmentsProblem({{0, 7}, {5, 9}, {0, 0}, {3, 3}}, 2, 1, 64);
+  const std::vector<ForwardTile> a = BuildForwardTiles(p, 128);
+  const std::vector<ForwardTile> b = BuildForwardTiles(p, 128);
+  ASSERT_EQ(a.size(), 2u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].q_begin, b[i].q_begin);
+    EXPECT_EQ(a[i].segment, b[i].segment);
+  }
+  EXPECT_EQ(a[0].segment, 1);
+  EXPECT_EQ(a[1].segment, 3);
+}
+
+}  // namespace
+}  // namespace wlb::cuda
