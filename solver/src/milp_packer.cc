@@ -132,8 +132,10 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const 
   if (has_start) out.stats.start_objective = Evaluate(in, in.start, cost).heaviest;
 
   // Columns: x_ij at i*bins + j, then y_i, then z. Rows: assignment (n), capacity (bins),
-  // objective (bins), carry budget (1). Work and tokens are scaled to O(1) for CBC's tolerances:
-  // attention by the mean load, tokens by the capacity.
+  // objective (bins), carry budget (1), then z + W_a(d_i) y_i >= W_a(d_i) (n): valid, since a
+  // placed document lands whole in one micro-batch, and it lifts the LP bound from the mean load to
+  // the heaviest placed document, which often proves a window optimal at once. Work and tokens are
+  // scaled to O(1) for CBC's tolerances: attention by the mean load, tokens by the capacity.
   std::vector<double> attention(n);
   double total_attention = 0.0;
   for (int i = 0; i < n; ++i) total_attention += attention[i] = cost.Attention(in.lengths[i]);
@@ -141,29 +143,35 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const 
   const double token_scale = static_cast<double>(in.capacity);
   const int x0 = 0, y0 = n * bins, zc = n * bins + n, cols = zc + 1;
   const int assign_row = 0, cap_row = n, obj_row = n + bins, budget_row = n + 2 * bins;
-  const int rows = budget_row + 1;
+  const int heavy_row = budget_row + 1, rows = heavy_row + n;
 
   std::vector<CoinBigIndex> start;
   std::vector<int> index;
   std::vector<double> value;
   start.reserve(cols + 1);
+  auto entry = [&](int row, double v) {
+    index.push_back(row);
+    value.push_back(v);
+  };
   for (int i = 0; i < n; ++i) {
     const double tokens = static_cast<double>(in.lengths[i]) / token_scale;
     const double work = attention[i] / work_scale;
     for (int j = 0; j < bins; ++j) {
       start.push_back(static_cast<CoinBigIndex>(index.size()));
-      index.push_back(assign_row + i), value.push_back(1.0);
-      index.push_back(cap_row + j), value.push_back(tokens);
-      if (work > 0.0) index.push_back(obj_row + j), value.push_back(work);
+      entry(assign_row + i, 1.0);
+      entry(cap_row + j, tokens);
+      if (work > 0.0) entry(obj_row + j, work);
     }
   }
   for (int i = 0; i < n; ++i) {
     start.push_back(static_cast<CoinBigIndex>(index.size()));
-    index.push_back(assign_row + i), value.push_back(1.0);
-    index.push_back(budget_row), value.push_back(static_cast<double>(in.lengths[i]) / token_scale);
+    entry(assign_row + i, 1.0);
+    entry(budget_row, static_cast<double>(in.lengths[i]) / token_scale);
+    entry(heavy_row + i, attention[i] / work_scale);
   }
   start.push_back(static_cast<CoinBigIndex>(index.size()));
-  for (int j = 0; j < bins; ++j) index.push_back(obj_row + j), value.push_back(-1.0);
+  for (int j = 0; j < bins; ++j) entry(obj_row + j, -1.0);
+  for (int i = 0; i < n; ++i) entry(heavy_row + i, 1.0);
   start.push_back(static_cast<CoinBigIndex>(index.size()));
 
   const double inf = std::numeric_limits<double>::infinity();
@@ -174,7 +182,10 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const 
   col_ub[zc] = inf;
   obj[zc] = 1.0;
   std::vector<double> row_lb(rows), row_ub(rows);
-  for (int i = 0; i < n; ++i) row_lb[assign_row + i] = row_ub[assign_row + i] = 1.0;
+  for (int i = 0; i < n; ++i) {
+    row_lb[assign_row + i] = row_ub[assign_row + i] = 1.0;
+    row_lb[heavy_row + i] = attention[i] / work_scale, row_ub[heavy_row + i] = inf;
+  }
   for (int j = 0; j < bins; ++j) {
     row_lb[cap_row + j] = -inf, row_ub[cap_row + j] = 1.0;
     row_lb[obj_row + j] = -inf, row_ub[obj_row + j] = 0.0;

@@ -92,6 +92,7 @@ class MilpPacker final : public Packer {
   nlohmann::json StateJson() const override;
   void LoadStateJson(const nlohmann::json& state) override;
 
+  const MilpOptions& options() const { return options_; }
   // Statistics of every window solved so far, in order.
   const std::vector<MilpSolveStats>& solves() const { return solves_; }
   // Windows where CBC failed and the greedy packing was used instead (should stay 0).
