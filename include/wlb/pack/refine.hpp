@@ -12,7 +12,8 @@
 #pragma once
 
 #include <algorithm>
-#include <numeric>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "wlb/core/document.hpp"
@@ -31,23 +32,21 @@ struct Change {
 // Returns the number of changes applied (at most max_rounds).
 inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
                               const CostModel& cost, int max_rounds) {
-  const size_t n = mbs.size();
-  if (n < 2) return 0;
-  std::vector<size_t> order(n);
+  if (mbs.size() < 2) return 0;
+  std::set<std::pair<double, size_t>> by_cost;  // lightest first
+  for (size_t b = 0; b < mbs.size(); ++b) by_cost.insert({mbs[b].cost, b});
   std::vector<std::pair<double, int64_t>> l_costs;  // (cost, index) of l's documents, sorted
+  auto update = [&](MicroBatch& mb, const Document& d, int sign) {
+    mb.tokens += sign * d.length;
+    mb.cost += sign * cost(d.length);
+  };
   int applied = 0;
   for (; applied < max_rounds; ++applied) {
-    const size_t h = static_cast<size_t>(
-        std::max_element(mbs.begin(), mbs.end(),
-                         [](const MicroBatch& a, const MicroBatch& b) { return a.cost < b.cost; }) -
-        mbs.begin());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return mbs[a].cost < mbs[b].cost || (mbs[a].cost == mbs[b].cost && a < b);
-    });
+    const size_t h = by_cost.rbegin()->second;
     const MicroBatch& heavy = mbs[h];
     bool changed = false;
-    for (size_t l : order) {
+    for (const auto& entry : by_cost) {
+      const size_t l = entry.second;  // a copy: the entry is erased below
       const MicroBatch& light = mbs[l];
       const double gap = heavy.cost - light.cost;
       if (l == h || gap <= heavy.cost * 1e-12) break;  // partners only get heavier from here
@@ -68,8 +67,8 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
         const double wa = cost(heavy.documents[i].length);
         consider(static_cast<int64_t>(i), -1, wa, 0.0);  // a move
         // A swap is best when wa - wb is near gap / 2: look at l's documents around that cost.
-        const double target = wa - gap / 2.0;
-        auto it = std::lower_bound(l_costs.begin(), l_costs.end(), std::make_pair(target, int64_t{-1}));
+        const auto it = std::lower_bound(l_costs.begin(), l_costs.end(),
+                                         std::make_pair(wa - gap / 2.0, int64_t{-1}));
         const auto lo = it - std::min<std::ptrdiff_t>(it - l_costs.begin(), 3);
         const auto hi = it + std::min<std::ptrdiff_t>(l_costs.end() - it, 3);
         for (auto k = lo; k != hi; ++k) consider(static_cast<int64_t>(i), k->second, wa, k->first);
@@ -77,24 +76,24 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
       if (best.from_h < 0 || best.pair_max >= heavy.cost * (1.0 - 1e-12)) continue;
       MicroBatch& hb = mbs[h];
       MicroBatch& lb = mbs[l];
+      by_cost.erase({hb.cost, h});
+      by_cost.erase({lb.cost, l});
       const Document a = hb.documents[best.from_h];
       hb.documents.erase(hb.documents.begin() + best.from_h);
-      hb.tokens -= a.length;
-      hb.cost -= cost(a.length);
+      update(hb, a, -1);
       if (best.from_l >= 0) {
         const Document b = lb.documents[best.from_l];
         lb.documents.erase(lb.documents.begin() + best.from_l);
-        lb.tokens -= b.length;
-        lb.cost -= cost(b.length);
+        update(lb, b, -1);
         hb.documents.push_back(b);
-        hb.tokens += b.length;
-        hb.cost += cost(b.length);
+        update(hb, b, +1);
       }
       lb.documents.push_back(a);
-      lb.tokens += a.length;
-      lb.cost += cost(a.length);
+      update(lb, a, +1);
+      by_cost.insert({hb.cost, h});
+      by_cost.insert({lb.cost, l});
       changed = true;
-      break;
+      break;  // by_cost changed under the loop
     }
     if (!changed) break;
   }

@@ -13,6 +13,9 @@
 // micro-batch to lighter ones under S_max.
 #pragma once
 
+#include <algorithm>
+#include <functional>
+#include <queue>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -124,33 +127,49 @@ class WlbPacker final : public Packer {
   }
 
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
-    std::vector<Document> carry = std::move(carry_);
+    std::vector<Document> carry = std::move(carry_);  // kept longest first (see below)
     carry_.clear();
     SortLongestFirst(released);
-    SortLongestFirst(carry);
     SortLongestFirst(fresh);
     std::vector<MicroBatch> mbs(config_.micro_batches);
+    // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
+    // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
+    // The fewest-tokens one is cached (token counts only grow, so it changes only when it is
+    // filled), which also rejects a document that fits nowhere in O(1).
+    using Entry = std::pair<double, size_t>;
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> lightest;
+    std::vector<int64_t> tokens(mbs.size(), 0);
+    for (size_t b = 0; b < mbs.size(); ++b) lightest.push({0.0, b});
+    size_t emptiest = 0;
+    size_t carried_runs[3] = {0, 0, 0};
+    int run = 0;
     for (const std::vector<Document>* group : {&released, &carry, &fresh}) {
-      for (const Document& d : *group) Place(d, mbs);
+      for (const Document& d : *group) {
+        if (tokens[emptiest] + d.length > config_.max_tokens) {
+          carry_.push_back(d);  // not even the emptiest micro-batch has room
+          continue;
+        }
+        while (lightest.top().first != mbs[lightest.top().second].cost) lightest.pop();
+        size_t target = lightest.top().second;
+        if (tokens[target] + d.length > config_.max_tokens) target = emptiest;
+        Add(mbs[target], d);
+        lightest.push({mbs[target].cost, target});
+        tokens[target] = mbs[target].tokens;
+        if (target == emptiest) {
+          emptiest = static_cast<size_t>(std::min_element(tokens.begin(), tokens.end()) -
+                                         tokens.begin());
+        }
+      }
+      carried_runs[run++] = carry_.size();
     }
+    // carry_ holds three runs, each longest first; merging them keeps it sorted for the next step
+    // (the same order a stable sort would give).
+    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[0],
+                       carry_.begin() + carried_runs[1], LongerFirst);
+    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[1], carry_.end(),
+                       LongerFirst);
     if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return MakeStep(std::move(mbs));
-  }
-
-  void Place(const Document& d, std::vector<MicroBatch>& mbs) {
-    size_t lightest = 0;
-    size_t emptiest = 0;
-    for (size_t b = 1; b < mbs.size(); ++b) {
-      if (mbs[b].cost < mbs[lightest].cost) lightest = b;
-      if (mbs[b].tokens < mbs[emptiest].tokens) emptiest = b;
-    }
-    for (size_t b : {lightest, emptiest}) {
-      if (mbs[b].tokens + d.length <= config_.max_tokens) {
-        Add(mbs[b], d);
-        return;
-      }
-    }
-    carry_.push_back(d);
   }
 
   std::vector<int64_t> thresholds_;

@@ -1,0 +1,81 @@
+// Planning time per step (issue target: <= 0.5 ms per step at N = 64, S = 128K on one core).
+//
+//   build/bench/plan_step_benchmark --benchmark_filter=N64
+//
+// BM_PlanStep/<packer>/N: one Push() of a step of the embedded default distribution (N x 128K
+// tokens, about 33 documents per micro-batch); the packer keeps its state across iterations, as in
+// training. BM_Scaling/<packer>/docs: the same at N = 64 with S chosen so a step holds about
+// `docs` documents, to show how planning time grows with the documents per step (the counter
+// docs/step says how many it really held).
+#include <benchmark/benchmark.h>
+
+#include <map>
+
+#include "wlb/wlb.hpp"
+
+namespace {
+
+struct Stream {
+  wlb::PackerConfig config;
+  std::vector<std::vector<wlb::Document>> steps;
+};
+
+// `steps` steps of the default distribution at N = n and window S = context.
+Stream MakeStream(int32_t n, int64_t context, int64_t steps) {
+  Stream s;
+  s.config = {.context = context, .max_tokens = context + context / 4, .micro_batches = n};
+  std::vector<int64_t> lengths = wlb::SampleDefaultLengths(steps * n * context, /*seed=*/1);
+  s.steps = wlb::SplitIntoSteps(*wlb::MakeDocuments(lengths, context), n * context);
+  s.steps.resize(std::min<size_t>(s.steps.size(), steps));
+  return s;
+}
+
+void RunSteps(benchmark::State& state, const std::string& packer, const Stream& s) {
+  const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
+  auto p = wlb::MakePacker(packer, s.config, cost,
+                           {.thresholds = wlb::DefaultThresholds(s.config.context, 2)});
+  if (!p.ok()) {
+    state.SkipWithError(std::string(p.status().message()).c_str());
+    return;
+  }
+  size_t next = 0;
+  int64_t docs = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::vector<wlb::Document> arrivals = s.steps[next];
+    docs += static_cast<int64_t>(arrivals.size());
+    next = (next + 1) % s.steps.size();
+    state.ResumeTiming();
+    auto ready = (*p)->Push(std::move(arrivals));
+    benchmark::DoNotOptimize(ready);
+  }
+  state.counters["docs/step"] =
+      benchmark::Counter(static_cast<double>(docs), benchmark::Counter::kAvgIterations);
+}
+
+void BM_PlanStep(benchmark::State& state, std::string packer) {
+  static std::map<int64_t, Stream> streams;
+  const int32_t n = static_cast<int32_t>(state.range(0));
+  if (!streams.count(n)) streams[n] = MakeStream(n, 131072, 16);
+  RunSteps(state, packer, streams[n]);
+}
+
+void BM_Scaling(benchmark::State& state, std::string packer) {
+  static std::map<int64_t, Stream> streams;
+  const int64_t docs = state.range(0);
+  // The default distribution averages ~3,960 tokens per document: pick S so that a step of N = 64
+  // micro-batches holds about `docs` documents (S < 128K splits the longest ones into pieces).
+  const int64_t context = std::max<int64_t>(64, docs * 3962 / 64);
+  const int64_t steps = std::clamp<int64_t>(2000000 / docs, 2, 16);
+  if (!streams.count(docs)) streams[docs] = MakeStream(64, context, steps);
+  RunSteps(state, packer, streams[docs]);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_PlanStep, original, std::string("original"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, fixed_greedy, std::string("fixed-greedy"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, wlb, std::string("wlb"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, wlb_refine, std::string("wlb-refine"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Scaling, wlb, std::string("wlb"))->RangeMultiplier(10)->Range(100, 1000000)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Scaling, wlb_refine, std::string("wlb-refine"))->RangeMultiplier(10)->Range(100, 1000000)->Unit(benchmark::kMicrosecond);

@@ -1,0 +1,320 @@
+// Kernel latency model: how long one CP rank's varlen causal attention call takes.
+//
+//   wlb::KernelModel model = wlb::KernelModel::Default();          // analytic, tile 128
+//   double ms = model.SegmentMs(/*q_len=*/512, /*kv_len=*/2048);   // queries [1536, 2048) of a doc
+//
+//   absl::StatusOr<wlb::KernelModel> measured =
+//       wlb::ReadKernelProfileCsv("h200-fwd.csv");                 // q_len,kv_len,ms rows
+//
+// A segment holds q_len queries of a document whose keys are the first kv_len tokens (kv_len >=
+// q_len, causal mask aligned bottom-right: query row i sees keys [0, kv_len - q_len + i]). A
+// tiled kernel computes whole tile_q x tile_k blocks, so the model counts FLOPs block by block:
+// query tile t visits ceil(keys its last row sees / tile_k) key tiles, and each visited block
+// costs 4 * head_dim * heads * tile_q * tile_k FLOPs (QK^T and PV, 2 FLOPs per multiply-add).
+// The predicted latency of a segment is those padded FLOPs divided by the throughput the kernel
+// achieves at that shape, plus a fixed per-segment overhead:
+//
+//   SegmentMs(q, kv) = PaddedFlops(q, kv) / Throughput(q, kv) + segment_overhead_ms
+//
+// Throughput comes from one of two sources:
+//  - Analytic (the default until a measured table exists): peak * qp / (qp + q_half) *
+//    kvp / (kvp + kv_half), qp and kvp the lengths padded to the tiles. Few query rows leave the
+//    GPU's SMs idle, hence the q_half term; it makes latency flat for q_len 1..tile_q and lifts
+//    achieved TFLOP/s between 128 and 256 query rows, as the WLB-LLM paper measured. The defaults
+//    (tile 128, peak 345 TFLOP/s, q_half 160, kv_half 0, 1 us per segment; 32 heads x 128
+//    head_dim, one LLaMA-2-7B layer forward) are a least-squares fit in log space to the
+//    FlashAttention-2 H100 causal forward figures 191 / 298 / 335 TFLOP/s at 512 / 2K / 16K
+//    tokens (public FlashAttention benchmarks, FLOPs counted unpadded); the model gives
+//    192 / 299 / 339.
+//  - A profile table (CSV with columns q_len, kv_len, ms; other columns ignored) of single-segment
+//    calls: each row gives the throughput PaddedFlops(q_len, kv_len) / ms; other shapes
+//    interpolate it linearly in (log2 q_len, log2 kv_len) and clamp outside the table. The
+//    table's ms already contain the per-call cost, so its per-segment overhead defaults to 0.
+//
+// Latencies are forward-pass milliseconds of one layer for `heads` query heads (heads per GPU
+// after tensor parallelism). Backward is roughly a constant multiple, so it ranks plans the same.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace wlb {
+
+// Attention shape and kernel tiling shared by both throughput sources.
+struct KernelShape {
+  int64_t heads = 32;      // query heads on one GPU
+  int64_t head_dim = 128;  // per head
+  int64_t tile_q = 128;    // query rows per kernel block
+  int64_t tile_k = 128;    // key rows per kernel block
+};
+
+// Constants of the analytic throughput curve (see the file comment for where they come from).
+struct AnalyticKernelParams {
+  KernelShape shape;
+  double peak_tflops = 345.0;         // asymptotic TFLOP/s on padded FLOPs
+  double q_half = 160.0;              // query rows at which throughput is half of peak
+  double kv_half = 0.0;               // key rows at which throughput is half of peak (0: none)
+  double segment_overhead_ms = 1e-3;  // fixed cost of one more segment in a varlen call
+};
+
+// One measured single-segment call.
+struct KernelProfilePoint {
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  double ms = 0.0;
+};
+
+// Predicts the latency of causal varlen attention segments; immutable once built.
+class KernelModel {
+ public:
+  // The analytic model with the documented defaults.
+  static KernelModel Default() { return KernelModel(AnalyticKernelParams{}); }
+
+  // The analytic model with custom constants; errors name the bad constant.
+  static absl::StatusOr<KernelModel> Analytic(const AnalyticKernelParams& p) {
+    if (absl::Status s = ValidateShape(p.shape); !s.ok()) return s;
+    if (!(p.peak_tflops > 0.0) || !std::isfinite(p.peak_tflops)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("kernel model: peak_tflops must be > 0 and finite, got %g",
+                          p.peak_tflops));
+    }
+    for (auto [name, v] : {std::pair{"q_half", p.q_half}, std::pair{"kv_half", p.kv_half},
+                           std::pair{"segment_overhead_ms", p.segment_overhead_ms}}) {
+      if (!(v >= 0.0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("kernel model: %s must be >= 0 and finite, got %g", name, v));
+      }
+    }
+    return KernelModel(p);
+  }
+
+  // A model whose throughput comes from measured points (see the file comment). Rows with the
+  // same (q_len, kv_len) are averaged.
+  static absl::StatusOr<KernelModel> FromProfile(std::span<const KernelProfilePoint> points,
+                                                 const KernelShape& shape = {},
+                                                 double segment_overhead_ms = 0.0) {
+    if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
+    if (!(segment_overhead_ms >= 0.0) || !std::isfinite(segment_overhead_ms)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "kernel model: segment_overhead_ms must be >= 0 and finite, got %g",
+          segment_overhead_ms));
+    }
+    if (points.empty()) {
+      return absl::InvalidArgumentError("kernel profile: no points (need at least one row)");
+    }
+    std::map<std::pair<int64_t, int64_t>, std::pair<double, int>> acc;
+    for (size_t i = 0; i < points.size(); ++i) {
+      const KernelProfilePoint& p = points[i];
+      if (p.q_len <= 0 || p.kv_len < p.q_len) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "kernel profile point %d: need 0 < q_len <= kv_len, got q_len %d, kv_len %d", i,
+            p.q_len, p.kv_len));
+      }
+      if (!(p.ms > 0.0) || !std::isfinite(p.ms)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "kernel profile point %d: ms must be > 0 and finite, got %g", i, p.ms));
+      }
+      auto& [sum, n] = acc[{p.q_len, p.kv_len}];
+      sum += p.ms;
+      ++n;
+    }
+    KernelModel m(AnalyticKernelParams{.shape = shape, .segment_overhead_ms = segment_overhead_ms});
+    m.analytic_ = false;
+    for (const auto& [key, sum_n] : acc) {
+      const auto [q, kv] = key;
+      const double flops_per_ms = m.PaddedFlops(q, kv) / (sum_n.first / sum_n.second);
+      if (m.rows_.empty() || m.rows_.back().log_q != std::log2(static_cast<double>(q))) {
+        m.rows_.push_back(Row{.log_q = std::log2(static_cast<double>(q))});
+      }
+      m.rows_.back().log_kv.push_back(std::log2(static_cast<double>(kv)));
+      m.rows_.back().flops_per_ms.push_back(flops_per_ms);
+    }
+    return m;
+  }
+
+  const KernelShape& shape() const { return params_.shape; }
+  int64_t tile_q() const { return params_.shape.tile_q; }
+  int64_t tile_k() const { return params_.shape.tile_k; }
+  double segment_overhead_ms() const { return params_.segment_overhead_ms; }
+  bool analytic() const { return analytic_; }
+
+  // FLOPs the tiled kernel spends on q_len queries whose keys are the first kv_len tokens
+  // (0 when q_len <= 0). Requires kv_len >= q_len.
+  double PaddedFlops(int64_t q_len, int64_t kv_len) const {
+    if (q_len <= 0) return 0.0;
+    const int64_t tq = params_.shape.tile_q;
+    const int64_t tk = params_.shape.tile_k;
+    const int64_t offset = kv_len - q_len;  // keys before the segment's first query
+    const int64_t full = q_len / tq;
+    int64_t blocks = 0;
+    if (tq % tk == 0) {
+      // Full tile t's last row sees offset + (t+1)*tq keys: ceil(offset/tk) + (t+1)*tq/tk tiles.
+      blocks = full * CeilDiv(offset, tk) + (tq / tk) * full * (full + 1) / 2;
+    } else {
+      for (int64_t t = 0; t < full; ++t) blocks += CeilDiv(offset + (t + 1) * tq, tk);
+    }
+    if (q_len % tq != 0) blocks += CeilDiv(kv_len, tk);
+    return 4.0 * static_cast<double>(params_.shape.head_dim * params_.shape.heads) *
+           static_cast<double>(tq * tk) * static_cast<double>(blocks);
+  }
+
+  // Achieved FLOPs per millisecond at this shape.
+  double FlopsPerMs(int64_t q_len, int64_t kv_len) const {
+    if (analytic_) {
+      const double qp = static_cast<double>(CeilDiv(q_len, tile_q()) * tile_q());
+      const double kvp = static_cast<double>(CeilDiv(kv_len, tile_k()) * tile_k());
+      return params_.peak_tflops * 1e9 * (qp / (qp + params_.q_half)) *
+             (kvp / (kvp + params_.kv_half));
+    }
+    const double lq = std::log2(static_cast<double>(std::max<int64_t>(q_len, 1)));
+    const double lkv = std::log2(static_cast<double>(std::max<int64_t>(kv_len, 1)));
+    auto upper = std::upper_bound(rows_.begin(), rows_.end(), lq,
+                                  [](double v, const Row& r) { return v < r.log_q; });
+    if (upper == rows_.begin()) return upper->At(lkv);
+    if (upper == rows_.end()) return rows_.back().At(lkv);
+    const Row& lo = *(upper - 1);
+    const double w = (lq - lo.log_q) / (upper->log_q - lo.log_q);
+    return (1.0 - w) * lo.At(lkv) + w * upper->At(lkv);
+  }
+
+  // Predicted latency (ms) of one segment; 0 for an empty one.
+  double SegmentMs(int64_t q_len, int64_t kv_len) const {
+    if (q_len <= 0) return 0.0;
+    return PaddedFlops(q_len, kv_len) / FlopsPerMs(q_len, kv_len) + params_.segment_overhead_ms;
+  }
+
+ private:
+  // One q_len of the table: throughput by log2(kv_len), kv ascending.
+  struct Row {
+    double log_q = 0.0;
+    std::vector<double> log_kv;
+    std::vector<double> flops_per_ms;
+
+    double At(double lkv) const {
+      auto upper = std::upper_bound(log_kv.begin(), log_kv.end(), lkv);
+      if (upper == log_kv.begin()) return flops_per_ms.front();
+      if (upper == log_kv.end()) return flops_per_ms.back();
+      const size_t i = static_cast<size_t>(upper - log_kv.begin());
+      const double w = (lkv - log_kv[i - 1]) / (log_kv[i] - log_kv[i - 1]);
+      return (1.0 - w) * flops_per_ms[i - 1] + w * flops_per_ms[i];
+    }
+  };
+
+  explicit KernelModel(const AnalyticKernelParams& p) : params_(p) {}
+
+  static int64_t CeilDiv(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+
+  static absl::Status ValidateShape(const KernelShape& s) {
+    for (auto [name, v] : {std::pair{"heads", s.heads}, std::pair{"head_dim", s.head_dim},
+                           std::pair{"tile_q", s.tile_q}, std::pair{"tile_k", s.tile_k}}) {
+      if (v <= 0 || v > (int64_t{1} << 20)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("kernel model: %s must be in [1, 1048576], got %d", name, v));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  AnalyticKernelParams params_;
+  bool analytic_ = true;
+  std::vector<Row> rows_;  // q_len ascending (table models only)
+};
+
+// Parses a kernel profile CSV: a header naming q_len, kv_len and ms (any order, other columns
+// ignored), then one row per measured call. `source` names the text in error messages, which also
+// give the 1-based line and the bad value.
+inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(std::string_view text,
+                                                         std::string_view source,
+                                                         const KernelShape& shape = {},
+                                                         double segment_overhead_ms = 0.0) {
+  std::vector<std::string_view> lines = absl::StrSplit(text, '\n');
+  size_t header_line = 0;
+  while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
+    ++header_line;
+  }
+  if (header_line == lines.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: empty kernel profile (need a header q_len,kv_len,ms)", source));
+  }
+  std::vector<std::string_view> header = absl::StrSplit(lines[header_line], ',');
+  int q_col = -1, kv_col = -1, ms_col = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const std::string_view h = absl::StripAsciiWhitespace(header[i]);
+    if (h == "q_len") q_col = static_cast<int>(i);
+    if (h == "kv_len") kv_col = static_cast<int>(i);
+    if (h == "ms") ms_col = static_cast<int>(i);
+  }
+  if (q_col < 0 || kv_col < 0 || ms_col < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s:%d: header '%s' must name the columns q_len, kv_len and ms", source, header_line + 1,
+        absl::StripAsciiWhitespace(lines[header_line])));
+  }
+  std::vector<KernelProfilePoint> points;
+  for (size_t li = header_line + 1; li < lines.size(); ++li) {
+    if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
+    std::vector<std::string_view> cells = absl::StrSplit(lines[li], ',');
+    if (cells.size() != header.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %d fields, the header has %d",
+                                                        source, li + 1, cells.size(),
+                                                        header.size()));
+    }
+    KernelProfilePoint p;
+    const std::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
+    const std::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
+    const std::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
+    if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: q_len '%s' is not a positive integer", source, li + 1, q_text));
+    }
+    if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: kv_len '%s' is not an integer >= q_len %d (causal segments see at least their "
+          "own queries)",
+          source, li + 1, kv_text, p.q_len));
+    }
+    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms > 0.0) || !std::isfinite(p.ms)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: ms '%s' is not a positive finite number", source, li + 1, ms_text));
+    }
+    points.push_back(p);
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: kernel profile has a header but no rows", source));
+  }
+  absl::StatusOr<KernelModel> model = KernelModel::FromProfile(points, shape, segment_overhead_ms);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrFormat("%s: %s", source, model.status().message()));
+  }
+  return model;
+}
+
+// Reads a kernel profile CSV file (see ParseKernelProfileCsv).
+inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(const std::string& path,
+                                                        const KernelShape& shape = {},
+                                                        double segment_overhead_ms = 0.0) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open kernel profile '%s'", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return ParseKernelProfileCsv(buffer.str(), path, shape, segment_overhead_ms);
+}
+
+}  // namespace wlb

@@ -1,0 +1,531 @@
+// Context-parallel (CP) shard plans: which queries of a micro-batch each of C ranks computes.
+//
+//   wlb::MicroBatch mb = ...;                               // documents 5, 19, 8 (32 tokens)
+//   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, /*cp_size=*/2,
+//                                                         wlb::ShardStrategy::kAdaptive,
+//                                                         wlb::KernelModel::Default());
+//   for (const wlb::RankShard& r : plan->ranks) {
+//     // r.segments, r.cu_seqlens_q / r.cu_seqlens_k, r.max_seqlen_q / r.max_seqlen_k feed a
+//     // varlen causal attention kernel on rank r.rank; plan->strategy says what adaptive chose.
+//   }
+//
+// The packed micro-batch is its documents (pieces) concatenated in order, no padding between
+// them. A segment is a non-empty query range [q_begin, q_end) of one document piece, counted
+// from the piece's first token (0..length; the piece's `offset` inside its whole document does
+// not enter: the loader trains each piece as its own sequence). Under causal masking a segment
+// attends keys [0, q_end) of its piece, aligned bottom-right, so its key length is q_end. Every
+// segment also carries where its tokens sit in the packed micro-batch: queries at
+// [q_pos, q_pos + q_end - q_begin), keys at [k_pos, k_pos + q_end).
+//
+// All strategies cut the work into 2C chunks and give rank r chunks r and 2C-1-r (the zig-zag
+// that pairs a cheap early chunk with an expensive late one). A rank's segments are ordered chunk
+// r first, then chunk 2C-1-r, each in micro-batch order; cu_seqlens_q is the rank's local query
+// buffer layout in that order.
+//  - kPerSequence: the packed micro-batch, padded at its end to a multiple of 2C tokens, is cut
+//    into 2C equal chunks; each chunk is intersected with the documents. Padding tokens belong to
+//    no document and appear in no segment; they only enlarge rank_capacity.
+//  - kPerDocument (padding-free): every document is cut into 2C shards whose sizes differ by at
+//    most one token; the d mod 2C remainder tokens go one each to shards p, p+1, ... (mod 2C),
+//    where the pointer p carries over from document to document. Chunk j = shard j of every
+//    document, so chunk sizes differ by at most one and no padding is needed beyond that. A
+//    document shorter than 2C tokens leaves some shards empty (no segment).
+//  - kAdaptive: predicts every rank's latency under kPerSequence and kPerDocument with the
+//    KernelModel and uses the strategy with the lower maximum (ties: kPerSequence, fewer
+//    segments). The plan records the strategy used.
+//  - kHybrid: documents of at least 2C * tile_q tokens (every shard at least one query tile) are
+//    sharded per document as above, with the round-robin pointer running over them only;
+//    shorter documents stay whole and are dealt, most expensive first, to the rank with the
+//    least predicted latency so far (ties: fewer tokens, then lower rank). They follow the
+//    sharded part in the rank's segment list, in micro-batch order.
+//
+// Rules for edge cases:
+//  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.
+//  - A micro-batch shorter than 2C tokens is planned, not rejected: per-sequence pads it to 2C
+//    (chunks of one token, some all padding), per-document leaves empty shards; ranks without
+//    work get an empty segment list and cu_seqlens {0}. An empty micro-batch gives C empty ranks
+//    and rank_capacity 0.
+//  - The micro-batch must be consistent: every length > 0, piece >= 0, offset >= 0, no (id,
+//    piece) twice, and `tokens` equal to the sum of lengths; cu_seqlens must fit int32 (what
+//    varlen kernels take). Violations are InvalidArgument / OutOfRange naming the value.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "wlb/core/document.hpp"
+#include "wlb/shard/kernel_model.hpp"
+
+namespace wlb {
+
+// How a micro-batch is split across CP ranks (see the file comment).
+enum class ShardStrategy { kPerSequence, kPerDocument, kAdaptive, kHybrid };
+
+// "per-seq", "per-doc", "adaptive" or "hybrid".
+inline std::string_view ShardStrategyName(ShardStrategy s) {
+  switch (s) {
+    case ShardStrategy::kPerSequence:
+      return "per-seq";
+    case ShardStrategy::kPerDocument:
+      return "per-doc";
+    case ShardStrategy::kAdaptive:
+      return "adaptive";
+    case ShardStrategy::kHybrid:
+      return "hybrid";
+  }
+  return "unknown";
+}
+
+// Accepts exactly the names ShardStrategyName returns.
+inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
+  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
+                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid}) {
+    if (name == ShardStrategyName(s)) return s;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown sharding '%s'; expected one of per-seq, per-doc, adaptive, hybrid", name));
+}
+
+// Largest CP size accepted (far above any real CP group; bounds the plan's size).
+inline constexpr int kMaxCpSize = 4096;
+
+// Queries [q_begin, q_end) of one document piece on one rank; keys are [0, q_end) of the piece.
+struct Segment {
+  int64_t id = 0;         // Document::id
+  int32_t piece = 0;      // Document::piece
+  int64_t q_begin = 0;    // first query, counted from the piece's first token
+  int64_t q_end = 0;      // one past the last query; also the key length
+  int64_t doc_index = 0;  // position of the piece in MicroBatch::documents
+  int64_t q_pos = 0;      // packed micro-batch index of query q_begin
+  int64_t k_pos = 0;      // packed micro-batch index of key 0 (the piece's first token)
+
+  int64_t q_len() const { return q_end - q_begin; }
+  friend bool operator==(const Segment&, const Segment&) = default;
+};
+
+// One CP rank's share of a micro-batch and the arrays a varlen attention kernel takes.
+struct RankShard {
+  int rank = 0;
+  std::vector<Segment> segments;      // chunk r's segments, then chunk 2C-1-r's
+  std::vector<int32_t> cu_seqlens_q;  // segments + 1 prefix sums of query lengths, from 0
+  std::vector<int32_t> cu_seqlens_k;  // segments + 1 prefix sums of key lengths (q_end), from 0
+  int64_t max_seqlen_q = 0;           // longest query range (0 without segments)
+  int64_t max_seqlen_k = 0;           // longest key range
+  int64_t tokens = 0;                 // queries held, padding excluded
+  int64_t causal_pairs = 0;           // (query, key) pairs its queries attend
+
+  friend bool operator==(const RankShard&, const RankShard&) = default;
+};
+
+// The shard plan of one micro-batch for CP size C.
+struct ShardPlan {
+  ShardStrategy strategy = ShardStrategy::kPerSequence;   // the one used; never kAdaptive
+  ShardStrategy requested = ShardStrategy::kPerSequence;  // what the caller asked for
+  int cp_size = 1;
+  int64_t tokens = 0;         // micro-batch tokens
+  int64_t rank_capacity = 0;  // tokens per rank buffer, padding included (what each rank gathers)
+  std::vector<RankShard> ranks;  // ranks[r].rank == r
+
+  // Padding tokens over all ranks.
+  int64_t padding_tokens() const { return cp_size * rank_capacity - tokens; }
+  friend bool operator==(const ShardPlan&, const ShardPlan&) = default;
+};
+
+// (query, key) pairs that queries [q_begin, q_end) attend under a causal mask: query i sees i+1
+// keys.
+inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
+  return (q_end * (q_end + 1) - q_begin * (q_begin + 1)) / 2;
+}
+
+// Documents at least this long are sharded per document by kHybrid (every shard >= tile_q).
+inline int64_t HybridMinLength(int cp_size, const KernelModel& model) {
+  return 2 * static_cast<int64_t>(cp_size) * model.tile_q();
+}
+
+namespace detail {
+
+// Packed start of every document plus the total at the end, after checking the micro-batch.
+inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb, int cp_size) {
+  if (cp_size < 1 || cp_size > kMaxCpSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cp_size must be in [1, %d], got %d", kMaxCpSize, cp_size));
+  }
+  std::vector<int64_t> starts(mb.documents.size() + 1, 0);
+  absl::flat_hash_set<std::pair<int64_t, int32_t>> seen;
+  seen.reserve(mb.documents.size());
+  for (size_t i = 0; i < mb.documents.size(); ++i) {
+    const Document& d = mb.documents[i];
+    if (d.length <= 0 || d.piece < 0 || d.offset < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "micro-batch document %d (id %d): need length > 0, piece >= 0, offset >= 0; got "
+          "length %d, piece %d, offset %d",
+          i, d.id, d.length, d.piece, d.offset));
+    }
+    if (starts[i] > std::numeric_limits<int64_t>::max() / 4 - d.length) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "micro-batch document %d (id %d): length %d overflows the token count", i, d.id,
+          d.length));
+    }
+    if (!seen.insert({d.id, d.piece}).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "micro-batch document %d: id %d piece %d appears twice", i, d.id, d.piece));
+    }
+    starts[i + 1] = starts[i] + d.length;
+  }
+  if (mb.tokens != starts.back()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro-batch tokens is %d but its %d documents sum to %d", mb.tokens,
+        mb.documents.size(), starts.back()));
+  }
+  return starts;
+}
+
+inline int RankOfChunk(int64_t chunk, int cp_size) {
+  return static_cast<int>(chunk < cp_size ? chunk : 2 * cp_size - 1 - chunk);
+}
+
+// Chunk size of per-sequence sharding: the total padded up to a multiple of 2C, over 2C.
+inline int64_t PerSequenceChunk(int64_t tokens, int cp_size) {
+  return (tokens + 2 * cp_size - 1) / (2 * cp_size);
+}
+
+// Calls fn(rank, doc_index, q_begin, q_end) for every per-sequence segment, chunks in order.
+template <typename Fn>
+void ForEachPerSequenceSegment(const std::vector<int64_t>& starts, int cp_size, Fn&& fn) {
+  const int64_t total = starts.back();
+  const int64_t chunk = PerSequenceChunk(total, cp_size);
+  const int64_t docs = static_cast<int64_t>(starts.size()) - 1;
+  int64_t k = 0;
+  for (int64_t j = 0; j < 2 * cp_size; ++j) {
+    const int64_t lo = j * chunk;
+    const int64_t hi = std::min(lo + chunk, total);
+    if (lo >= hi) break;  // this and later chunks are all padding
+    while (starts[k + 1] <= lo) ++k;
+    for (int64_t i = k; i < docs && starts[i] < hi; ++i) {
+      fn(RankOfChunk(j, cp_size), i, std::max(lo, starts[i]) - starts[i],
+         std::min(hi, starts[i + 1]) - starts[i]);
+    }
+  }
+}
+
+// Calls fn(rank, doc_index, q_begin, q_end) for every non-empty per-document shard of the
+// documents i with sharded(i), chunks 0..C-1 first and then C..2C-1, so appending to the rank
+// gives chunk r before chunk 2C-1-r.
+template <typename Pred, typename Fn>
+void ForEachPerDocumentSegment(const MicroBatch& mb, int cp_size, Pred&& sharded, Fn&& fn) {
+  const int64_t n = 2 * static_cast<int64_t>(cp_size);
+  auto overlap = [](int64_t lo1, int64_t hi1, int64_t lo2, int64_t hi2) {
+    return std::max<int64_t>(0, std::min(hi1, hi2) - std::max(lo1, lo2));
+  };
+  for (int half = 0; half < 2; ++half) {
+    int64_t pointer = 0;  // next shard to receive a remainder token
+    for (size_t i = 0; i < mb.documents.size(); ++i) {
+      if (!sharded(i)) continue;
+      const int64_t length = mb.documents[i].length;
+      const int64_t base = length / n;
+      const int64_t rem = length % n;
+      // Shards receiving a remainder token: the cyclic range [pointer, pointer + rem) mod n.
+      for (int64_t j = half * cp_size; j < (half + 1) * cp_size; ++j) {
+        const int64_t extra_before =
+            overlap(0, j, pointer, pointer + rem) + overlap(0, j, pointer - n, pointer + rem - n);
+        const int64_t size = base + ((j - pointer + n) % n < rem ? 1 : 0);
+        if (size == 0) continue;
+        const int64_t begin = j * base + extra_before;
+        fn(RankOfChunk(j, cp_size), static_cast<int64_t>(i), begin, begin + size);
+      }
+      pointer = (pointer + rem) % n;
+    }
+  }
+}
+
+// Collects segments per rank and finishes them into a ShardPlan.
+class PlanBuilder {
+ public:
+  PlanBuilder(const MicroBatch& mb, const std::vector<int64_t>& starts, int cp_size,
+              size_t expected_segments)
+      : mb_(mb), starts_(starts), ranks_(static_cast<size_t>(cp_size)) {
+    for (int r = 0; r < cp_size; ++r) {
+      ranks_[r].rank = r;
+      ranks_[r].segments.reserve(expected_segments / static_cast<size_t>(cp_size) + 2);
+    }
+  }
+
+  void Add(int rank, int64_t doc_index, int64_t q_begin, int64_t q_end) {
+    const Document& d = mb_.documents[static_cast<size_t>(doc_index)];
+    ranks_[static_cast<size_t>(rank)].segments.push_back(Segment{
+        .id = d.id,
+        .piece = d.piece,
+        .q_begin = q_begin,
+        .q_end = q_end,
+        .doc_index = doc_index,
+        .q_pos = starts_[static_cast<size_t>(doc_index)] + q_begin,
+        .k_pos = starts_[static_cast<size_t>(doc_index)],
+    });
+  }
+
+  // rank_capacity < 0 means: the largest rank's token count.
+  absl::StatusOr<ShardPlan> Finish(ShardStrategy strategy, ShardStrategy requested, int cp_size,
+                                   int64_t rank_capacity) {
+    ShardPlan plan{.strategy = strategy,
+                   .requested = requested,
+                   .cp_size = cp_size,
+                   .tokens = starts_.back()};
+    int64_t largest = 0;
+    for (RankShard& r : ranks_) {
+      r.cu_seqlens_q.assign(1, 0);
+      r.cu_seqlens_k.assign(1, 0);
+      r.cu_seqlens_q.reserve(r.segments.size() + 1);
+      r.cu_seqlens_k.reserve(r.segments.size() + 1);
+      int64_t total_k = 0;
+      for (const Segment& s : r.segments) {
+        r.tokens += s.q_len();
+        total_k += s.q_end;
+        r.max_seqlen_q = std::max(r.max_seqlen_q, s.q_len());
+        r.max_seqlen_k = std::max(r.max_seqlen_k, s.q_end);
+        r.causal_pairs += CausalPairs(s.q_begin, s.q_end);
+        if (total_k > std::numeric_limits<int32_t>::max()) {
+          return absl::OutOfRangeError(absl::StrFormat(
+              "rank %d: %d gathered keys exceed the int32 cu_seqlens_k of varlen kernels "
+              "(max %d); use a smaller micro-batch",
+              r.rank, total_k, std::numeric_limits<int32_t>::max()));
+        }
+        r.cu_seqlens_q.push_back(static_cast<int32_t>(r.tokens));
+        r.cu_seqlens_k.push_back(static_cast<int32_t>(total_k));
+      }
+      largest = std::max(largest, r.tokens);
+    }
+    plan.rank_capacity = rank_capacity < 0 ? largest : rank_capacity;
+    plan.ranks = std::move(ranks_);
+    return plan;
+  }
+
+ private:
+  const MicroBatch& mb_;
+  const std::vector<int64_t>& starts_;
+  std::vector<RankShard> ranks_;
+};
+
+// Predicted latency of every rank under per-sequence or per-document sharding, without
+// building the plan.
+inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<int64_t>& starts,
+                                        int cp_size, ShardStrategy strategy,
+                                        const KernelModel& model) {
+  std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
+  auto add = [&](int rank, int64_t, int64_t q_begin, int64_t q_end) {
+    ms[static_cast<size_t>(rank)] += model.SegmentMs(q_end - q_begin, q_end);
+  };
+  if (strategy == ShardStrategy::kPerSequence) {
+    ForEachPerSequenceSegment(starts, cp_size, add);
+  } else {
+    ForEachPerDocumentSegment(mb, cp_size, [](size_t) { return true; }, add);
+  }
+  return ms;
+}
+
+inline double MaxOf(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+}
+
+}  // namespace detail
+
+// Predicted max-rank latency (ms) of the two fixed strategies and adaptive's pick.
+struct AdaptiveChoice {
+  ShardStrategy chosen = ShardStrategy::kPerSequence;
+  double per_seq_max_ms = 0.0;
+  double per_doc_max_ms = 0.0;
+};
+
+// What kAdaptive would choose for this micro-batch; errors as PlanShards.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
+                                                     const KernelModel& model) {
+  absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
+  if (!starts.ok()) return starts.status();
+  AdaptiveChoice c;
+  c.per_seq_max_ms = detail::MaxOf(
+      detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerSequence, model));
+  c.per_doc_max_ms = detail::MaxOf(
+      detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerDocument, model));
+  c.chosen = c.per_doc_max_ms < c.per_seq_max_ms ? ShardStrategy::kPerDocument
+                                                 : ShardStrategy::kPerSequence;
+  return c;
+}
+
+// Plans one micro-batch for CP size cp_size (see the file comment for strategies and rules).
+// `model` is used by kAdaptive and kHybrid only.
+inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
+                                            ShardStrategy strategy, const KernelModel& model) {
+  absl::StatusOr<std::vector<int64_t>> starts_or = detail::CheckMicroBatch(mb, cp_size);
+  if (!starts_or.ok()) return starts_or.status();
+  const std::vector<int64_t>& starts = *starts_or;
+  const size_t docs = mb.documents.size();
+  const ShardStrategy requested = strategy;
+  if (strategy == ShardStrategy::kAdaptive) {
+    const double seq = detail::MaxOf(
+        detail::PredictFixed(mb, starts, cp_size, ShardStrategy::kPerSequence, model));
+    const double doc = detail::MaxOf(
+        detail::PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
+    strategy = doc < seq ? ShardStrategy::kPerDocument : ShardStrategy::kPerSequence;
+  }
+  switch (strategy) {
+    case ShardStrategy::kPerSequence: {
+      detail::PlanBuilder b(mb, starts, cp_size, docs + 2 * static_cast<size_t>(cp_size));
+      detail::ForEachPerSequenceSegment(
+          starts, cp_size, [&](int r, int64_t i, int64_t qb, int64_t qe) { b.Add(r, i, qb, qe); });
+      return b.Finish(strategy, requested, cp_size,
+                      2 * detail::PerSequenceChunk(starts.back(), cp_size));
+    }
+    case ShardStrategy::kPerDocument: {
+      detail::PlanBuilder b(mb, starts, cp_size, docs * 2 * static_cast<size_t>(cp_size));
+      detail::ForEachPerDocumentSegment(
+          mb, cp_size, [](size_t) { return true; },
+          [&](int r, int64_t i, int64_t qb, int64_t qe) { b.Add(r, i, qb, qe); });
+      return b.Finish(strategy, requested, cp_size, -1);
+    }
+    case ShardStrategy::kHybrid: {
+      const int64_t min_length = HybridMinLength(cp_size, model);
+      auto is_long = [&](size_t i) { return mb.documents[i].length >= min_length; };
+      detail::PlanBuilder b(mb, starts, cp_size, docs * 2 * static_cast<size_t>(cp_size));
+      std::vector<double> load(static_cast<size_t>(cp_size), 0.0);
+      std::vector<int64_t> held(static_cast<size_t>(cp_size), 0);
+      detail::ForEachPerDocumentSegment(mb, cp_size, is_long,
+                                        [&](int r, int64_t i, int64_t qb, int64_t qe) {
+                                          b.Add(r, i, qb, qe);
+                                          load[r] += model.SegmentMs(qe - qb, qe);
+                                          held[r] += qe - qb;
+                                        });
+      std::vector<std::pair<double, size_t>> whole;  // (predicted ms, doc index)
+      for (size_t i = 0; i < docs; ++i) {
+        const int64_t d = mb.documents[i].length;
+        if (!is_long(i)) whole.push_back({model.SegmentMs(d, d), i});
+      }
+      std::sort(whole.begin(), whole.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      std::vector<int> owner(docs, -1);
+      for (const auto& [ms, i] : whole) {
+        int best = 0;
+        for (int r = 1; r < cp_size; ++r) {
+          if (load[r] < load[best] || (load[r] == load[best] && held[r] < held[best])) best = r;
+        }
+        owner[i] = best;
+        load[best] += ms;
+        held[best] += mb.documents[i].length;
+      }
+      for (size_t i = 0; i < docs; ++i) {
+        if (owner[i] >= 0) b.Add(owner[i], static_cast<int64_t>(i), 0, mb.documents[i].length);
+      }
+      return b.Finish(strategy, requested, cp_size, -1);
+    }
+    case ShardStrategy::kAdaptive:
+      break;  // resolved above
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown shard strategy value %d", static_cast<int>(requested)));
+}
+
+// Predicted latency (ms) of every rank of a plan under `model`.
+inline std::vector<double> PredictRankMs(const ShardPlan& plan, const KernelModel& model) {
+  std::vector<double> ms;
+  ms.reserve(plan.ranks.size());
+  for (const RankShard& r : plan.ranks) {
+    double total = 0.0;
+    for (const Segment& s : r.segments) total += model.SegmentMs(s.q_len(), s.q_end);
+    ms.push_back(total);
+  }
+  return ms;
+}
+
+// Checks that `plan` is a complete, consistent plan of `mb`: ranks 0..C-1, every token of every
+// document held by exactly one segment, keys exactly the piece's prefix, positions, cu_seqlens,
+// max lengths, token and pair counts matching the segments, rank tokens within rank_capacity.
+// Returns InvalidArgument naming the first inconsistency.
+inline absl::Status ValidateShardPlan(const ShardPlan& plan, const MicroBatch& mb) {
+  absl::StatusOr<std::vector<int64_t>> starts_or = detail::CheckMicroBatch(mb, plan.cp_size);
+  if (!starts_or.ok()) return starts_or.status();
+  const std::vector<int64_t>& starts = *starts_or;
+  auto bad = [](auto&&... args) { return absl::InvalidArgumentError(absl::StrFormat(args...)); };
+  if (plan.strategy == ShardStrategy::kAdaptive) return bad("plan strategy is unresolved adaptive");
+  if (plan.ranks.size() != static_cast<size_t>(plan.cp_size)) {
+    return bad("plan has %d ranks for cp_size %d", plan.ranks.size(), plan.cp_size);
+  }
+  if (plan.tokens != starts.back()) {
+    return bad("plan tokens %d, micro-batch tokens %d", plan.tokens, starts.back());
+  }
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> held(mb.documents.size());
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankShard& rs = plan.ranks[r];
+    if (rs.rank != static_cast<int>(r)) return bad("ranks[%d] has rank %d", r, rs.rank);
+    const size_t n = rs.segments.size();
+    if (rs.cu_seqlens_q.size() != n + 1 || rs.cu_seqlens_k.size() != n + 1 ||
+        rs.cu_seqlens_q[0] != 0 || rs.cu_seqlens_k[0] != 0) {
+      return bad("rank %d: cu_seqlens must have %d entries starting at 0", r, n + 1);
+    }
+    int64_t tokens = 0, pairs = 0, max_q = 0, max_k = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Segment& s = rs.segments[i];
+      if (s.doc_index < 0 || s.doc_index >= static_cast<int64_t>(mb.documents.size())) {
+        return bad("rank %d segment %d: doc_index %d out of range", r, i, s.doc_index);
+      }
+      const Document& d = mb.documents[static_cast<size_t>(s.doc_index)];
+      if (s.id != d.id || s.piece != d.piece) {
+        return bad("rank %d segment %d: id %d piece %d, document %d is id %d piece %d", r, i,
+                   s.id, s.piece, s.doc_index, d.id, d.piece);
+      }
+      if (!(0 <= s.q_begin && s.q_begin < s.q_end && s.q_end <= d.length)) {
+        return bad("rank %d segment %d: queries [%d, %d) not a non-empty range of [0, %d)", r, i,
+                   s.q_begin, s.q_end, d.length);
+      }
+      const int64_t start = starts[static_cast<size_t>(s.doc_index)];
+      if (s.q_pos != start + s.q_begin || s.k_pos != start) {
+        return bad("rank %d segment %d: q_pos %d / k_pos %d, expected %d / %d", r, i, s.q_pos,
+                   s.k_pos, start + s.q_begin, start);
+      }
+      if (rs.cu_seqlens_q[i + 1] - rs.cu_seqlens_q[i] != s.q_len() ||
+          rs.cu_seqlens_k[i + 1] - rs.cu_seqlens_k[i] != s.q_end) {
+        return bad("rank %d segment %d: cu_seqlens give %d queries / %d keys, segment has %d / %d",
+                   r, i, rs.cu_seqlens_q[i + 1] - rs.cu_seqlens_q[i],
+                   rs.cu_seqlens_k[i + 1] - rs.cu_seqlens_k[i], s.q_len(), s.q_end);
+      }
+      tokens += s.q_len();
+      pairs += CausalPairs(s.q_begin, s.q_end);
+      max_q = std::max(max_q, s.q_len());
+      max_k = std::max(max_k, s.q_end);
+      held[static_cast<size_t>(s.doc_index)].push_back({s.q_begin, s.q_end});
+    }
+    if (rs.tokens != tokens || rs.causal_pairs != pairs || rs.max_seqlen_q != max_q ||
+        rs.max_seqlen_k != max_k) {
+      return bad("rank %d: tokens/pairs/max_seqlen_q/max_seqlen_k %d/%d/%d/%d, segments give "
+                 "%d/%d/%d/%d",
+                 r, rs.tokens, rs.causal_pairs, rs.max_seqlen_q, rs.max_seqlen_k, tokens, pairs,
+                 max_q, max_k);
+    }
+    if (tokens > plan.rank_capacity) {
+      return bad("rank %d holds %d tokens, rank_capacity is %d", r, tokens, plan.rank_capacity);
+    }
+  }
+  for (size_t i = 0; i < held.size(); ++i) {
+    std::sort(held[i].begin(), held[i].end());
+    int64_t next = 0;
+    for (const auto& [b, e] : held[i]) {
+      if (b != next) {
+        return bad("document %d (id %d): token %d held %s", i, mb.documents[i].id,
+                   std::min(b, next), b > next ? "by no rank" : "twice");
+      }
+      next = e;
+    }
+    if (next != mb.documents[i].length) {
+      return bad("document %d (id %d): token %d held by no rank", i, mb.documents[i].id, next);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wlb
