@@ -108,6 +108,22 @@ TEST(WlbPlan, WritesOutFileAtomically) {
   EXPECT_FALSE(std::filesystem::exists(path));  // never a partial output file
 }
 
+TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
+  Result r = RunPlan("--steps 30 --tune --delay-budget 0.8 --compare=false");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("tuned over 93 sets for mean delay <= 0.8"));
+  Result bad = RunPlan("--steps 30 --tune --packer original");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--tune applies to wlb and wlb-refine"));
+
+  const std::string profile = ::testing::TempDir() + "/wlb_cli_profile.csv";
+  std::ofstream(profile) << "seq_len,latency(ms)\n128,0.02\n1024,0.1\n8192,3.1\n65536,190\n";
+  Result fit = RunPlan("--steps 5 --compare=false --cost " + profile);
+  ASSERT_EQ(fit.exit_code, 0) << fit.err;
+  EXPECT_THAT(fit.out, HasSubstr("fitted:"));
+  EXPECT_THAT(fit.out, HasSubstr("rms rel. error"));
+}
+
 struct BadCase {
   std::string args;
   std::string stdin_text;
