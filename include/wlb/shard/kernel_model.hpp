@@ -43,7 +43,6 @@
 #include <span>
 #include <sstream>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -53,6 +52,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace wlb {
 
@@ -90,9 +90,8 @@ class KernelModel {
   static absl::StatusOr<KernelModel> Analytic(const AnalyticKernelParams& p) {
     if (absl::Status s = ValidateShape(p.shape); !s.ok()) return s;
     if (!(p.peak_tflops > 0.0) || !std::isfinite(p.peak_tflops)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("kernel model: peak_tflops must be > 0 and finite, got %g",
-                          p.peak_tflops));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "kernel model: peak_tflops must be > 0 and finite, got %g", p.peak_tflops));
     }
     for (auto [name, v] : {std::pair{"q_half", p.q_half}, std::pair{"kv_half", p.kv_half},
                            std::pair{"segment_overhead_ms", p.segment_overhead_ms}}) {
@@ -111,9 +110,9 @@ class KernelModel {
                                                  double segment_overhead_ms = 0.0) {
     if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
     if (!(segment_overhead_ms >= 0.0) || !std::isfinite(segment_overhead_ms)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "kernel model: segment_overhead_ms must be >= 0 and finite, got %g",
-          segment_overhead_ms));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("kernel model: segment_overhead_ms must be >= 0 and finite, got %g",
+                          segment_overhead_ms));
     }
     if (points.empty()) {
       return absl::InvalidArgumentError("kernel profile: no points (need at least one row)");
@@ -127,8 +126,8 @@ class KernelModel {
             p.q_len, p.kv_len));
       }
       if (!(p.ms > 0.0) || !std::isfinite(p.ms)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "kernel profile point %d: ms must be > 0 and finite, got %g", i, p.ms));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("kernel profile point %d: ms must be > 0 and finite, got %g", i, p.ms));
       }
       auto& [sum, n] = acc[{p.q_len, p.kv_len}];
       sum += p.ms;
@@ -239,11 +238,11 @@ class KernelModel {
 // Parses a kernel profile CSV: a header naming q_len, kv_len and ms (any order, other columns
 // ignored), then one row per measured call. `source` names the text in error messages, which also
 // give the 1-based line and the bad value.
-inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(std::string_view text,
-                                                         std::string_view source,
+inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
+                                                         absl::string_view source,
                                                          const KernelShape& shape = {},
                                                          double segment_overhead_ms = 0.0) {
-  std::vector<std::string_view> lines = absl::StrSplit(text, '\n');
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   size_t header_line = 0;
   while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
     ++header_line;
@@ -252,35 +251,34 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(std::string_view text,
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: empty kernel profile (need a header q_len,kv_len,ms)", source));
   }
-  std::vector<std::string_view> header = absl::StrSplit(lines[header_line], ',');
+  std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
   int q_col = -1, kv_col = -1, ms_col = -1;
   for (size_t i = 0; i < header.size(); ++i) {
-    const std::string_view h = absl::StripAsciiWhitespace(header[i]);
+    const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
     if (h == "q_len") q_col = static_cast<int>(i);
     if (h == "kv_len") kv_col = static_cast<int>(i);
     if (h == "ms") ms_col = static_cast<int>(i);
   }
   if (q_col < 0 || kv_col < 0 || ms_col < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s:%d: header '%s' must name the columns q_len, kv_len and ms", source, header_line + 1,
-        absl::StripAsciiWhitespace(lines[header_line])));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s:%d: header '%s' must name the columns q_len, kv_len and ms", source,
+                        header_line + 1, absl::StripAsciiWhitespace(lines[header_line])));
   }
   std::vector<KernelProfilePoint> points;
   for (size_t li = header_line + 1; li < lines.size(); ++li) {
     if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
-    std::vector<std::string_view> cells = absl::StrSplit(lines[li], ',');
+    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], ',');
     if (cells.size() != header.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %d fields, the header has %d",
-                                                        source, li + 1, cells.size(),
-                                                        header.size()));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
     }
     KernelProfilePoint p;
-    const std::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
-    const std::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
-    const std::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
+    const absl::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
+    const absl::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
+    const absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
     if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: q_len '%s' is not a positive integer", source, li + 1, q_text));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: q_len '%s' is not a positive integer", source, li + 1, q_text));
     }
     if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -24,8 +24,8 @@
 namespace wlb {
 
 inline nlohmann::json SegmentToJson(const Segment& s) {
-  return {{"id", s.id},         {"piece", s.piece}, {"q_begin", s.q_begin},
-          {"q_end", s.q_end},   {"q_pos", s.q_pos}, {"k_pos", s.k_pos}};
+  return {{"id", s.id},       {"piece", s.piece}, {"q_begin", s.q_begin},
+          {"q_end", s.q_end}, {"q_pos", s.q_pos}, {"k_pos", s.k_pos}};
 }
 
 inline nlohmann::json RankShardToJson(const RankShard& r) {

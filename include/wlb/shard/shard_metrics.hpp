@@ -55,7 +55,8 @@ inline CpBalance MeasureCpBalance(const ShardPlan& plan, const KernelModel& mode
   const std::vector<double> ms = PredictRankMs(plan, model);
   b.pair_imbalance = MaxOverMean(pairs);
   b.model_imbalance = MaxOverMean(ms);
-  for (const RankShard& r : plan.ranks) b.max_rank_pairs = std::max(b.max_rank_pairs, r.causal_pairs);
+  for (const RankShard& r : plan.ranks)
+    b.max_rank_pairs = std::max(b.max_rank_pairs, r.causal_pairs);
   for (double v : ms) {
     b.max_rank_ms = std::max(b.max_rank_ms, v);
     b.mean_rank_ms += v;

@@ -170,9 +170,9 @@ inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb
           i, d.id, d.length, d.piece, d.offset));
     }
     if (starts[i] > std::numeric_limits<int64_t>::max() / 4 - d.length) {
-      return absl::OutOfRangeError(absl::StrFormat(
-          "micro-batch document %d (id %d): length %d overflows the token count", i, d.id,
-          d.length));
+      return absl::OutOfRangeError(
+          absl::StrFormat("micro-batch document %d (id %d): length %d overflows the token count", i,
+                          d.id, d.length));
     }
     if (!seen.insert({d.id, d.piece}).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -181,9 +181,9 @@ inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb
     starts[i + 1] = starts[i] + d.length;
   }
   if (mb.tokens != starts.back()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "micro-batch tokens is %d but its %d documents sum to %d", mb.tokens,
-        mb.documents.size(), starts.back()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("micro-batch tokens is %d but its %d documents sum to %d", mb.tokens,
+                        mb.documents.size(), starts.back()));
   }
   return starts;
 }
@@ -274,10 +274,8 @@ class PlanBuilder {
   // rank_capacity < 0 means: the largest rank's token count.
   absl::StatusOr<ShardPlan> Finish(ShardStrategy strategy, ShardStrategy requested, int cp_size,
                                    int64_t rank_capacity) {
-    ShardPlan plan{.strategy = strategy,
-                   .requested = requested,
-                   .cp_size = cp_size,
-                   .tokens = starts_.back()};
+    ShardPlan plan{
+        .strategy = strategy, .requested = requested, .cp_size = cp_size, .tokens = starts_.back()};
     int64_t largest = 0;
     for (RankShard& r : ranks_) {
       r.cu_seqlens_q.assign(1, 0);
@@ -325,7 +323,8 @@ inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<
   if (strategy == ShardStrategy::kPerSequence) {
     ForEachPerSequenceSegment(starts, cp_size, add);
   } else {
-    ForEachPerDocumentSegment(mb, cp_size, [](size_t) { return true; }, add);
+    ForEachPerDocumentSegment(
+        mb, cp_size, [](size_t) { return true; }, add);
   }
   return ms;
 }
@@ -349,10 +348,10 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int c
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
   AdaptiveChoice c;
-  c.per_seq_max_ms = detail::MaxOf(
-      detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerSequence, model));
-  c.per_doc_max_ms = detail::MaxOf(
-      detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerDocument, model));
+  c.per_seq_max_ms =
+      detail::MaxOf(detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerSequence, model));
+  c.per_doc_max_ms =
+      detail::MaxOf(detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerDocument, model));
   c.chosen = c.per_doc_max_ms < c.per_seq_max_ms ? ShardStrategy::kPerDocument
                                                  : ShardStrategy::kPerSequence;
   return c;
@@ -476,8 +475,8 @@ inline absl::Status ValidateShardPlan(const ShardPlan& plan, const MicroBatch& m
       }
       const Document& d = mb.documents[static_cast<size_t>(s.doc_index)];
       if (s.id != d.id || s.piece != d.piece) {
-        return bad("rank %d segment %d: id %d piece %d, document %d is id %d piece %d", r, i,
-                   s.id, s.piece, s.doc_index, d.id, d.piece);
+        return bad("rank %d segment %d: id %d piece %d, document %d is id %d piece %d", r, i, s.id,
+                   s.piece, s.doc_index, d.id, d.piece);
       }
       if (!(0 <= s.q_begin && s.q_begin < s.q_end && s.q_end <= d.length)) {
         return bad("rank %d segment %d: queries [%d, %d) not a non-empty range of [0, %d)", r, i,
@@ -502,10 +501,11 @@ inline absl::Status ValidateShardPlan(const ShardPlan& plan, const MicroBatch& m
     }
     if (rs.tokens != tokens || rs.causal_pairs != pairs || rs.max_seqlen_q != max_q ||
         rs.max_seqlen_k != max_k) {
-      return bad("rank %d: tokens/pairs/max_seqlen_q/max_seqlen_k %d/%d/%d/%d, segments give "
-                 "%d/%d/%d/%d",
-                 r, rs.tokens, rs.causal_pairs, rs.max_seqlen_q, rs.max_seqlen_k, tokens, pairs,
-                 max_q, max_k);
+      return bad(
+          "rank %d: tokens/pairs/max_seqlen_q/max_seqlen_k %d/%d/%d/%d, segments give "
+          "%d/%d/%d/%d",
+          r, rs.tokens, rs.causal_pairs, rs.max_seqlen_q, rs.max_seqlen_k, tokens, pairs, max_q,
+          max_k);
     }
     if (tokens > plan.rank_capacity) {
       return bad("rank %d holds %d tokens, rank_capacity is %d", r, tokens, plan.rank_capacity);

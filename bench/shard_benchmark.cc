@@ -1,0 +1,97 @@
+// Shard planning time per micro-batch (issue target: <= 50 us for a 128K micro-batch at C = 8).
+//
+//   build/bench/shard_benchmark --benchmark_filter=BM_Shard/
+//
+// BM_Shard/<strategy>/C: PlanShards on 128K-token micro-batches drawn from the embedded default
+// distribution (about 33 documents each; the last document is cut to fill exactly 131072 tokens),
+// cycling through 16 of them; the counters say how many documents and segments a plan had.
+// BM_ShardManyDocs/<strategy>/C: the same for 1024 documents of 128 tokens, the worst case for
+// per-document sharding (2C segments per document).
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+#include "wlb/core/document.hpp"
+#include "wlb/io/default_distribution.hpp"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/shard_plan.hpp"
+
+namespace {
+
+constexpr int64_t kContext = 131072;
+
+wlb::MicroBatch FromLengths(const std::vector<int64_t>& lengths) {
+  wlb::MicroBatch mb;
+  for (int64_t length : lengths) {
+    const int64_t take = std::min(length, kContext - mb.tokens);
+    if (take <= 0) break;
+    mb.documents.push_back(
+        wlb::Document{.id = static_cast<int64_t>(mb.documents.size()), .length = take});
+    mb.tokens += take;
+  }
+  return mb;
+}
+
+const std::vector<wlb::MicroBatch>& RealisticMicroBatches() {
+  static const std::vector<wlb::MicroBatch> mbs = [] {
+    std::vector<wlb::MicroBatch> out;
+    for (uint64_t seed = 1; seed <= 16; ++seed) {
+      out.push_back(FromLengths(wlb::SampleDefaultLengths(kContext, seed)));
+    }
+    return out;
+  }();
+  return mbs;
+}
+
+void Run(benchmark::State& state, wlb::ShardStrategy strategy,
+         const std::vector<wlb::MicroBatch>& mbs) {
+  const int cp = static_cast<int>(state.range(0));
+  const wlb::KernelModel model = wlb::KernelModel::Default();
+  size_t i = 0;
+  int64_t docs = 0, segments = 0, plans = 0;
+  for (auto _ : state) {
+    const wlb::MicroBatch& mb = mbs[i];
+    absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, strategy, model);
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan->ranks.data());
+    docs += static_cast<int64_t>(mb.documents.size());
+    for (const wlb::RankShard& r : plan->ranks) segments += static_cast<int64_t>(r.segments.size());
+    ++plans;
+    i = (i + 1) % mbs.size();
+  }
+  state.counters["docs/mb"] = static_cast<double>(docs) / static_cast<double>(plans);
+  state.counters["segments/mb"] = static_cast<double>(segments) / static_cast<double>(plans);
+}
+
+void Register() {
+  for (wlb::ShardStrategy s : {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument,
+                               wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid}) {
+    const std::string name(wlb::ShardStrategyName(s));
+    benchmark::RegisterBenchmark(("BM_Shard/" + name).c_str(),
+                                 [s](benchmark::State& st) { Run(st, s, RealisticMicroBatches()); })
+        ->ArgName("C")
+        ->Arg(2)
+        ->Arg(4)
+        ->Arg(8)
+        ->Arg(16)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_ShardManyDocs/" + name).c_str(),
+                                 [s](benchmark::State& st) {
+                                   static const std::vector<wlb::MicroBatch> many = {
+                                       FromLengths(std::vector<int64_t>(1024, 128))};
+                                   Run(st, s, many);
+                                 })
+        ->ArgName("C")
+        ->Arg(8)
+        ->Arg(16)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
+const int registered = (Register(), 0);
+
+}  // namespace

@@ -1,0 +1,190 @@
+// Tests of include/wlb/shard/kernel_model.hpp.
+#include "wlb/shard/kernel_model.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Blocks a tiled causal kernel visits, row by row: the slow definition PaddedFlops must match.
+int64_t NaiveBlocks(int64_t q_len, int64_t kv_len, int64_t tq, int64_t tk) {
+  int64_t blocks = 0;
+  for (int64_t t = 0; t * tq < q_len; ++t) {
+    int64_t keys = 0;  // keys the tile's rows see, max over rows
+    for (int64_t row = t * tq; row < std::min((t + 1) * tq, q_len); ++row) {
+      keys = std::max(keys, kv_len - q_len + row + 1);
+    }
+    blocks += (keys + tk - 1) / tk;
+  }
+  return blocks;
+}
+
+TEST(KernelModelTest, PaddedFlopsMatchesBlockCount) {
+  for (auto [tq, tk] :
+       {std::pair<int64_t, int64_t>{128, 128}, {128, 64}, {64, 48}, {1, 1}, {16, 128}}) {
+    absl::StatusOr<KernelModel> m =
+        KernelModel::Analytic({.shape = {.heads = 2, .head_dim = 8, .tile_q = tq, .tile_k = tk}});
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (int64_t q : {1, 5, 63, 64, 127, 128, 129, 300, 1000}) {
+      for (int64_t extra : {0, 1, 17, 128, 999}) {
+        const int64_t kv = q + extra;
+        EXPECT_DOUBLE_EQ(m->PaddedFlops(q, kv), 4.0 * 8 * 2 * static_cast<double>(tq * tk) *
+                                                    static_cast<double>(NaiveBlocks(q, kv, tq, tk)))
+            << "tile " << tq << "x" << tk << " q " << q << " kv " << kv;
+      }
+    }
+    EXPECT_EQ(m->PaddedFlops(0, 10), 0.0);
+    EXPECT_EQ(m->SegmentMs(0, 10), 0.0);
+  }
+}
+
+TEST(KernelModelTest, TileOneCountsExactCausalPairs) {
+  absl::StatusOr<KernelModel> m =
+      KernelModel::Analytic({.shape = {.heads = 1, .head_dim = 1, .tile_q = 1, .tile_k = 1}});
+  ASSERT_TRUE(m.ok());
+  // Queries [3, 11) of a document: sum of 4..11 = 60 pairs, 4 FLOPs each.
+  EXPECT_DOUBLE_EQ(m->PaddedFlops(8, 11), 4.0 * 60);
+}
+
+// The default constants reproduce the FlashAttention-2 H100 causal forward figures they were
+// fitted to (REFERENCE.md): 191 / 298 / 335 TFLOP/s at 512 / 2K / 16K, FLOPs counted unpadded.
+TEST(KernelModelTest, DefaultMatchesFlashAttention2Figures) {
+  const KernelModel m = KernelModel::Default();
+  EXPECT_EQ(m.tile_q(), 128);
+  EXPECT_EQ(m.tile_k(), 128);
+  EXPECT_TRUE(m.analytic());
+  for (auto [length, tflops] :
+       {std::pair<int64_t, double>{512, 191.0}, {2048, 298.0}, {16384, 335.0}}) {
+    const double flops = 4.0 * 128 * 32 * static_cast<double>(length * length) / 2;
+    const double achieved = flops / (m.SegmentMs(length, length) * 1e9);
+    EXPECT_NEAR(achieved / tflops, 1.0, 0.03) << length << ": " << achieved;
+  }
+}
+
+TEST(KernelModelTest, FlatBelowOneTileAndFasterPerTokenAbove) {
+  const KernelModel m = KernelModel::Default();
+  const double one_tile = m.SegmentMs(128, 8192);
+  for (int64_t q : {1, 16, 64, 100, 127}) EXPECT_DOUBLE_EQ(m.SegmentMs(q, 8192), one_tile) << q;
+  // Throughput rises from 128 to 256 query rows (the paper's measured jump).
+  EXPECT_GT(m.FlopsPerMs(256, 8192), 1.2 * m.FlopsPerMs(128, 8192));
+  // More keys, more time.
+  EXPECT_GT(m.SegmentMs(128, 16384), m.SegmentMs(128, 8192));
+  EXPECT_DOUBLE_EQ(m.SegmentMs(1, 1) - m.PaddedFlops(1, 1) / m.FlopsPerMs(1, 1), 1e-3);
+}
+
+TEST(KernelModelTest, AnalyticRejectsBadConstants) {
+  absl::StatusOr<KernelModel> m = KernelModel::Analytic({.peak_tflops = -1.0});
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("peak_tflops must be > 0"));
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("got -1"));
+  m = KernelModel::Analytic({.shape = {.tile_q = 0}});
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              HasSubstr("tile_q must be in [1, 1048576], got 0"));
+  m = KernelModel::Analytic({.q_half = NAN});
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("q_half"));
+  m = KernelModel::Analytic({.segment_overhead_ms = -0.5});
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("segment_overhead_ms must be >= 0"));
+}
+
+TEST(KernelModelTest, ProfileReproducesItsPointsAndInterpolates) {
+  const std::string csv =
+      "kv_len,q_len,ms,note\r\n"
+      "1024,128,0.05,a\r\n"
+      "4096,128,0.15,b\r\n"
+      "1024,1024,0.30,c\r\n"
+      "4096,1024,1.00,d\r\n"
+      "4096,1024,1.20,repeat\r\n";
+  absl::StatusOr<KernelModel> m = ParseKernelProfileCsv(csv, "t.csv");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->analytic());
+  EXPECT_NEAR(m->SegmentMs(128, 1024), 0.05, 1e-12);
+  EXPECT_NEAR(m->SegmentMs(128, 4096), 0.15, 1e-12);
+  EXPECT_NEAR(m->SegmentMs(1024, 1024), 0.30, 1e-12);
+  EXPECT_NEAR(m->SegmentMs(1024, 4096), 1.10, 1e-12);  // repeated rows are averaged
+  // Between the rows: throughput between its neighbours' (linear in log2 q and log2 kv).
+  const double mid = m->FlopsPerMs(362, 2048);
+  const double lo = std::min({m->FlopsPerMs(128, 1024), m->FlopsPerMs(128, 4096),
+                              m->FlopsPerMs(1024, 1024), m->FlopsPerMs(1024, 4096)});
+  const double hi = std::max({m->FlopsPerMs(128, 1024), m->FlopsPerMs(128, 4096),
+                              m->FlopsPerMs(1024, 1024), m->FlopsPerMs(1024, 4096)});
+  EXPECT_GT(mid, lo);
+  EXPECT_LT(mid, hi);
+  const double kv_mid = m->FlopsPerMs(128, 2048);  // halfway in log2 between 1024 and 4096
+  EXPECT_NEAR(kv_mid, (m->FlopsPerMs(128, 1024) + m->FlopsPerMs(128, 4096)) / 2, kv_mid * 1e-12);
+  // Outside the table: clamped to the nearest row's throughput.
+  EXPECT_DOUBLE_EQ(m->FlopsPerMs(64, 512), m->FlopsPerMs(128, 1024));
+  EXPECT_DOUBLE_EQ(m->FlopsPerMs(8192, 65536), m->FlopsPerMs(1024, 4096));
+}
+
+TEST(KernelModelTest, ProfileOverheadIsAdded) {
+  const std::vector<KernelProfilePoint> pts = {{128, 128, 0.02}};
+  absl::StatusOr<KernelModel> m = KernelModel::FromProfile(pts, {}, 0.004);
+  ASSERT_TRUE(m.ok());
+  EXPECT_NEAR(m->SegmentMs(128, 128), 0.024, 1e-12);
+  EXPECT_NEAR(m->SegmentMs(256, 256), 3 * 0.02 + 0.004, 1e-12);  // 3 blocks at one throughput
+}
+
+TEST(KernelModelTest, ProfileErrorsNameLineAndValue) {
+  struct Case {
+    std::string text;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"", "empty kernel profile"},
+      {"q_len,ms\n1,2\n", "t.csv:1: header 'q_len,ms' must name the columns q_len, kv_len and ms"},
+      {"q_len,kv_len,ms\n", "has a header but no rows"},
+      {"q_len,kv_len,ms\n128,128,0.1\nabc,128,0.1\n", "t.csv:3: q_len 'abc' is not a positive"},
+      {"q_len,kv_len,ms\n0,128,0.1\n", "t.csv:2: q_len '0'"},
+      {"q_len,kv_len,ms\n256,128,0.1\n", "t.csv:2: kv_len '128' is not an integer >= q_len 256"},
+      {"q_len,kv_len,ms\n128,128,-2\n", "t.csv:2: ms '-2' is not a positive finite number"},
+      {"q_len,kv_len,ms\n128,128,inf\n", "t.csv:2: ms 'inf'"},
+      {"q_len,kv_len,ms\n128,128\n", "t.csv:2: 2 fields, the header has 3"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<KernelModel> m = ParseKernelProfileCsv(c.text, "t.csv");
+    ASSERT_FALSE(m.ok()) << c.text;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(m.status().message()), HasSubstr(c.expected)) << c.text;
+  }
+  absl::StatusOr<KernelModel> bad_shape =
+      ParseKernelProfileCsv("q_len,kv_len,ms\n1,1,1\n", "t.csv", {.head_dim = -4});
+  ASSERT_FALSE(bad_shape.ok());
+  EXPECT_THAT(std::string(bad_shape.status().message()),
+              HasSubstr("head_dim must be in [1, 1048576], got -4"));
+  const std::vector<KernelProfilePoint> empty;
+  EXPECT_THAT(std::string(KernelModel::FromProfile(empty).status().message()),
+              HasSubstr("no points"));
+}
+
+TEST(KernelModelTest, ReadsProfileFile) {
+  const std::filesystem::path path =
+      std::filesystem::path(::testing::TempDir()) / "kernel_model_test_profile.csv";
+  {
+    std::ofstream out(path);
+    out << "q_len,kv_len,ms\n128,128,0.01\n128,8192,0.2\n";
+  }
+  absl::StatusOr<KernelModel> m = ReadKernelProfileCsv(path.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NEAR(m->SegmentMs(128, 8192), 0.2, 1e-12);
+  std::filesystem::remove(path);
+  absl::StatusOr<KernelModel> missing = ReadKernelProfileCsv(path.string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr(path.string()));
+}
+
+}  // namespace
+}  // namespace wlb

@@ -1,0 +1,551 @@
+// Tests of include/wlb/shard/shard_plan.hpp, shard_metrics.hpp and shard_json.hpp.
+#include "wlb/shard/shard_plan.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/shard_json.hpp"
+#include "wlb/shard/shard_metrics.hpp"
+
+namespace wlb {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+MicroBatch MakeMicroBatch(const std::vector<int64_t>& lengths) {
+  MicroBatch mb;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
+    mb.tokens += lengths[i];
+  }
+  return mb;
+}
+
+std::vector<int64_t> Pairs(const ShardPlan& plan) {
+  std::vector<int64_t> pairs;
+  for (const RankShard& r : plan.ranks) pairs.push_back(r.causal_pairs);
+  return pairs;
+}
+
+ShardPlan MustPlan(const MicroBatch& mb, int cp, ShardStrategy s,
+                   const KernelModel& model = KernelModel::Default()) {
+  absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, s, model);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *std::move(plan) : ShardPlan{};
+}
+
+// A model whose latency is exactly proportional to causal pairs (tile 1, no overheads).
+KernelModel PairModel() {
+  absl::StatusOr<KernelModel> m = KernelModel::Analytic(
+      {.shape = {.tile_q = 1, .tile_k = 1}, .q_half = 0.0, .segment_overhead_ms = 0.0});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+// The public WLB-LLM-CP artifact's example: context 32, CP 2, documents 5, 19, 8.
+TEST(ShardPlanTest, WorkedExamplePerSequence) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerSequence);
+  EXPECT_THAT(Pairs(plan), ElementsAre(57, 184));  // the artifact prints 2x: 114 / 368
+  EXPECT_EQ(plan.strategy, ShardStrategy::kPerSequence);
+  EXPECT_EQ(plan.rank_capacity, 16);
+  EXPECT_EQ(plan.padding_tokens(), 0);
+  // Rank 0: chunk 0 = tokens [0, 8) = doc 0 whole + doc 1 [0, 3); chunk 3 = doc 2 whole.
+  const RankShard& r0 = plan.ranks[0];
+  ASSERT_EQ(r0.segments.size(), 3u);
+  EXPECT_EQ(r0.segments[0],
+            (Segment{.id = 0, .q_begin = 0, .q_end = 5, .doc_index = 0, .q_pos = 0, .k_pos = 0}));
+  EXPECT_EQ(r0.segments[1],
+            (Segment{.id = 1, .q_begin = 0, .q_end = 3, .doc_index = 1, .q_pos = 5, .k_pos = 5}));
+  EXPECT_EQ(r0.segments[2],
+            (Segment{.id = 2, .q_begin = 0, .q_end = 8, .doc_index = 2, .q_pos = 24, .k_pos = 24}));
+  EXPECT_THAT(r0.cu_seqlens_q, ElementsAre(0, 5, 8, 16));
+  EXPECT_THAT(r0.cu_seqlens_k, ElementsAre(0, 5, 8, 16));
+  // Rank 1: chunks 1 and 2 = doc 1 queries [3, 11) and [11, 19).
+  const RankShard& r1 = plan.ranks[1];
+  ASSERT_EQ(r1.segments.size(), 2u);
+  EXPECT_EQ(r1.segments[0].q_begin, 3);
+  EXPECT_EQ(r1.segments[0].q_end, 11);
+  EXPECT_EQ(r1.segments[0].q_pos, 8);
+  EXPECT_EQ(r1.segments[1].q_begin, 11);
+  EXPECT_EQ(r1.segments[1].q_end, 19);
+  EXPECT_THAT(r1.cu_seqlens_q, ElementsAre(0, 8, 16));
+  EXPECT_THAT(r1.cu_seqlens_k, ElementsAre(0, 11, 30));
+  EXPECT_EQ(r1.max_seqlen_q, 8);
+  EXPECT_EQ(r1.max_seqlen_k, 19);
+  EXPECT_TRUE(ValidateShardPlan(plan, mb).ok());
+}
+
+TEST(ShardPlanTest, WorkedExamplePerDocument) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  EXPECT_THAT(Pairs(plan), ElementsAre(121, 120));  // the artifact prints 2x: 242 / 240
+  EXPECT_EQ(plan.rank_capacity, 16);
+  // Doc 0 (5): shards 2,1,1,1 (remainder to shard 0, pointer -> 1). Doc 1 (19): 4,5,5,5
+  // (remainders to shards 1..3, pointer -> 0). Doc 2 (8): 2,2,2,2. Chunks all hold 8 tokens.
+  const RankShard& r0 = plan.ranks[0];
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const Segment& s : r0.segments) ranges.push_back({s.q_begin, s.q_end});
+  EXPECT_THAT(ranges,
+              ElementsAre(std::pair<int64_t, int64_t>{0, 2}, std::pair<int64_t, int64_t>{0, 4},
+                          std::pair<int64_t, int64_t>{0, 2}, std::pair<int64_t, int64_t>{4, 5},
+                          std::pair<int64_t, int64_t>{14, 19}, std::pair<int64_t, int64_t>{6, 8}));
+  EXPECT_THAT(r0.cu_seqlens_q, ElementsAre(0, 2, 6, 8, 9, 14, 16));
+  EXPECT_THAT(r0.cu_seqlens_k, ElementsAre(0, 2, 6, 8, 13, 32, 40));
+  EXPECT_EQ(r0.segments[4].q_pos, 5 + 14);
+  EXPECT_EQ(r0.segments[4].k_pos, 5);
+  EXPECT_EQ(plan.ranks[1].tokens, 16);
+  EXPECT_TRUE(ValidateShardPlan(plan, mb).ok());
+}
+
+TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  // Latency proportional to pairs: per-doc (max 121) beats per-seq (max 184).
+  const ShardPlan exact = MustPlan(mb, 2, ShardStrategy::kAdaptive, PairModel());
+  EXPECT_EQ(exact.strategy, ShardStrategy::kPerDocument);
+  EXPECT_EQ(exact.requested, ShardStrategy::kAdaptive);
+  // With 128-token tiles every segment costs one block: per-seq has fewer segments and wins,
+  // as the paper finds for short documents.
+  const ShardPlan tiled = MustPlan(mb, 2, ShardStrategy::kAdaptive, KernelModel::Default());
+  EXPECT_EQ(tiled.strategy, ShardStrategy::kPerSequence);
+
+  const CpBalance seq = MeasureCpBalance(MustPlan(mb, 2, ShardStrategy::kPerSequence), PairModel());
+  EXPECT_DOUBLE_EQ(seq.pair_imbalance, 184.0 / 120.5);
+  EXPECT_DOUBLE_EQ(seq.model_imbalance, 184.0 / 120.5);
+  EXPECT_EQ(seq.max_rank_pairs, 184);
+  const CpBalance doc = MeasureCpBalance(exact, PairModel());
+  EXPECT_DOUBLE_EQ(doc.pair_imbalance, 121.0 / 120.5);
+
+  CpSummary summary;
+  summary.Add(tiled, seq);
+  summary.Add(exact, doc);
+  EXPECT_EQ(summary.micro_batches, 2);
+  EXPECT_EQ(summary.per_seq, 1);
+  EXPECT_EQ(summary.per_doc, 1);
+  EXPECT_DOUBLE_EQ(summary.pair_imbalance_max, 184.0 / 120.5);
+  EXPECT_DOUBLE_EQ(summary.pair_imbalance_mean, (184.0 + 121.0) / 2 / 120.5);
+}
+
+TEST(ShardPlanTest, JsonShape) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const nlohmann::json j = ShardPlanToJson(MustPlan(mb, 2, ShardStrategy::kPerDocument));
+  EXPECT_EQ(j.at("sharding"), "per-doc");
+  EXPECT_EQ(j.at("cp_size"), 2);
+  ASSERT_EQ(j.at("shards").size(), 2u);
+  const nlohmann::json& s0 = j.at("shards")[0];
+  EXPECT_EQ(s0.at("rank"), 0);
+  EXPECT_EQ(s0.at("cu_seqlens_q"), nlohmann::json({0, 2, 6, 8, 9, 14, 16}));
+  EXPECT_EQ(s0.at("cu_seqlens_k"), nlohmann::json({0, 2, 6, 8, 13, 32, 40}));
+  const nlohmann::json& seg = s0.at("segments")[4];
+  EXPECT_EQ(seg.at("id"), 1);
+  EXPECT_EQ(seg.at("piece"), 0);
+  EXPECT_EQ(seg.at("q_begin"), 14);
+  EXPECT_EQ(seg.at("q_end"), 19);
+  EXPECT_EQ(seg.at("q_pos"), 19);
+  EXPECT_EQ(seg.at("k_pos"), 5);
+  nlohmann::json mb_json = {{"tokens", 32}};
+  mb_json.update(j);
+  EXPECT_EQ(mb_json.at("tokens"), 32);
+  EXPECT_EQ(mb_json.at("sharding"), "per-doc");
+  const nlohmann::json b = CpBalanceToJson(
+      MeasureCpBalance(MustPlan(mb, 2, ShardStrategy::kPerSequence), KernelModel::Default()));
+  EXPECT_TRUE(b.contains("pair_imbalance") && b.contains("model_imbalance"));
+}
+
+TEST(ShardPlanTest, StrategyNames) {
+  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
+                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid}) {
+    absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(ShardStrategyName(s));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, s);
+  }
+  for (const char* bad : {"zigzag", "per-sequence", "Per-Seq", ""}) {
+    absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(absl::StrFormat("'%s'", bad)));
+    EXPECT_THAT(std::string(parsed.status().message()),
+                HasSubstr("per-seq, per-doc, adaptive, hybrid"));
+  }
+}
+
+TEST(ShardPlanTest, BadInputsNameTheValue) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const KernelModel model = KernelModel::Default();
+  for (int cp : {0, -3, kMaxCpSize + 1}) {
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, cp, ShardStrategy::kPerSequence, model);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %d", cp)));
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr("cp_size must be in [1, 4096]"));
+  }
+  MicroBatch wrong_total = mb;
+  wrong_total.tokens = 31;
+  absl::StatusOr<ShardPlan> p = PlanShards(wrong_total, 2, ShardStrategy::kPerDocument, model);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("tokens is 31 but its 3 documents sum to 32"));
+
+  MicroBatch zero = mb;
+  zero.documents[1].length = 0;
+  zero.tokens = 13;
+  p = PlanShards(zero, 2, ShardStrategy::kHybrid, model);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("document 1 (id 1)"));
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("length 0"));
+
+  MicroBatch negative_piece = mb;
+  negative_piece.documents[2].piece = -1;
+  p = PlanShards(negative_piece, 2, ShardStrategy::kAdaptive, model);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("piece -1"));
+
+  MicroBatch twice = mb;
+  twice.documents[2].id = 1;
+  p = PlanShards(twice, 2, ShardStrategy::kPerSequence, model);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("id 1 piece 0 appears twice"));
+
+  p = PlanShards(mb, 2, static_cast<ShardStrategy>(42), model);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("42"));
+
+  EXPECT_FALSE(ChooseAdaptive(mb, 0, model).ok());
+}
+
+TEST(ShardPlanTest, ValidateRejectsTamperedPlans) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const ShardPlan good = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  ASSERT_TRUE(ValidateShardPlan(good, mb).ok());
+
+  ShardPlan lost = good;
+  lost.ranks[1].segments.erase(lost.ranks[1].segments.begin());
+  lost.ranks[1].cu_seqlens_q.pop_back();
+  lost.ranks[1].cu_seqlens_k.pop_back();
+  absl::Status s = ValidateShardPlan(lost, mb);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cu_seqlens"));
+
+  ShardPlan twice = good;
+  twice.ranks[1].segments[0] = twice.ranks[0].segments[0];  // doc 0 [0, 2) twice, [2, 3) lost
+  twice.ranks[1].cu_seqlens_q = twice.ranks[0].cu_seqlens_q;
+  s = ValidateShardPlan(twice, mb);
+  EXPECT_FALSE(s.ok());
+
+  ShardPlan bad_k = good;
+  bad_k.ranks[0].cu_seqlens_k[3] += 1;
+  s = ValidateShardPlan(bad_k, mb);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 segment 2"));
+
+  ShardPlan bad_pos = good;
+  bad_pos.ranks[0].segments[1].k_pos = 0;
+  s = ValidateShardPlan(bad_pos, mb);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("k_pos 0"));
+
+  ShardPlan beyond = good;
+  beyond.ranks[0].segments[5].q_end = 9;
+  s = ValidateShardPlan(beyond, mb);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[6, 9)"));
+
+  ShardPlan adaptive = good;
+  adaptive.strategy = ShardStrategy::kAdaptive;
+  EXPECT_FALSE(ValidateShardPlan(adaptive, mb).ok());
+}
+
+TEST(ShardPlanTest, DuplicateTokensAreReported) {
+  // Two ranks claiming the same query range of a one-document micro-batch.
+  const MicroBatch mb = MakeMicroBatch({4});
+  ShardPlan plan = MustPlan(mb, 1, ShardStrategy::kPerSequence);
+  ASSERT_EQ(plan.ranks[0].segments.size(), 2u);  // chunks [0, 2) and [2, 4)
+  plan.ranks[0].segments[1].q_begin = 1;
+  plan.ranks[0].segments[1].q_pos = 1;
+  plan.ranks[0].cu_seqlens_q[2] = 5;
+  plan.ranks[0].tokens = 5;
+  plan.ranks[0].max_seqlen_q = 3;
+  plan.rank_capacity = 5;
+  plan.ranks[0].causal_pairs = CausalPairs(0, 2) + CausalPairs(1, 4);
+  absl::Status s = ValidateShardPlan(plan, mb);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("token 1 held twice"));
+}
+
+TEST(ShardPlanTest, ShortAndEmptyMicroBatches) {
+  const KernelModel model = KernelModel::Default();
+  // 3 tokens, C = 4: per-seq pads to 8 one-token chunks; ranks 0..2 get a token, rank 3 none.
+  const MicroBatch tiny = MakeMicroBatch({3});
+  const ShardPlan seq = MustPlan(tiny, 4, ShardStrategy::kPerSequence);
+  EXPECT_EQ(seq.rank_capacity, 2);
+  EXPECT_EQ(seq.padding_tokens(), 5);
+  EXPECT_EQ(seq.ranks[0].tokens, 1);
+  EXPECT_EQ(seq.ranks[2].tokens, 1);
+  EXPECT_TRUE(seq.ranks[3].segments.empty());
+  EXPECT_THAT(seq.ranks[3].cu_seqlens_q, ElementsAre(0));
+  EXPECT_TRUE(ValidateShardPlan(seq, tiny).ok());
+  // Per-doc: shards 0..2 get a token, the others are empty.
+  const ShardPlan doc = MustPlan(tiny, 4, ShardStrategy::kPerDocument);
+  EXPECT_EQ(doc.rank_capacity, 1);
+  EXPECT_TRUE(ValidateShardPlan(doc, tiny).ok());
+
+  const MicroBatch empty;
+  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
+                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid}) {
+    const ShardPlan p = MustPlan(empty, 3, s, model);
+    ASSERT_EQ(p.ranks.size(), 3u);
+    EXPECT_EQ(p.rank_capacity, 0);
+    for (const RankShard& r : p.ranks) {
+      EXPECT_TRUE(r.segments.empty());
+      EXPECT_THAT(r.cu_seqlens_k, ElementsAre(0));
+    }
+    EXPECT_TRUE(ValidateShardPlan(p, empty).ok());
+    EXPECT_EQ(MeasureCpBalance(p, model).pair_imbalance, 1.0);
+  }
+}
+
+TEST(ShardPlanTest, PiecesCountFromTheirFirstToken) {
+  // A second piece (offset 100) of document 7: its segments count from the piece, not from 100.
+  MicroBatch mb;
+  mb.documents = {Document{.id = 7, .length = 40, .piece = 1, .offset = 100},
+                  Document{.id = 9, .length = 24}};
+  mb.tokens = 64;
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  ASSERT_TRUE(ValidateShardPlan(plan, mb).ok());
+  const Segment& last = plan.ranks[0].segments[2];  // rank 0's chunk 3 of the piece
+  EXPECT_EQ(last.id, 7);
+  EXPECT_EQ(last.piece, 1);
+  EXPECT_EQ(last.q_begin, 30);
+  EXPECT_EQ(last.q_end, 40);
+  EXPECT_EQ(last.q_pos, 30);
+}
+
+TEST(ShardPlanTest, HybridKeepsShortDocumentsWhole) {
+  const KernelModel model = KernelModel::Default();
+  // C = 2: documents of >= 512 tokens are sharded, the rest dealt whole by predicted cost.
+  const MicroBatch mb = MakeMicroBatch({100, 4000, 300, 511, 512, 60});
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kHybrid, model);
+  ASSERT_TRUE(ValidateShardPlan(plan, mb).ok());
+  EXPECT_EQ(plan.strategy, ShardStrategy::kHybrid);
+  std::vector<int> segments_of(mb.documents.size(), 0);
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) {
+      ++segments_of[s.doc_index];
+      if (mb.documents[s.doc_index].length < 512) {
+        EXPECT_EQ(s.q_begin, 0);
+        EXPECT_EQ(s.q_end, mb.documents[s.doc_index].length);
+      } else {
+        EXPECT_GE(s.q_len(), 128) << "doc " << s.doc_index;
+      }
+    }
+  }
+  EXPECT_THAT(segments_of, ElementsAre(1, 4, 1, 1, 4, 1));
+  // Dealt largest first onto the lighter rank: 511 and 300 do not land on the same rank.
+  auto owner = [&](int64_t doc) {
+    for (const RankShard& r : plan.ranks) {
+      for (const Segment& s : r.segments) {
+        if (s.doc_index == doc) return r.rank;
+      }
+    }
+    return -1;
+  };
+  EXPECT_NE(owner(3), owner(2));
+}
+
+// ---- Property tests over random micro-batches ----
+
+enum class Shape { kTiny, kHuge, kMix, kPieces };
+
+MicroBatch RandomMicroBatch(std::mt19937_64& rng, Shape shape) {
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  MicroBatch mb;
+  auto add = [&](int64_t length, int32_t piece = 0, int64_t offset = 0) {
+    mb.documents.push_back(Document{.id = static_cast<int64_t>(mb.documents.size()),
+                                    .length = length,
+                                    .piece = piece,
+                                    .offset = offset});
+    mb.tokens += length;
+  };
+  switch (shape) {
+    case Shape::kTiny:  // many documents, many shorter than 2C
+      for (int64_t n = uniform(1, 200); n > 0; --n) add(uniform(1, 12));
+      break;
+    case Shape::kHuge:  // one long document, sometimes with a few small ones around it
+      if (uniform(0, 1)) add(uniform(1, 50));
+      add(uniform(1000, 40000));
+      if (uniform(0, 1)) add(uniform(1, 50));
+      break;
+    case Shape::kMix:  // a heavy-tailed mix
+      for (int64_t n = uniform(1, 40); n > 0; --n) {
+        add(uniform(0, 9) == 0 ? uniform(2000, 20000) : uniform(1, 1500));
+      }
+      break;
+    case Shape::kPieces:  // later pieces of split documents
+      for (int64_t n = uniform(1, 10); n > 0; --n) {
+        add(uniform(1, 5000), static_cast<int32_t>(uniform(0, 3)), uniform(0, 100000));
+      }
+      break;
+  }
+  return mb;
+}
+
+// Independent ownership check: every token of every document held once, keys the prefix.
+void CheckCoverage(const ShardPlan& plan, const MicroBatch& mb) {
+  std::vector<std::vector<int>> owner(mb.documents.size());
+  for (size_t i = 0; i < mb.documents.size(); ++i) owner[i].assign(mb.documents[i].length, -1);
+  int64_t start = 0;
+  std::vector<int64_t> starts;
+  for (const Document& d : mb.documents) {
+    starts.push_back(start);
+    start += d.length;
+  }
+  for (const RankShard& r : plan.ranks) {
+    int32_t q = 0, k = 0;
+    ASSERT_EQ(r.cu_seqlens_q.size(), r.segments.size() + 1);
+    for (size_t i = 0; i < r.segments.size(); ++i) {
+      const Segment& s = r.segments[i];
+      ASSERT_LT(s.q_begin, s.q_end);
+      ASSERT_LE(s.q_end, mb.documents[s.doc_index].length);
+      EXPECT_EQ(s.k_pos, starts[s.doc_index]);
+      EXPECT_EQ(s.q_pos, starts[s.doc_index] + s.q_begin);
+      EXPECT_EQ(r.cu_seqlens_q[i], q);
+      EXPECT_EQ(r.cu_seqlens_k[i], k);
+      q += static_cast<int32_t>(s.q_end - s.q_begin);
+      k += static_cast<int32_t>(s.q_end);
+      for (int64_t t = s.q_begin; t < s.q_end; ++t) {
+        ASSERT_EQ(owner[s.doc_index][t], -1) << "token " << t << " of doc " << s.doc_index;
+        owner[s.doc_index][t] = r.rank;
+      }
+    }
+    EXPECT_EQ(r.cu_seqlens_q.back(), q);
+    EXPECT_EQ(r.cu_seqlens_k.back(), k);
+    EXPECT_LE(r.tokens, plan.rank_capacity);
+  }
+  for (size_t i = 0; i < owner.size(); ++i) {
+    ASSERT_EQ(std::count(owner[i].begin(), owner[i].end(), -1), 0) << "doc " << i;
+  }
+}
+
+TEST(ShardPlanPropertyTest, RandomMicroBatches) {
+  std::mt19937_64 rng(20250317);
+  const KernelModel model = KernelModel::Default();
+  const KernelModel pair_model = PairModel();
+  int planned = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    const Shape shape = static_cast<Shape>(iter % 4);
+    const MicroBatch mb = RandomMicroBatch(rng, shape);
+    const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
+    const int64_t n = 2 * cp;
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d docs %d tokens %d", iter, cp, mb.documents.size(),
+                                 mb.tokens));
+
+    // Per-sequence: rank r holds exactly packed chunks r and 2C-1-r.
+    const ShardPlan seq = MustPlan(mb, cp, ShardStrategy::kPerSequence);
+    ASSERT_TRUE(ValidateShardPlan(seq, mb).ok()) << ValidateShardPlan(seq, mb);
+    CheckCoverage(seq, mb);
+    const int64_t chunk = (mb.tokens + n - 1) / n;
+    EXPECT_EQ(seq.rank_capacity, 2 * chunk);
+    for (const RankShard& r : seq.ranks) {
+      for (const Segment& s : r.segments) {
+        const int64_t c = s.q_pos / chunk;
+        EXPECT_TRUE(c == r.rank || c == n - 1 - r.rank);
+        EXPECT_EQ((s.q_pos + s.q_len() - 1) / chunk, c);  // never crosses a chunk boundary
+      }
+    }
+
+    // Per-document: shards of a document differ by at most one token; chunks too.
+    const ShardPlan doc = MustPlan(mb, cp, ShardStrategy::kPerDocument);
+    ASSERT_TRUE(ValidateShardPlan(doc, mb).ok()) << ValidateShardPlan(doc, mb);
+    CheckCoverage(doc, mb);
+    std::vector<std::vector<int64_t>> shard_sizes(mb.documents.size());
+    for (const RankShard& r : doc.ranks) {
+      for (const Segment& s : r.segments) shard_sizes[s.doc_index].push_back(s.q_len());
+    }
+    for (size_t i = 0; i < shard_sizes.size(); ++i) {
+      std::vector<int64_t>& sizes = shard_sizes[i];
+      sizes.resize(n, 0);  // empty shards of short documents
+      const auto [lo, hi] = std::minmax_element(sizes.begin(), sizes.end());
+      EXPECT_LE(*hi - *lo, 1) << "doc " << i;
+    }
+    EXPECT_LE(doc.rank_capacity, 2 * chunk);  // padding-free up to one token per chunk
+    for (const RankShard& r : doc.ranks) {
+      EXPECT_GE(r.tokens, 2 * (mb.tokens / n));
+    }
+
+    // Adaptive: never predicted worse than the better fixed strategy.
+    for (const KernelModel* m : {&model, &pair_model}) {
+      const ShardPlan ad = MustPlan(mb, cp, ShardStrategy::kAdaptive, *m);
+      ASSERT_TRUE(ValidateShardPlan(ad, mb).ok());
+      EXPECT_NE(ad.strategy, ShardStrategy::kAdaptive);
+      const auto max_ms = [&](const ShardPlan& p) {
+        const std::vector<double> ms = PredictRankMs(p, *m);
+        return *std::max_element(ms.begin(), ms.end());
+      };
+      const double best = std::min(max_ms(seq), max_ms(doc));
+      EXPECT_LE(max_ms(ad), best * (1 + 1e-12));
+      absl::StatusOr<AdaptiveChoice> choice = ChooseAdaptive(mb, cp, *m);
+      ASSERT_TRUE(choice.ok());
+      EXPECT_EQ(choice->chosen, ad.strategy);
+    }
+
+    // Hybrid: long documents in shards of at least a tile, short ones whole.
+    const ShardPlan hyb = MustPlan(mb, cp, ShardStrategy::kHybrid, model);
+    ASSERT_TRUE(ValidateShardPlan(hyb, mb).ok()) << ValidateShardPlan(hyb, mb);
+    CheckCoverage(hyb, mb);
+    for (const RankShard& r : hyb.ranks) {
+      for (const Segment& s : r.segments) {
+        const int64_t length = mb.documents[s.doc_index].length;
+        if (length < HybridMinLength(cp, model)) {
+          EXPECT_EQ(s.q_len(), length);
+        } else {
+          EXPECT_GE(s.q_len(), model.tile_q());
+        }
+      }
+    }
+
+    // Deterministic.
+    EXPECT_EQ(doc, MustPlan(mb, cp, ShardStrategy::kPerDocument));
+    EXPECT_EQ(hyb, MustPlan(mb, cp, ShardStrategy::kHybrid, model));
+    planned += 4;
+  }
+  EXPECT_EQ(planned, 12000);
+}
+
+// Adaptive's plan is the fixed plan it chose, field for field except `requested`.
+TEST(ShardPlanPropertyTest, AdaptiveEqualsChosenFixedPlan) {
+  std::mt19937_64 rng(7);
+  const KernelModel model = KernelModel::Default();
+  for (int iter = 0; iter < 500; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = 1 + iter % 16;
+    ShardPlan ad = MustPlan(mb, cp, ShardStrategy::kAdaptive, model);
+    const ShardPlan fixed = MustPlan(mb, cp, ad.strategy, model);
+    EXPECT_EQ(ad.requested, ShardStrategy::kAdaptive);
+    ad.requested = fixed.requested;
+    EXPECT_EQ(ad, fixed);
+  }
+}
+
+// Per-document sharding balances causal work: every document contributes nearly equally to every
+// rank, while per-sequence chunks put a long document's expensive tail on few ranks.
+TEST(ShardPlanPropertyTest, PerDocumentBeatsPerSequenceOnOneLongDocumentMix) {
+  // One long document after many short ones: per-seq puts the long tail on few ranks.
+  std::vector<int64_t> lengths(100, 64);
+  lengths.push_back(32768);
+  const MicroBatch mb = MakeMicroBatch(lengths);
+  const KernelModel model = KernelModel::Default();
+  for (int cp : {2, 4, 8}) {
+    const double seq =
+        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy::kPerSequence), model).pair_imbalance;
+    const double doc =
+        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy::kPerDocument), model).pair_imbalance;
+    EXPECT_LT(doc, 1.01) << cp;
+    EXPECT_GT(seq, doc) << cp;
+  }
+}
+
+}  // namespace
+}  // namespace wlb
