@@ -83,7 +83,9 @@ TEST(KernelModelTest, FlatBelowOneTileAndFasterPerTokenAbove) {
 }
 
 TEST(KernelModelTest, AnalyticRejectsBadConstants) {
-  absl::StatusOr<KernelModel> m = KernelModel::Analytic({.peak_tflops = -1.0});
+  AnalyticKernelParams p;
+  p.peak_tflops = -1.0;
+  absl::StatusOr<KernelModel> m = KernelModel::Analytic(p);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("peak_tflops must be > 0"));
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("got -1"));
@@ -91,10 +93,14 @@ TEST(KernelModelTest, AnalyticRejectsBadConstants) {
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()),
               HasSubstr("tile_q must be in [1, 1048576], got 0"));
-  m = KernelModel::Analytic({.q_half = NAN});
+  p = AnalyticKernelParams{};
+  p.q_half = NAN;
+  m = KernelModel::Analytic(p);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("q_half"));
-  m = KernelModel::Analytic({.segment_overhead_ms = -0.5});
+  p = AnalyticKernelParams{};
+  p.segment_overhead_ms = -0.5;
+  m = KernelModel::Analytic(p);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("segment_overhead_ms must be >= 0"));
 }

@@ -139,7 +139,9 @@ class KernelModel {
       const auto [q, kv] = key;
       const double flops_per_ms = m.PaddedFlops(q, kv) / (sum_n.first / sum_n.second);
       if (m.rows_.empty() || m.rows_.back().log_q != std::log2(static_cast<double>(q))) {
-        m.rows_.push_back(Row{.log_q = std::log2(static_cast<double>(q))});
+        Row row;
+        row.log_q = std::log2(static_cast<double>(q));
+        m.rows_.push_back(std::move(row));
       }
       m.rows_.back().log_kv.push_back(std::log2(static_cast<double>(kv)));
       m.rows_.back().flops_per_ms.push_back(flops_per_ms);

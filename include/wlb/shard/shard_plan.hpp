@@ -274,8 +274,11 @@ class PlanBuilder {
   // rank_capacity < 0 means: the largest rank's token count.
   absl::StatusOr<ShardPlan> Finish(ShardStrategy strategy, ShardStrategy requested, int cp_size,
                                    int64_t rank_capacity) {
-    ShardPlan plan{
-        .strategy = strategy, .requested = requested, .cp_size = cp_size, .tokens = starts_.back()};
+    ShardPlan plan;
+    plan.strategy = strategy;
+    plan.requested = requested;
+    plan.cp_size = cp_size;
+    plan.tokens = starts_.back();
     int64_t largest = 0;
     for (RankShard& r : ranks_) {
       r.cu_seqlens_q.assign(1, 0);
@@ -405,8 +408,8 @@ inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
         const int64_t d = mb.documents[i].length;
         if (!is_long(i)) whole.push_back({model.SegmentMs(d, d), i});
       }
-      std::sort(whole.begin(), whole.end(), [](const auto& a, const auto& b) {
-        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      std::sort(whole.begin(), whole.end(), [](const auto& x, const auto& y) {
+        return x.first != y.first ? x.first > y.first : x.second < y.second;
       });
       std::vector<int> owner(docs, -1);
       for (const auto& [ms, i] : whole) {
