@@ -124,6 +124,35 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   EXPECT_THAT(fit.out, HasSubstr("rms rel. error"));
 }
 
+TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
+  // Context 32, C = 2, documents 5, 19, 8 in one micro-batch (WLB-LLM-CP's example).
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"per-seq", {57, 184}}, {"per-doc", {121, 120}}};
+  for (const auto& [sharding, pairs] : expected) {
+    Result r = RunPlan("--docs - --context 32 --micro-batches 1 --packer original --cp 2 "
+                       "--format json --sharding " + sharding,
+                       "5\n19\n8\n");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    nlohmann::json mb = nlohmann::json::parse(r.out)["steps"][0]["micro_batches"][0];
+    EXPECT_EQ(mb["sharding"], sharding);
+    ASSERT_EQ(mb["shards"].size(), 2u);
+    for (int rank = 0; rank < 2; ++rank) {
+      const nlohmann::json& shard = mb["shards"][rank];
+      EXPECT_EQ(shard["rank"], rank);
+      EXPECT_EQ(shard["causal_pairs"].get<int64_t>(), pairs[rank]) << sharding << " rank " << rank;
+      int64_t pair_sum = 0;  // recount from the segments: keys [0, q_end) per query row
+      for (const auto& seg : shard["segments"]) {
+        for (int64_t q = seg["q_begin"]; q < seg["q_end"].get<int64_t>(); ++q) pair_sum += q + 1;
+      }
+      EXPECT_EQ(pair_sum, pairs[rank]);
+      EXPECT_EQ(shard["cu_seqlens_q"].size(), shard["segments"].size() + 1);
+    }
+  }
+  Result table = RunPlan("--steps 5 --cp 4 --sharding adaptive");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("CP imbalance (max/mean over ranks) in causal pairs"));
+}
+
 struct BadCase {
   std::string args;
   std::string stdin_text;
@@ -144,6 +173,9 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--thresholds 70000,60000", "", "strictly increasing"},
       {"--format yaml", "", "'yaml'"},
       {"--window 0 --packer fixed-greedy", "", "got 0"},
+      {"--cp 0", "", "--cp must be a context-parallel size >= 1"},
+      {"--cp 2 --sharding zigzag", "", "'zigzag'"},
+      {"--cp 2 --kernel-profile /nonexistent/k.csv", "", "/nonexistent/k.csv"},
   };
   for (const BadCase& c : cases) {
     Result r = RunPlan(c.args, c.stdin_text);

@@ -51,6 +51,12 @@ ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
 ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
           "this many (0 = all)");
+ABSL_FLAG(int32_t, cp, -1,
+          "context-parallel size C >= 1: add CP shard plans to every micro-batch (omit for none)");
+ABSL_FLAG(std::string, sharding, "adaptive", "with --cp: per-seq, per-doc, adaptive or hybrid");
+ABSL_FLAG(std::string, kernel_profile, "",
+          "with --cp: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty = the "
+          "analytic default (tile 128)");
 ABSL_FLAG(std::string, format, "table", "table or json");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
@@ -127,6 +133,31 @@ std::string SummaryRow(const Result& r) {
                          r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
                          s.imbalance_mean - s.lower_bound_mean, s.delay.mean, s.delay.p99,
                          s.delay.max, Median(r.run.plan_ms));
+}
+
+// CP shard plans of every micro-batch of a run (empty when --cp is not given).
+struct CpPlans {
+  int cp_size = 0;
+  std::vector<std::vector<wlb::ShardPlan>> plans;  // [step][micro-batch]
+  std::vector<std::vector<wlb::CpBalance>> balance;
+  wlb::CpSummary summary;  // over steady steps
+};
+
+absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy strategy,
+                               const wlb::KernelModel& model) {
+  CpPlans cp{.cp_size = cp_size};
+  for (const wlb::StepPlan& step : r.run.steps) {
+    std::vector<wlb::ShardPlan>& plans = cp.plans.emplace_back();
+    std::vector<wlb::CpBalance>& balance = cp.balance.emplace_back();
+    for (const wlb::MicroBatch& mb : step.micro_batches) {
+      absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp_size, strategy, model);
+      if (!plan.ok()) return plan.status();
+      balance.push_back(wlb::MeasureCpBalance(*plan, model));
+      if (!step.drain) cp.summary.Add(*plan, balance.back());
+      plans.push_back(*std::move(plan));
+    }
+  }
+  return cp;
 }
 
 constexpr char kSummaryHeader[] =
@@ -221,6 +252,21 @@ absl::Status Run() {
   }
   // Validate the packer and its options before reading any input.
   if (auto p = wlb::MakePacker(packer, config, cost->model, options); !p.ok()) return p.status();
+  const int32_t cp_size = absl::GetFlag(FLAGS_cp);
+  if (cp_size == 0 || cp_size < -1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--cp must be a context-parallel size >= 1 (omit it for no shard plans), got %d",
+        cp_size));
+  }
+  absl::StatusOr<wlb::ShardStrategy> strategy =
+      wlb::ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
+  if (!strategy.ok()) return strategy.status();
+  wlb::KernelModel kernel_model = wlb::KernelModel::Default();
+  if (const std::string profile = absl::GetFlag(FLAGS_kernel_profile); !profile.empty()) {
+    absl::StatusOr<wlb::KernelModel> m = wlb::ReadKernelProfileCsv(profile);
+    if (!m.ok()) return m.status();
+    kernel_model = *std::move(m);
+  }
 
   std::string input_name;
   absl::StatusOr<std::vector<int64_t>> lengths = LoadLengths(steps, config, input_name);
@@ -249,10 +295,28 @@ absl::Status Run() {
 
   absl::StatusOr<Result> main = Plan(packer, config, cost->model, options, arrivals);
   if (!main.ok()) return main.status();
+  CpPlans cp;
+  if (cp_size > 0) {
+    absl::StatusOr<CpPlans> planned = PlanCp(*main, cp_size, *strategy, kernel_model);
+    if (!planned.ok()) return planned.status();
+    cp = *std::move(planned);
+  }
 
   if (format == "json") {
     nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, cost->model);
+    for (size_t s = 0; s < cp.plans.size(); ++s) {
+      for (size_t m = 0; m < cp.plans[s].size(); ++m) {
+        nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
+        mb.update(wlb::ShardPlanToJson(cp.plans[s][m]));
+        mb["cp_balance"] = wlb::CpBalanceToJson(cp.balance[s][m]);
+      }
+    }
     nlohmann::json summary = wlb::SummaryToJson(main->summary);
+    if (cp_size > 0) {
+      summary["cp"] = wlb::CpSummaryToJson(cp.summary);
+      summary["cp"]["cp_size"] = cp_size;
+      summary["cp"]["sharding"] = absl::GetFlag(FLAGS_sharding);
+    }
     summary["packer"] = packer;
     summary["context"] = config.context;
     summary["max_tokens"] = config.max_tokens;
@@ -296,6 +360,18 @@ absl::Status Run() {
     absl::StatusOr<Result> other = Plan(name, config, cost->model, options, arrivals);
     if (!other.ok()) return other.status();
     absl::StrAppend(&out, SummaryRow(*other));
+  }
+  if (cp_size > 0) {
+    const wlb::CpSummary& c = cp.summary;
+    absl::StrAppendFormat(
+        &out,
+        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d per-doc, "
+        "%d hybrid):\n"
+        "CP imbalance (max/mean over ranks) in causal pairs: mean %.3f, max %.3f; under the kernel "
+        "model: mean %.3f, max %.3f; predicted slowest-rank attention %.1f ms in all\n",
+        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq, c.per_doc,
+        c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max, c.model_imbalance_mean,
+        c.model_imbalance_max, c.max_rank_ms_total);
   }
   return WriteOutput(out);
 }

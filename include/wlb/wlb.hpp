@@ -17,3 +17,7 @@
 #include "wlb/pack/stream.hpp"
 #include "wlb/pack/tuner.hpp"
 #include "wlb/pack/wlb_packer.hpp"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/shard_json.hpp"
+#include "wlb/shard/shard_metrics.hpp"
+#include "wlb/shard/shard_plan.hpp"
