@@ -1,0 +1,41 @@
+// The CP executor's dataflow on the CPU, in float64: the proof that the maps are right.
+//
+// CpuCpAttention does on plain arrays exactly what CpExecutor does on the device, step by step:
+// shard the packed Q/K/V/dO into every rank's local rows (padding rows poisoned with NaN, so a
+// map that touches one shows), all-gather K/V, gather each rank's keys, run the float64 CPU
+// reference attention per rank, sum each rank's dK/dV rows into the gathered layout, reduce-
+// scatter over ranks and put every rank's rows back into packed order. Its result must equal
+// CpuAttentionForward/Backward over WholeBatchProblem.
+//
+//   absl::StatusOr<wlb::cuda::CpMaps> maps = wlb::cuda::BuildCpMaps(plan, config);
+//   absl::StatusOr<wlb::cuda::CpuCpResult> cp = wlb::cuda::CpuCpAttention(*maps, q, k, v, dout);
+#ifndef WLB_CUDA_CP_REFERENCE_H_
+#define WLB_CUDA_CP_REFERENCE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "wlb/cuda/cp_maps.h"
+
+namespace wlb::cuda {
+
+// Packed (micro-batch order) results of the emulated CP run.
+struct CpuCpResult {
+  std::vector<double> out;  // (tokens, num_heads, head_dim)
+  std::vector<double> lse;  // (num_heads, tokens)
+  std::vector<double> dq;   // (tokens, num_heads, head_dim)
+  std::vector<double> dk;   // (tokens, num_kv_heads, head_dim)
+  std::vector<double> dv;   // (tokens, num_kv_heads, head_dim)
+};
+
+// Runs the executor's dataflow for `maps` on packed THD inputs (micro-batch order). Errors:
+// InvalidArgument when a tensor's size does not match maps.tokens and the config, or when a
+// rank's problem is rejected by the CPU reference.
+absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const float> q,
+                                           absl::Span<const float> k, absl::Span<const float> v,
+                                           absl::Span<const float> dout);
+
+}  // namespace wlb::cuda
+
+#endif  // WLB_CUDA_CP_REFERENCE_H_

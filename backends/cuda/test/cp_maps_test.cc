@@ -1,0 +1,257 @@
+// CP index maps on the CPU: worked example, errors, and the property that the executor's whole
+// dataflow (CpuCpAttention: shard, all-gather, gather, per-rank attention, CSR sum,
+// reduce-scatter) equals single-device attention over the packed micro-batch for thousands of
+// random shard plans, at float64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gmock/gmock.h"
+#include "test/test_util.h"
+#include "wlb/cuda/cp_maps.h"
+#include "wlb/cuda/cp_reference.h"
+#include "wlb/cuda/cpu_reference.h"
+#include "wlb/shard/shard_plan.hpp"
+
+namespace wlb::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr ShardStrategy kStrategies[] = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
+                                         ShardStrategy::kAdaptive, ShardStrategy::kHybrid};
+
+MicroBatch Batch(const std::vector<int64_t>& lengths) {
+  MicroBatch mb;
+  for (int64_t l : lengths) {
+    mb.documents.push_back(Document{.id = static_cast<int64_t>(mb.documents.size()), .length = l});
+    mb.tokens += l;
+  }
+  return mb;
+}
+
+CpAttentionConfig SmallConfig(int heads = 2, int kv_heads = 1, int head_dim = 3) {
+  return {.num_heads = heads,
+          .num_kv_heads = kv_heads,
+          .head_dim = head_dim,
+          .kernel = AttentionKernel::kReference};
+}
+
+// Tile 4 so that kHybrid shards documents of >= 8C tokens even in small micro-batches.
+KernelModel SmallTileModel() {
+  AnalyticKernelParams p;
+  p.shape.tile_q = p.shape.tile_k = 4;
+  return *KernelModel::Analytic(p);
+}
+
+// Largest |a - b| / (1 + |b|); infinity when any value is NaN.
+double MaxError(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::abs(a[i] - b[i]) / (1.0 + std::abs(b[i]));
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+TEST(CpMapsTest, WorkedExamplePerDocument) {
+  // Documents 5, 19, 8 (REFERENCE.md's artifact example), C = 2, per-document sharding.
+  const MicroBatch mb = Batch({5, 19, 8});
+  absl::StatusOr<ShardPlan> plan =
+      PlanShards(mb, 2, ShardStrategy::kPerDocument, KernelModel::Default());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, SmallConfig());
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  ASSERT_EQ(maps->rank_capacity, 16);
+  // Rank 0 holds shard 0 then shard 3 of every document; the first shard of document 0 is
+  // tokens [0, 2) (5 = 1 + 1 + 1 + 1 + remainder 1 to shard 0).
+  const CpRankMaps& r0 = maps->ranks[0];
+  ASSERT_GE(r0.local_to_packed.size(), 2u);
+  EXPECT_EQ(r0.local_to_packed[0], 0);
+  EXPECT_EQ(r0.local_to_packed[1], 1);
+  EXPECT_EQ(r0.problem.cu_seqlens_q.front(), 0);
+  EXPECT_EQ(r0.problem.total_q(), r0.tokens);
+  EXPECT_EQ(r0.tokens + maps->ranks[1].tokens, 32);
+  // Every packed token is at its own local row after the all-gather.
+  for (int r = 0; r < 2; ++r) {
+    const CpRankMaps& m = maps->ranks[r];
+    for (size_t i = 0; i < m.local_to_packed.size(); ++i) {
+      EXPECT_EQ(maps->packed_to_gathered[m.local_to_packed[i]], r * 16 + static_cast<int>(i));
+    }
+  }
+  // Rank 0's first segment (document 0, queries [0, 2)) needs keys 0, 1 of the packed batch.
+  EXPECT_EQ(r0.key_rows[0], maps->packed_to_gathered[0]);
+  EXPECT_EQ(r0.key_rows[1], maps->packed_to_gathered[1]);
+  // The transpose lists every key row once.
+  std::vector<int32_t> sources = r0.key_sources;
+  std::sort(sources.begin(), sources.end());
+  for (size_t j = 0; j < sources.size(); ++j) EXPECT_EQ(sources[j], static_cast<int32_t>(j));
+}
+
+TEST(CpMapsTest, RejectsBadConfigAndInconsistentPlans) {
+  const MicroBatch mb = Batch({7, 9});
+  ShardPlan plan = *PlanShards(mb, 2, ShardStrategy::kPerSequence, KernelModel::Default());
+  CpAttentionConfig flash = SmallConfig(4, 2, 96);
+  flash.kernel = AttentionKernel::kFlash;
+  absl::StatusOr<CpMaps> bad_dim = BuildCpMaps(plan, flash);
+  EXPECT_EQ(bad_dim.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_dim.status().message(), HasSubstr("96"));
+  EXPECT_EQ(BuildCpMaps(plan, SmallConfig(3, 2, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 2 kv heads do not divide 3
+
+  ShardPlan missing = plan;
+  missing.ranks[1].segments.pop_back();
+  absl::StatusOr<CpMaps> m = BuildCpMaps(missing, SmallConfig());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("held by no rank"));
+
+  ShardPlan twice = plan;
+  twice.ranks[1].segments.push_back(twice.ranks[0].segments.front());
+  twice.rank_capacity += 16;
+  EXPECT_THAT(BuildCpMaps(twice, SmallConfig()).status().message(), HasSubstr("held by rank"));
+
+  ShardPlan outside = plan;
+  outside.ranks[0].segments.front().k_pos = 100;
+  EXPECT_THAT(BuildCpMaps(outside, SmallConfig()).status().message(),
+              HasSubstr("do not lie in the 16-token micro-batch"));
+
+  ShardPlan over = plan;
+  over.rank_capacity = 3;
+  EXPECT_THAT(BuildCpMaps(over, SmallConfig()).status().message(),
+              HasSubstr("rank_capacity 3"));
+
+  EXPECT_EQ(WholeBatchProblem(MicroBatch{}, SmallConfig()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpMapsTest, TinyMicroBatchLeavesRanksWithoutWork) {
+  const MicroBatch mb = Batch({3});
+  ShardPlan plan = *PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default());
+  absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, SmallConfig());
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  int idle = 0;
+  for (const CpRankMaps& m : maps->ranks) {
+    if (!m.has_work()) {
+      ++idle;
+      EXPECT_TRUE(m.key_rows.empty());
+      EXPECT_EQ(m.key_offsets.back(), 0);
+    }
+  }
+  EXPECT_EQ(idle, 1);  // 3 tokens over 4 ranks: one rank holds nothing
+}
+
+struct Case {
+  MicroBatch mb;
+  CpAttentionConfig config;
+  testing::Inputs in;
+  CpuForward whole_f;
+  CpuGradients whole_g;
+};
+
+Case MakeCase(std::mt19937_64& rng, int iter) {
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::vector<int64_t> lengths;
+  switch (iter % 3) {
+    case 0:  // many short documents, many below 2C
+      for (int64_t n = uniform(1, 30); n > 0; --n) lengths.push_back(uniform(1, 9));
+      break;
+    case 1:  // one long document among small ones
+      for (int64_t n = uniform(0, 3); n > 0; --n) lengths.push_back(uniform(1, 20));
+      lengths.insert(lengths.begin() + uniform(0, int64_t(lengths.size())), uniform(64, 160));
+      break;
+    default:  // heavy-tailed mix
+      for (int64_t n = uniform(1, 8); n > 0; --n) {
+        lengths.push_back(uniform(0, 4) == 0 ? uniform(40, 120) : uniform(1, 30));
+      }
+  }
+  Case c;
+  c.mb = Batch(lengths);
+  c.config = iter % 2 ? SmallConfig(2, 1, 3) : SmallConfig(4, 2, 2);  // GQA groups of 2
+  const AttentionProblem whole = *WholeBatchProblem(c.mb, c.config);
+  c.in = testing::RandomInputs(whole, rng);
+  c.whole_f = *CpuAttentionForward(whole, c.in.q, c.in.k, c.in.v);
+  c.whole_g = *CpuAttentionBackward(whole, c.in.q, c.in.k, c.in.v, c.in.dout);
+  return c;
+}
+
+TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
+  std::mt19937_64 rng(6);
+  const KernelModel models[] = {KernelModel::Default(), SmallTileModel()};
+  int plans = 0, multi_segment_ranks = 0;
+  for (int iter = 0; iter < 1000; ++iter) {
+    const Case c = MakeCase(rng, iter);
+    const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
+    for (ShardStrategy strategy : kStrategies) {
+      absl::StatusOr<ShardPlan> plan = PlanShards(c.mb, cp, strategy, models[iter % 2]);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, c.config);
+      ASSERT_TRUE(maps.ok()) << maps.status();
+      absl::StatusOr<CpuCpResult> cp_result =
+          CpuCpAttention(*maps, c.in.q, c.in.k, c.in.v, c.in.dout);
+      ASSERT_TRUE(cp_result.ok()) << cp_result.status();
+      const std::string where = absl::StrFormat(
+          "iter %d, C %d, %s (used %s), %d tokens", iter, cp, ShardStrategyName(strategy),
+          ShardStrategyName(plan->strategy), c.mb.tokens);
+      // Same rows, same key order: only the dK/dV summation order differs.
+      ASSERT_LE(MaxError(cp_result->out, c.whole_f.out), 1e-13) << where;
+      ASSERT_LE(MaxError(cp_result->lse, c.whole_f.lse), 1e-13) << where;
+      ASSERT_LE(MaxError(cp_result->dq, c.whole_g.dq), 1e-12) << where;
+      ASSERT_LE(MaxError(cp_result->dk, c.whole_g.dk), 1e-12) << where;
+      ASSERT_LE(MaxError(cp_result->dv, c.whole_g.dv), 1e-12) << where;
+      ++plans;
+      for (const CpRankMaps& m : maps->ranks) multi_segment_ranks += m.problem.batch() > 1;
+    }
+  }
+  EXPECT_EQ(plans, 4000);
+  EXPECT_GT(multi_segment_ranks, 4000);  // the maps were exercised with several segments per rank
+}
+
+// The property above has power: one wrong key index or one lost dK contribution breaks it.
+TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
+  std::mt19937_64 rng(7);
+  const MicroBatch mb = Batch({40, 7, 90, 4});
+  const CpAttentionConfig config = SmallConfig();
+  const AttentionProblem whole = *WholeBatchProblem(mb, config);
+  const testing::Inputs in = testing::RandomInputs(whole, rng);
+  const CpuGradients g = *CpuAttentionBackward(whole, in.q, in.k, in.v, in.dout);
+  const CpuForward f = *CpuAttentionForward(whole, in.q, in.k, in.v);
+  const CpMaps good =
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config);
+  ASSERT_LE(MaxError(CpuCpAttention(good, in.q, in.k, in.v, in.dout)->out, f.out), 1e-13);
+
+  // Keys are a set to a query that sees all of them, so exchange the first key of rank 1's first
+  // segment with its last, which the segment's first query does not see.
+  CpMaps swapped = good;
+  std::vector<int32_t>& keys = swapped.ranks[1].key_rows;
+  ASSERT_GE(swapped.ranks[1].problem.seqlen_q(0), 2);
+  std::swap(keys[0], keys[swapped.ranks[1].problem.cu_seqlens_k[1] - 1]);
+  EXPECT_GT(MaxError(CpuCpAttention(swapped, in.q, in.k, in.v, in.dout)->out, f.out), 1e-6);
+
+  CpMaps padding = good;  // a key pointing at a padding row reads NaN
+  const auto short_rank = std::find_if(good.ranks.begin(), good.ranks.end(), [&](const auto& r) {
+    return r.tokens < good.rank_capacity;
+  });
+  ASSERT_NE(short_rank, good.ranks.end()) << "141 tokens over 4 ranks leave one short";
+  padding.ranks[0].key_rows[0] =
+      static_cast<int32_t>((short_rank->rank + 1) * good.rank_capacity - 1);
+  EXPECT_TRUE(
+      std::isinf(MaxError(CpuCpAttention(padding, in.q, in.k, in.v, in.dout)->out, f.out)));
+
+  CpMaps lost = good;  // one dK contribution dropped from the transpose
+  CpRankMaps& m = lost.ranks[2];
+  size_t row = 0;
+  while (m.key_offsets[row + 1] == m.key_offsets[row]) ++row;
+  m.key_sources.erase(m.key_sources.begin() + m.key_offsets[row]);
+  for (size_t i = row + 1; i < m.key_offsets.size(); ++i) --m.key_offsets[i];
+  EXPECT_GT(MaxError(CpuCpAttention(lost, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-6);
+}
+
+}  // namespace
+}  // namespace wlb::cuda
