@@ -1,0 +1,108 @@
+// Executes a CP shard plan: all-gather K/V, varlen causal attention per rank, dK/dV
+// reduce-scatter. Forward and backward, per-rank kernel times.
+//
+// Every rank holds rank_capacity rows of Q/K/V (THD bf16; its segments' queries in plan order,
+// then padding rows, whose values are never read). Forward all-gathers K/V through the
+// Communicator, gathers each rank's segment keys into the varlen layout (index maps from
+// cp_maps.h, uploaded once by Create, applied with Thrust on the device) and runs
+// VarlenAttention. Backward runs the varlen backward, sums every rank's dK/dV rows into the
+// gathered layout (CSR, fp32, deterministic order), reduce-scatters them in fp32 and rounds to
+// bf16 once. Outputs' padding rows are zero. CpuCpAttention (cp_reference.h) is the same
+// dataflow on the CPU.
+//
+//   auto comm = wlb::cuda::LocalCommunicator::Create(plan.cp_size);   // or NcclCommunicator
+//   auto exec = wlb::cuda::CpExecutor::Create(plan, config, **comm);  // once per micro-batch
+//   std::vector<wlb::cuda::CpForwardTensors> f(plan.cp_size);          // per local rank
+//   absl::Status s = (*exec)->Forward(f);  // every layer
+//   s = (*exec)->Backward(b);              // after Forward, with the same q and out
+//   absl::StatusOr<std::vector<wlb::cuda::CpRankTimes>> t = (*exec)->RankTimes();
+#ifndef WLB_CUDA_CP_EXECUTOR_H_
+#define WLB_CUDA_CP_EXECUTOR_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "wlb/cuda/communicator.h"
+#include "wlb/cuda/cp_maps.h"
+#include "wlb/cuda/varlen_attention.h"
+#include "wlb/shard/shard_plan.hpp"
+
+namespace wlb::cuda {
+
+// One local rank's forward tensors, each rank_capacity rows.
+struct CpForwardTensors {
+  ConstThd q, k, v;  // q: num_heads heads; k, v: num_kv_heads heads
+  MutableThd out;    // num_heads heads; written completely
+};
+
+// One local rank's backward tensors, each rank_capacity rows.
+struct CpBackwardTensors {
+  ConstThd q, out, dout;  // q and out as in Forward
+  MutableThd dq, dk, dv;  // written completely
+};
+
+// Kernel time of one rank's varlen attention (0 for a rank without segments).
+struct CpRankTimes {
+  int rank = 0;
+  float forward_ms = 0.0f;
+  float backward_ms = 0.0f;  // 0 until Backward ran
+};
+
+struct CpExecutorOptions {
+  // Run the ranks' attention kernels one after another, each alone on the device, so that
+  // emulated ranks sharing one GPU (LocalCommunicator) get their own kernel time.
+  bool isolate_ranks = false;
+};
+
+class CpExecutor {
+ public:
+  // Builds the maps of `plan`, uploads them and creates every local rank's VarlenAttention and
+  // buffers on its device. InvalidArgument when plan.cp_size != comm.world_size() or the plan
+  // or config is invalid (see BuildCpMaps); device errors as Status.
+  static absl::StatusOr<std::unique_ptr<CpExecutor>> Create(const ShardPlan& plan,
+                                                            const CpAttentionConfig& config,
+                                                            Communicator& comm,
+                                                            const CpExecutorOptions& options = {});
+  ~CpExecutor();
+  CpExecutor(const CpExecutor&) = delete;
+  CpExecutor& operator=(const CpExecutor&) = delete;
+
+  // One entry per local rank. Enqueued on the communicator's streams.
+  absl::Status Forward(absl::Span<const CpForwardTensors> t);
+  // FailedPrecondition before the first Forward.
+  absl::Status Backward(absl::Span<const CpBackwardTensors> t);
+
+  // Waits for the last Forward/Backward and returns each local rank's kernel times.
+  absl::StatusOr<std::vector<CpRankTimes>> RankTimes() const;
+
+  // local[i] = the rows of local rank i taken from a packed (micro-batch order) tensor of
+  // `row_bytes`-byte rows, padding rows zeroed; `packed` must be readable from every local
+  // rank's device and ready before the call. For tests and examples that start from a packed
+  // micro-batch.
+  absl::Status ShardPacked(const void* packed, int64_t row_bytes,
+                           absl::Span<void* const> local) const;
+  // The inverse: packed rows from every local rank's rows.
+  absl::Status UnshardToPacked(absl::Span<const void* const> local, int64_t row_bytes,
+                               void* packed) const;
+
+  const CpMaps& maps() const { return maps_; }
+  const CpAttentionConfig& config() const { return config_; }
+
+ private:
+  struct RankState;
+  CpExecutor() = default;
+
+  CpMaps maps_;
+  CpAttentionConfig config_;
+  CpExecutorOptions options_;
+  Communicator* comm_ = nullptr;
+  std::vector<RankState> ranks_;  // per local rank
+  bool forward_done_ = false;
+};
+
+}  // namespace wlb::cuda
+
+#endif  // WLB_CUDA_CP_EXECUTOR_H_
