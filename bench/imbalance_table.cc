@@ -140,7 +140,7 @@ absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Doc
 // One Markdown table row / CSV line.
 std::string MarkdownRow(const Row& r) {
   const auto paper = PaperImbalance().find(r.method + "/" + r.config);
-  return absl::StrFormat("| %s | %s | %d | %.3f | %.3f | %.3f | %.2f | %.3g | %s |", r.method,
+  return absl::StrFormat("| %s | %s | %d | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method,
                          r.config, r.summary.steps, r.summary.imbalance_mean,
                          r.summary.imbalance_p90,
                          r.summary.imbalance_mean - r.summary.lower_bound_mean,
