@@ -10,12 +10,17 @@
 //    ready (the previous stage's forward, the next stage's backward). The step ends when the
 //    slowest DP rank's pipeline drains (gradient synchronisation at the step end; its cost is the
 //    same for every packing and is left out, as are P2P transfers and the optimizer).
-//  - Layers are split evenly over stages, so a micro-batch costs every stage the same. Forward
-//    time = the cost model's FLOPs / (PP x TP x CP x --tflops); backward = 2x the linear part and
-//    2.5x the attention part (REFERENCE.md: attention backward = 2.5x forward).
-//  - TP and CP divide the linear work evenly. Attention under CP: "ideal" splits it evenly over
-//    the CP ranks; the slowest rank sets the stage time (CP ranks synchronise at every layer's
-//    all-gather), so an uneven shard plan stretches the stage.
+//  - Layers are split evenly over stages, so a micro-batch costs every stage the same.
+//  - Linear part (projections, MLP): the cost model's FLOPs / (PP x TP x CP x --tflops), split
+//    evenly over the stage's TP x CP GPUs.
+//  - Attention: every micro-batch is shard-planned for CP size C (wlb::PlanShards strategies) and
+//    each rank's per-layer latency predicted by wlb::KernelModel::Default() (FlashAttention-2-like
+//    H100 throughput, tile padding, per-segment overhead) with heads / TP query heads per GPU; the
+//    slowest CP rank sets the stage (ranks synchronise at every layer's K/V all-gather), times the
+//    stage's layers. "ideal" (a column label says "at mean rank latency") takes the per-document
+//    plan's mean rank latency: no CP imbalance, but per-document segment costs.
+//  - Backward = 2x the linear part and 2.5x the attention part (REFERENCE.md: attention backward
+//    = 2.5x forward).
 //  - Speedup = total simulated time of the original packing / that of the method over the same
 //    document stream (every method trains every token; drain steps at the end count).
 // What it leaves out, and why the estimates are upper-bound-ish: communication that does not
@@ -25,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +40,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/shard_plan.hpp"
 #include "wlb/wlb.hpp"
 
 ABSL_FLAG(std::string, docs, "",
@@ -41,10 +49,10 @@ ABSL_FLAG(std::string, docs, "",
           "scaled by S / 128K for other context windows, so the shape of the distribution holds");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
 ABSL_FLAG(int64_t, steps, 100, "steps of input per configuration (>= 1)");
-ABSL_FLAG(double, tflops, 400.0, "achieved bf16 TFLOP/s per GPU, for absolute step times only");
+ABSL_FLAG(double, tflops, 500.0, "achieved bf16 GEMM TFLOP/s per GPU for the linear part");
 ABSL_FLAG(double, max_tokens_ratio, 1.25, "S_max / S for the variable-length packers (>= 1)");
 ABSL_FLAG(int32_t, queues, 2, "WLB outlier-queue levels (default thresholds)");
-ABSL_FLAG(std::string, csv, "", "also write table,config,method,speedup,step_seconds as CSV");
+ABSL_FLAG(std::string, csv, "", "also write table,config,packer,cp,speedup,step_seconds as CSV");
 
 namespace {
 
@@ -88,17 +96,47 @@ struct StageTimes {
   double backward = 0.0;
 };
 
-StageTimes MicroBatchStageTimes(const wlb::MicroBatch& mb, const wlb::CostModel& cost,
-                                const Job& job, double flops_per_gpu) {
-  double attention = 0.0, linear = 0.0;
-  for (const wlb::Document& d : mb.documents) {
-    attention += cost.Attention(d.length);
-    linear += cost.Linear(d.length);
+// How attention is split over the CP ranks of a stage.
+enum class Cp { kIdeal, kPerSeq, kPerDoc, kAdaptive };
+
+// The simulator's view of one job: cost model, kernel model and rates.
+struct Sim {
+  Job job;
+  wlb::CostModel cost;
+  wlb::KernelModel kernel = wlb::KernelModel::Default();
+  double gemm_flops = 0.0;  // per GPU per second
+};
+
+absl::StatusOr<StageTimes> MicroBatchStageTimes(const wlb::MicroBatch& mb, const Sim& sim, Cp cp) {
+  const Job& job = sim.job;
+  double linear = 0.0;
+  for (const wlb::Document& d : mb.documents) linear += sim.cost.Linear(d.length);
+  linear /= job.pp * job.tp * job.cp * sim.gemm_flops;
+  double attention_ms = 0.0;  // one layer, slowest CP rank
+  if (!mb.documents.empty()) {
+    absl::StatusOr<wlb::AdaptiveChoice> c = wlb::ChooseAdaptive(mb, job.cp, sim.kernel);
+    if (!c.ok()) return c.status();
+    switch (cp) {
+      case Cp::kPerSeq:
+        attention_ms = c->per_seq_max_ms;
+        break;
+      case Cp::kPerDoc:
+        attention_ms = c->per_doc_max_ms;
+        break;
+      case Cp::kAdaptive:
+        attention_ms = std::min(c->per_seq_max_ms, c->per_doc_max_ms);
+        break;
+      case Cp::kIdeal: {
+        absl::StatusOr<wlb::ShardPlan> plan =
+            wlb::PlanShards(mb, job.cp, wlb::ShardStrategy::kPerDocument, sim.kernel);
+        if (!plan.ok()) return plan.status();
+        for (double ms : wlb::PredictRankMs(*plan, sim.kernel)) attention_ms += ms / job.cp;
+        break;
+      }
+    }
   }
-  // Ideal CP: attention and linear work both split evenly over TP x CP GPUs of the stage.
-  const double scale = 1.0 / (job.pp * job.tp * job.cp * flops_per_gpu);
-  return {.forward = (linear + attention) * scale,
-          .backward = (2.0 * linear + 2.5 * attention) * scale};
+  const double attention = attention_ms * 1e-3 * job.shape.layers / job.pp;
+  return StageTimes{.forward = linear + attention, .backward = 2.0 * linear + 2.5 * attention};
 }
 
 // Makespan of a 1F1B schedule of the micro-batches over `stages` stages (see the file comment).
@@ -149,17 +187,19 @@ double Pipeline1F1B(const std::vector<StageTimes>& mbs, int stages) {
 }
 
 // Simulated time of a whole packed stream: per step, the slowest DP rank's pipeline.
-double StreamSeconds(const std::vector<wlb::StepPlan>& steps, const wlb::CostModel& cost,
-                     const Job& job, double flops_per_gpu) {
+absl::StatusOr<double> StreamSeconds(const std::vector<wlb::StepPlan>& steps, const Sim& sim,
+                                     Cp cp) {
+  const Job& job = sim.job;
   double total = 0.0;
   for (const wlb::StepPlan& step : steps) {
     double slowest = 0.0;
     for (int r = 0; r < job.dp; ++r) {
       std::vector<StageTimes> mbs;
       for (int k = r * job.pp; k < (r + 1) * job.pp; ++k) {
-        if (k < static_cast<int>(step.micro_batches.size())) {
-          mbs.push_back(MicroBatchStageTimes(step.micro_batches[k], cost, job, flops_per_gpu));
-        }
+        if (k >= static_cast<int>(step.micro_batches.size())) break;
+        absl::StatusOr<StageTimes> t = MicroBatchStageTimes(step.micro_batches[k], sim, cp);
+        if (!t.ok()) return t.status();
+        mbs.push_back(*t);
       }
       slowest = std::max(slowest, Pipeline1F1B(mbs, job.pp));
     }
@@ -168,10 +208,12 @@ double StreamSeconds(const std::vector<wlb::StepPlan>& steps, const wlb::CostMod
   return total;
 }
 
+// A column: a packer and a CP sharding. The first column is the baseline (Plain-4D).
 struct Method {
   std::string label;
   std::string packer;
   wlb::PackerOptions options;
+  Cp cp;
 };
 
 struct JobResult {
@@ -184,6 +226,15 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
                                  const std::vector<Method>& methods) {
   absl::StatusOr<wlb::CostModel> cost = wlb::CostModelFromShape(job.shape);
   if (!cost.ok()) return cost.status();
+  // The attention kernel sees heads / TP query heads of hidden / heads dimensions per GPU.
+  absl::StatusOr<wlb::KernelModel> kernel = wlb::KernelModel::Analytic(
+      {.shape = {.heads = std::max<int64_t>(1, job.shape.heads / job.tp),
+                 .head_dim = job.shape.hidden / job.shape.heads}});
+  if (!kernel.ok()) return kernel.status();
+  const Sim sim{.job = job,
+                .cost = *cost,
+                .kernel = *kernel,
+                .gemm_flops = absl::GetFlag(FLAGS_tflops) * 1e12};
   wlb::PackerConfig config{
       .context = job.context,
       .max_tokens = static_cast<int64_t>(
@@ -206,20 +257,26 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
   }
   JobResult result;
   result.steps = static_cast<int64_t>(arrivals.size());
-  const double flops = absl::GetFlag(FLAGS_tflops) * 1e12;
+  std::map<std::string, wlb::PackRun> runs;  // one packing per packer, shared by CP columns
   for (const Method& m : methods) {
     wlb::PackerOptions options = m.options;
     if (m.packer == "wlb" || m.packer == "wlb-refine") {
       options.thresholds = wlb::DefaultThresholds(job.context, absl::GetFlag(FLAGS_queues));
     }
-    absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-        wlb::MakePacker(m.packer, config, *cost, options);
-    if (!packer.ok()) return packer.status();
-    absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
-    if (!run.ok()) return run.status();
-    result.seconds.push_back(StreamSeconds(run->steps, *cost, job, flops));
+    if (!runs.count(m.packer)) {
+      absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
+          wlb::MakePacker(m.packer, config, *cost, options);
+      if (!packer.ok()) return packer.status();
+      absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
+      if (!run.ok()) return run.status();
+      runs[m.packer] = *std::move(run);
+    }
+    const wlb::PackRun& run = runs[m.packer];
+    absl::StatusOr<double> seconds = StreamSeconds(run.steps, sim, m.cp);
+    if (!seconds.ok()) return seconds.status();
+    result.seconds.push_back(*seconds);
     double work = 0.0;
-    for (const wlb::StepPlan& step : run->steps) {
+    for (const wlb::StepPlan& step : run.steps) {
       for (const wlb::MicroBatch& mb : step.micro_batches) work += mb.cost;
     }
     result.work.push_back(work);
@@ -261,46 +318,65 @@ absl::Status Run() {
     lengths = *std::move(read);
   }
   const std::vector<Method> methods = {
-      {"original", "original", {}},
-      {"fixed-length greedy", "fixed-greedy", {.window = 1}},
-      {"WLB var-len + queues", "wlb", {}},
-      {"wlb-refine", "wlb-refine", {}},
+      {"Plain-4D: original, per-seq CP", "original", {}, Cp::kPerSeq},
+      {"original, adaptive CP", "original", {}, Cp::kAdaptive},
+      {"Fixed-4D: fixed-length greedy, per-seq CP", "fixed-greedy", {.window = 1}, Cp::kPerSeq},
+      {"WLB packing, per-seq CP", "wlb", {}, Cp::kPerSeq},
+      {"WLB-LLM: WLB packing, adaptive CP", "wlb", {}, Cp::kAdaptive},
+      {"wlb-refine, adaptive CP", "wlb-refine", {}, Cp::kAdaptive},
+      {"wlb-refine, per-doc CP at mean rank latency", "wlb-refine", {}, Cp::kIdeal},
   };
+  const char* kCpNames[] = {"ideal", "per-seq", "per-doc", "adaptive"};
+  const size_t kWlb = 3;  // the WLB packing column, for the FLOPs ratio
   std::vector<std::string> csv;
+  std::string header = "| step (s), Plain-4D";
+  std::string rule = "|---";
+  for (size_t m = 1; m < methods.size(); ++m) {
+    header += " | " + methods[m].label;
+    rule += "|---";
+  }
 
-  std::printf("Estimated speedup over the original packing (1F1B simulator, ideal CP split; "
-              "bench/speedup_table.cc states the assumptions). Input: %s, %d steps per job, "
-              "S_max = %.2f S, %d queue levels.\n\n",
+  std::printf("Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
+              "pipeline simulator (assumptions: bench/speedup_table.cc, docs/RESULTS.md). Input: "
+              "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
+              "per GPU, attention by wlb::KernelModel::Default().\n\n",
               source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
-              absl::GetFlag(FLAGS_queues));
-  std::printf("| job | (TP,CP,PP,DP) | N | step (s), original | fixed-length greedy | WLB var-len + "
-              "queues | wlb-refine | paper: WLB-LLM over Plain-4D |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+              absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
+  std::printf("| job | (TP,CP,PP,DP) %s | paper: WLB-LLM over Plain-4D |\n", header.c_str());
+  std::printf("|---|---%s|---|\n", rule.c_str());
   std::vector<double> sums(methods.size(), 0.0), sums64(methods.size(), 0.0),
       sums128(methods.size(), 0.0);
   int n64 = 0, n128 = 0;
+  auto record = [&](const char* table, const Job& job, const JobResult& r) {
+    std::string line = absl::StrFormat(" | %.2f", r.seconds[0] / r.steps);
+    for (size_t m = 1; m < methods.size(); ++m) {
+      line += absl::StrFormat(" | %.2fx", r.seconds[0] / r.seconds[m]);
+    }
+    for (size_t m = 0; m < methods.size(); ++m) {
+      csv.push_back(absl::StrFormat("%s,%s,%s,%s,%.4f,%.6g", table, job.name, methods[m].packer,
+                                    kCpNames[static_cast<int>(methods[m].cp)],
+                                    r.seconds[0] / r.seconds[m], r.seconds[m] / r.steps));
+    }
+    return line;
+  };
   const std::vector<Job> jobs = Table1Jobs();
   for (const Job& job : jobs) {
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
     absl::StatusOr<JobResult> r = RunJob(job, lengths, methods);
     if (!r.ok()) return r.status();
-    std::string line = absl::StrFormat("| %s | %s | %d | %.2f", job.name, Tuple(job),
-                                       job.pp * job.dp, r->seconds[0] / r->steps);
     (job.context == 65536 ? n64 : n128)++;
     for (size_t m = 1; m < methods.size(); ++m) {
       const double speedup = r->seconds[0] / r->seconds[m];
-      line += absl::StrFormat(" | %.2fx", speedup);
       sums[m] += speedup;
       (job.context == 65536 ? sums64 : sums128)[m] += speedup;
-      csv.push_back(absl::StrFormat("table1,%s,%s,%.4f,%.6g", job.name, methods[m].packer,
-                                    speedup, r->seconds[m] / r->steps));
     }
-    std::printf("%s | %s |\n", line.c_str(),
+    std::printf("| %s | %s%s | %s |\n", job.name.c_str(), Tuple(job).c_str(),
+                record("table1", job, *r).c_str(),
                 job.paper > 0 ? absl::StrFormat("%.2fx", job.paper).c_str() : "");
   }
   auto average_line = [&](const char* label, const std::vector<double>& s, int n,
                           const char* paper) {
-    std::string line = absl::StrFormat("| %s | | | ", label);
+    std::string line = absl::StrFormat("| %s | | ", label);
     for (size_t m = 1; m < methods.size(); ++m) line += absl::StrFormat(" | %.2fx", s[m] / n);
     std::printf("%s | %s |\n", line.c_str(), paper);
   };
@@ -308,29 +384,25 @@ absl::Status Run() {
   average_line("average, 128K", sums128, n128, "1.30x");
   average_line("average", sums, static_cast<int>(jobs.size()), "1.23x");
 
-  std::printf("\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window:\n\n");
-  std::printf("| context | step (s), original | fixed-length greedy | WLB var-len + queues | "
-              "wlb-refine | FLOPs, WLB / original | paper: WLB-LLM over Plain-4D |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
+              "S / 128K):\n\n");
+  std::printf("| context %s | FLOPs, WLB / original | paper: WLB-LLM over Plain-4D |\n",
+              header.c_str());
+  std::printf("|---%s|---|---|\n", rule.c_str());
   for (int64_t k : {32, 64, 96, 128, 160}) {
     Job job{absl::StrFormat("7B-%dK", k), Preset("llama2-7b"), k * 1024, 8, 2, 4, 1};
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
     absl::StatusOr<JobResult> r = RunJob(job, lengths, methods);
     if (!r.ok()) return r.status();
-    std::string line = absl::StrFormat("| %dK | %.2f", k, r->seconds[0] / r->steps);
-    for (size_t m = 1; m < methods.size(); ++m) {
-      line += absl::StrFormat(" | %.2fx", r->seconds[0] / r->seconds[m]);
-      csv.push_back(absl::StrFormat("context,%s,%s,%.4f,%.6g", job.name, methods[m].packer,
-                                    r->seconds[0] / r->seconds[m], r->seconds[m] / r->steps));
-    }
     const char* paper = k == 160 ? "1.40x" : k == 128 ? "1.33x" : "";
-    std::printf("%s | %.3f | %s |\n", line.c_str(), r->work[2] / r->work[0], paper);
+    std::printf("| %dK%s | %.3f | %s |\n", k, record("context", job, *r).c_str(),
+                r->work[kWlb] / r->work[0], paper);
   }
 
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
     std::ofstream out(path);
     if (!out) return absl::NotFoundError(absl::StrFormat("cannot write --csv '%s'", path));
-    out << "table,config,method,speedup,step_seconds\n";
+    out << "table,config,packer,cp,speedup,step_seconds\n";
     for (const std::string& line : csv) out << line << "\n";
     if (!out) return absl::DataLossError(absl::StrFormat("error writing --csv '%s'", path));
   }
