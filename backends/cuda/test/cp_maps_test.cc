@@ -255,3 +255,24 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
 
 }  // namespace
 }  // namespace wlb::cuda
+
+namespace wlb::cuda {
+namespace {
+
+// The profiler's CSV (bench/kernel_profiler.cc) puts its provenance in the header's last column
+// and leaves it empty in the rows; the kernel model must keep reading that layout.
+TEST(KernelProfileFormatTest, ProvenanceColumnParses) {
+  const char* csv =
+      "q_len,kv_len,ms,bwd_ms,measured 2025-01-01T00:00:00Z on NVIDIA H200: "
+      "wlb_cuda_kernel_profiler --out=p.csv\n"
+      "128,128,0.010,0.030,\n"
+      "128,1024,0.050,0.140,\n"
+      "1024,1024,0.200,0.550,\n";
+  absl::StatusOr<KernelModel> m = ParseKernelProfileCsv(csv, "profile");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->analytic());
+  EXPECT_NEAR(m->SegmentMs(128, 1024), 0.050, 1e-9);
+}
+
+}  // namespace
+}  // namespace wlb::cuda

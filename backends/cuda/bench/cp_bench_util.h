@@ -1,0 +1,118 @@
+// Helpers shared by the CP profiler, benchmark and example: --key=value flags, device buffers
+// of seeded bf16 values, the device's name.
+#ifndef WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
+#define WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "wlb/cuda/cuda_status.h"
+
+namespace wlb::cuda::bench {
+
+// --key=value flags; Get* report a bad or unknown flag and return false.
+class Flags {
+ public:
+  Flags(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      const size_t eq = a.find('=');
+      if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
+        bad_.push_back(a);
+        continue;
+      }
+      values_[a.substr(2, eq - 2)] = a.substr(eq + 1);
+    }
+    std::vector<std::string> args(argv, argv + argc);
+    command_ = absl::StrJoin(args, " ");
+  }
+  bool Int(const char* name, int64_t* v) { return Parse(name, [&](const std::string& s) {
+    return absl::SimpleAtoi(s, v); }); }
+  bool Str(const char* name, std::string* v) {
+    return Parse(name, [&](const std::string& s) { *v = s; return true; });
+  }
+  // True when every flag given was read; prints the strays.
+  bool AllUsed() const {
+    bool ok = bad_.empty();
+    for (const std::string& b : bad_) std::fprintf(stderr, "bad argument '%s'\n", b.c_str());
+    for (const auto& [k, v] : values_) {
+      if (!used_.count(k)) {
+        std::fprintf(stderr, "unknown flag --%s\n", k.c_str());
+        ok = false;
+      }
+    }
+    return ok;
+  }
+  const std::string& command() const { return command_; }
+
+ private:
+  template <typename F>
+  bool Parse(const char* name, F f) {
+    used_[name] = true;
+    auto it = values_.find(name);
+    if (it == values_.end()) return true;
+    if (f(it->second)) return true;
+    std::fprintf(stderr, "bad value for --%s: '%s'\n", name, it->second.c_str());
+    return false;
+  }
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> used_;
+  std::vector<std::string> bad_;
+  std::string command_;
+};
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DeviceBf16 = std::unique_ptr<__nv_bfloat16, CudaFree>;
+
+// `n` seeded bf16 values in [-scale, scale] on the current device; null on failure (printed).
+inline DeviceBf16 RandomDevice(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<__nv_bfloat16> h(n);
+  for (auto& x : h) x = __float2bfloat16(u(rng));
+  void* p = nullptr;
+  if (cudaMalloc(&p, std::max<size_t>(n, 1) * 2) != cudaSuccess ||
+      cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+    std::fprintf(stderr, "cannot allocate/upload %zu bf16 values\n", n);
+    cudaFree(p);
+    return nullptr;
+  }
+  return DeviceBf16(static_cast<__nv_bfloat16*>(p));
+}
+
+inline DeviceBf16 EmptyDevice(size_t n) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, std::max<size_t>(n, 1) * 2) != cudaSuccess) return nullptr;
+  return DeviceBf16(static_cast<__nv_bfloat16*>(p));
+}
+
+// Prints why no GPU can be used and returns false, so mains can `return 3`.
+inline bool RequireDevice(const char* program) {
+  absl::Status s = CudaDeviceAvailable();
+  if (s.ok()) return true;
+  std::fprintf(stderr, "%s needs a CUDA device: %s\n", program, s.ToString().c_str());
+  return false;
+}
+
+inline std::string DeviceName() {
+  cudaDeviceProp p{};
+  int d = 0;
+  cudaGetDevice(&d);
+  return cudaGetDeviceProperties(&p, d) == cudaSuccess ? p.name : "unknown device";
+}
+
+}  // namespace wlb::cuda::bench
+
+#endif  // WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
