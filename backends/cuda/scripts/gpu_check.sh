@@ -5,11 +5,14 @@
 # the Debian -dev packages it lacks come from <repo>/.deps, made here beforehand by
 # prepare_device_deps.sh and carried along. Results go to $OUT (default <repo>/build-gpu/out):
 #   build.log (with the ptxas register/spill report), test.log, sanitizer.log, wlb_bench.jsonl,
-#   torch_bench.jsonl, mix_lengths.json, nvidia-smi.txt, summary.md (also printed last).
+#   torch_bench.jsonl, mix_lengths.json, nvidia-smi.txt, summary.md (also printed last);
+#   CP (issue 6): h200_kernel_profile.csv (the KernelModel table), profiler.log, cp_bench.log,
+#   cp_bench.jsonl, cp_bench_analytic.log, cp_example.log.
 # Exit status: non-zero if the build fails, a test fails, or the GPU tests skip (no device).
 #
 #   backends/cuda/scripts/prepare_device_deps.sh        # here, once
-#   backends/cuda/scripts/gpu_check.sh [--quick]        # there; --quick: fewer bench configs
+#   backends/cuda/scripts/gpu_check.sh [--quick] [--cp]  # there; --quick: fewer bench configs;
+#                                                        # --cp: skip sanitizer and kernel benches
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 out="${OUT:-${repo}/build-gpu/out}"
@@ -17,7 +20,11 @@ mkdir -p "${out}"
 build="${repo}/build-gpu"
 deps="${repo}/.deps/root/usr"
 quick=0
-[[ "${1:-}" == "--quick" ]] && quick=1
+cp_only=0
+for arg in "$@"; do
+  [[ "${arg}" == "--quick" ]] && quick=1
+  [[ "${arg}" == "--cp" ]] && cp_only=1
+done
 status=0
 log() { echo "== $*" | tee -a "${out}/summary.md"; }
 
@@ -39,7 +46,7 @@ t0=$(date +%s)
 cmake -S "${repo}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="${deps}" -DCMAKE_CXX_FLAGS="-include cstdint" \
   -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF -DWLB_BUILD_TOOLS=OFF \
-  -DWLB_BUILD_CUDA=ON -DWLB_CUDA_BUILD_TESTS=ON -DWLB_CUDA_BUILD_BENCH=ON \
+  -DWLB_BUILD_CUDA=ON -DWLB_CUDA_BUILD_TESTS=ON -DWLB_CUDA_BUILD_BENCH=ON -DWLB_CUDA_BUILD_EXAMPLES=ON \
   -DWLB_CUDA_PTXAS_VERBOSE=ON >"${out}/build.log" 2>&1 \
   && cmake --build "${build}" --parallel "$(nproc)" >>"${out}/build.log" 2>&1
 if [[ $? -ne 0 ]]; then
@@ -63,6 +70,30 @@ if grep -q "(Skipped)" "${out}/test.log"; then
 fi
 grep -E "tests passed|tests failed|Failed|Skipped" "${out}/test.log" | tee -a "${out}/summary.md"
 
+# ---- CP (issue 6): profile table, CP benchmark, end-to-end example ----
+bench="${build}/backends/cuda/bench"
+profile="${out}/h200_kernel_profile.csv"
+max_kv=131072
+[[ ${quick} -eq 1 ]] && max_kv=32768
+timeout 300 "${bench}/wlb_cuda_kernel_profiler" --out="${profile}" --max_kv="${max_kv}" \
+  --max_q=$(( max_kv / 4 )) >"${out}/profiler.log" 2>&1 || status=1
+tail -1 "${out}/profiler.log" | tee -a "${out}/summary.md"
+cp_mbs=8
+[[ ${quick} -eq 1 ]] && cp_mbs=3
+if [[ -s "${profile}" ]]; then
+  timeout 300 "${bench}/wlb_cuda_cp_bench" --cp=4 --micro_batches="${cp_mbs}" \
+    --profile="${profile}" --json="${out}/cp_bench.jsonl" >"${out}/cp_bench.log" 2>&1 || status=1
+  tail -9 "${out}/cp_bench.log" | tee -a "${out}/summary.md"
+fi
+timeout 200 "${bench}/wlb_cuda_cp_bench" --cp=4 --micro_batches=3 \
+  >"${out}/cp_bench_analytic.log" 2>&1 || status=1
+log "analytic kernel model:"
+tail -1 "${out}/cp_bench_analytic.log" | tee -a "${out}/summary.md"
+timeout 200 "${build}/backends/cuda/examples/wlb_cuda_cp_end_to_end" >"${out}/cp_example.log" 2>&1 \
+  || status=1
+tail -1 "${out}/cp_example.log" | tee -a "${out}/summary.md"
+
+if [[ ${cp_only} -eq 0 ]]; then
 # ---- memory checker on the small shapes (catches out-of-bounds and uninitialized reads) ----
 gtest="${tests}/test/wlb_cuda_attention_gpu_test"
 if command -v compute-sanitizer >/dev/null; then
@@ -114,5 +145,6 @@ for w in wlb:
           f"{w['fwd_tflops'] / bf['fwd_tflops']:.2f} | {w['bwd_tflops'] / bb['bwd_tflops']:.2f} |")
 print("targets (issue 5): fwd >= 335 TFLOP/s and bwd >= 300 TFLOP/s at 16K, head_dim 128")
 PY
+fi
 log "gpu_check done, status ${status}"
 exit ${status}
