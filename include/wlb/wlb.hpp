@@ -16,6 +16,7 @@
 #include "wlb/pack/refine.hpp"
 #include "wlb/pack/stream.hpp"
 #include "wlb/pack/tuner.hpp"
+#include "wlb/pack/windowed_packer.hpp"
 #include "wlb/pack/wlb_packer.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_json.hpp"

@@ -252,65 +252,20 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const 
 }
 
 MilpPacker::MilpPacker(PackerConfig config, CostModel cost, MilpOptions options)
-    : Packer(config, std::move(cost)), options_(options) {}
-
-std::vector<Document> MilpPacker::Pending() const {
-  std::vector<Document> pending = carry_;
-  pending.insert(pending.end(), buffer_.begin(), buffer_.end());
-  return pending;
-}
+    : WindowedPacker(config, std::move(cost), options.window), options_(options) {}
 
 nlohmann::json MilpPacker::ConfigJson() const {
-  nlohmann::json j = Packer::ConfigJson();
-  j["window"] = options_.window;
+  nlohmann::json j = WindowedPacker::ConfigJson();
   j["time_limit_s"] = options_.time_limit_s;
   j["greedy_start"] = options_.greedy_start;
   j["relative_gap"] = options_.relative_gap;
   return j;
 }
 
-nlohmann::json MilpPacker::StateJson() const {
-  return {{"carry", detail::DocumentsState(carry_)},
-          {"buffer", detail::DocumentsState(buffer_)},
-          {"buffered_steps", buffered_steps_}};
-}
-
-void MilpPacker::LoadStateJson(const nlohmann::json& j) {
-  std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
-  std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
-  const int buffered = j.at("buffered_steps").get<int>();
-  if (buffered < 0 || buffered >= options_.window) {
-    throw nlohmann::json::out_of_range::create(401, "buffered_steps out of range", &j);
-  }
-  carry_ = std::move(carry);
-  buffer_ = std::move(buffer);
-  buffered_steps_ = buffered;
-}
-
-std::vector<StepPlan> MilpPacker::DoPush(std::vector<Document> arrivals) {
-  buffer_.insert(buffer_.end(), arrivals.begin(), arrivals.end());
-  if (++buffered_steps_ < options_.window) return {};
-  return PackWindow(options_.window);
-}
-
-std::vector<StepPlan> MilpPacker::DoFlush() {
-  std::vector<StepPlan> steps;
-  if (buffered_steps_ > 0 || !buffer_.empty()) steps = PackWindow(std::max(buffered_steps_, 1));
-  while (!carry_.empty()) {  // the solver places at least what the greedy places: this ends
-    for (StepPlan& s : PackWindow(1)) steps.push_back(std::move(s));
-  }
-  return steps;
-}
-
-std::vector<StepPlan> MilpPacker::PackWindow(int steps) {
-  std::vector<Document> carry = std::move(carry_);
-  std::vector<Document> fresh = std::move(buffer_);
-  carry_.clear();
-  buffer_.clear();
-  buffered_steps_ = 0;
-  SortLongestFirst(carry);
-  SortLongestFirst(fresh);
-  std::vector<Document> docs = std::move(carry);
+std::vector<MicroBatch> MilpPacker::PackWindow(const std::vector<Document>& carry,
+                                               const std::vector<Document>& fresh, int steps,
+                                               std::vector<Document>& leftover) {
+  std::vector<Document> docs = carry;
   const size_t carried_in = docs.size();
   docs.insert(docs.end(), fresh.begin(), fresh.end());
   const int bins = steps * config_.micro_batches;
@@ -341,18 +296,12 @@ std::vector<StepPlan> MilpPacker::PackWindow(int steps) {
   std::vector<MicroBatch> micro_batches(static_cast<size_t>(bins));
   for (size_t i = 0; i < docs.size(); ++i) {
     if (bin[i] < 0) {
-      carry_.push_back(docs[i]);
+      leftover.push_back(docs[i]);
     } else {
       Add(micro_batches[static_cast<size_t>(bin[i])], docs[i]);
     }
   }
-  std::vector<StepPlan> plans;
-  for (int s = 0; s < steps; ++s) {
-    auto first = micro_batches.begin() + static_cast<std::ptrdiff_t>(s) * config_.micro_batches;
-    plans.push_back(MakeStep({std::make_move_iterator(first),
-                              std::make_move_iterator(first + config_.micro_batches)}));
-  }
-  return plans;
+  return micro_batches;
 }
 
 absl::StatusOr<std::unique_ptr<MilpPacker>> MakeMilpPacker(const PackerConfig& config,

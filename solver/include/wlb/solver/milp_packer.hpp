@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "wlb/pack/packer.hpp"
+#include "wlb/pack/windowed_packer.hpp"
 
 namespace wlb {
 
@@ -82,15 +82,12 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& instance,
                                                   const MilpOptions& options);
 
 // The fixed-length solver packer ("fixed-solver"): the MILP above over windows of W steps.
-class MilpPacker final : public Packer {
+class MilpPacker final : public WindowedPacker {
  public:
   MilpPacker(PackerConfig config, CostModel cost, MilpOptions options);
   std::string_view name() const override { return "fixed-solver"; }
 
-  std::vector<Document> Pending() const override;
   nlohmann::json ConfigJson() const override;
-  nlohmann::json StateJson() const override;
-  void LoadStateJson(const nlohmann::json& state) override;
 
   const MilpOptions& options() const { return options_; }
   // Statistics of every window solved so far, in order.
@@ -99,21 +96,16 @@ class MilpPacker final : public Packer {
   int fallbacks() const { return fallbacks_; }
 
  protected:
-  std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override;
-  std::vector<StepPlan> DoFlush() override;
+  std::vector<MicroBatch> PackWindow(const std::vector<Document>& carry,
+                                     const std::vector<Document>& fresh, int steps,
+                                     std::vector<Document>& leftover) override;
 
  private:
-  std::vector<StepPlan> PackWindow(int steps);
-
   MilpOptions options_;
-  std::vector<Document> carry_;   // carried out of the last window
-  std::vector<Document> buffer_;  // arrivals of the window being collected
-  int buffered_steps_ = 0;
   std::vector<MilpSolveStats> solves_;
   int fallbacks_ = 0;
 };
 
-// Validates the options (window >= 1, time limit > 0, gap >= 0) and the config, and builds it.
 absl::StatusOr<std::unique_ptr<MilpPacker>> MakeMilpPacker(const PackerConfig& config,
                                                            CostModel cost,
                                                            const MilpOptions& options);

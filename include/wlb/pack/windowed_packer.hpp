@@ -1,0 +1,98 @@
+// The base of packers that plan W steps at a time (fixed-length greedy, the MILP solver baseline).
+//
+// It collects W steps of arrivals, hands the window's documents (carry-over and arrivals, each
+// longest first) to PackWindow(), cuts the W*N micro-batches it returns into W steps, and carries
+// what PackWindow() left out into the next window. At the end of input, Flush() plans the partial
+// window and then one-step windows until nothing is carried. It owns the state blob as well.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "wlb/pack/packer.hpp"
+
+namespace wlb {
+
+class WindowedPacker : public Packer {
+ public:
+  WindowedPacker(PackerConfig config, CostModel cost, int window)
+      : Packer(config, std::move(cost)), window_(window) {}
+
+  int window() const { return window_; }
+
+  std::vector<Document> Pending() const final {
+    std::vector<Document> pending = carry_;
+    pending.insert(pending.end(), buffer_.begin(), buffer_.end());
+    return pending;
+  }
+  nlohmann::json ConfigJson() const override {
+    nlohmann::json j = Packer::ConfigJson();
+    j["window"] = window_;
+    return j;
+  }
+  nlohmann::json StateJson() const final {
+    return {{"carry", detail::DocumentsState(carry_)},
+            {"buffer", detail::DocumentsState(buffer_)},
+            {"buffered_steps", buffered_steps_}};
+  }
+  void LoadStateJson(const nlohmann::json& j) final {
+    std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
+    const int buffered = j.at("buffered_steps").get<int>();
+    if (buffered < 0 || buffered >= window_) {
+      throw nlohmann::json::out_of_range::create(401, "buffered_steps out of range", &j);
+    }
+    carry_ = std::move(carry);
+    buffer_ = std::move(buffer);
+    buffered_steps_ = buffered;
+  }
+
+ protected:
+  // Plans `steps` steps from `carry` (held from the last window, so placing it first bounds the
+  // delay) and `fresh` (the window's arrivals), each sorted longest first. Returns steps x N
+  // micro-batches in step order and appends every document it did not place to `leftover`.
+  virtual std::vector<MicroBatch> PackWindow(const std::vector<Document>& carry,
+                                             const std::vector<Document>& fresh, int steps,
+                                             std::vector<Document>& leftover) = 0;
+
+  std::vector<StepPlan> DoPush(std::vector<Document> arrivals) final {
+    buffer_.insert(buffer_.end(), arrivals.begin(), arrivals.end());
+    if (++buffered_steps_ < window_) return {};
+    return RunWindow(window_);
+  }
+
+  std::vector<StepPlan> DoFlush() final {
+    std::vector<StepPlan> steps;
+    if (buffered_steps_ > 0 || !buffer_.empty()) steps = RunWindow(std::max(buffered_steps_, 1));
+    while (!carry_.empty()) {  // PackWindow places at least one piece into empty micro-batches
+      for (StepPlan& s : RunWindow(1)) steps.push_back(std::move(s));
+    }
+    return steps;
+  }
+
+ private:
+  std::vector<StepPlan> RunWindow(int steps) {
+    std::vector<Document> carry = std::move(carry_);
+    std::vector<Document> fresh = std::move(buffer_);
+    carry_.clear();
+    buffer_.clear();
+    buffered_steps_ = 0;
+    SortLongestFirst(carry);
+    SortLongestFirst(fresh);
+    std::vector<MicroBatch> micro_batches = PackWindow(carry, fresh, steps, carry_);
+    std::vector<StepPlan> plans;
+    for (int s = 0; s < steps; ++s) {
+      auto first = micro_batches.begin() + static_cast<std::ptrdiff_t>(s) * config_.micro_batches;
+      plans.push_back(MakeStep({std::make_move_iterator(first),
+                                std::make_move_iterator(first + config_.micro_batches)}));
+    }
+    return plans;
+  }
+
+  int window_;
+  std::vector<Document> carry_;   // not placed in the last window
+  std::vector<Document> buffer_;  // arrivals of the window being collected
+  int buffered_steps_ = 0;
+};
+
+}  // namespace wlb
