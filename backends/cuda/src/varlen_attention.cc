@@ -17,6 +17,17 @@ struct Range {
   uintptr_t end;
 };
 
+// A tensor's data must be non-null when it holds elements, and 16-byte aligned for vector loads.
+absl::Status CheckPointer(const void* data, int64_t numel, const char* name) {
+  if (numel > 0 && data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s is null", name));
+  }
+  if (reinterpret_cast<uintptr_t>(data) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s = %p is not 16-byte aligned", name, data));
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status CheckThd(const ThdTensor<T>& t, const char* name, int64_t tokens, int64_t heads,
                       int64_t head_dim) {
@@ -25,14 +36,7 @@ absl::Status CheckThd(const ThdTensor<T>& t, const char* name, int64_t tokens, i
         "%s has shape (%d, %d, %d); expected (tokens=%d, heads=%d, head_dim=%d)", name, t.tokens,
         t.heads, t.head_dim, tokens, heads, head_dim));
   }
-  if (t.numel() > 0 && t.data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s is null", name));
-  }
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s = %p is not 16-byte aligned", name, static_cast<const void*>(t.data)));
-  }
-  return absl::OkStatus();
+  return CheckPointer(t.data, t.numel(), name);
 }
 
 template <typename T>
@@ -42,14 +46,7 @@ absl::Status CheckLse(const LseTensor<T>& t, const char* name, int64_t heads, in
         absl::StrFormat("%s has shape (%d, %d); expected (heads=%d, tokens=%d)", name, t.heads,
                         t.tokens, heads, tokens));
   }
-  if (t.numel() > 0 && t.data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s is null", name));
-  }
-  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s = %p is not 16-byte aligned", name, static_cast<const void*>(t.data)));
-  }
-  return absl::OkStatus();
+  return CheckPointer(t.data, t.numel(), name);
 }
 
 template <typename T>
