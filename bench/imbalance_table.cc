@@ -65,13 +65,17 @@ namespace {
 
 // The paper's Table 2 (7B-128K) for the rows it has, keyed by "method/config".
 const std::map<std::string, double>& PaperImbalance() {
-  static const std::map<std::string, double> paper = {
-      {"original/-", 1.44},         {"fixed-greedy/window 1", 1.41},
-      {"fixed-greedy/window 2", 1.22}, {"fixed-greedy/window 4", 1.11},
-      {"fixed-greedy/window 8", 1.08}, {"fixed-solver/window 1", 1.40},
-      {"fixed-solver/window 2", 1.18}, {"fixed-solver/window 4", 1.09},
-      {"wlb/1 queue", 1.24},        {"wlb/2 queues", 1.05},
-      {"wlb/3 queues", 1.05}};
+  static const std::map<std::string, double> paper = {{"original/-", 1.44},
+                                                      {"fixed-greedy/window 1", 1.41},
+                                                      {"fixed-greedy/window 2", 1.22},
+                                                      {"fixed-greedy/window 4", 1.11},
+                                                      {"fixed-greedy/window 8", 1.08},
+                                                      {"fixed-solver/window 1", 1.40},
+                                                      {"fixed-solver/window 2", 1.18},
+                                                      {"fixed-solver/window 4", 1.09},
+                                                      {"wlb/1 queue", 1.24},
+                                                      {"wlb/2 queues", 1.05},
+                                                      {"wlb/3 queues", 1.05}};
   return paper;
 }
 
@@ -82,8 +86,8 @@ absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int v = 0;
     if (!absl::SimpleAtoi(part, &v) || v < min_value) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--%s: '%s' is not an integer >= %d", flag, std::string(part), min_value));
+      return absl::InvalidArgumentError(absl::StrFormat("--%s: '%s' is not an integer >= %d", flag,
+                                                        std::string(part), min_value));
     }
     values.push_back(v);
   }
@@ -140,13 +144,11 @@ absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Doc
 // One Markdown table row / CSV line.
 std::string MarkdownRow(const Row& r) {
   const auto paper = PaperImbalance().find(r.method + "/" + r.config);
-  return absl::StrFormat("| %s | %s | %d | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method,
-                         r.config, r.summary.steps, r.summary.imbalance_mean,
-                         r.summary.imbalance_p90,
-                         r.summary.imbalance_mean - r.summary.lower_bound_mean,
-                         r.summary.delay.mean, r.overhead_ms,
-                         paper == PaperImbalance().end() ? "" : absl::StrFormat("%.2f",
-                                                                                paper->second));
+  return absl::StrFormat(
+      "| %s | %s | %d | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method, r.config,
+      r.summary.steps, r.summary.imbalance_mean, r.summary.imbalance_p90,
+      r.summary.imbalance_mean - r.summary.lower_bound_mean, r.summary.delay.mean, r.overhead_ms,
+      paper == PaperImbalance().end() ? "" : absl::StrFormat("%.2f", paper->second));
 }
 
 std::string CsvRow(const Row& r) {
@@ -173,9 +175,8 @@ std::string SolverLine(const wlb::MilpPacker& p, const Row& solver, const Row& g
   const double n = std::max<double>(1.0, static_cast<double>(s.size()));
   return absl::StrFormat(
       "| %d | %d | %d | %d | %d | %.2f | %.2f | %.4f | %.4f | %.3f | %.3f | %d |",
-      p.options().window, s.size(), optimal, limit, improved, seconds / n, max_seconds,
-      rel_obj / n, gap / n, solver.summary.imbalance_mean, greedy.summary.imbalance_mean,
-      p.fallbacks());
+      p.options().window, s.size(), optimal, limit, improved, seconds / n, max_seconds, rel_obj / n,
+      gap / n, solver.summary.imbalance_mean, greedy.summary.imbalance_mean, p.fallbacks());
 }
 
 absl::Status WriteStepCsv(const std::string& path, int64_t step, const std::vector<Row>& rows) {
@@ -185,13 +186,11 @@ absl::Status WriteStepCsv(const std::string& path, int64_t step, const std::vect
   for (const Row& r : rows) {
     const bool wanted = r.method == "original" ||
                         (r.method == "fixed-greedy" && r.config == "window 1") ||
-                        ((r.method == "wlb" || r.method == "wlb-refine") &&
-                         r.config == "2 queues");
+                        ((r.method == "wlb" || r.method == "wlb-refine") && r.config == "2 queues");
     if (!wanted) continue;
     if (step < 0 || step >= static_cast<int64_t>(r.steps.size()) || r.steps[step].drain) {
       return absl::OutOfRangeError(absl::StrFormat(
-          "--plot_step %d is not a steady step of %s (%d steps)", step, r.method,
-          r.summary.steps));
+          "--plot_step %d is not a steady step of %s (%d steps)", step, r.method, r.summary.steps));
     }
     const auto& mbs = r.steps[step].micro_batches;
     double mean = 0.0;
@@ -209,7 +208,7 @@ absl::Status Run() {
   wlb::PackerConfig config{.context = absl::GetFlag(FLAGS_context),
                            .max_tokens = absl::GetFlag(FLAGS_max_tokens),
                            .micro_batches = absl::GetFlag(FLAGS_micro_batches)};
-  if (config.max_tokens == 0) config.max_tokens = config.context + config.context / 4;
+  if (config.max_tokens == 0) config.max_tokens = wlb::DefaultMaxTokens(config.context);
   if (absl::Status s = wlb::ValidateConfig(config); !s.ok()) return s;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t solver_steps = absl::GetFlag(FLAGS_solver_steps);
@@ -241,10 +240,9 @@ absl::Status Run() {
   const int64_t step_tokens = config.context * config.micro_batches;
   if (source.empty()) {
     const int64_t want = std::max<int64_t>(steps > 0 ? steps : 200, solver_steps);
-    lengths = wlb::SampleDefaultLengths(want * step_tokens + config.context,
-                                        absl::GetFlag(FLAGS_seed));
-    source = absl::StrFormat("embedded default distribution, seed %d",
-                             absl::GetFlag(FLAGS_seed));
+    lengths =
+        wlb::SampleDefaultLengths(want * step_tokens + config.context, absl::GetFlag(FLAGS_seed));
+    source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
   } else {
     absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
     if (!read.ok()) return read.status();
@@ -257,7 +255,8 @@ absl::Status Run() {
   if (!arrivals.empty() && wlb::TotalTokens(arrivals.back()) < step_tokens) arrivals.pop_back();
   if (steps > 0 && static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
   if (arrivals.size() < 100) {
-    std::fprintf(stderr, "imbalance_table: note: only %zu steps of input (the table wants >= 100)\n",
+    std::fprintf(stderr,
+                 "imbalance_table: note: only %zu steps of input (the table wants >= 100)\n",
                  arrivals.size());
   }
   std::vector<std::vector<wlb::Document>> solver_arrivals(
@@ -277,8 +276,8 @@ absl::Status Run() {
     rows.push_back(*std::move(row));
     if (const auto* milp = dynamic_cast<const wlb::MilpPacker*>(packer->get())) {
       // The greedy of the same window on the same steps, for a like-for-like comparison.
-      absl::StatusOr<std::unique_ptr<wlb::Packer>> greedy = wlb::MakePacker(
-          "fixed-greedy", config, cost, {.window = milp->options().window});
+      absl::StatusOr<std::unique_ptr<wlb::Packer>> greedy =
+          wlb::MakePacker("fixed-greedy", config, cost, {.window = milp->options().window});
       if (!greedy.ok()) return greedy.status();
       absl::StatusOr<Row> same = RunRow(**greedy, input, cost, "fixed-greedy", cfg);
       if (!same.ok()) return same.status();
@@ -287,8 +286,8 @@ absl::Status Run() {
     return absl::OkStatus();
   };
 
-  absl::Status status = add(wlb::MakePacker("original", config, cost, {}), "original", "-",
-                            arrivals);
+  absl::Status status =
+      add(wlb::MakePacker("original", config, cost, {}), "original", "-", arrivals);
   for (int w : *greedy_windows) {
     if (!status.ok()) break;
     status = add(wlb::MakePacker("fixed-greedy", config, cost, {.window = w}), "fixed-greedy",
@@ -315,22 +314,26 @@ absl::Status Run() {
   }
   if (!status.ok()) return status;
 
-  std::printf("Packing balance on %s: N = %d, S = %d, S_max = %d, cost %s; %zu steps (solver "
-              "rows: the first %zu, CBC limit %g s per window, relative gap %g).\n\n",
-              source.c_str(), config.micro_batches, config.context, config.max_tokens,
-              absl::GetFlag(FLAGS_cost).c_str(), arrivals.size(), solver_arrivals.size(),
-              solver_seconds, absl::GetFlag(FLAGS_solver_gap));
-  std::printf("| method | config | steps | imbalance mean | imbalance p90 | gap to lower bound | "
-              "delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
+  std::printf(
+      "Packing balance on %s: N = %d, S = %d, S_max = %d, cost %s; %zu steps (solver "
+      "rows: the first %zu, CBC limit %g s per window, relative gap %g).\n\n",
+      source.c_str(), config.micro_batches, config.context, config.max_tokens,
+      absl::GetFlag(FLAGS_cost).c_str(), arrivals.size(), solver_arrivals.size(), solver_seconds,
+      absl::GetFlag(FLAGS_solver_gap));
+  std::printf(
+      "| method | config | steps | imbalance mean | imbalance p90 | gap to lower bound | "
+      "delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) std::printf("%s\n", MarkdownRow(r).c_str());
   if (!solver_lines.empty()) {
-    std::printf("\nFixed-length solver (CBC) per window: objective = heaviest micro-batch "
-                "attention; start = the greedy packing of the same window; bound = CBC's proven "
-                "lower bound.\n\n");
-    std::printf("| window | windows | proven optimal | time limit hit | better than greedy | "
-                "mean wall (s) | max wall (s) | objective / greedy | (objective - bound) / "
-                "objective | imbalance | greedy imbalance, same steps | fallbacks |\n");
+    std::printf(
+        "\nFixed-length solver (CBC) per window: objective = heaviest micro-batch "
+        "attention; start = the greedy packing of the same window; bound = CBC's proven "
+        "lower bound.\n\n");
+    std::printf(
+        "| window | windows | proven optimal | time limit hit | better than greedy | "
+        "mean wall (s) | max wall (s) | objective / greedy | (objective - bound) / "
+        "objective | imbalance | greedy imbalance, same steps | fallbacks |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& line : solver_lines) std::printf("%s\n", line.c_str());
   }

@@ -23,7 +23,7 @@ struct Stream {
 // `steps` steps of the default distribution at N = n and window S = context.
 Stream MakeStream(int32_t n, int64_t context, int64_t steps) {
   Stream s;
-  s.config = {.context = context, .max_tokens = context + context / 4, .micro_batches = n};
+  s.config = {.context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
   std::vector<int64_t> lengths = wlb::SampleDefaultLengths(steps * n * context, /*seed=*/1);
   s.steps = wlb::SplitIntoSteps(*wlb::MakeDocuments(lengths, context), n * context);
   s.steps.resize(std::min<size_t>(s.steps.size(), steps));
@@ -73,9 +73,27 @@ void BM_Scaling(benchmark::State& state, std::string packer) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_PlanStep, original, std::string("original"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, fixed_greedy, std::string("fixed-greedy"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, wlb, std::string("wlb"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, wlb_refine, std::string("wlb-refine"))->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Scaling, wlb, std::string("wlb"))->RangeMultiplier(10)->Range(100, 1000000)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Scaling, wlb_refine, std::string("wlb-refine"))->RangeMultiplier(10)->Range(100, 1000000)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, original, std::string("original"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, fixed_greedy, std::string("fixed-greedy"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, wlb, std::string("wlb"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, wlb_refine, std::string("wlb-refine"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Scaling, wlb, std::string("wlb"))
+    ->RangeMultiplier(10)
+    ->Range(100, 1000000)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Scaling, wlb_refine, std::string("wlb-refine"))
+    ->RangeMultiplier(10)
+    ->Range(100, 1000000)
+    ->Unit(benchmark::kMicrosecond);

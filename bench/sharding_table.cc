@@ -78,7 +78,7 @@ absl::Status Run() {
         wlb::SplitIntoSteps(*pieces, context * n);
     if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
     const wlb::PackerConfig config{
-        .context = context, .max_tokens = context + context / 4, .micro_batches = n};
+        .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
     absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
         wlb::MakePacker(absl::GetFlag(FLAGS_packer), config, cost,
                         {.thresholds = wlb::DefaultThresholds(context, 2)});

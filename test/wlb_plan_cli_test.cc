@@ -30,10 +30,11 @@ std::string Slurp(const std::string& path) {
 
 Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
   const std::string dir = ::testing::TempDir();
-  const std::string in = dir + "/wlb_cli_in", out = dir + "/wlb_cli_out", err = dir + "/wlb_cli_err";
+  const std::string in = dir + "/wlb_cli_in", out = dir + "/wlb_cli_out",
+                    err = dir + "/wlb_cli_err";
   std::ofstream(in) << stdin_text;
-  const std::string cmd = std::string(WLB_PLAN_BINARY) + " " + args + " <" + in + " >" + out +
-                          " 2>" + err;
+  const std::string cmd =
+      std::string(WLB_PLAN_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
   const int status = std::system(cmd.c_str());
   return {WEXITSTATUS(status), Slurp(out), Slurp(err)};
 }
@@ -55,7 +56,8 @@ TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, RunPlan("--steps 20 --seed 4 --packer wlb-refine --format json --timing=false "
-                       "--micro-batches 3").out);
+                           "--micro-batches 3")
+                       .out);
   nlohmann::json j = nlohmann::json::parse(a.out);
   EXPECT_TRUE(j["pending"].empty());
   std::vector<Document> docs;
@@ -64,12 +66,12 @@ TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
     for (const auto& mb : step["micro_batches"]) {
       int64_t tokens = 0;
       for (const auto& d : mb["documents"]) {
-        docs.push_back({.id = d["id"], .length = d["length"], .piece = d["piece"],
-                        .offset = d["offset"]});
+        docs.push_back(
+            {.id = d["id"], .length = d["length"], .piece = d["piece"], .offset = d["offset"]});
         tokens += d["length"].get<int64_t>();
       }
       EXPECT_EQ(mb["tokens"].get<int64_t>(), tokens);
-      EXPECT_LE(tokens, 131072 + 131072 / 4);
+      EXPECT_LE(tokens, DefaultMaxTokens(131072));
     }
     EXPECT_GE(step["imbalance"].get<double>(), step["lower_bound"].get<double>() - 1e-12);
   }
@@ -86,7 +88,7 @@ TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
 
 TEST(WlbPlan, ReadsStdinAndFiles) {
   Result r = RunPlan("--docs - --context 32 --micro-batches 1 --format json --packer original",
-                 "5\n19\n8\n");
+                     "5\n19\n8\n");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["steps"].size(), 1u);
@@ -129,9 +131,11 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
   const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
       {"per-seq", {57, 184}}, {"per-doc", {121, 120}}};
   for (const auto& [sharding, pairs] : expected) {
-    Result r = RunPlan("--docs - --context 32 --micro-batches 1 --packer original --cp 2 "
-                       "--format json --sharding " + sharding,
-                       "5\n19\n8\n");
+    Result r = RunPlan(
+        "--docs - --context 32 --micro-batches 1 --packer original --cp 2 "
+        "--format json --sharding " +
+            sharding,
+        "5\n19\n8\n");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     nlohmann::json mb = nlohmann::json::parse(r.out)["steps"][0]["micro_batches"][0];
     EXPECT_EQ(mb["sharding"], sharding);
@@ -168,7 +172,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--max-tokens 1000", "", "S_max) 1000 is below the context window (S) 131072"},
       {"--cost gpt-9", "", "'gpt-9'"},
       {"--packer best-fit", "", "unknown packer 'best-fit'"},
-      {"--docs /nonexistent/lengths.txt", "", "cannot open lengths file '/nonexistent/lengths.txt'"},
+      {"--docs /nonexistent/lengths.txt", "",
+       "cannot open lengths file '/nonexistent/lengths.txt'"},
       {"--thresholds 9,x", "", "'x' is not an integer"},
       {"--thresholds 70000,60000", "", "strictly increasing"},
       {"--format yaml", "", "'yaml'"},

@@ -77,8 +77,8 @@ absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int64_t v = 0;
     if (!absl::SimpleAtoi(part, &v)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--thresholds: '%s' is not an integer token count", std::string(part)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--thresholds: '%s' is not an integer token count", std::string(part)));
     }
     values.push_back(v);
   }
@@ -129,10 +129,10 @@ absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& co
 
 std::string SummaryRow(const Result& r) {
   const wlb::StreamSummary& s = r.summary;
-  return absl::StrFormat("| %-12s | %9.3f | %5.3f | %5.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n",
-                         r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
-                         s.imbalance_mean - s.lower_bound_mean, s.delay.mean, s.delay.p99,
-                         s.delay.max, Median(r.run.plan_ms));
+  return absl::StrFormat(
+      "| %-12s | %9.3f | %5.3f | %5.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n", r.packer,
+      s.imbalance_mean, s.imbalance_p90, s.imbalance_max, s.imbalance_mean - s.lower_bound_mean,
+      s.delay.mean, s.delay.p99, s.delay.max, Median(r.run.plan_ms));
 }
 
 // CP shard plans of every micro-batch of a run (empty when --cp is not given).
@@ -221,7 +221,7 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrFormat("--max_tokens must be >= 0 (0 = S + S/4), got %d", max_tokens));
   }
-  config.max_tokens = max_tokens > 0 ? max_tokens : config.context + config.context / 4;
+  config.max_tokens = max_tokens > 0 ? max_tokens : wlb::DefaultMaxTokens(config.context);
   if (absl::Status s = wlb::ValidateConfig(config); !s.ok()) return s;
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "table" && format != "json") {
@@ -255,8 +255,7 @@ absl::Status Run() {
   const int32_t cp_size = absl::GetFlag(FLAGS_cp);
   if (cp_size == 0 || cp_size < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--cp must be a context-parallel size >= 1 (omit it for no shard plans), got %d",
-        cp_size));
+        "--cp must be a context-parallel size >= 1 (omit it for no shard plans), got %d", cp_size));
   }
   absl::StatusOr<wlb::ShardStrategy> strategy =
       wlb::ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
@@ -271,8 +270,7 @@ absl::Status Run() {
   std::string input_name;
   absl::StatusOr<std::vector<int64_t>> lengths = LoadLengths(steps, config, input_name);
   if (!lengths.ok()) return lengths.status();
-  absl::StatusOr<std::vector<wlb::Document>> pieces =
-      wlb::MakeDocuments(*lengths, config.context);
+  absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(*lengths, config.context);
   if (!pieces.ok()) return pieces.status();
   std::vector<std::vector<wlb::Document>> arrivals =
       wlb::SplitIntoSteps(*pieces, config.context * config.micro_batches);
@@ -284,9 +282,9 @@ absl::Status Run() {
       return absl::InvalidArgumentError(
           absl::StrFormat("--tune applies to wlb and wlb-refine, not '%s'", packer));
     }
-    absl::StatusOr<wlb::TunedThresholds> tuned = wlb::TuneThresholds(
-        arrivals, config, cost->model,
-        {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
+    absl::StatusOr<wlb::TunedThresholds> tuned =
+        wlb::TuneThresholds(arrivals, config, cost->model,
+                            {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
     if (!tuned.ok()) return tuned.status();
     options.thresholds = tuned->thresholds;
     tune_note = absl::StrFormat(" (tuned over %d sets for mean delay <= %g)", tuned->evaluated,
@@ -346,8 +344,9 @@ absl::Status Run() {
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
       options.window, cost->model.description);
   std::string out = header + StepTable(*main, cost->model);
-  absl::StrAppend(&out, "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
-                        "mean imbalance - mean lower bound; delay in steps, per token):\n",
+  absl::StrAppend(&out,
+                  "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
+                  "mean imbalance - mean lower bound; delay in steps, per token):\n",
                   kSummaryHeader);
   std::vector<std::string> compared = {"original", "wlb"};
   if (packer != "original" && packer != "wlb") compared.push_back(packer);

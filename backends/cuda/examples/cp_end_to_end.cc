@@ -67,10 +67,12 @@ int main(int argc, char** argv) {
   if (!docs.ok()) return std::fprintf(stderr, "%s\n", docs.status().ToString().c_str()), 2;
 
   // 2. WLB packing: variable-length micro-batches (cap 1.25 S) with outlier queues.
-  const wlb::PackerConfig pc{.context = context, .max_tokens = context + context / 4,
+  const wlb::PackerConfig pc{.context = context,
+                             .max_tokens = wlb::DefaultMaxTokens(context),
                              .micro_batches = static_cast<int32_t>(n)};
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
-  auto packer = wlb::MakePacker("wlb", pc, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
+  auto packer =
+      wlb::MakePacker("wlb", pc, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
   if (!packer.ok()) return std::fprintf(stderr, "%s\n", packer.status().ToString().c_str()), 2;
   absl::StatusOr<wlb::PackRun> run =
       wlb::RunPacker(**packer, wlb::SplitIntoSteps(*docs, context * n));
@@ -81,8 +83,8 @@ int main(int argc, char** argv) {
   shape.heads = heads;
   shape.head_dim = dim;
   const wlb::KernelModel model = *wlb::KernelModel::Analytic({.shape = shape});
-  const CpAttentionConfig config{.num_heads = int(heads), .num_kv_heads = int(kv_heads),
-                                 .head_dim = int(dim)};
+  const CpAttentionConfig config{
+      .num_heads = int(heads), .num_kv_heads = int(kv_heads), .head_dim = int(dim)};
   absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(int(cp));
   if (!comm.ok()) return std::fprintf(stderr, "%s\n", comm.status().ToString().c_str()), 1;
 
@@ -108,29 +110,36 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<CpPackedRunner>> cp_run =
         CpPackedRunner::Create(*plan, config, **comm, {.isolate_ranks = true});
     if (!cp_run.ok()) return std::fprintf(stderr, "%s\n", cp_run.status().ToString().c_str()), 1;
-    absl::Status s = (*cp_run)->Run({q.get(), k.get(), v.get(), dout.get(), out.get(), dq.get(),
-                                     dk.get(), dv.get()},
-                                    /*backward=*/true);
+    absl::Status s = (*cp_run)->Run(
+        {q.get(), k.get(), v.get(), dout.get(), out.get(), dq.get(), dk.get(), dv.get()},
+        /*backward=*/true);
     absl::StatusOr<std::vector<CpRankTimes>> times = (*cp_run)->executor().RankTimes();
     if (!s.ok() || !times.ok()) {
       std::fprintf(stderr, "CP run: %s\n", (s.ok() ? times.status() : s).ToString().c_str());
       return 1;
     }
     // 5. Single-device reference over the whole packed micro-batch.
-    absl::StatusOr<VarlenAttention> whole =
-        VarlenAttention::Create(*WholeBatchProblem(mb, config));
+    absl::StatusOr<VarlenAttention> whole = VarlenAttention::Create(*WholeBatchProblem(mb, config));
     if (!whole.ok()) return std::fprintf(stderr, "%s\n", whole.status().ToString().c_str()), 1;
     const int64_t t = mb.tokens;
     auto* lse_f = reinterpret_cast<float*>(lse.get());
-    s = whole->Forward({{q.get(), t, heads, dim}, {k.get(), t, kv_heads, dim},
-                        {v.get(), t, kv_heads, dim}, {ref[0].get(), t, heads, dim},
-                        {lse_f, heads, t}}, nullptr);
+    s = whole->Forward({{q.get(), t, heads, dim},
+                        {k.get(), t, kv_heads, dim},
+                        {v.get(), t, kv_heads, dim},
+                        {ref[0].get(), t, heads, dim},
+                        {lse_f, heads, t}},
+                       nullptr);
     if (s.ok()) {
-      s = whole->Backward({{q.get(), t, heads, dim}, {k.get(), t, kv_heads, dim},
-                           {v.get(), t, kv_heads, dim}, {ref[0].get(), t, heads, dim},
-                           {dout.get(), t, heads, dim}, {lse_f, heads, t},
-                           {ref[1].get(), t, heads, dim}, {ref[2].get(), t, kv_heads, dim},
-                           {ref[3].get(), t, kv_heads, dim}}, nullptr);
+      s = whole->Backward({{q.get(), t, heads, dim},
+                           {k.get(), t, kv_heads, dim},
+                           {v.get(), t, kv_heads, dim},
+                           {ref[0].get(), t, heads, dim},
+                           {dout.get(), t, heads, dim},
+                           {lse_f, heads, t},
+                           {ref[1].get(), t, heads, dim},
+                           {ref[2].get(), t, kv_heads, dim},
+                           {ref[3].get(), t, kv_heads, dim}},
+                          nullptr);
     }
     if (!s.ok() || cudaDeviceSynchronize() != cudaSuccess) {
       return std::fprintf(stderr, "reference: %s\n", s.ToString().c_str()), 1;
@@ -143,11 +152,12 @@ int main(int argc, char** argv) {
     all_ok &= ok;
     // 6. Per-rank times and balance.
     std::vector<double> total, predicted = wlb::PredictRankMs(*plan, model);
-    std::printf("micro-batch %zu: %ld tokens, %zu documents, adaptive chose %s; rel L2 out %.1e "
-                "dq %.1e dk %.1e dv %.1e -> %s\n",
-                i, long(t), mb.documents.size(),
-                std::string(wlb::ShardStrategyName(plan->strategy)).c_str(), e_out, e_dq, e_dk,
-                e_dv, ok ? "MATCH" : "MISMATCH");
+    std::printf(
+        "micro-batch %zu: %ld tokens, %zu documents, adaptive chose %s; rel L2 out %.1e "
+        "dq %.1e dk %.1e dv %.1e -> %s\n",
+        i, long(t), mb.documents.size(),
+        std::string(wlb::ShardStrategyName(plan->strategy)).c_str(), e_out, e_dq, e_dk, e_dv,
+        ok ? "MATCH" : "MISMATCH");
     for (const CpRankTimes& r : *times) {
       total.push_back(r.forward_ms + r.backward_ms);
       std::printf("  rank %d: fwd %8.3f ms  bwd %8.3f ms  (model fwd %8.3f ms)\n", r.rank,

@@ -45,8 +45,7 @@ inline nlohmann::json DocumentState(const Document& d) {
 }
 inline Document DocumentFromState(const nlohmann::json& j) {
   if (!j.is_array() || j.size() != 5) {
-    throw nlohmann::json::type_error::create(302, "document entry is not a 5-element array",
-                                             &j);
+    throw nlohmann::json::type_error::create(302, "document entry is not a 5-element array", &j);
   }
   Document d{.id = j[0].get<int64_t>(),
              .length = j[1].get<int64_t>(),
@@ -77,6 +76,11 @@ struct PackerConfig {
   int32_t micro_batches = 4;    // N: micro-batches per step (PP x DP).
 };
 
+// The default variable-length cap: S + S/4. Memory, not balance, sets S_max in practice (the paper
+// does not state its value); a quarter of headroom over the fixed-length window is wlb's default
+// everywhere (wlb-plan, the bench tables, the examples).
+inline int64_t DefaultMaxTokens(int64_t context) { return context + context / 4; }
+
 // Returns an error naming the bad value unless N >= 1, S >= 1 and S_max >= S.
 inline absl::Status ValidateConfig(const PackerConfig& c) {
   if (c.micro_batches < 1) {
@@ -88,9 +92,9 @@ inline absl::Status ValidateConfig(const PackerConfig& c) {
         absl::StrFormat("context window (S) must be >= 1 token, got %d", c.context));
   }
   if (c.max_tokens < c.context) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "max tokens per micro-batch (S_max) %d is below the context window (S) %d", c.max_tokens,
-        c.context));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max tokens per micro-batch (S_max) %d is below the context window (S) %d",
+                        c.max_tokens, c.context));
   }
   return absl::OkStatus();
 }
@@ -148,18 +152,19 @@ class Packer {
   }
 
   // The packer's mutable state (queues, carry-over, counters) as JSON, and its inverse. LoadState
-  // may throw nlohmann::json::exception on malformed input; RestoreState() turns that into a Status.
+  // may throw nlohmann::json::exception on malformed input; RestoreState() turns that into a
+  // Status.
   virtual nlohmann::json StateJson() const = 0;
   virtual void LoadStateJson(const nlohmann::json& state) = 0;
 
   // The whole state as a self-checking blob: a magic line, an FNV-1a checksum of the payload,
   // then JSON holding ConfigJson(), the step counters and StateJson().
   std::string SaveState() const {
-    const std::string payload = nlohmann::json{{"config", ConfigJson()},
-                                               {"pushes", pushes_},
-                                               {"next_step", next_step_},
-                                               {"state", StateJson()}}
-                                    .dump();
+    const std::string payload = nlohmann::json{
+        {"config", ConfigJson()},
+        {"pushes", pushes_},
+        {"next_step", next_step_},
+        {"state", StateJson()}}.dump();
     return absl::StrFormat("%s\n%016x\n%s", kStateMagic, detail::Fnv1a64(payload), payload);
   }
 
@@ -185,9 +190,9 @@ class Packer {
       return absl::DataLossError("packer state: payload is not a state object");
     }
     if (j["config"] != ConfigJson()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "packer state was saved by %s but this packer is %s", j["config"].dump(),
-          ConfigJson().dump()));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("packer state was saved by %s but this packer is %s", j["config"].dump(),
+                          ConfigJson().dump()));
     }
     try {
       const int64_t pushes = j.at("pushes").get<int64_t>();
