@@ -4,12 +4,15 @@
 //   wlb_cuda_attention_bench [--tokens=131072] [--heads=16] [--kv_heads=16] [--head_dim=128]
 //       [--warmup=3] [--iters=10] [--mix=PATH] [--mix_offset=0] [--dump_mix=PATH]
 //       [--json=PATH] [--configs=512,2048,8192,16384,mix]
+//       [--block_orders=heaviest_first,head_major]
 //
 // Configurations: uniform documents of 512, 2K, 8K and 16K tokens filling --tokens, and "mix": a
 // --tokens micro-batch of consecutive documents from the WLB-LLM-like length file (--mix,
 // default ../shared/data/doc_lengths_wlbllm_like.json), cut at the end to fit; when the file is
 // absent, a seeded sample (97% uniform in 1..6250, 3% log-uniform up to 128K) stands in, and the
-// JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side.
+// JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side. Each
+// configuration is timed in every --block_orders order (wlb::cuda::BlockOrder), one after the
+// other on the same buffers, so their ratio comes from one run.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -17,8 +20,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -43,7 +48,29 @@ struct Flags {
   std::string dump_mix;
   std::string json;
   std::string configs = "512,2048,8192,16384,mix";
+  std::string block_orders = "heaviest_first,head_major";
 };
+
+// --block_orders names, in BlockOrder's order.
+constexpr std::pair<const char*, wlb::cuda::BlockOrder> kOrderNames[] = {
+    {"heaviest_first", wlb::cuda::BlockOrder::kHeaviestFirst},
+    {"head_major", wlb::cuda::BlockOrder::kHeadMajor},
+};
+
+bool ParseBlockOrders(const std::string& list,
+                      std::vector<std::pair<const char*, wlb::cuda::BlockOrder>>* orders) {
+  for (absl::string_view name : absl::StrSplit(list, ',')) {
+    const auto* it = std::find_if(std::begin(kOrderNames), std::end(kOrderNames),
+                                  [&](const auto& o) { return name == o.first; });
+    if (it == std::end(kOrderNames)) {
+      std::fprintf(stderr, "bad block order '%s' (allowed: heaviest_first, head_major)\n",
+                   std::string(name).c_str());
+      return false;
+    }
+    orders->push_back(*it);
+  }
+  return !orders->empty();
+}
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
@@ -66,6 +93,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "dump_mix") f->dump_mix = value;
     else if (name == "json") f->json = value;
     else if (name == "configs") f->configs = value;
+    else if (name == "block_orders") f->block_orders = value;
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "bad flag '%s'\n", arg.c_str());
@@ -156,6 +184,8 @@ double MedianMs(F&& run, int warmup, int iters) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
+  std::vector<std::pair<const char*, wlb::cuda::BlockOrder>> orders;
+  if (!ParseBlockOrders(flags.block_orders, &orders)) return 2;
   if (absl::Status s = wlb::cuda::CudaDeviceAvailable(); !s.ok()) {
     std::fprintf(stderr, "no usable CUDA device, nothing measured: %s\n", s.ToString().c_str());
     return 3;
@@ -181,8 +211,8 @@ int main(int argc, char** argv) {
 
   std::ofstream json_out;
   if (!flags.json.empty()) json_out.open(flags.json);
-  std::printf("%-8s %6s %9s %10s %10s %10s %10s\n", "config", "docs", "tokens", "fwd_ms",
-              "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
+  std::printf("%-8s %-14s %6s %9s %10s %10s %10s %10s\n", "config", "block_order", "docs", "tokens",
+              "fwd_ms", "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
   for (const std::string& config :
        std::vector<std::string>(absl::StrSplit(flags.configs, ','))) {
     std::vector<int32_t> lengths;
@@ -207,8 +237,6 @@ int main(int argc, char** argv) {
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(flags.head_dim));
     p.causal = true;
 
-    absl::StatusOr<wlb::cuda::VarlenAttention> attn = wlb::cuda::VarlenAttention::Create(p);
-    CHECK_OK(attn.status());
     const int64_t tq = p.total_q(), h = p.num_heads, hk = p.num_kv_heads, d = p.head_dim;
     const size_t nq = size_t(tq) * h * d, nk = size_t(tq) * hk * d;
     __nv_bfloat16 *q, *k, *v, *out, *dout, *dq, *dk, *dv;
@@ -240,25 +268,40 @@ int main(int argc, char** argv) {
     b.dk = {dk, tq, hk, d};
     b.dv = {dv, tq, hk, d};
 
-    const double fwd_ms =
-        MedianMs([&] { CHECK_OK(attn->Forward(f, nullptr)); }, flags.warmup, flags.iters);
-    const double bwd_ms =
-        MedianMs([&] { CHECK_OK(attn->Backward(b, nullptr)); }, flags.warmup, flags.iters);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    const double flops = wlb::cuda::ForwardFlops(p);
-    const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
-    const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
-    std::printf("%-8s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(), lengths.size(),
-                static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms, bwd_tflops);
-    nlohmann::json row = {{"impl", "wlb_flash"},     {"config", config},
-                          {"docs", lengths.size()},  {"tokens", tq},
-                          {"heads", h},              {"kv_heads", hk},
-                          {"head_dim", d},           {"fwd_ms", fwd_ms},
-                          {"bwd_ms", bwd_ms},        {"fwd_tflops", fwd_tflops},
-                          {"bwd_tflops", bwd_tflops}, {"useful_fwd_flops", flops},
-                          {"device", prop.name}};
-    if (config == "mix") row["mix_source"] = mix_source;
-    if (json_out) json_out << row.dump() << "\n";
+    for (const auto& [order_name, order] : orders) {
+      wlb::cuda::AttentionOptions options;
+      options.block_order = order;
+      absl::StatusOr<wlb::cuda::VarlenAttention> attn =
+          wlb::cuda::VarlenAttention::Create(p, options);
+      CHECK_OK(attn.status());
+      const double fwd_ms =
+          MedianMs([&] { CHECK_OK(attn->Forward(f, nullptr)); }, flags.warmup, flags.iters);
+      const double bwd_ms =
+          MedianMs([&] { CHECK_OK(attn->Backward(b, nullptr)); }, flags.warmup, flags.iters);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const double flops = wlb::cuda::ForwardFlops(p);
+      const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
+      const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
+      std::printf("%-8s %-14s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(), order_name,
+                  lengths.size(), static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms,
+                  bwd_tflops);
+      nlohmann::json row = {{"impl", "wlb_flash"},
+                            {"config", config},
+                            {"block_order", order_name},
+                            {"docs", lengths.size()},
+                            {"tokens", tq},
+                            {"heads", h},
+                            {"kv_heads", hk},
+                            {"head_dim", d},
+                            {"fwd_ms", fwd_ms},
+                            {"bwd_ms", bwd_ms},
+                            {"fwd_tflops", fwd_tflops},
+                            {"bwd_tflops", bwd_tflops},
+                            {"useful_fwd_flops", flops},
+                            {"device", prop.name}};
+      if (config == "mix") row["mix_source"] = mix_source;
+      if (json_out) json_out << row.dump() << "\n";
+    }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
                       static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(dq),
                       static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(lse)}) {

@@ -2,10 +2,36 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
 
 namespace wlb::cuda {
+namespace {
 
-std::vector<ForwardTile> BuildForwardTiles(const AttentionProblem& p, int block_m) {
+// Orders `tiles` for `order`: `weight(t)` ranks tiles (a block's running time grows with it),
+// `work(t)` is the tile's share of its segment's total.
+template <typename Tile, typename Weight, typename Work>
+void OrderTiles(std::vector<Tile>& tiles, BlockOrder order, int batch, Weight weight, Work work) {
+  if (order == BlockOrder::kHeaviestFirst) {
+    std::stable_sort(tiles.begin(), tiles.end(),
+                     [&](const Tile& a, const Tile& b) { return weight(a) > weight(b); });
+    return;
+  }
+  std::vector<int64_t> segment_work(static_cast<size_t>(batch), 0);
+  for (const Tile& t : tiles) segment_work[t.segment] += work(t);
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const Tile& a, const Tile& b) {
+    if (a.segment != b.segment) {
+      const int64_t wa = segment_work[a.segment], wb = segment_work[b.segment];
+      if (wa != wb) return wa > wb;
+      return a.segment < b.segment;
+    }
+    return weight(a) > weight(b);
+  });
+}
+
+}  // namespace
+
+std::vector<ForwardTile> BuildForwardTiles(const AttentionProblem& p, int block_m,
+                                           BlockOrder order) {
   assert(block_m > 0);
   std::vector<ForwardTile> tiles;
   for (int b = 0; b < p.batch(); ++b) {
@@ -27,12 +53,14 @@ std::vector<ForwardTile> BuildForwardTiles(const AttentionProblem& p, int block_
       tiles.push_back(t);
     }
   }
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const ForwardTile& a, const ForwardTile& b) { return a.k_len > b.k_len; });
+  OrderTiles(
+      tiles, order, p.batch(), [](const ForwardTile& t) { return t.k_len; },
+      [](const ForwardTile& t) { return int64_t(t.q_rows) * t.k_len; });
   return tiles;
 }
 
-std::vector<BackwardTile> BuildBackwardTiles(const AttentionProblem& p, int block_n) {
+std::vector<BackwardTile> BuildBackwardTiles(const AttentionProblem& p, int block_n,
+                                             BlockOrder order) {
   assert(block_n > 0);
   std::vector<BackwardTile> tiles;
   for (int b = 0; b < p.batch(); ++b) {
@@ -57,9 +85,9 @@ std::vector<BackwardTile> BuildBackwardTiles(const AttentionProblem& p, int bloc
       tiles.push_back(t);
     }
   }
-  std::stable_sort(tiles.begin(), tiles.end(), [](const BackwardTile& a, const BackwardTile& b) {
-    return a.q_len - a.q_first > b.q_len - b.q_first;
-  });
+  OrderTiles(
+      tiles, order, p.batch(), [](const BackwardTile& t) { return t.q_len - t.q_first; },
+      [](const BackwardTile& t) { return int64_t(t.k_rows) * (t.q_len - t.q_first); });
   return tiles;
 }
 

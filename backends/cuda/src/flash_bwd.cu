@@ -96,8 +96,9 @@ __global__ void __launch_bounds__(kThreads, 2) FlashBackwardKernel(BackwardLaunc
   auto* s_lse = reinterpret_cast<float*>(s_ds + kBN * kBM);  // 2 stages x kBM, log2 units
   float* s_dd = s_lse + 2 * kBM;                              // 2 stages x kBM
 
-  const int tile_index = blockIdx.x / a.num_kv_heads;
-  const int hk = blockIdx.x % a.num_kv_heads;
+  const TileHead th = BlockTileHead(a.block_order, blockIdx.x, a.num_tiles, a.num_kv_heads);
+  const int tile_index = th.tile;
+  const int hk = th.head;
   const int group = a.num_heads / a.num_kv_heads;
   const BackwardTile t = a.tiles[tile_index];
   const int64_t q_stride = int64_t(a.num_heads) * kDim;

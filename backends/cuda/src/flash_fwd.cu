@@ -49,8 +49,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) FlashForwardKernel(Fo
   __nv_bfloat16* s_k = s_q + C::kBM * kDim;  // 2 stages
   __nv_bfloat16* s_v = s_k + 2 * C::kBN * kDim;
 
-  const int tile_index = blockIdx.x / a.num_heads;
-  const int h = blockIdx.x % a.num_heads;
+  const TileHead th = BlockTileHead(a.block_order, blockIdx.x, a.num_tiles, a.num_heads);
+  const int tile_index = th.tile;
+  const int h = th.head;
   const int hk = h / (a.num_heads / a.num_kv_heads);
   const ForwardTile t = a.tiles[tile_index];
   const int64_t q_stride = int64_t(a.num_heads) * kDim;

@@ -25,6 +25,7 @@ struct LaunchShape {
   int head_dim;
   float scale;
   bool causal;
+  BlockOrder block_order;       // flash kernels: block -> (tile, head), matching the tile list
   const int32_t* cu_seqlens_q;  // device; reference kernels only
   const int32_t* cu_seqlens_k;
   int batch;

@@ -145,8 +145,8 @@ absl::StatusOr<VarlenAttention> VarlenAttention::Create(const AttentionProblem& 
   a.problem_ = problem;
   a.options_ = options;
   if (options.kernel == AttentionKernel::kFlash) {
-    a.forward_tiles_ = BuildForwardTiles(problem, detail::kFwdBlockM);
-    a.backward_tiles_ = BuildBackwardTiles(problem, detail::kBwdBlockN);
+    a.forward_tiles_ = BuildForwardTiles(problem, detail::kFwdBlockM, options.block_order);
+    a.backward_tiles_ = BuildBackwardTiles(problem, detail::kBwdBlockN, options.block_order);
     for (int b = 0; b < problem.batch(); ++b) {
       if (problem.seqlen_q(b) == 0 && problem.seqlen_k(b) > 0) a.zero_dkv_ = true;
     }
@@ -191,6 +191,7 @@ detail::LaunchShape VarlenAttention::Shape() const {
   s.head_dim = problem_.head_dim;
   s.scale = problem_.softmax_scale;
   s.causal = problem_.causal;
+  s.block_order = options_.block_order;
   s.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q_.get());
   s.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k_.get());
   s.batch = problem_.batch();

@@ -41,6 +41,34 @@ int32_t TrueVisibleEnd(const AttentionProblem& p, int b, int32_t i) {
   return p.causal ? i + p.seqlen_k(b) - p.seqlen_q(b) + 1 : p.seqlen_k(b);
 }
 
+// The order `order` promises: kHeaviestFirst, non-increasing weight over the whole list;
+// kHeadMajor, each segment's tiles contiguous with non-increasing weight, and segments in
+// non-increasing total work (ties in segment order).
+template <typename Tile, typename Weight, typename Work>
+void ExpectOrder(const std::vector<Tile>& tiles, BlockOrder order, int batch, Weight weight,
+                 Work work) {
+  if (order == BlockOrder::kHeaviestFirst) {
+    for (size_t i = 1; i < tiles.size(); ++i) ASSERT_GE(weight(tiles[i - 1]), weight(tiles[i]));
+    return;
+  }
+  std::vector<int64_t> total(batch, 0);
+  for (const Tile& t : tiles) total[t.segment] += work(t);
+  std::vector<bool> done(batch, false);
+  for (size_t i = 1; i < tiles.size(); ++i) {
+    const Tile &a = tiles[i - 1], &b = tiles[i];
+    if (a.segment == b.segment) {
+      ASSERT_GE(weight(a), weight(b)) << "tile " << i;
+      continue;
+    }
+    done[a.segment] = true;
+    ASSERT_FALSE(done[b.segment]) << "segment " << b.segment << " is split at tile " << i;
+    ASSERT_TRUE(total[a.segment] > total[b.segment] ||
+                (total[a.segment] == total[b.segment] && a.segment < b.segment))
+        << "segment " << a.segment << " (work " << total[a.segment] << ") before " << b.segment
+        << " (work " << total[b.segment] << ")";
+  }
+}
+
 class PlanProperties : public ::testing::TestWithParam<int> {};
 
 TEST_P(PlanProperties, ForwardTilesCoverEveryQueryOnceWithTheRightKeys) {
@@ -48,8 +76,10 @@ TEST_P(PlanProperties, ForwardTilesCoverEveryQueryOnceWithTheRightKeys) {
   for (int trial = 0; trial < 50; ++trial) {
     const AttentionProblem p = RandomProblem(rng);
     ASSERT_TRUE(ValidateProblem(p, AttentionKernel::kFlash).ok());
-    for (int block_m : {64, 128}) {
-      const std::vector<ForwardTile> tiles = BuildForwardTiles(p, block_m);
+    for (auto [block_m, order] :
+         {std::pair{64, BlockOrder::kHeaviestFirst}, std::pair{128, BlockOrder::kHeaviestFirst},
+          std::pair{128, BlockOrder::kHeadMajor}}) {
+      const std::vector<ForwardTile> tiles = BuildForwardTiles(p, block_m, order);
       std::vector<int> covered(p.total_q(), 0);
       for (const ForwardTile& t : tiles) {
         ASSERT_GE(t.q_rows, 1);
@@ -72,7 +102,9 @@ TEST_P(PlanProperties, ForwardTilesCoverEveryQueryOnceWithTheRightKeys) {
         ASSERT_EQ(t.k_len, max_end);
       }
       for (int32_t q = 0; q < p.total_q(); ++q) ASSERT_EQ(covered[q], 1) << "query " << q;
-      for (size_t i = 1; i < tiles.size(); ++i) ASSERT_GE(tiles[i - 1].k_len, tiles[i].k_len);
+      ExpectOrder(
+          tiles, order, p.batch(), [](const ForwardTile& t) { return t.k_len; },
+          [](const ForwardTile& t) { return int64_t(t.q_rows) * t.k_len; });
     }
   }
 }
@@ -81,8 +113,10 @@ TEST_P(PlanProperties, BackwardTilesCoverEveryKeyOnceAndStartAtTheFirstSeeingQue
   std::mt19937_64 rng(GetParam() + 1000);
   for (int trial = 0; trial < 50; ++trial) {
     const AttentionProblem p = RandomProblem(rng);
-    for (int block_n : {64, 128}) {
-      const std::vector<BackwardTile> tiles = BuildBackwardTiles(p, block_n);
+    for (auto [block_n, order] :
+         {std::pair{64, BlockOrder::kHeaviestFirst}, std::pair{128, BlockOrder::kHeaviestFirst},
+          std::pair{64, BlockOrder::kHeadMajor}}) {
+      const std::vector<BackwardTile> tiles = BuildBackwardTiles(p, block_n, order);
       std::vector<int> covered(p.total_k(), 0);
       for (const BackwardTile& t : tiles) {
         const int b = t.segment;
@@ -113,9 +147,9 @@ TEST_P(PlanProperties, BackwardTilesCoverEveryKeyOnceAndStartAtTheFirstSeeingQue
           ASSERT_EQ(covered[k], p.seqlen_q(b) > 0 ? 1 : 0) << "key " << k;
         }
       }
-      for (size_t i = 1; i < tiles.size(); ++i) {
-        ASSERT_GE(tiles[i - 1].q_len - tiles[i - 1].q_first, tiles[i].q_len - tiles[i].q_first);
-      }
+      ExpectOrder(
+          tiles, order, p.batch(), [](const BackwardTile& t) { return t.q_len - t.q_first; },
+          [](const BackwardTile& t) { return int64_t(t.k_rows) * (t.q_len - t.q_first); });
     }
   }
 }
@@ -139,6 +173,41 @@ TEST(ForwardTiles, WorkedExample) {
   EXPECT_EQ(t[2].k_len, 129);
   EXPECT_EQ(t[3].q_rows, 128);
   EXPECT_EQ(t[3].k_len, 128);
+}
+
+TEST(ForwardTiles, HeadMajorWorkedExample) {
+  // Documents of 129, 300 and 5 tokens: the 300-token one has the most work, then 129, then 5.
+  const AttentionProblem p = DocumentsProblem({129, 300, 5}, 2, 1, 64);
+  const std::vector<ForwardTile> t = BuildForwardTiles(p, 128, BlockOrder::kHeadMajor);
+  ASSERT_EQ(t.size(), 6u);
+  const int32_t want_segment[] = {1, 1, 1, 0, 0, 2};
+  const int32_t want_k_len[] = {300, 256, 128, 129, 128, 5};
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].segment, want_segment[i]) << "tile " << i;
+    EXPECT_EQ(t[i].k_len, want_k_len[i]) << "tile " << i;
+  }
+}
+
+TEST(BlockTileHead, EveryOrderRunsEveryTileAndHeadOnce) {
+  for (BlockOrder order : {BlockOrder::kHeaviestFirst, BlockOrder::kHeadMajor}) {
+    for (auto [tiles, heads] : {std::pair{1, 1}, std::pair{7, 3}, std::pair{5, 8}}) {
+      std::vector<int> seen(tiles * heads, 0);
+      for (int32_t block = 0; block < tiles * heads; ++block) {
+        const TileHead th = BlockTileHead(order, block, tiles, heads);
+        ASSERT_GE(th.tile, 0);
+        ASSERT_LT(th.tile, tiles);
+        ASSERT_GE(th.head, 0);
+        ASSERT_LT(th.head, heads);
+        ++seen[th.tile * heads + th.head];
+      }
+      for (int n : seen) ASSERT_EQ(n, 1);
+    }
+  }
+  // Head-major: consecutive blocks walk the tile list for one head.
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).head, 1);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).tile, 1);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).head, 2);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).tile, 2);
 }
 
 TEST(ForwardTiles, DeterministicAndEmptySegmentsSkipped) {

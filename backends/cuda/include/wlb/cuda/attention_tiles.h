@@ -14,6 +14,34 @@ namespace wlb::cuda {
 // Largest head_dim the reference kernels accept.
 inline constexpr int kMaxReferenceHeadDim = 256;
 
+#if defined(__CUDACC__)
+#define WLB_CUDA_HOST_DEVICE __host__ __device__
+#else
+#define WLB_CUDA_HOST_DEVICE
+#endif
+
+// How the flash kernels map thread blocks to (tile, head) pairs. The plan orders the tiles to
+// match (attention_plan.h); both orders cover every pair once and produce the same numbers.
+enum class BlockOrder : int32_t {
+  // Tiles heaviest first across all segments, head varying fastest: the longest blocks start
+  // first, but blocks resident together read different heads' and segments' K/V.
+  kHeaviestFirst = 0,
+  // FlashAttention's (segment, head) grouping: head slowest; inside a head, segments heaviest
+  // first and each segment's tiles heaviest first, so resident blocks share K/V in L2.
+  kHeadMajor = 1,
+};
+
+// The (tile, head) pair that block `block` of a launch over num_tiles x heads blocks runs.
+struct TileHead {
+  int32_t tile;
+  int32_t head;
+};
+WLB_CUDA_HOST_DEVICE inline TileHead BlockTileHead(BlockOrder order, int32_t block,
+                                                   int32_t num_tiles, int32_t heads) {
+  if (order == BlockOrder::kHeadMajor) return {block % num_tiles, block / num_tiles};
+  return {block / heads, block % heads};
+}
+
 // A "diagonal" so large that the causal test never masks (used for non-causal segments).
 inline constexpr int32_t kNoDiagonal = 1 << 30;
 

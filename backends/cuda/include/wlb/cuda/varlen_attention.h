@@ -74,6 +74,9 @@ struct BackwardTensors {
 struct AttentionOptions {
   AttentionKernel kernel = AttentionKernel::kFlash;
   bool backward = true;  // allocate the backward workspace (fp32 dQ, 4 * total_q * heads * dim B)
+  // Flash kernels: how blocks map to (tile, head); see attention_tiles.h. Same results, only the
+  // schedule (and so the L2 reuse of K/V) differs.
+  BlockOrder block_order = BlockOrder::kHeaviestFirst;
 };
 
 // Checks shapes against `problem`, non-null 16-byte-aligned pointers and the no-overlap rules;
