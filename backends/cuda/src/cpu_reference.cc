@@ -61,6 +61,42 @@ int32_t VisibleKeys(const AttentionProblem& p, int b, int32_t i) {
   return p.causal ? i + (p.seqlen_k(b) - p.seqlen_q(b)) + 1 : p.seqlen_k(b);
 }
 
+// Adds row qi (segment b), head h of the forward output to `o` and returns its LSE.
+double ForwardRow(const AttentionProblem& p, absl::Span<const float> q, absl::Span<const float> k,
+                  absl::Span<const float> v, int b, int64_t qi, int h, double* o) {
+  const int d = p.head_dim;
+  const int hk = h / (p.num_heads / p.num_kv_heads);
+  const int32_t n = VisibleKeys(p, b, static_cast<int32_t>(qi - p.cu_seqlens_q[b]));
+  const Row row = SoftmaxRow(p, q, k, qi, h, p.cu_seqlens_k[b], n);
+  for (int32_t j = 0; j < n; ++j) {
+    const float* vrow = v.data() + ((p.cu_seqlens_k[b] + j) * p.num_kv_heads + hk) * d;
+    for (int x = 0; x < d; ++x) o[x] += row.p[j] * double(vrow[x]);
+  }
+  return row.lse;
+}
+
+double Dot(const float* a, const float* b, int d) {
+  double s = 0;
+  for (int x = 0; x < d; ++x) s += double(a[x]) * double(b[x]);
+  return s;
+}
+
+// The segment holding global row `row` of the packed tensor with prefix offsets `cu` (empty
+// segments repeat an offset; the last segment starting at or before `row` holds it).
+int SegmentOf(const std::vector<int32_t>& cu, int64_t row) {
+  return static_cast<int>(std::upper_bound(cu.begin(), cu.end(), row) - cu.begin()) - 1;
+}
+
+absl::Status CheckRows(absl::Span<const int64_t> rows, int64_t total, const char* what) {
+  for (int64_t r : rows) {
+    if (r < 0 || r >= total) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s row %d is outside [0, %d)", what, r, total));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<CpuForward> CpuAttentionForward(const AttentionProblem& p,
@@ -69,26 +105,112 @@ absl::StatusOr<CpuForward> CpuAttentionForward(const AttentionProblem& p,
                                                absl::Span<const float> v) {
   if (absl::Status s = CheckInputs(p, q, k, v); !s.ok()) return s;
   const int d = p.head_dim;
-  const int group = p.num_heads / p.num_kv_heads;
   CpuForward f;
   f.out.assign(size_t(p.total_q()) * p.num_heads * d, 0.0);
   f.lse.assign(size_t(p.total_q()) * p.num_heads, 0.0);
   for (int b = 0; b < p.batch(); ++b) {
-    for (int32_t i = 0; i < p.seqlen_q(b); ++i) {
-      const int64_t qi = p.cu_seqlens_q[b] + i;
-      const int32_t n = VisibleKeys(p, b, i);
+    for (int64_t qi = p.cu_seqlens_q[b]; qi < p.cu_seqlens_q[b + 1]; ++qi) {
       for (int h = 0; h < p.num_heads; ++h) {
-        const Row row = SoftmaxRow(p, q, k, qi, h, p.cu_seqlens_k[b], n);
-        double* o = f.out.data() + (qi * p.num_heads + h) * d;
-        for (int32_t j = 0; j < n; ++j) {
-          const float* vrow = v.data() + ((p.cu_seqlens_k[b] + j) * p.num_kv_heads + h / group) * d;
-          for (int x = 0; x < d; ++x) o[x] += row.p[j] * double(vrow[x]);
-        }
-        f.lse[size_t(h) * p.total_q() + qi] = row.lse;
+        f.lse[size_t(h) * p.total_q() + qi] =
+            ForwardRow(p, q, k, v, b, qi, h, f.out.data() + (qi * p.num_heads + h) * d);
       }
     }
   }
   return f;
+}
+
+absl::StatusOr<CpuRows> CpuAttentionForwardRows(const AttentionProblem& p,
+                                                absl::Span<const float> q,
+                                                absl::Span<const float> k,
+                                                absl::Span<const float> v,
+                                                absl::Span<const int64_t> query_rows) {
+  if (absl::Status s = CheckInputs(p, q, k, v); !s.ok()) return s;
+  if (absl::Status s = CheckRows(query_rows, p.total_q(), "query"); !s.ok()) return s;
+  const int d = p.head_dim, heads = p.num_heads;
+  CpuRows r;
+  r.out.assign(query_rows.size() * heads * d, 0.0);
+  r.lse.assign(query_rows.size() * heads, 0.0);
+  for (size_t s = 0; s < query_rows.size(); ++s) {
+    const int64_t qi = query_rows[s];
+    const int b = SegmentOf(p.cu_seqlens_q, qi);
+    for (int h = 0; h < heads; ++h) {
+      r.lse[s * heads + h] = ForwardRow(p, q, k, v, b, qi, h, r.out.data() + (s * heads + h) * d);
+    }
+  }
+  return r;
+}
+
+absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
+    const AttentionProblem& p, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, absl::Span<const float> out, absl::Span<const float> dout,
+    absl::Span<const float> lse, absl::Span<const int64_t> query_rows,
+    absl::Span<const int64_t> key_rows) {
+  if (absl::Status s = CheckInputs(p, q, k, v); !s.ok()) return s;
+  if (absl::Status s = CheckSize(out, q.size(), "out"); !s.ok()) return s;
+  if (absl::Status s = CheckSize(dout, q.size(), "dout"); !s.ok()) return s;
+  if (absl::Status s = CheckSize(lse, size_t(p.total_q()) * p.num_heads, "lse"); !s.ok()) return s;
+  if (absl::Status s = CheckRows(query_rows, p.total_q(), "query"); !s.ok()) return s;
+  if (absl::Status s = CheckRows(key_rows, p.total_k(), "key"); !s.ok()) return s;
+  const int d = p.head_dim, heads = p.num_heads, kv_heads = p.num_kv_heads;
+  const int group = heads / kv_heads;
+  const double scale = p.softmax_scale;
+  auto qkv = [&](absl::Span<const float> t, int64_t row, int head, int row_heads) {
+    return t.data() + (row * row_heads + head) * d;
+  };
+  auto big_d = [&](int64_t qi, int h) {
+    return Dot(qkv(dout, qi, h, heads), qkv(out, qi, h, heads), d);
+  };
+  // P and dS of query qi, head h (D = big_d(qi, h)) against global key row kj.
+  auto p_ds = [&](int64_t qi, int h, double dd, int64_t kj, double* ds) {
+    const double pij =
+        std::exp(scale * Dot(qkv(q, qi, h, heads), qkv(k, kj, h / group, kv_heads), d) -
+                 double(lse[size_t(h) * p.total_q() + qi]));
+    *ds = pij * (Dot(qkv(dout, qi, h, heads), qkv(v, kj, h / group, kv_heads), d) - dd);
+    return pij;
+  };
+  CpuRows r;
+  r.dq.assign(query_rows.size() * heads * d, 0.0);
+  for (size_t s = 0; s < query_rows.size(); ++s) {
+    const int64_t qi = query_rows[s];
+    const int b = SegmentOf(p.cu_seqlens_q, qi);
+    const int32_t n = VisibleKeys(p, b, static_cast<int32_t>(qi - p.cu_seqlens_q[b]));
+    for (int h = 0; h < heads; ++h) {
+      double* dq = r.dq.data() + (s * heads + h) * d;
+      const double dd = big_d(qi, h);
+      for (int64_t kj = p.cu_seqlens_k[b]; kj < p.cu_seqlens_k[b] + n; ++kj) {
+        double ds;
+        p_ds(qi, h, dd, kj, &ds);
+        const float* krow = qkv(k, kj, h / group, kv_heads);
+        for (int x = 0; x < d; ++x) dq[x] += scale * ds * double(krow[x]);
+      }
+    }
+  }
+  r.dk.assign(key_rows.size() * kv_heads * d, 0.0);
+  r.dv.assign(key_rows.size() * kv_heads * d, 0.0);
+  for (size_t s = 0; s < key_rows.size(); ++s) {
+    const int64_t kj = key_rows[s];
+    const int b = SegmentOf(p.cu_seqlens_k, kj);
+    const int32_t j = static_cast<int32_t>(kj - p.cu_seqlens_k[b]);
+    // Query i of the segment sees key j iff VisibleKeys(i) > j.
+    const int32_t i_first = p.causal ? std::max(0, j - (p.seqlen_k(b) - p.seqlen_q(b))) : 0;
+    for (int hk = 0; hk < kv_heads; ++hk) {
+      double* dk = r.dk.data() + (s * kv_heads + hk) * d;
+      double* dv = r.dv.data() + (s * kv_heads + hk) * d;
+      for (int h = hk * group; h < (hk + 1) * group; ++h) {
+        for (int64_t qi = p.cu_seqlens_q[b] + i_first; qi < p.cu_seqlens_q[b + 1]; ++qi) {
+          double ds;
+          const double pij = p_ds(qi, h, big_d(qi, h), kj, &ds);
+          const float* qrow = qkv(q, qi, h, heads);
+          const float* dorow = qkv(dout, qi, h, heads);
+          for (int x = 0; x < d; ++x) {
+            dk[x] += scale * ds * double(qrow[x]);
+            dv[x] += pij * double(dorow[x]);
+          }
+        }
+      }
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<CpuGradients> CpuAttentionBackward(const AttentionProblem& p,

@@ -233,6 +233,9 @@ TEST_F(CpGpuTest, LocalCollectivesMatchHostSums) {
     sp.push_back(send[r]->p);
     rp.push_back(recv[r]->p);
   }
+  // A pageable cudaMemcpy may return before its DMA lands, and the legacy stream does not order
+  // the communicator's non-blocking streams: wait for the uploads before any collective.
+  ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_TRUE((*comm)->ReduceScatterSum(sp, rp, count, CommDataType::kFloat32).ok());
   ASSERT_CUDA(cudaDeviceSynchronize());
   for (int r = 0; r < ranks; ++r) {

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test/test_util.h"
@@ -183,6 +186,112 @@ TEST(CpuReference, BackwardMatchesFiniteDifferences) {
     check(&Inputs::k, g->dk, "dk");
     check(&Inputs::v, g->dv, "dv");
   }
+}
+
+// Largest |a - b| over the largest |b|.
+double MaxRelDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (double x : b) m = std::max(m, std::abs(x));
+  return MaxAbsDiff(a, b) / std::max(m, 1e-300);
+}
+
+std::vector<float> ToFloat(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+
+// Random rows of the packed tensor (repeats allowed), always with the first and last.
+std::vector<int64_t> RandomRows(int64_t total, std::mt19937_64& rng) {
+  if (total == 0) return {};
+  std::vector<int64_t> rows = {0, total - 1};
+  for (int i = std::uniform_int_distribution<int>(0, 6)(rng); i > 0; --i) {
+    rows.push_back(std::uniform_int_distribution<int64_t>(0, total - 1)(rng));
+  }
+  return rows;
+}
+
+// The chosen rows' values of the whole reference, (rows, heads, dim) or (rows, heads) for LSE.
+std::vector<double> PickRows(const std::vector<double>& t, const std::vector<int64_t>& rows,
+                             size_t row_size) {
+  std::vector<double> out;
+  for (int64_t r : rows) {
+    out.insert(out.end(), t.begin() + r * row_size, t.begin() + (r + 1) * row_size);
+  }
+  return out;
+}
+
+TEST(CpuReference, RowsMatchTheWholeReferenceOnRandomProblems) {
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::pair<int32_t, int32_t>> segs;
+    const bool causal = std::bernoulli_distribution(0.8)(rng);
+    for (int i = std::uniform_int_distribution<int>(1, 5)(rng); i > 0; --i) {
+      const int32_t lk = std::uniform_int_distribution<int32_t>(0, 20)(rng);
+      int32_t lq = std::uniform_int_distribution<int32_t>(0, lk)(rng);
+      if (!causal && lk > 0) lq = std::uniform_int_distribution<int32_t>(0, 20)(rng);
+      segs.push_back({lq, lk});
+    }
+    const int kv_heads = std::uniform_int_distribution<int>(1, 2)(rng);
+    const int heads = kv_heads * std::uniform_int_distribution<int>(1, 3)(rng);
+    const AttentionProblem p = SegmentsProblem(segs, heads, kv_heads, 4, causal);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const Inputs in = RandomInputs(p, rng);
+    absl::StatusOr<CpuForward> f = CpuAttentionForward(p, in.q, in.k, in.v);
+    ASSERT_TRUE(f.ok()) << f.status();
+    absl::StatusOr<CpuGradients> g = CpuAttentionBackward(p, in.q, in.k, in.v, in.dout);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const std::vector<int64_t> qrows = RandomRows(p.total_q(), rng);
+    const std::vector<int64_t> krows = RandomRows(p.total_k(), rng);
+    absl::StatusOr<CpuRows> fr = CpuAttentionForwardRows(p, in.q, in.k, in.v, qrows);
+    ASSERT_TRUE(fr.ok()) << fr.status();
+    const size_t d = p.head_dim;
+    EXPECT_LT(MaxAbsDiff(fr->out, PickRows(f->out, qrows, heads * d)), 1e-12);
+    // The whole reference lays LSE out (heads, total_q); the rows API (rows, heads).
+    std::vector<double> lse_rows;
+    for (int64_t r : qrows) {
+      for (int h = 0; h < heads; ++h) lse_rows.push_back(f->lse[h * p.total_q() + r]);
+    }
+    EXPECT_LT(MaxAbsDiff(fr->lse, lse_rows), 1e-12);
+    // Given the forward's out and LSE (rounded to float as a kernel's would be), the rows'
+    // gradients are the whole backward's up to that rounding.
+    absl::StatusOr<CpuRows> br = CpuAttentionBackwardRows(p, in.q, in.k, in.v, ToFloat(f->out),
+                                                          in.dout, ToFloat(f->lse), qrows, krows);
+    ASSERT_TRUE(br.ok()) << br.status();
+    if (!qrows.empty()) EXPECT_LT(MaxRelDiff(br->dq, PickRows(g->dq, qrows, heads * d)), 1e-5);
+    if (!krows.empty()) {
+      EXPECT_LT(MaxRelDiff(br->dk, PickRows(g->dk, krows, kv_heads * d)), 1e-5);
+      EXPECT_LT(MaxRelDiff(br->dv, PickRows(g->dv, krows, kv_heads * d)), 1e-5);
+    }
+  }
+}
+
+TEST(CpuReference, RowsRejectRowsOutOfRangeAndWrongSizes) {
+  const AttentionProblem p = DocumentsProblem({3, 2}, 2, 1, 4);
+  std::mt19937_64 rng(3);
+  const Inputs in = RandomInputs(p, rng);
+  const std::vector<float> lse(2 * 5, 0.f), short_lse(9, 0.f);
+  const std::vector<int64_t> bad_q = {0, 5}, bad_k = {-1}, ok_rows = {4};
+  absl::StatusOr<CpuRows> r = CpuAttentionForwardRows(p, in.q, in.k, in.v, bad_q);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(r.status().message()).find("query row 5 is outside [0, 5)"),
+            std::string::npos)
+      << r.status();
+  r = CpuAttentionBackwardRows(p, in.q, in.k, in.v, in.q, in.dout, lse, ok_rows, bad_k);
+  EXPECT_NE(std::string(r.status().message()).find("key row -1 is outside [0, 5)"),
+            std::string::npos)
+      << r.status();
+  r = CpuAttentionBackwardRows(p, in.q, in.k, in.v, in.q, in.dout, short_lse, ok_rows, ok_rows);
+  EXPECT_NE(std::string(r.status().message()).find("lse has 9 elements; expected 10"),
+            std::string::npos)
+      << r.status();
+}
+
+// The tests' error measure: relative L2, with an RMS floor for (near-)zero references.
+TEST(RelativeError, FloorTurnsZeroReferencesIntoAnAbsoluteBound) {
+  const std::vector<double> zero(4, 0.0), ref = {1, -1, 1, -1};
+  const std::vector<float> small(4, 1e-4f), off = {1.5f, -1, 1, -1};
+  EXPECT_EQ(testing::RelativeError(std::vector<float>{}, std::vector<double>{}), 0.0);
+  EXPECT_EQ(testing::RelativeError(std::vector<float>(4, 0.f), zero), 0.0);
+  EXPECT_TRUE(std::isinf(testing::RelativeError(small, zero)));  // no floor: never passes
+  EXPECT_NEAR(testing::RelativeError(small, zero, 1e-3), 0.1, 1e-6);
+  EXPECT_NEAR(testing::RelativeError(off, ref, 1e-3), 0.25, 1e-12);  // floor below ||ref||
 }
 
 TEST(CpuReference, RejectsWrongTensorSizes) {

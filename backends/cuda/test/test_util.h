@@ -4,8 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -69,16 +70,21 @@ inline Inputs RandomInputs(const AttentionProblem& p, std::mt19937_64& rng) {
           RandomBf16Values(nk, rng), RandomBf16Values(nq, rng)};
 }
 
-// ||a - b|| / ||b||.
+// ||a - b|| / max(||b||, rms_floor * sqrt(n)): relative L2 error, except that a reference whose
+// root-mean-square is under rms_floor (a one-token document's dQ and dK are exactly zero) turns
+// it into an absolute bound on the error's RMS. 0 for empty vectors, never NaN; +inf when b is
+// zero, rms_floor is 0 and a differs.
 template <typename A, typename B>
-double RelativeError(const std::vector<A>& a, const std::vector<B>& b) {
+double RelativeError(const std::vector<A>& a, const std::vector<B>& b, double rms_floor = 0) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double d = double(a[i]) - double(b[i]);
     num += d * d;
     den += double(b[i]) * double(b[i]);
   }
-  return std::sqrt(num) / std::sqrt(den);
+  den = std::max(den, rms_floor * rms_floor * double(a.size()));
+  if (den == 0) return num == 0 ? 0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
 }
 
 }  // namespace wlb::cuda::testing

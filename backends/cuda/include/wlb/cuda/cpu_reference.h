@@ -12,6 +12,7 @@
 #ifndef WLB_CUDA_CPU_REFERENCE_H_
 #define WLB_CUDA_CPU_REFERENCE_H_
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,6 +45,36 @@ absl::StatusOr<CpuGradients> CpuAttentionBackward(const AttentionProblem& proble
                                                   absl::Span<const float> k,
                                                   absl::Span<const float> v,
                                                   absl::Span<const float> dout);
+
+// The reference on chosen rows only, for problems too large for the whole reference (one 128K
+// document is ~10^12 multiply-adds). Row indices are global (packed) indices.
+struct CpuRows {
+  std::vector<double> out;  // (query_rows, num_heads, head_dim)
+  std::vector<double> lse;  // (query_rows, num_heads)
+  std::vector<double> dq;   // (query_rows, num_heads, head_dim); backward only
+  std::vector<double> dk;   // (key_rows, num_kv_heads, head_dim); backward only
+  std::vector<double> dv;   // (key_rows, num_kv_heads, head_dim); backward only
+};
+
+// Forward of `query_rows`: the same values as CpuAttentionForward at those rows, at the cost of
+// those rows alone. InvalidArgument for the forward's errors or a row outside [0, total_q).
+absl::StatusOr<CpuRows> CpuAttentionForwardRows(const AttentionProblem& problem,
+                                                absl::Span<const float> q,
+                                                absl::Span<const float> k,
+                                                absl::Span<const float> v,
+                                                absl::Span<const int64_t> query_rows);
+
+// Backward of `query_rows` (dq) and `key_rows` (dk, dv) given the forward's `out` (total_q,
+// num_heads, head_dim) and `lse` (num_heads, total_q), as the backward kernels define it:
+// P = exp(scale * q.k - lse), D = rowsum(dout * out), dS = P (dout.v - D). With the exact out and
+// lse these are CpuAttentionBackward's values; a key row costs one pass over the queries that
+// see it. InvalidArgument for the forward's errors, a wrong out/lse/dout size or a row out of
+// range. `out` and `lse` are not returned.
+absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
+    const AttentionProblem& problem, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, absl::Span<const float> out, absl::Span<const float> dout,
+    absl::Span<const float> lse, absl::Span<const int64_t> query_rows,
+    absl::Span<const int64_t> key_rows);
 
 }  // namespace wlb::cuda
 
