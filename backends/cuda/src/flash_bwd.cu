@@ -84,7 +84,8 @@ __global__ void ConvertDqKernel(BackwardLaunch a, int64_t n8) {
   reinterpret_cast<uint4*>(a.dq)[i] = r;
 }
 
-template <int kDim>
+// The block order is a template parameter: see FlashForwardKernel.
+template <int kDim, BlockOrder kOrder>
 __global__ void __launch_bounds__(kThreads, 2) FlashBackwardKernel(BackwardLaunch a) {
   using C = BwdConfig<kDim>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 2) FlashBackwardKernel(BackwardLaunc
   auto* s_lse = reinterpret_cast<float*>(s_ds + kBN * kBM);  // 2 stages x kBM, log2 units
   float* s_dd = s_lse + 2 * kBM;                              // 2 stages x kBM
 
-  const TileHead th = BlockTileHead(a.block_order, blockIdx.x, a.num_tiles, a.num_kv_heads);
+  const TileHead th = BlockTileHead(kOrder, blockIdx.x, a.num_tiles, a.num_kv_heads);
   const int tile_index = th.tile;
   const int hk = th.head;
   const int group = a.num_heads / a.num_kv_heads;
@@ -326,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 2) FlashBackwardKernel(BackwardLaunc
 }
 
 template <int kDim>
-cudaError_t Launch(const BackwardLaunch& a, cudaStream_t stream) {
+cudaError_t Launch(const BackwardLaunch& a, BlockOrder order, cudaStream_t stream) {
   using C = BwdConfig<kDim>;
   const int64_t rows = a.total_q * a.num_heads;
   if (rows == 0) return cudaSuccess;
@@ -340,7 +341,9 @@ cudaError_t Launch(const BackwardLaunch& a, cudaStream_t stream) {
       a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
-  auto kernel = FlashBackwardKernel<kDim>;
+  auto kernel = order == BlockOrder::kHeadMajor
+                    ? FlashBackwardKernel<kDim, BlockOrder::kHeadMajor>
+                    : FlashBackwardKernel<kDim, BlockOrder::kHeaviestFirst>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(C::kSmemBytes));
       e != cudaSuccess) {
@@ -360,12 +363,12 @@ cudaError_t Launch(const BackwardLaunch& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t LaunchFlashBackward(const BackwardLaunch& a, cudaStream_t stream) {
+cudaError_t LaunchFlashBackward(const BackwardLaunch& a, BlockOrder order, cudaStream_t stream) {
   switch (a.head_dim) {
     case 64:
-      return Launch<64>(a, stream);
+      return Launch<64>(a, order, stream);
     case 128:
-      return Launch<128>(a, stream);
+      return Launch<128>(a, order, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -41,7 +41,9 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int kDim, int kWarps, int kMT, int kBlockN, int kMinBlocks>
+// The block order is a template parameter so that each order's block -> (tile, head) map folds to
+// one division: a run-time choice cost the d=128 kernel a spilled register.
+template <int kDim, int kWarps, int kMT, int kBlockN, int kMinBlocks, BlockOrder kOrder>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) FlashForwardKernel(ForwardLaunch a) {
   using C = FwdConfig<kDim, kWarps, kMT, kBlockN>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -49,7 +51,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) FlashForwardKernel(Fo
   __nv_bfloat16* s_k = s_q + C::kBM * kDim;  // 2 stages
   __nv_bfloat16* s_v = s_k + 2 * C::kBN * kDim;
 
-  const TileHead th = BlockTileHead(a.block_order, blockIdx.x, a.num_tiles, a.num_heads);
+  const TileHead th = BlockTileHead(kOrder, blockIdx.x, a.num_tiles, a.num_heads);
   const int tile_index = th.tile;
   const int h = th.head;
   const int hk = h / (a.num_heads / a.num_kv_heads);
@@ -227,9 +229,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) FlashForwardKernel(Fo
 }
 
 template <int kDim, int kWarps, int kMT, int kBlockN, int kMinBlocks>
-cudaError_t Launch(const ForwardLaunch& a, cudaStream_t stream) {
+cudaError_t Launch(const ForwardLaunch& a, BlockOrder order, cudaStream_t stream) {
   using C = FwdConfig<kDim, kWarps, kMT, kBlockN>;
-  auto kernel = FlashForwardKernel<kDim, kWarps, kMT, kBlockN, kMinBlocks>;
+  auto kernel =
+      order == BlockOrder::kHeadMajor
+          ? FlashForwardKernel<kDim, kWarps, kMT, kBlockN, kMinBlocks, BlockOrder::kHeadMajor>
+          : FlashForwardKernel<kDim, kWarps, kMT, kBlockN, kMinBlocks, BlockOrder::kHeaviestFirst>;
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(C::kSmemBytes));
       e != cudaSuccess) {
@@ -244,14 +249,14 @@ cudaError_t Launch(const ForwardLaunch& a, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t LaunchFlashForward(const ForwardLaunch& a, cudaStream_t stream) {
+cudaError_t LaunchFlashForward(const ForwardLaunch& a, BlockOrder order, cudaStream_t stream) {
   switch (a.head_dim) {
     // 4 warps x 32 rows; ptxas (nvcc 13.0, sm_90): d=64 239 registers, d=128 254, no spills.
     // d=128 with 64-key tiles spilled 120 bytes, so it takes 32-key tiles.
     case 64:
-      return Launch<64, 4, 2, 64, 2>(a, stream);
+      return Launch<64, 4, 2, 64, 2>(a, order, stream);
     case 128:
-      return Launch<128, 4, 2, 32, 2>(a, stream);
+      return Launch<128, 4, 2, 32, 2>(a, order, stream);
     default:
       return cudaErrorInvalidValue;
   }

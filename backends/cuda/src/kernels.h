@@ -25,7 +25,6 @@ struct LaunchShape {
   int head_dim;
   float scale;
   bool causal;
-  BlockOrder block_order;       // flash kernels: block -> (tile, head), matching the tile list
   const int32_t* cu_seqlens_q;  // device; reference kernels only
   const int32_t* cu_seqlens_k;
   int batch;
@@ -59,8 +58,10 @@ struct BackwardLaunch : LaunchShape {
 
 // Each returns the first CUDA error met (attribute setting, launch), else cudaSuccess. The flash
 // launchers accept head_dim 64 and 128 only (cudaErrorInvalidValue otherwise).
-cudaError_t LaunchFlashForward(const ForwardLaunch& a, cudaStream_t stream);
-cudaError_t LaunchFlashBackward(const BackwardLaunch& a, cudaStream_t stream);
+// `order` must be the one the tile list was built for: it picks the kernel instantiation (a
+// template parameter, not a launch field, so the default kernel's registers are unchanged).
+cudaError_t LaunchFlashForward(const ForwardLaunch& a, BlockOrder order, cudaStream_t stream);
+cudaError_t LaunchFlashBackward(const BackwardLaunch& a, BlockOrder order, cudaStream_t stream);
 cudaError_t LaunchReferenceForward(const ForwardLaunch& a, cudaStream_t stream);
 cudaError_t LaunchReferenceBackward(const BackwardLaunch& a, cudaStream_t stream);
 

@@ -191,7 +191,6 @@ detail::LaunchShape VarlenAttention::Shape() const {
   s.head_dim = problem_.head_dim;
   s.scale = problem_.softmax_scale;
   s.causal = problem_.causal;
-  s.block_order = options_.block_order;
   s.cu_seqlens_q = static_cast<const int32_t*>(cu_seqlens_q_.get());
   s.cu_seqlens_k = static_cast<const int32_t*>(cu_seqlens_k_.get());
   s.batch = problem_.batch();
@@ -211,7 +210,7 @@ absl::Status VarlenAttention::Forward(const ForwardTensors& t, cudaStream_t stre
   l.tiles = static_cast<const ForwardTile*>(forward_tiles_dev_.get());
   l.num_tiles = static_cast<int>(forward_tiles_.size());
   if (options_.kernel == AttentionKernel::kFlash) {
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashForward(l, stream));
+    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashForward(l, options_.block_order, stream));
   } else {
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchReferenceForward(l, stream));
   }
@@ -253,7 +252,7 @@ absl::Status VarlenAttention::Backward(const BackwardTensors& t, cudaStream_t st
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dk.data, 0, kv_bytes, stream));
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dv.data, 0, kv_bytes, stream));
     }
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashBackward(l, stream));
+    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashBackward(l, options_.block_order, stream));
   } else {
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchReferenceBackward(l, stream));
   }

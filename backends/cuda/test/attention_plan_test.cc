@@ -190,13 +190,11 @@ TEST(ForwardTiles, HeadMajorWorkedExample) {
 
 TEST(BlockTileHead, EveryOrderRunsEveryTileAndHeadOnce) {
   for (BlockOrder order : {BlockOrder::kHeaviestFirst, BlockOrder::kHeadMajor}) {
-    for (auto [tiles, heads] : {std::pair{1, 1}, std::pair{7, 3}, std::pair{5, 8}}) {
+    for (auto [tiles, heads] : {std::pair{1u, 1u}, std::pair{7u, 3u}, std::pair{5u, 8u}}) {
       std::vector<int> seen(tiles * heads, 0);
-      for (int32_t block = 0; block < tiles * heads; ++block) {
+      for (uint32_t block = 0; block < tiles * heads; ++block) {
         const TileHead th = BlockTileHead(order, block, tiles, heads);
-        ASSERT_GE(th.tile, 0);
         ASSERT_LT(th.tile, tiles);
-        ASSERT_GE(th.head, 0);
         ASSERT_LT(th.head, heads);
         ++seen[th.tile * heads + th.head];
       }
@@ -204,10 +202,10 @@ TEST(BlockTileHead, EveryOrderRunsEveryTileAndHeadOnce) {
     }
   }
   // Head-major: consecutive blocks walk the tile list for one head.
-  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).head, 1);
-  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).tile, 1);
-  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).head, 2);
-  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).tile, 2);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).head, 1u);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeadMajor, 8, 7, 3).tile, 1u);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).head, 2u);
+  EXPECT_EQ(BlockTileHead(BlockOrder::kHeaviestFirst, 8, 7, 3).tile, 2u);
 }
 
 TEST(ForwardTiles, DeterministicAndEmptySegmentsSkipped) {

@@ -32,12 +32,13 @@ enum class BlockOrder : int32_t {
 };
 
 // The (tile, head) pair that block `block` of a launch over num_tiles x heads blocks runs.
+// Unsigned, like blockIdx.x: a signed division costs the kernels a register they do not have.
 struct TileHead {
-  int32_t tile;
-  int32_t head;
+  uint32_t tile;
+  uint32_t head;
 };
-WLB_CUDA_HOST_DEVICE inline TileHead BlockTileHead(BlockOrder order, int32_t block,
-                                                   int32_t num_tiles, int32_t heads) {
+WLB_CUDA_HOST_DEVICE inline TileHead BlockTileHead(BlockOrder order, uint32_t block,
+                                                   uint32_t num_tiles, uint32_t heads) {
   if (order == BlockOrder::kHeadMajor) return {block % num_tiles, block / num_tiles};
   return {block / heads, block % heads};
 }
