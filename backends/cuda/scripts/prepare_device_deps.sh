@@ -2,7 +2,8 @@
 # Prepares <repo>/.deps (git-ignored) for a GPU machine that has nvcc, CMake, ninja and PyTorch but
 # no Debian -dev packages and no package registry: downloads the Debian packages of wlb's build
 # dependencies here (apt-get download needs no root) and unpacks them with dpkg -x into
-# .deps/root. gpu_check.sh then points CMAKE_PREFIX_PATH at .deps/root/usr. Run it here, then
+# .deps/root. gpu_check.sh's build stage (the fallback when the binaries prebuild.sh made here do
+# not load there) builds against .deps/root/usr. Run it here, then
 # send .deps with the call (the device tool's `carry`). Idempotent: re-running replaces .deps.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"

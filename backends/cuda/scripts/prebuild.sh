@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds wlb::cuda's test, benchmark, profiler and example binaries (Release, sm_90) and collects
+# them with the shared libraries they need into one folder that a GPU machine can run without a
+# build (gpu_check.sh reads it there). Run it on the dev machine, then send the folder with the
+# device call (`carry: [".device"]`; .gitignore ignores it).
+#
+#   backends/cuda/scripts/prebuild.sh [--build DIR] [--out DIR] [-- extra cmake args]
+#
+# Defaults: --build <repo>/build-device, --out <repo>/.device. The folder holds
+#   bin/      the binaries (run directly: ctest's absolute paths do not travel)
+#   lib/      every shared library they load that the GPU machine lacks (Abseil's .so's); not
+#             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver) or
+#             libnccl.so.2 (the machine's pip nvidia-nccl-cu13; gpu_check.sh puts it on
+#             LD_LIBRARY_PATH). cudart is linked statically; nothing here uses cuDNN.
+#   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
+#             enter the repository; the attention benchmark's WLB-LLM-like mix)
+#   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
+#             any kernel compiled (all of them after a clean --build folder)
+#   MANIFEST  commit, date, compilers, per-binary NEEDED libraries and newest GLIBC and GLIBCXX
+#             symbol versions (the machine's libc and libstdc++ must be at least those)
+# The script fails if a binary needs a library that is neither collected nor on the allow-list
+# above, or if the folder exceeds 48 MiB (the device call carries at most 64 MiB in all).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../../.." && pwd)"
+build="${repo}/build-device"
+out="${repo}/.device"
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "prebuild.sh: unknown argument '$1' (allowed: --build DIR, --out DIR, -- cmake args)" >&2
+       exit 2 ;;
+  esac
+done
+
+tests=(wlb_cuda_attention_problem_test wlb_cuda_attention_plan_test wlb_cuda_cpu_reference_test
+       wlb_cuda_tensor_validation_test wlb_cuda_cp_maps_test wlb_cuda_communicator_test
+       wlb_cuda_attention_gpu_test wlb_cuda_cp_gpu_test)
+benches=(wlb_cuda_attention_bench wlb_cuda_kernel_profiler wlb_cuda_cp_bench)
+examples=(wlb_cuda_cp_end_to_end)
+
+mkdir -p "${build}"
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S "${repo}" -B "${build}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF -DWLB_BUILD_TOOLS=OFF \
+  -DWLB_BUILD_CUDA=ON -DWLB_CUDA_BUILD_TESTS=ON -DWLB_CUDA_BUILD_BENCH=ON \
+  -DWLB_CUDA_BUILD_EXAMPLES=ON -DWLB_CUDA_ARCHITECTURES=90 -DWLB_CUDA_PTXAS_VERBOSE=ON \
+  "${extra[@]}" >"${build}/configure.log" 2>&1 \
+  || { tail -30 "${build}/configure.log"; echo "prebuild.sh: configure failed" >&2; exit 1; }
+grep -E "NCCL|CUDA compiler" "${build}/configure.log" || true
+if ! cmake --build "${build}" --parallel "$(nproc)" --target "${tests[@]}" "${benches[@]}" \
+    "${examples[@]}" >"${build}/build.log" 2>&1; then
+  tail -40 "${build}/build.log"
+  echo "prebuild.sh: build failed (see ${build}/build.log)" >&2
+  exit 1
+fi
+# ptxas reports a kernel only when its file compiles: keep the last complete report.
+if grep -q "Compiling entry function" "${build}/build.log"; then
+  grep -E "Compiling entry function|Used [0-9]+ registers|spill stores" "${build}/build.log" \
+    >"${build}/ptxas.txt" || true
+fi
+
+rm -rf "${out}"
+mkdir -p "${out}/bin" "${out}/lib" "${out}/data"
+for t in "${tests[@]}"; do cp "${build}/backends/cuda/test/${t}" "${out}/bin/"; done
+for t in "${benches[@]}"; do cp "${build}/backends/cuda/bench/${t}" "${out}/bin/"; done
+for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/bin/"; done
+[[ -f "${build}/ptxas.txt" ]] && cp "${build}/ptxas.txt" "${out}/ptxas.txt"
+
+# Libraries the GPU machine has (its system, its driver, its pip NCCL): everything else is copied.
+provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl)\.so'
+{
+  echo "# wlb::cuda prebuilt binaries, made by backends/cuda/scripts/prebuild.sh"
+  echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"
+  echo "date $(date -u +%FT%TZ) on $(hostname)"
+  echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
+  echo "CUDA architectures 90 (sm_90), Release; cudart static"
+} >"${out}/MANIFEST"
+missing=0
+for bin in "${out}"/bin/*; do
+  needed=$(objdump -p "${bin}" | awk '/NEEDED/ {print $2}')
+  glibc=$(objdump -T "${bin}" | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1)
+  glibcxx=$(objdump -T "${bin}" | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1)
+  echo "$(basename "${bin}"): ${glibc}, ${glibcxx}; needs $(echo ${needed})" >>"${out}/MANIFEST"
+  # Copy every non-provided library ldd resolves, transitively (ldd lists the whole closure).
+  while read -r name arrow path _; do
+    [[ "${arrow}" == "=>" ]] || continue
+    if [[ "${name}" =~ ${provided} ]]; then continue; fi
+    if [[ "${path}" == "not" ]]; then
+      echo "prebuild.sh: $(basename "${bin}") needs ${name}, not found here" >&2
+      missing=1
+      continue
+    fi
+    [[ -e "${out}/lib/${name}" ]] || cp -L "${path}" "${out}/lib/${name}"
+  done < <(ldd "${bin}")
+done
+[[ ${missing} -eq 0 ]] || exit 1
+
+mix="${repo}/../shared/data/doc_lengths_wlbllm_like.json"
+if [[ -f "${mix}" ]]; then cp "${mix}" "${out}/data/"; fi
+
+# Every binary must resolve all its libraries from the folder plus the provided ones.
+for bin in "${out}"/bin/*; do
+  if LD_LIBRARY_PATH="${out}/lib" ldd "${bin}" | grep -q "not found"; then
+    echo "prebuild.sh: $(basename "${bin}") has unresolved libraries" >&2
+    exit 1
+  fi
+done
+size_kib=$(du -sk "${out}" | cut -f1)
+echo "libraries: $(ls "${out}/lib" | wc -l) ($(du -sh "${out}/lib" | cut -f1)); binaries: $(du -sh "${out}/bin" | cut -f1)" \
+  >>"${out}/MANIFEST"
+echo "total ${size_kib} KiB" >>"${out}/MANIFEST"
+cat "${out}/MANIFEST"
+if [[ ${size_kib} -gt $((48 * 1024)) ]]; then
+  echo "prebuild.sh: ${out} is ${size_kib} KiB, over the 48 MiB budget" >&2
+  exit 1
+fi
