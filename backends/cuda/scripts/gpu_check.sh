@@ -16,7 +16,7 @@
 #              with the analytic model, the end-to-end example
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
-# The whole call shares one time budget, WLB_GPU_BUDGET_S (default 540 s): each binary's timeout
+# The whole call shares one time budget, WLB_GPU_BUDGET_S (default 480 s): each binary's timeout
 # is cut to what is left, and a stage that cannot start in time is reported NOT RUN, so a call
 # always ends inside the device tool's 10 minutes with its files written.
 #
@@ -28,7 +28,7 @@ set -uo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 dev="${WLB_DEVICE_DIR:-${repo}/.device}"
 out="${OUT:-${repo}/build-gpu-out}"
-budget="${WLB_GPU_BUDGET_S:-540}"
+budget="${WLB_GPU_BUDGET_S:-480}"
 work="$(mktemp -d /tmp/wlb-gpu.XXXXXX)"
 start=$(date +%s)
 status=0
@@ -74,7 +74,8 @@ run() {
     table+=("| ${stage} | ${name} | NOT RUN (out of time) | 0 |")
     return 125
   fi
-  local t0=$(date +%s)
+  local t0
+  t0=$(date +%s)
   timeout -k 5 "${t}" "$@" >"${work}/${stage}/${name}.log" 2>&1
   local rc=$?
   local verdict="rc ${rc}"
@@ -126,7 +127,7 @@ stage_tests() {
   # GPU tests, most informative first; each binary prints its per-test times.
   for t in attention_gpu_test cp_gpu_test; do
     "${dev}/bin/wlb_cuda_${t}" --gtest_list_tests >"${work}/tests/${t}.list" 2>&1
-    run tests "${t}" "$([[ ${t} == attention_gpu_test ]] && echo 330 || echo 300)" \
+    run tests "${t}" "$([[ ${t} == attention_gpu_test ]] && echo 300 || echo 240)" \
       "${dev}/bin/wlb_cuda_${t}"
     logs+=("gpu=${work}/tests/${t}.log=${work}/tests/${t}.list")
   done
