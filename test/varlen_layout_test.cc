@@ -1,0 +1,43 @@
+// Tests of include/wlb/core/varlen_layout.hpp.
+#include "wlb/core/varlen_layout.hpp"
+
+#include <cstdint>
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wlb {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+MicroBatch Batch(std::vector<int64_t> lengths) {
+  MicroBatch mb;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
+    mb.tokens += lengths[i];
+  }
+  return mb;
+}
+
+TEST(VarlenLayoutTest, CuSeqlensAndPositions) {
+  const MicroBatch mb = Batch({3, 1, 2});
+  EXPECT_THAT(*CuSeqlens(mb), ElementsAre(0, 3, 4, 6));
+  EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 0, 1));
+  EXPECT_THAT(*CuSeqlens(MicroBatch{}), ElementsAre(0));
+  EXPECT_TRUE(PositionIds(MicroBatch{}).empty());
+}
+
+TEST(VarlenLayoutTest, BadLengthsAndInt32Overflow) {
+  EXPECT_THAT(CuSeqlens(Batch({4, 0})).status().message(),
+              HasSubstr("document 1: document length must be > 0, got 0"));
+  const absl::StatusOr<std::vector<int32_t>> big =
+      CuSeqlens(Batch({std::numeric_limits<int32_t>::max(), 1}));
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(big.status().message(), HasSubstr("cu_seqlens must fit int32"));
+}
+
+}  // namespace
+}  // namespace wlb
