@@ -275,7 +275,7 @@ wlb::MicroBatch MicroBatchFromDocuments(std::vector<wlb::Document> docs,
   wlb::MicroBatch mb;
   mb.documents = std::move(docs);
   for (const wlb::Document& d : mb.documents) {
-    Check(wlb::ValidateLength(d.length, absl::StrFormat("document %d", d.id)));
+    if (d.length <= 0) Check(wlb::ValidateLength(d.length, absl::StrFormat("document %d", d.id)));
     if (mb.tokens > std::numeric_limits<int64_t>::max() - d.length) {
       Raise(absl::OutOfRangeError(
           absl::StrFormat("document %d: length %d overflows the micro-batch token count", d.id,
@@ -310,7 +310,7 @@ Documents MakeDocumentColumns(nb::handle ids, nb::handle lengths, nb::handle pie
           "%d, offset %d",
           i, id[i], piece[i], offset[i])));
     }
-    Check(wlb::ValidateLength(len[i], absl::StrFormat("document %d", id[i])));
+    if (len[i] <= 0) Check(wlb::ValidateLength(len[i], absl::StrFormat("document %d", id[i])));
     out.docs.push_back(wlb::Document{.id = id[i],
                                      .length = len[i],
                                      .piece = static_cast<int32_t>(piece[i]),

@@ -1,6 +1,7 @@
 """Package surface: version, stubs, models, lengths helpers and the README example."""
 
 import importlib.metadata
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -21,9 +22,10 @@ def test_version_matches_cmake_project():
 
 
 def test_stubs_and_marker_ship_with_the_package():
-    package = pathlib.Path(wlb.__file__).parent
-    assert (package / "py.typed").is_file()
-    stub = (package / "_wlb.pyi").read_text()
+    assert (pathlib.Path(wlb.__file__).parent / "py.typed").is_file()
+    # Next to the extension (in an editable install that is not where __init__.py is).
+    extension = pathlib.Path(importlib.util.find_spec("wlb._wlb").origin)
+    stub = (extension.parent / "_wlb.pyi").read_text()
     for name in ("class Packer", "def push", "def plan_shards", "class ShardPlan",
                  "def state_dict", "class CostModel", "class KernelModel"):
         assert name in stub

@@ -29,9 +29,7 @@ inline absl::StatusOr<std::vector<int32_t>> CuSeqlens(const MicroBatch& mb) {
   cu.push_back(0);
   int64_t total = 0;
   for (const Document& d : mb.documents) {
-    if (absl::Status s = ValidateLength(d.length, absl::StrFormat("document %d", d.id)); !s.ok()) {
-      return s;
-    }
+    if (d.length <= 0) return ValidateLength(d.length, absl::StrFormat("document %d", d.id));
     total += d.length;
     if (total > std::numeric_limits<int32_t>::max()) {
       return absl::OutOfRangeError(absl::StrFormat(
