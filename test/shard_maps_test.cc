@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 
 namespace wlb {
 namespace {
@@ -14,14 +15,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-MicroBatch MakeMicroBatch(const std::vector<int64_t>& lengths) {
-  MicroBatch mb;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
-    mb.tokens += lengths[i];
-  }
-  return mb;
-}
+using ::wlb::testing::MakeMicroBatch;
 
 TEST(ShardMapsTest, WorkedExamplePerSequence) {
   // Documents 5, 19, 8 at CP 2: rank 0 holds packed rows [0, 8) and [24, 32).

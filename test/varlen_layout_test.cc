@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 
 namespace wlb {
 namespace {
@@ -13,17 +14,10 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-MicroBatch Batch(std::vector<int64_t> lengths) {
-  MicroBatch mb;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
-    mb.tokens += lengths[i];
-  }
-  return mb;
-}
+using ::wlb::testing::MakeMicroBatch;
 
 TEST(VarlenLayoutTest, CuSeqlensAndPositions) {
-  const MicroBatch mb = Batch({3, 1, 2});
+  const MicroBatch mb = MakeMicroBatch({3, 1, 2});
   EXPECT_THAT(*CuSeqlens(mb), ElementsAre(0, 3, 4, 6));
   EXPECT_THAT(PositionIds(mb), ElementsAre(0, 1, 2, 0, 0, 1));
   EXPECT_THAT(*CuSeqlens(MicroBatch{}), ElementsAre(0));
@@ -31,10 +25,10 @@ TEST(VarlenLayoutTest, CuSeqlensAndPositions) {
 }
 
 TEST(VarlenLayoutTest, BadLengthsAndInt32Overflow) {
-  EXPECT_THAT(CuSeqlens(Batch({4, 0})).status().message(),
+  EXPECT_THAT(CuSeqlens(MakeMicroBatch({4, 0})).status().message(),
               HasSubstr("document 1: document length must be > 0, got 0"));
   const absl::StatusOr<std::vector<int32_t>> big =
-      CuSeqlens(Batch({std::numeric_limits<int32_t>::max(), 1}));
+      CuSeqlens(MakeMicroBatch({std::numeric_limits<int32_t>::max(), 1}));
   EXPECT_EQ(big.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(big.status().message(), HasSubstr("cu_seqlens must fit int32"));
 }
