@@ -174,38 +174,25 @@ struct Documents {
   std::vector<wlb::Document> docs;
 };
 
-// Binds the per-document columns shared by Documents and MicroBatch.
+// Binds the per-document columns shared by Documents and MicroBatch: one numpy array per field.
 template <typename Class, typename Get>
 void DefColumns(Class& cls, Get get) {
   using T = typename Class::Type;
-  cls.def_prop_ro(
-         "ids", [get](const T& self) { return Column<int64_t>(get(self), [](auto& d) { return d.id; }); },
-         "Document ids (int64), one per piece.", nb::rv_policy::automatic)
-      .def_prop_ro(
-          "lengths",
-          [get](const T& self) {
-            return Column<int64_t>(get(self), [](auto& d) { return d.length; });
-          },
-          "Piece lengths in tokens (int64).", nb::rv_policy::automatic)
-      .def_prop_ro(
-          "pieces",
-          [get](const T& self) {
-            return Column<int32_t>(get(self), [](auto& d) { return d.piece; });
-          },
-          "Piece index within its document (int32).", nb::rv_policy::automatic)
-      .def_prop_ro(
-          "offsets",
-          [get](const T& self) {
-            return Column<int64_t>(get(self), [](auto& d) { return d.offset; });
-          },
-          "First token of each piece within its document (int64).", nb::rv_policy::automatic)
-      .def_prop_ro(
-          "arrival_steps",
-          [get](const T& self) {
-            return Column<int64_t>(get(self), [](auto& d) { return d.arrival_step; });
-          },
-          "Step each piece arrived with (int64).", nb::rv_policy::automatic)
-      .def("__len__", [get](const T& self) { return get(self).size(); });
+  auto column = [&](const char* name, auto field, const char* doc) {
+    using V = decltype(field(std::declval<const wlb::Document&>()));
+    cls.def_prop_ro(
+        name, [get, field](const T& self) { return Column<V>(get(self), field); }, doc,
+        nb::rv_policy::automatic);
+  };
+  column("ids", [](const wlb::Document& d) { return d.id; }, "Document ids (int64), one per piece.");
+  column("lengths", [](const wlb::Document& d) { return d.length; }, "Piece lengths (int64).");
+  column("pieces", [](const wlb::Document& d) { return d.piece; },
+         "Piece index within its document (int32).");
+  column("offsets", [](const wlb::Document& d) { return d.offset; },
+         "First token of each piece within its document (int64).");
+  column("arrival_steps", [](const wlb::Document& d) { return d.arrival_step; },
+         "Step each piece arrived with (int64).");
+  cls.def("__len__", [get](const T& self) { return get(self).size(); });
 }
 
 // A planned step plus what its metrics need.
@@ -434,6 +421,8 @@ NB_MODULE(_wlb, m) {
             return Unwrap(wlb::FitCostModel(points)).model;
           },
           "lengths"_a, "latencies"_a,
+          nb::sig("def fit(lengths: numpy.typing.ArrayLike, latencies: numpy.typing.ArrayLike) -> "
+                  "CostModel"),
           "Fits a*d^2 + b*d + c (ms, all >= 0) to measured latencies; the fit errors are in "
           "`description`.")
       .def_static(
@@ -634,6 +623,8 @@ NB_MODULE(_wlb, m) {
         return Documents{PiecesOf(ToInt64(lengths, "lengths"), nullptr, first_id, context)};
       },
       "lengths"_a, "context"_a, "first_id"_a = 0,
+      nb::sig("def make_documents(lengths: numpy.typing.ArrayLike, context: int, first_id: int = 0) "
+              "-> Documents"),
       "Splits documents into pieces of at most `context` tokens; ids first_id, first_id+1, ...");
   m.def(
       "split_into_steps",
@@ -759,6 +750,8 @@ NB_MODULE(_wlb, m) {
             return steps;
           },
           "arrivals"_a, "ids"_a = nb::none(),
+          nb::sig("def push(self, arrivals: Documents | numpy.typing.ArrayLike, ids: "
+                  "numpy.typing.ArrayLike | None = None) -> list[StepPlan]"),
           "Consumes one step of arrivals: an array of document lengths (split into pieces of <= "
           "S tokens; ids continue from next_document_id unless given) or a Documents object of "
           "pieces. Returns the steps that became ready.")
@@ -772,6 +765,7 @@ NB_MODULE(_wlb, m) {
             }
             return ToSteps(std::move(plans), p.cost);
           },
+          nb::sig("def flush(self) -> list[StepPlan]"),
           "Plans everything still held into final (drain) steps.")
       .def_prop_ro(
           "pending", [](const PyPacker& p) { return Documents{p.packer->Pending()}; },
@@ -977,6 +971,9 @@ NB_MODULE(_wlb, m) {
         return out;
       },
       "micro_batch"_a, "cp"_a, "strategy"_a = "adaptive", "kernel_model"_a = nb::none(),
+      nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
+              "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None) -> "
+              "ShardPlan"),
       "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: "
       "per-seq, per-doc, adaptive or hybrid.");
 }
