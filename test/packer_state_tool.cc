@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
   const wlb::PackerConfig config{
       .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
-  auto packer = wlb::MakePacker(argv[3], config, cost,
-                                {.thresholds = wlb::DefaultThresholds(context, 2)});
+  auto packer =
+      wlb::MakePacker(argv[3], config, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
   if (!packer.ok()) return Fail(std::string(packer.status().message()));
   auto lengths = wlb::ReadLengthsFile(argv[2]);
   if (!lengths.ok()) return Fail(std::string(lengths.status().message()));

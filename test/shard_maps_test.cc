@@ -19,9 +19,8 @@ using ::wlb::testing::MakeMicroBatch;
 
 TEST(ShardMapsTest, WorkedExamplePerSequence) {
   // Documents 5, 19, 8 at CP 2: rank 0 holds packed rows [0, 8) and [24, 32).
-  const ShardPlan plan =
-      *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence,
-                  KernelModel::Default());
+  const ShardPlan plan = *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence,
+                                     KernelModel::Default());
   const ShardMaps maps = *BuildShardMaps(plan);
   ASSERT_EQ(maps.ranks.size(), 2u);
   EXPECT_THAT(maps.ranks[0].local_to_packed,
@@ -74,9 +73,8 @@ TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
 }
 
 TEST(ShardMapsTest, InconsistentPlansAreRejected) {
-  const ShardPlan good =
-      *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerDocument,
-                  KernelModel::Default());
+  const ShardPlan good = *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerDocument,
+                                     KernelModel::Default());
   ShardPlan twice = good;
   twice.ranks[1].segments.push_back(twice.ranks[0].segments[0]);
   twice.rank_capacity += 100;

@@ -70,10 +70,9 @@ std::vector<int64_t> ToInt64(nb::handle obj, const char* what) {
     try {
       converted = asarray(obj);
     } catch (const nb::python_error&) {
-      throw nb::type_error(
-          absl::StrFormat("%s must be a 1-D integer array, got %s", what,
-                          nb::inst_name(obj).c_str())
-              .c_str());
+      throw nb::type_error(absl::StrFormat("%s must be a 1-D integer array, got %s", what,
+                                           nb::inst_name(obj).c_str())
+                               .c_str());
     }
     if (!nb::try_cast(converted, a)) {
       throw nb::type_error(absl::StrFormat("%s must be a 1-D integer array", what).c_str());
@@ -94,31 +93,48 @@ std::vector<int64_t> ToInt64(nb::handle obj, const char* what) {
   auto at = [&](size_t i) { return base + static_cast<int64_t>(i) * stride * bytes; };
   const bool is_int = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int);
   const bool is_uint = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt);
-  if ((!is_int && !is_uint) || dt.lanes != 1 || !(bytes == 1 || bytes == 2 || bytes == 4 ||
-                                                    bytes == 8)) {
-    const char* kind = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)  ? "float"
-                       : dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool) ? "bool"
-                                                                                        : "non-integer";
-    throw nb::type_error(absl::StrFormat("%s must be an integer array, got a %s%d array", what,
-                                         kind, dt.bits)
-                             .c_str());
+  if ((!is_int && !is_uint) || dt.lanes != 1 ||
+      !(bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8)) {
+    const char* kind = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) ? "float"
+                       : dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bool)
+                           ? "bool"
+                           : "non-integer";
+    throw nb::type_error(
+        absl::StrFormat("%s must be an integer array, got a %s%d array", what, kind, dt.bits)
+            .c_str());
   }
   for (size_t i = 0; i < n; ++i) {
     const char* p = at(i);
     if (is_int) {
       switch (bytes) {
-        case 1: out[i] = *reinterpret_cast<const int8_t*>(p); break;
-        case 2: out[i] = *reinterpret_cast<const int16_t*>(p); break;
-        case 4: out[i] = *reinterpret_cast<const int32_t*>(p); break;
-        default: out[i] = *reinterpret_cast<const int64_t*>(p); break;
+        case 1:
+          out[i] = *reinterpret_cast<const int8_t*>(p);
+          break;
+        case 2:
+          out[i] = *reinterpret_cast<const int16_t*>(p);
+          break;
+        case 4:
+          out[i] = *reinterpret_cast<const int32_t*>(p);
+          break;
+        default:
+          out[i] = *reinterpret_cast<const int64_t*>(p);
+          break;
       }
     } else {
       uint64_t v = 0;
       switch (bytes) {
-        case 1: v = *reinterpret_cast<const uint8_t*>(p); break;
-        case 2: v = *reinterpret_cast<const uint16_t*>(p); break;
-        case 4: v = *reinterpret_cast<const uint32_t*>(p); break;
-        default: v = *reinterpret_cast<const uint64_t*>(p); break;
+        case 1:
+          v = *reinterpret_cast<const uint8_t*>(p);
+          break;
+        case 2:
+          v = *reinterpret_cast<const uint16_t*>(p);
+          break;
+        case 4:
+          v = *reinterpret_cast<const uint32_t*>(p);
+          break;
+        default:
+          v = *reinterpret_cast<const uint64_t*>(p);
+          break;
       }
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         PyErr_SetString(PyExc_ValueError,
@@ -184,14 +200,19 @@ void DefColumns(Class& cls, Get get) {
         name, [get, field](const T& self) { return Column<V>(get(self), field); }, doc,
         nb::rv_policy::automatic);
   };
-  column("ids", [](const wlb::Document& d) { return d.id; }, "Document ids (int64), one per piece.");
-  column("lengths", [](const wlb::Document& d) { return d.length; }, "Piece lengths (int64).");
-  column("pieces", [](const wlb::Document& d) { return d.piece; },
-         "Piece index within its document (int32).");
-  column("offsets", [](const wlb::Document& d) { return d.offset; },
-         "First token of each piece within its document (int64).");
-  column("arrival_steps", [](const wlb::Document& d) { return d.arrival_step; },
-         "Step each piece arrived with (int64).");
+  column(
+      "ids", [](const wlb::Document& d) { return d.id; }, "Document ids (int64), one per piece.");
+  column(
+      "lengths", [](const wlb::Document& d) { return d.length; }, "Piece lengths (int64).");
+  column(
+      "pieces", [](const wlb::Document& d) { return d.piece; },
+      "Piece index within its document (int32).");
+  column(
+      "offsets", [](const wlb::Document& d) { return d.offset; },
+      "First token of each piece within its document (int64).");
+  column(
+      "arrival_steps", [](const wlb::Document& d) { return d.arrival_step; },
+      "Step each piece arrived with (int64).");
   cls.def("__len__", [get](const T& self) { return get(self).size(); });
 }
 
@@ -264,9 +285,8 @@ wlb::MicroBatch MicroBatchFromDocuments(std::vector<wlb::Document> docs,
   for (const wlb::Document& d : mb.documents) {
     if (d.length <= 0) Check(wlb::ValidateLength(d.length, absl::StrFormat("document %d", d.id)));
     if (mb.tokens > std::numeric_limits<int64_t>::max() - d.length) {
-      Raise(absl::OutOfRangeError(
-          absl::StrFormat("document %d: length %d overflows the micro-batch token count", d.id,
-                          d.length)));
+      Raise(absl::OutOfRangeError(absl::StrFormat(
+          "document %d: length %d overflows the micro-batch token count", d.id, d.length)));
     }
     mb.tokens += d.length;
     if (cost != nullptr) mb.cost += (*cost)(d.length);
@@ -284,8 +304,8 @@ Documents MakeDocumentColumns(nb::handle ids, nb::handle lengths, nb::handle pie
   if (!offsets.is_none()) offset = ToInt64(offsets, "offsets");
   if (id.size() != len.size() || piece.size() != len.size() || offset.size() != len.size()) {
     Raise(absl::InvalidArgumentError(absl::StrFormat(
-        "ids, lengths, pieces and offsets must have the same size, got %d, %d, %d, %d",
-        id.size(), len.size(), piece.size(), offset.size())));
+        "ids, lengths, pieces and offsets must have the same size, got %d, %d, %d, %d", id.size(),
+        len.size(), piece.size(), offset.size())));
   }
   Documents out;
   out.docs.reserve(len.size());
@@ -312,8 +332,8 @@ std::vector<wlb::Document> PiecesOf(const std::vector<int64_t>& lengths,
                                     const std::vector<int64_t>* ids, int64_t first_id,
                                     int64_t context) {
   if (ids != nullptr && ids->size() != lengths.size()) {
-    Raise(absl::InvalidArgumentError(absl::StrFormat(
-        "ids has %d entries but lengths has %d", ids->size(), lengths.size())));
+    Raise(absl::InvalidArgumentError(
+        absl::StrFormat("ids has %d entries but lengths has %d", ids->size(), lengths.size())));
   }
   std::vector<wlb::Document> docs;
   docs.reserve(lengths.size());
@@ -332,17 +352,18 @@ wlb::MicroBatch AsMicroBatch(nb::handle obj) {
   wlb::MicroBatch* mb = nullptr;
   if (nb::try_cast(obj, mb) && mb != nullptr) return *mb;
   Documents* docs = nullptr;
-  if (nb::try_cast(obj, docs) && docs != nullptr) return MicroBatchFromDocuments(docs->docs, nullptr);
+  if (nb::try_cast(obj, docs) && docs != nullptr)
+    return MicroBatchFromDocuments(docs->docs, nullptr);
   return MicroBatchFromDocuments(PiecesOf(ToInt64(obj, "micro_batch lengths"), nullptr, 0,
                                           std::numeric_limits<int64_t>::max()),
                                  nullptr);
 }
 
 void CheckCostModel(const wlb::CostModel& m) {
-  for (auto [name, v] : {std::pair{"attn_quadratic", m.attn_quadratic},
-                         std::pair{"attn_linear", m.attn_linear},
-                         std::pair{"linear_per_token", m.linear_per_token},
-                         std::pair{"per_document", m.per_document}}) {
+  for (auto [name, v] :
+       {std::pair{"attn_quadratic", m.attn_quadratic}, std::pair{"attn_linear", m.attn_linear},
+        std::pair{"linear_per_token", m.linear_per_token},
+        std::pair{"per_document", m.per_document}}) {
     if (!(v >= 0.0) || !std::isfinite(v)) {
       Raise(absl::InvalidArgumentError(
           absl::StrFormat("cost model: %s must be >= 0 and finite, got %g", name, v)));
@@ -384,13 +405,14 @@ NB_MODULE(_wlb, m) {
           "per_document"_a = 0.0, "unit"_a = "flop", "description"_a = "")
       .def_static(
           "from_preset",
-          [](const std::string& name) { return Unwrap(wlb::CostModelFromPreset(name)); },
-          "name"_a, "Forward-FLOP model of a preset (see CostModel.presets()).")
+          [](const std::string& name) { return Unwrap(wlb::CostModelFromPreset(name)); }, "name"_a,
+          "Forward-FLOP model of a preset (see CostModel.presets()).")
       .def_static(
           "presets",
           [] {
             std::vector<std::string> names;
-            for (const wlb::TransformerShape& s : wlb::TransformerPresets()) names.push_back(s.name);
+            for (const wlb::TransformerShape& s : wlb::TransformerPresets())
+              names.push_back(s.name);
             return names;
           },
           "Names of the built-in transformer shapes.")
@@ -484,10 +506,10 @@ NB_MODULE(_wlb, m) {
           "from_profile",
           [](const std::string& path, int64_t heads, int64_t head_dim, int64_t tile_q,
              int64_t tile_k, double segment_overhead_ms) {
-            return Unwrap(wlb::ReadKernelProfileCsv(path,
-                                                    MakeKernelShape(heads, head_dim, tile_q, tile_k),
-                                                    segment_overhead_ms),
-                          ErrorKind::kFile);
+            return Unwrap(
+                wlb::ReadKernelProfileCsv(path, MakeKernelShape(heads, head_dim, tile_q, tile_k),
+                                          segment_overhead_ms),
+                ErrorKind::kFile);
           },
           "path"_a, "heads"_a = 32, "head_dim"_a = 128, "tile_q"_a = 128, "tile_k"_a = 128,
           "segment_overhead_ms"_a = 0.0,
@@ -515,9 +537,9 @@ NB_MODULE(_wlb, m) {
           "segment_ms",
           [](const wlb::KernelModel& k, int64_t q_len, int64_t kv_len) {
             if (q_len < 0 || kv_len < q_len) {
-              Raise(absl::InvalidArgumentError(absl::StrFormat(
-                  "segment_ms: need 0 <= q_len <= kv_len, got q_len %d, kv_len %d", q_len,
-                  kv_len)));
+              Raise(absl::InvalidArgumentError(
+                  absl::StrFormat("segment_ms: need 0 <= q_len <= kv_len, got q_len %d, kv_len %d",
+                                  q_len, kv_len)));
             }
             return k.SegmentMs(q_len, kv_len);
           },
@@ -537,10 +559,11 @@ NB_MODULE(_wlb, m) {
         new (self) Documents(std::move(d));
       },
       "ids"_a, "lengths"_a, "pieces"_a = nb::none(), "offsets"_a = nb::none());
-  DefColumns(documents, [](const Documents& d) -> const std::vector<wlb::Document>& {
-    return d.docs;
-  });
-  documents.def_prop_ro("tokens", [](const Documents& d) { return wlb::TotalTokens(d.docs); }, nb::rv_policy::automatic);
+  DefColumns(documents,
+             [](const Documents& d) -> const std::vector<wlb::Document>& { return d.docs; });
+  documents.def_prop_ro(
+      "tokens", [](const Documents& d) { return wlb::TotalTokens(d.docs); },
+      nb::rv_policy::automatic);
 
   auto micro_batch = nb::class_<wlb::MicroBatch>(
       m, "MicroBatch", "One packed micro-batch: its pieces in order, tokens and cost.");
@@ -550,8 +573,7 @@ NB_MODULE(_wlb, m) {
         wlb::MicroBatch mb = AsMicroBatch(documents);
         new (self) wlb::MicroBatch(std::move(mb));
       },
-      "documents"_a,
-      "From a Documents object or an array of lengths (ids 0, 1, ...; cost 0).");
+      "documents"_a, "From a Documents object or an array of lengths (ids 0, 1, ...; cost 0).");
   DefColumns(micro_batch, [](const wlb::MicroBatch& mb) -> const std::vector<wlb::Document>& {
     return mb.documents;
   });
@@ -560,7 +582,8 @@ NB_MODULE(_wlb, m) {
       .def_prop_ro(
           "cu_seqlens",
           [](const wlb::MicroBatch& mb) { return ToNumpy(Unwrap(wlb::CuSeqlens(mb))); },
-          "int32 prefix sums of the piece lengths, from 0 (FlashAttention varlen layout).", nb::rv_policy::automatic)
+          "int32 prefix sums of the piece lengths, from 0 (FlashAttention varlen layout).",
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "position_ids", [](const wlb::MicroBatch& mb) { return ToNumpy(wlb::PositionIds(mb)); },
           "int64 position of every packed token inside its piece.", nb::rv_policy::automatic)
@@ -577,9 +600,11 @@ NB_MODULE(_wlb, m) {
           "The pieces as a Documents object (a copy).", nb::rv_policy::automatic);
 
   nb::class_<Step>(m, "StepPlan", "One planned step: N micro-batches and their balance.")
-      .def_prop_ro("step", [](const Step& s) { return s.plan.step; }, nb::rv_policy::automatic)
-      .def_prop_ro("drain", [](const Step& s) { return s.plan.drain; },
-                   "Produced by flush() at the end of input.", nb::rv_policy::automatic)
+      .def_prop_ro(
+          "step", [](const Step& s) { return s.plan.step; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "drain", [](const Step& s) { return s.plan.drain; },
+          "Produced by flush() at the end of input.", nb::rv_policy::automatic)
       .def_prop_ro(
           "micro_batches",
           [](nb::handle self) {
@@ -611,8 +636,12 @@ NB_MODULE(_wlb, m) {
       .def_ro("imbalance", &Step::imbalance, "Max / mean micro-batch cost.")
       .def_ro("lower_bound", &Step::lower_bound,
               "max(heaviest document, mean) / mean: no packing of these documents does better.")
-      .def_prop_ro("held_back_documents", [](const Step& s) { return s.plan.held_back_documents; }, nb::rv_policy::automatic)
-      .def_prop_ro("held_back_tokens", [](const Step& s) { return s.plan.held_back_tokens; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "held_back_documents", [](const Step& s) { return s.plan.held_back_documents; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "held_back_tokens", [](const Step& s) { return s.plan.held_back_tokens; },
+          nb::rv_policy::automatic)
       .def(
           "to_json", [](const Step& s) { return wlb::StepToJson(s.plan, *s.cost).dump(); },
           "The step as wlb-plan --format json writes it.");
@@ -623,8 +652,9 @@ NB_MODULE(_wlb, m) {
         return Documents{PiecesOf(ToInt64(lengths, "lengths"), nullptr, first_id, context)};
       },
       "lengths"_a, "context"_a, "first_id"_a = 0,
-      nb::sig("def make_documents(lengths: numpy.typing.ArrayLike, context: int, first_id: int = 0) "
-              "-> Documents"),
+      nb::sig(
+          "def make_documents(lengths: numpy.typing.ArrayLike, context: int, first_id: int = 0) "
+          "-> Documents"),
       "Splits documents into pieces of at most `context` tokens; ids first_id, first_id+1, ...");
   m.def(
       "split_into_steps",
@@ -816,15 +846,28 @@ NB_MODULE(_wlb, m) {
             p.next_document_id = next_id;
           },
           "state"_a, "Restores a state_dict(); on error nothing changes.")
-      .def_prop_ro("name", [](const PyPacker& p) { return std::string(p.packer->name()); }, nb::rv_policy::automatic)
-      .def_prop_ro("context", [](const PyPacker& p) { return p.packer->config().context; }, nb::rv_policy::automatic)
-      .def_prop_ro("max_tokens", [](const PyPacker& p) { return p.packer->config().max_tokens; }, nb::rv_policy::automatic)
-      .def_prop_ro("micro_batches",
-                   [](const PyPacker& p) { return p.packer->config().micro_batches; }, nb::rv_policy::automatic)
-      .def_prop_ro("thresholds", [](const PyPacker& p) { return p.options.thresholds; }, nb::rv_policy::automatic)
-      .def_prop_ro("window", [](const PyPacker& p) { return p.options.window; }, nb::rv_policy::automatic)
-      .def_prop_ro("cost", [](const PyPacker& p) { return *p.cost; }, nb::rv_policy::automatic)
-      .def_prop_ro("next_document_id", [](const PyPacker& p) { return p.next_document_id; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "name", [](const PyPacker& p) { return std::string(p.packer->name()); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "context", [](const PyPacker& p) { return p.packer->config().context; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "max_tokens", [](const PyPacker& p) { return p.packer->config().max_tokens; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "micro_batches", [](const PyPacker& p) { return p.packer->config().micro_batches; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "thresholds", [](const PyPacker& p) { return p.options.thresholds; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "window", [](const PyPacker& p) { return p.options.window; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "cost", [](const PyPacker& p) { return *p.cost; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "next_document_id", [](const PyPacker& p) { return p.next_document_id; },
+          nb::rv_policy::automatic)
       .def("__repr__", [](const PyPacker& p) {
         return absl::StrFormat("Packer('%s', context=%d, max_tokens=%d, micro_batches=%d)",
                                p.packer->name(), p.packer->config().context,
@@ -857,10 +900,12 @@ NB_MODULE(_wlb, m) {
   // ---- shard plans --------------------------------------------------------------------------
   nb::class_<RankRef>(m, "RankShard",
                       "One CP rank's share of a micro-batch, as index arrays for PyTorch.")
-      .def_prop_ro("rank", [](const RankRef& r) { return r.rank; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "rank", [](const RankRef& r) { return r.rank; }, nb::rv_policy::automatic)
       .def_prop_ro(
           "token_indices", [](const RankRef& r) { return Widen(r.maps().local_to_packed); },
-          "Packed micro-batch rows this rank holds, in its local order (int64).", nb::rv_policy::automatic)
+          "Packed micro-batch rows this rank holds, in its local order (int64).",
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "key_indices",
           [](const RankRef& r) {
@@ -870,50 +915,86 @@ NB_MODULE(_wlb, m) {
             }
             return ToNumpy(std::move(keys));
           },
-          "Packed rows of this rank's keys, in its cu_seqlens_k layout (int64).", nb::rv_policy::automatic)
+          "Packed rows of this rank's keys, in its cu_seqlens_k layout (int64).",
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "key_rows", [](const RankRef& r) { return Widen(r.maps().key_rows); },
           "Rows of the all-gathered K/V (cp_size x rank_capacity, rank-major) holding this "
-          "rank's keys, in its cu_seqlens_k layout (int64).", nb::rv_policy::automatic)
-      .def_prop_ro("cu_seqlens_q", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_q); }, nb::rv_policy::automatic)
-      .def_prop_ro("cu_seqlens_k", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_k); }, nb::rv_policy::automatic)
-      .def_prop_ro("max_seqlen_q", [](const RankRef& r) { return r.shard().max_seqlen_q; }, nb::rv_policy::automatic)
-      .def_prop_ro("max_seqlen_k", [](const RankRef& r) { return r.shard().max_seqlen_k; }, nb::rv_policy::automatic)
-      .def_prop_ro("tokens", [](const RankRef& r) { return r.shard().tokens; }, nb::rv_policy::automatic)
-      .def_prop_ro("causal_pairs", [](const RankRef& r) { return r.shard().causal_pairs; }, nb::rv_policy::automatic)
-      .def_prop_ro("predicted_ms",
-                   [](const RankRef& r) { return r.plan->predicted_ms[static_cast<size_t>(r.rank)]; }, nb::rv_policy::automatic)
-      .def_prop_ro("segment_ids",
-                   [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.id; }); }, nb::rv_policy::automatic)
-      .def_prop_ro("segment_pieces",
-                   [](const RankRef& r) {
-                     return SegmentColumn(r, [](auto& s) { return int64_t{s.piece}; });
-                   }, nb::rv_policy::automatic)
-      .def_prop_ro("q_begin", [](const RankRef& r) {
-        return SegmentColumn(r, [](auto& s) { return s.q_begin; });
-      }, nb::rv_policy::automatic)
-      .def_prop_ro("q_end",
-                   [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.q_end; }); }, nb::rv_policy::automatic)
-      .def_prop_ro("q_pos",
-                   [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.q_pos; }); }, nb::rv_policy::automatic)
-      .def_prop_ro("k_pos",
-                   [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.k_pos; }); }, nb::rv_policy::automatic)
-      .def_prop_ro("doc_index", [](const RankRef& r) {
-        return SegmentColumn(r, [](auto& s) { return s.doc_index; });
-      }, nb::rv_policy::automatic);
+          "rank's keys, in its cu_seqlens_k layout (int64).",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "cu_seqlens_q", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_q); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "cu_seqlens_k", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_k); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "max_seqlen_q", [](const RankRef& r) { return r.shard().max_seqlen_q; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "max_seqlen_k", [](const RankRef& r) { return r.shard().max_seqlen_k; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "tokens", [](const RankRef& r) { return r.shard().tokens; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "causal_pairs", [](const RankRef& r) { return r.shard().causal_pairs; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "predicted_ms",
+          [](const RankRef& r) { return r.plan->predicted_ms[static_cast<size_t>(r.rank)]; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "segment_ids",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.id; }); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "segment_pieces",
+          [](const RankRef& r) {
+            return SegmentColumn(r, [](auto& s) { return int64_t{s.piece}; });
+          },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "q_begin",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.q_begin; }); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "q_end",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.q_end; }); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "q_pos",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.q_pos; }); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "k_pos",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.k_pos; }); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "doc_index",
+          [](const RankRef& r) { return SegmentColumn(r, [](auto& s) { return s.doc_index; }); },
+          nb::rv_policy::automatic);
 
   nb::class_<PyShardPlan>(m, "ShardPlan", "The CP shard plan of one micro-batch.")
-      .def_prop_ro("strategy",
-                   [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
-                   "The strategy used (adaptive resolves to per-seq or per-doc).", nb::rv_policy::automatic)
-      .def_prop_ro("requested", [](const PyShardPlan& p) {
-        return std::string(wlb::ShardStrategyName(p.plan.requested));
-      }, nb::rv_policy::automatic)
-      .def_prop_ro("cp_size", [](const PyShardPlan& p) { return p.plan.cp_size; }, nb::rv_policy::automatic)
-      .def_prop_ro("tokens", [](const PyShardPlan& p) { return p.plan.tokens; }, nb::rv_policy::automatic)
-      .def_prop_ro("rank_capacity", [](const PyShardPlan& p) { return p.plan.rank_capacity; },
-                   "Rows of every rank's local buffer, padding included.", nb::rv_policy::automatic)
-      .def_prop_ro("padding_tokens", [](const PyShardPlan& p) { return p.plan.padding_tokens(); }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "strategy",
+          [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
+          "The strategy used (adaptive resolves to per-seq or per-doc).", nb::rv_policy::automatic)
+      .def_prop_ro(
+          "requested",
+          [](const PyShardPlan& p) {
+            return std::string(wlb::ShardStrategyName(p.plan.requested));
+          },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "cp_size", [](const PyShardPlan& p) { return p.plan.cp_size; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "tokens", [](const PyShardPlan& p) { return p.plan.tokens; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "rank_capacity", [](const PyShardPlan& p) { return p.plan.rank_capacity; },
+          "Rows of every rank's local buffer, padding included.", nb::rv_policy::automatic)
+      .def_prop_ro(
+          "padding_tokens", [](const PyShardPlan& p) { return p.plan.padding_tokens(); },
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "packed_to_gathered",
           [](const PyShardPlan& p) { return Widen(p.maps.packed_to_gathered); },
@@ -924,7 +1005,8 @@ NB_MODULE(_wlb, m) {
             std::vector<RankRef> out;
             for (int r = 0; r < p->plan.cp_size; ++r) out.push_back(RankRef{p, r});
             return out;
-          }, nb::rv_policy::automatic)
+          },
+          nb::rv_policy::automatic)
       .def("__len__", [](const PyShardPlan& p) { return p.plan.ranks.size(); })
       .def("__getitem__",
            [](const std::shared_ptr<PyShardPlan>& p, int r) {
@@ -932,11 +1014,13 @@ NB_MODULE(_wlb, m) {
              if (r < 0 || r >= p->plan.cp_size) throw nb::index_error("rank out of range");
              return RankRef{p, r};
            })
-      .def_prop_ro("predicted_ms", [](const PyShardPlan& p) { return ToNumpy(p.predicted_ms); },
-                   "Predicted attention latency of every rank (float64, ms).", nb::rv_policy::automatic)
-      .def_prop_ro("balance",
-                   [](const PyShardPlan& p) { return JsonToDict(wlb::CpBalanceToJson(p.balance)); },
-                   "CP imbalance in causal pairs and under the kernel model.", nb::rv_policy::automatic)
+      .def_prop_ro(
+          "predicted_ms", [](const PyShardPlan& p) { return ToNumpy(p.predicted_ms); },
+          "Predicted attention latency of every rank (float64, ms).", nb::rv_policy::automatic)
+      .def_prop_ro(
+          "balance",
+          [](const PyShardPlan& p) { return JsonToDict(wlb::CpBalanceToJson(p.balance)); },
+          "CP imbalance in causal pairs and under the kernel model.", nb::rv_policy::automatic)
       .def(
           "to_json", [](const PyShardPlan& p) { return wlb::ShardPlanToJson(p.plan).dump(); },
           "The plan's keys as wlb-plan --cp writes them on a micro-batch.");

@@ -44,9 +44,9 @@ struct ShardMaps {
 inline absl::StatusOr<ShardMaps> BuildShardMaps(const ShardPlan& plan) {
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
   if (plan.cp_size < 1 || plan.ranks.size() != static_cast<size_t>(plan.cp_size)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shard plan has cp_size %d and %d ranks; need cp_size >= 1 ranks", plan.cp_size,
-        plan.ranks.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shard plan has cp_size %d and %d ranks; need cp_size >= 1 ranks",
+                        plan.cp_size, plan.ranks.size()));
   }
   if (plan.tokens < 0 || plan.rank_capacity < 0 || plan.tokens > kInt32Max ||
       plan.rank_capacity > kInt32Max / plan.cp_size) {
