@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
@@ -19,14 +20,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-MicroBatch MakeMicroBatch(const std::vector<int64_t>& lengths) {
-  MicroBatch mb;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
-    mb.tokens += lengths[i];
-  }
-  return mb;
-}
+using ::wlb::testing::MakeMicroBatch;
 
 std::vector<int64_t> Pairs(const ShardPlan& plan) {
   std::vector<int64_t> pairs;

@@ -77,4 +77,14 @@ inline std::vector<int64_t> RandomLengths(std::mt19937_64& rng, int64_t context,
   return lengths;
 }
 
+// A micro-batch of whole documents with ids 0, 1, ... and the given lengths (cost 0).
+inline MicroBatch MakeMicroBatch(const std::vector<int64_t>& lengths) {
+  MicroBatch mb;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    mb.documents.push_back(Document{.id = static_cast<int64_t>(i), .length = lengths[i]});
+    mb.tokens += lengths[i];
+  }
+  return mb;
+}
+
 }  // namespace wlb::testing

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "wlb/core/document.hpp"
+#include "wlb/core/varlen_layout.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
@@ -20,5 +21,6 @@
 #include "wlb/pack/wlb_packer.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_json.hpp"
+#include "wlb/shard/shard_maps.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"

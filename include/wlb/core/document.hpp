@@ -56,8 +56,8 @@ inline absl::Status AppendPieces(int64_t id, int64_t length, int64_t context,
     return absl::InvalidArgumentError(
         absl::StrFormat("context window must be > 0 tokens, got %d", context));
   }
-  if (absl::Status s = ValidateLength(length, absl::StrFormat("document %d", id)); !s.ok()) {
-    return s;
+  if (length <= 0) {  // format the message only when it is needed (this runs per document)
+    return ValidateLength(length, absl::StrFormat("document %d", id));
   }
   int32_t piece = 0;
   for (int64_t offset = 0; offset < length; offset += context, ++piece) {

@@ -1,0 +1,120 @@
+"""Shard plans as index arrays: every token exactly once, keys where the all-gather puts them,
+and the same plans as wlb-plan --cp writes."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import wlb
+from conftest import binary, random_lengths
+
+STRATEGIES = ["per-seq", "per-doc", "adaptive", "hybrid"]
+
+
+def check_plan(plan, lengths):
+    total = int(np.sum(lengths))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    assert plan.tokens == total and len(plan) == plan.cp_size
+    held = np.concatenate([r.token_indices for r in plan.ranks])
+    assert held.dtype == np.int64
+    assert np.array_equal(np.sort(held), np.arange(total)), "a token held twice or by no rank"
+    # The all-gather layout: rank r's local row i is gathered row r * rank_capacity + i.
+    gathered = np.full(plan.cp_size * plan.rank_capacity, -1, dtype=np.int64)
+    for r in plan.ranks:
+        assert r.token_indices.size == r.tokens <= plan.rank_capacity
+        gathered[r.rank * plan.rank_capacity + np.arange(r.tokens)] = r.token_indices
+    assert np.array_equal(gathered[plan.packed_to_gathered], np.arange(total))
+    for r in plan.ranks:
+        cu_q, cu_k = r.cu_seqlens_q, r.cu_seqlens_k
+        assert cu_q.dtype == np.int32 and cu_k.dtype == np.int32
+        q_len = r.q_end - r.q_begin
+        assert np.array_equal(np.diff(cu_q), q_len) and np.array_equal(np.diff(cu_k), r.q_end)
+        assert r.max_seqlen_q == (q_len.max() if q_len.size else 0)
+        assert r.max_seqlen_k == (r.q_end.max() if q_len.size else 0)
+        # Queries: each segment's packed rows, in segment order.
+        assert np.array_equal(r.q_pos, starts[r.doc_index] + r.q_begin)
+        expected_q = [np.arange(p, p + n) for p, n in zip(r.q_pos, q_len)]
+        assert np.array_equal(r.token_indices,
+                              np.concatenate(expected_q) if expected_q else np.zeros(0))
+        # Keys: the piece's prefix [0, q_end), found in the gathered rows the map names.
+        expected_k = [np.arange(p, p + n) for p, n in zip(r.k_pos, r.q_end)]
+        expected_k = np.concatenate(expected_k) if expected_k else np.zeros(0, dtype=np.int64)
+        assert np.array_equal(r.key_indices, expected_k)
+        assert np.array_equal(gathered[r.key_rows], r.key_indices)
+        assert r.causal_pairs == int(np.sum((r.q_end * (r.q_end + 1) - r.q_begin * (r.q_begin + 1)) // 2))
+    assert plan.predicted_ms.shape == (plan.cp_size,)
+
+
+def test_index_arrays_cover_every_token_once():
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        context = int(rng.integers(8, 4096))
+        lengths = random_lengths(rng, context, int(rng.integers(1, 3 * context)))
+        lengths = np.minimum(lengths, context)
+        cp = int(rng.integers(1, 9))
+        strategy = STRATEGIES[trial % 4]
+        plan = wlb.plan_shards(lengths, cp, strategy)
+        assert plan.requested == strategy
+        assert plan.strategy in (["per-seq", "per-doc"] if strategy == "adaptive" else [strategy])
+        check_plan(plan, lengths)
+
+
+def test_worked_example():
+    # The WLB-LLM-CP artifact's example: documents 5, 19, 8 at CP 2.
+    seq = wlb.plan_shards([5, 19, 8], 2, "per-seq")
+    doc = wlb.plan_shards([5, 19, 8], 2, "per-doc")
+    assert [r.causal_pairs for r in seq.ranks] == [57, 184]
+    assert [r.causal_pairs for r in doc.ranks] == [121, 120]
+
+
+def test_kernel_model_choice_is_used():
+    mb = wlb.MicroBatch(np.array([40000, 300, 200, 100]))
+    table = wlb.KernelModel.from_points([128, 128, 1024], [128, 65536, 65536], [0.01, 1.0, 2.0])
+    for model in (None, wlb.KernelModel(), table):
+        plan = wlb.plan_shards(mb, 4, "adaptive", kernel_model=model)
+        check_plan(plan, mb.lengths)
+
+
+def test_plans_match_wlb_plan_json(tmp_path):
+    exe = binary("tools/wlb-plan")
+    rng = np.random.default_rng(5)
+    context, n, cp = 4096, 4, 4
+    lengths = random_lengths(rng, context, 12 * n * context)
+    docs = tmp_path / "lengths.txt"
+    docs.write_text("\n".join(map(str, lengths)) + "\n")
+    for strategy in STRATEGIES:
+        out = subprocess.run(
+            [str(exe), f"--docs={docs}", f"--context={context}", f"--micro-batches={n}",
+             f"--cp={cp}", f"--sharding={strategy}", "--format=json", "--timing=false",
+             "--packer=wlb"],
+            check=True, capture_output=True, text=True).stdout
+        expected = json.loads(out)
+        packer = wlb.Packer("wlb", context=context, micro_batches=n)
+        steps = []
+        for arrivals in wlb.split_into_steps(wlb.make_documents(lengths, context), n * context):
+            steps += packer.push(arrivals)
+        steps += packer.flush()
+        assert len(steps) == len(expected["steps"])
+        for step, want in zip(steps, expected["steps"]):
+            got = json.loads(step.to_json())
+            for mb_json, mb in zip(want["micro_batches"], step.micro_batches):
+                plan = wlb.plan_shards(mb, cp, strategy)
+                plan_json = json.loads(plan.to_json())
+                for key, value in plan_json.items():
+                    assert mb_json[key] == value, key
+                for r, shard in zip(plan.ranks, mb_json["shards"]):
+                    q = [np.arange(s["q_pos"], s["q_pos"] + s["q_end"] - s["q_begin"])
+                         for s in shard["segments"]]
+                    assert np.array_equal(r.token_indices,
+                                          np.concatenate(q) if q else np.zeros(0))
+                    assert r.cu_seqlens_q.tolist() == shard["cu_seqlens_q"]
+                    assert r.cu_seqlens_k.tolist() == shard["cu_seqlens_k"]
+                    assert r.max_seqlen_q == shard["max_seqlen_q"]
+                    assert r.max_seqlen_k == shard["max_seqlen_k"]
+                assert mb_json["cp_balance"] == pytest.approx(plan.balance)
+                for key in ("cp_balance", "sharding", "requested_sharding", "shards",
+                            "cp_size", "rank_capacity", "padding_tokens"):
+                    mb_json.pop(key)
+            assert got == want

@@ -1,0 +1,58 @@
+"""wlb: workload-balanced packing and context-parallel sharding for long-context LLM training.
+
+The classes and functions below are bindings of the header-only C++ library (include/wlb): the
+same packers, shard planners, cost and kernel models, with numpy arrays in and out.
+
+    import wlb
+    packer = wlb.Packer("wlb", context=131072, micro_batches=4)
+    for step in packer.push(lengths):            # one step's document lengths
+        for mb in step.micro_batches:
+            mb.ids, mb.cu_seqlens, mb.position_ids  # numpy arrays
+    state = packer.state_dict()                   # the C++ SaveState blob inside
+"""
+
+from ._wlb import (
+    CostModel,
+    Documents,
+    KernelModel,
+    MicroBatch,
+    Packer,
+    RankShard,
+    ShardPlan,
+    StepPlan,
+    __version__,
+    default_max_tokens,
+    default_thresholds,
+    imbalance_degree,
+    make_documents,
+    packer_names,
+    parse_lengths,
+    plan_shards,
+    read_lengths,
+    sample_default_lengths,
+    split_into_steps,
+    summarize,
+)
+
+__all__ = [
+    "CostModel",
+    "Documents",
+    "KernelModel",
+    "MicroBatch",
+    "Packer",
+    "RankShard",
+    "ShardPlan",
+    "StepPlan",
+    "__version__",
+    "default_max_tokens",
+    "default_thresholds",
+    "imbalance_degree",
+    "make_documents",
+    "packer_names",
+    "parse_lengths",
+    "plan_shards",
+    "read_lengths",
+    "sample_default_lengths",
+    "split_into_steps",
+    "summarize",
+]

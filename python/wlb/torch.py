@@ -1,0 +1,257 @@
+"""PyTorch data loading with wlb packing (torch is imported here only, never by ``import wlb``).
+
+``PackedDataset`` turns a map-style dataset of token sequences into one item per training step:
+the step's N packed micro-batches, each with the documents' tokens concatenated (``input_ids``),
+positions restarting at 0 per document piece (``position_ids``) and ``cu_seqlens`` (int32), as
+FlashAttention's varlen functions and PyTorch take them. Its ``state_dict()`` /
+``load_state_dict()`` resume exactly where iteration stopped (torchdata's StatefulDataLoader
+calls them on the dataset), so a restart neither loses nor repeats a document.
+
+    ds = PackedDataset(token_sequences, packer=wlb.Packer("wlb", context=8192, micro_batches=4))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    for step in loader:
+        for mb in step["micro_batches"]:
+            model(mb["input_ids"], position_ids=mb["position_ids"], cu_seqlens=mb["cu_seqlens"])
+
+The CP helpers apply a ``wlb.plan_shards`` plan to packed tensors: ``cp_slice`` gives a rank its
+rows, ``cp_pad`` pads them to the plan's ``rank_capacity`` for an all-gather, and ``cp_keys``
+picks the rank's key rows from the all-gathered K/V, in the order of its ``cu_seqlens_k``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+import wlb
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset as _IterableDataset
+except ImportError:  # wlb works without torch; only this module's classes need it.
+    torch = None
+    _IterableDataset = object
+
+_STATE_VERSION = 1
+
+
+def _require_torch() -> None:
+    if torch is None:
+        raise ImportError("wlb.torch needs PyTorch (pip install torch); wlb itself does not")
+
+
+class PackedDataset(_IterableDataset):
+    """One item per training step: ``{"step", "drain", "imbalance", "micro_batches": [...]}``.
+
+    ``dataset[i]`` must give document i's token ids (a 1-D sequence, numpy array or tensor, or a
+    dict holding ``input_ids``); the document id is its index. Documents are read in order and
+    cut into steps of N x S tokens exactly as ``wlb.split_into_steps`` does (a piece belongs to
+    the step of its first token); documents longer than S become pieces of at most S tokens.
+    Each micro-batch is a dict of tensors: ``input_ids`` and ``position_ids`` (int64, one row per
+    packed token), ``cu_seqlens`` (int32), ``max_seqlen``, ``document_ids``, ``pieces``,
+    ``offsets`` and ``lengths`` (one row per piece).
+
+    The packer plans one global stream, so use ``num_workers=0`` or 1.
+    """
+
+    def __init__(self, dataset: Sequence[Any], packer: Optional[wlb.Packer] = None, **packer_args):
+        _require_torch()
+        if packer is not None and packer_args:
+            raise TypeError("give either a wlb.Packer or the arguments to build one, not both")
+        self.dataset = dataset
+        self._packer_args = packer_args
+        self._template = packer if packer is not None else wlb.Packer(**packer_args)
+        # The packer as given, before any step: every iteration starts from this state.
+        self._initial = self._template.state_dict()
+        self._tokens_per_step = self._template.context * self._template.micro_batches
+        self._resume: Optional[Dict[str, Any]] = None
+        self._state: Dict[str, Any] = self._start_state()
+
+    def _start_state(self) -> Dict[str, Any]:
+        return {
+            "version": _STATE_VERSION,
+            "packer": copy.deepcopy(self._initial),
+            "document": 0,
+            "piece": 0,
+            "offset": 0,
+            "yielded": 0,
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where iteration stands after the last item it gave (the packer's C++ state inside)."""
+        return copy.deepcopy(self._state)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next iteration resumes right after the item this state was taken at."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"PackedDataset state must be a dict with version {_STATE_VERSION}, got "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
+            )
+        for key in ("document", "piece", "offset", "yielded"):
+            value = state.get(key)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"PackedDataset state '{key}' must be an integer >= 0, got {value!r}")
+        self._template.load_state_dict(state["packer"])  # rejects a bad blob now
+        self._resume = copy.deepcopy(state)
+        self._state = copy.deepcopy(state)
+
+    def _tokens(self, index: int) -> np.ndarray:
+        item = self.dataset[index]
+        if isinstance(item, dict):
+            item = item["input_ids"]
+        if torch is not None and isinstance(item, torch.Tensor):
+            item = item.cpu().numpy()
+        tokens = np.asarray(item)
+        if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+            raise TypeError(
+                f"dataset[{index}] must be a 1-D sequence of integer token ids, got "
+                f"{tokens.dtype} with shape {tokens.shape}"
+            )
+        return tokens.astype(np.int64, copy=False)
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise RuntimeError(
+                f"PackedDataset plans one global stream; use num_workers <= 1, got {info.num_workers}"
+            )
+        state = self._resume if self._resume is not None else self._start_state()
+        self._resume = None
+        packer = self._template  # one iteration at a time: it restarts from `state`
+        packer.load_state_dict(state["packer"])
+        document, piece, offset = state["document"], state["piece"], state["offset"]
+        skip = state["yielded"]
+        cache: Dict[int, np.ndarray] = {}
+        pieces_of = -1  # the document whose pieces are in p_len / p_piece / p_off
+        p_len: List[int] = []
+        p_piece: List[int] = []
+        p_off: List[int] = []
+        n = len(self.dataset)
+        while True:
+            before = {"packer": packer.state_dict(), "document": document, "piece": piece,
+                      "offset": offset}
+            step_index = offset // self._tokens_per_step
+            ids: List[int] = []
+            lengths: List[int] = []
+            piece_ids: List[int] = []
+            offsets: List[int] = []
+            while document < n:
+                if pieces_of != document:
+                    if document not in cache:
+                        cache[document] = self._tokens(document)
+                    pieces = wlb.make_documents([cache[document].size], packer.context,
+                                                first_id=document)
+                    p_len, p_piece, p_off = (pieces.lengths.tolist(), pieces.pieces.tolist(),
+                                             pieces.offsets.tolist())
+                    pieces_of = document
+                if offset // self._tokens_per_step != step_index:
+                    break
+                ids.append(document)
+                lengths.append(p_len[piece])
+                piece_ids.append(p_piece[piece])
+                offsets.append(p_off[piece])
+                offset += p_len[piece]
+                piece += 1
+                if piece == len(p_len):
+                    document, piece = document + 1, 0
+            final = not ids
+            if final:
+                ready = packer.flush()
+            else:
+                ready = packer.push(wlb.Documents(ids, lengths, piece_ids, offsets))
+            for i, step in enumerate(ready):
+                if i < skip:
+                    continue
+                item = self._assemble(step, cache)
+                self._state = dict(before, version=_STATE_VERSION, yielded=i + 1)
+                yield item
+            skip = 0
+            if final:
+                return
+            # Keep only the tokens of documents still held back or partly read.
+            keep = set(packer.pending.ids.tolist())
+            keep.add(document)
+            cache = {doc: tokens for doc, tokens in cache.items() if doc in keep}
+
+    def _assemble(self, step: wlb.StepPlan, cache: Dict[int, np.ndarray]) -> Dict[str, Any]:
+        micro_batches = []
+        for mb in step.micro_batches:
+            ids, offsets, lengths = mb.ids, mb.offsets, mb.lengths
+            parts = []
+            for doc, start, length in zip(ids.tolist(), offsets.tolist(), lengths.tolist()):
+                if doc not in cache:
+                    cache[doc] = self._tokens(doc)
+                parts.append(cache[doc][start:start + length])
+            input_ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            micro_batches.append({
+                "input_ids": torch.from_numpy(input_ids),
+                "position_ids": torch.from_numpy(mb.position_ids),
+                "cu_seqlens": torch.from_numpy(mb.cu_seqlens),
+                "max_seqlen": mb.max_seqlen,
+                "document_ids": torch.from_numpy(ids),
+                "pieces": torch.from_numpy(mb.pieces),
+                "offsets": torch.from_numpy(offsets),
+                "lengths": torch.from_numpy(lengths),
+            })
+        return {
+            "step": step.step,
+            "drain": step.drain,
+            "imbalance": step.imbalance,
+            "micro_batches": micro_batches,
+        }
+
+
+def cp_slice(packed: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int = 0) -> "torch.Tensor":
+    """The rows of a packed micro-batch tensor that CP rank ``rank`` holds, in its local order."""
+    _require_torch()
+    _check_rows(packed, plan.tokens, dim, "packed")
+    index = torch.from_numpy(plan[rank].token_indices).to(packed.device)
+    return packed.index_select(dim, index)
+
+
+def cp_pad(local: "torch.Tensor", plan: wlb.ShardPlan, dim: int = 0) -> "torch.Tensor":
+    """Pads a rank's rows with zeros to ``plan.rank_capacity`` (equal sizes for all_gather)."""
+    _require_torch()
+    missing = plan.rank_capacity - local.shape[dim]
+    if missing < 0:
+        raise ValueError(
+            f"local tensor has {local.shape[dim]} rows along dim {dim}, more than rank_capacity "
+            f"{plan.rank_capacity}"
+        )
+    shape = list(local.shape)
+    shape[dim] = missing
+    return torch.cat([local, local.new_zeros(shape)], dim=dim)
+
+
+def cp_keys(gathered: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int = 0) -> "torch.Tensor":
+    """Rank ``rank``'s key rows from the all-gathered tensor (cp_size x rank_capacity rows,
+    rank-major), in the order of its ``cu_seqlens_k``."""
+    _require_torch()
+    _check_rows(gathered, plan.cp_size * plan.rank_capacity, dim, "gathered")
+    index = torch.from_numpy(plan[rank].key_rows).to(gathered.device)
+    return gathered.index_select(dim, index)
+
+
+def cp_varlen_args(plan: wlb.ShardPlan, rank: int, device: Any = "cpu") -> Dict[str, Any]:
+    """Rank ``rank``'s varlen attention arguments: cu_seqlens_q/k (int32 tensors) and max lengths."""
+    _require_torch()
+    r = plan[rank]
+    return {
+        "cu_seqlens_q": torch.from_numpy(r.cu_seqlens_q).to(device),
+        "cu_seqlens_k": torch.from_numpy(r.cu_seqlens_k).to(device),
+        "max_seqlen_q": r.max_seqlen_q,
+        "max_seqlen_k": r.max_seqlen_k,
+    }
+
+
+def _check_rows(t: "torch.Tensor", rows: int, dim: int, what: str) -> None:
+    if t.dim() == 0 or t.shape[dim] != rows:
+        raise ValueError(
+            f"{what} tensor needs {rows} rows along dim {dim}, got shape {tuple(t.shape)}"
+        )
+
+
+__all__ = ["PackedDataset", "cp_keys", "cp_pad", "cp_slice", "cp_varlen_args"]
