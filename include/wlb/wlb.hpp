@@ -22,3 +22,4 @@
 #include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/sim/step_time.hpp"
