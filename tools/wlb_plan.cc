@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,10 +54,17 @@ ABSL_FLAG(int64_t, steps, 0,
           "this many (0 = all)");
 ABSL_FLAG(int32_t, cp, -1,
           "context-parallel size C >= 1: add CP shard plans to every micro-batch (omit for none)");
-ABSL_FLAG(std::string, sharding, "adaptive", "with --cp: per-seq, per-doc, adaptive or hybrid");
+ABSL_FLAG(std::string, sharding, "adaptive",
+          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
 ABSL_FLAG(std::string, kernel_profile, "",
           "with --cp: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty = the "
           "analytic default (tile 128)");
+ABSL_FLAG(std::string, estimate, "",
+          "TP,CP,PP,DP: estimate step time with the 1F1B step-time model (wlb/sim) for this "
+          "job, against Plain-4D (original packing, per-seq CP) on the same stream; needs a "
+          "preset --cost and --micro-batches = PP x DP; CP shards with --sharding");
+ABSL_FLAG(double, gemm_tflops, 500.0,
+          "--estimate: achieved GEMM TFLOP/s per GPU for the linear part (> 0)");
 ABSL_FLAG(std::string, format, "table", "table or json");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
@@ -158,6 +166,28 @@ absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy 
     }
   }
   return cp;
+}
+
+// --estimate: modelled step time of the planned stream and of Plain-4D on the same stream.
+struct Estimate {
+  wlb::ParallelSizes sizes;
+  double seconds = 0.0;           // the chosen packer with --sharding
+  double baseline_seconds = 0.0;  // original packing, per-seq CP
+  int64_t steps = 0;
+};
+
+absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model,
+                                       wlb::ShardStrategy strategy, const Result& planned,
+                                       const Result& baseline) {
+  Estimate e{.sizes = model.job().sizes, .steps = static_cast<int64_t>(planned.run.steps.size())};
+  absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
+  if (!t.ok()) return t.status();
+  absl::StatusOr<double> b = model.StreamSeconds(
+      baseline.run.steps, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+  if (!b.ok()) return b.status();
+  e.seconds = *t;
+  e.baseline_seconds = *b;
+  return e;
 }
 
 constexpr char kSummaryHeader[] =
@@ -267,6 +297,35 @@ absl::Status Run() {
     kernel_model = *std::move(m);
   }
 
+  std::optional<wlb::StepTimeModel> step_model;
+  if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
+    absl::StatusOr<wlb::ParallelSizes> sizes = wlb::ParseParallelSizes(estimate);
+    if (!sizes.ok()) return sizes.status();
+    if (static_cast<int64_t>(sizes->pp) * sizes->dp != config.micro_batches) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--estimate %s needs --micro-batches = PP x DP = %d, got %d", estimate,
+          static_cast<int64_t>(sizes->pp) * sizes->dp, config.micro_batches));
+    }
+    if (cp_size > 0 && cp_size != sizes->cp) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--cp %d differs from the CP size %d of --estimate %s", cp_size, sizes->cp, estimate));
+    }
+    absl::StatusOr<wlb::TransformerShape> shape =
+        wlb::FindTransformerShape(absl::GetFlag(FLAGS_cost));
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--estimate needs a model shape: --cost must be a preset, got '%s' (%s)",
+          absl::GetFlag(FLAGS_cost), shape.status().message()));
+    }
+    absl::StatusOr<wlb::PipelineJob> job =
+        wlb::MakePipelineJob(*shape, *sizes, absl::GetFlag(FLAGS_gemm_tflops));
+    if (!job.ok()) return job.status();
+    if (!absl::GetFlag(FLAGS_kernel_profile).empty()) job->kernel = kernel_model;
+    absl::StatusOr<wlb::StepTimeModel> m = wlb::StepTimeModel::Create(*std::move(job));
+    if (!m.ok()) return m.status();
+    step_model = *std::move(m);
+  }
+
   std::string input_name;
   absl::StatusOr<std::vector<int64_t>> lengths = LoadLengths(steps, config, input_name);
   if (!lengths.ok()) return lengths.status();
@@ -300,6 +359,16 @@ absl::Status Run() {
     cp = *std::move(planned);
   }
 
+  std::optional<Estimate> estimate;
+  if (step_model) {
+    absl::StatusOr<Result> baseline =
+        packer == "original" ? main : Plan("original", config, cost->model, options, arrivals);
+    if (!baseline.ok()) return baseline.status();
+    absl::StatusOr<Estimate> e = EstimateSteps(*step_model, *strategy, *main, *baseline);
+    if (!e.ok()) return e.status();
+    estimate = *e;
+  }
+
   if (format == "json") {
     nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, cost->model);
     for (size_t s = 0; s < cp.plans.size(); ++s) {
@@ -314,6 +383,20 @@ absl::Status Run() {
       summary["cp"] = wlb::CpSummaryToJson(cp.summary);
       summary["cp"]["cp_size"] = cp_size;
       summary["cp"]["sharding"] = absl::GetFlag(FLAGS_sharding);
+    }
+    if (estimate) {
+      summary["estimate"] = {
+          {"tp", estimate->sizes.tp},
+          {"cp", estimate->sizes.cp},
+          {"pp", estimate->sizes.pp},
+          {"dp", estimate->sizes.dp},
+          {"sharding", absl::GetFlag(FLAGS_sharding)},
+          {"gemm_tflops", absl::GetFlag(FLAGS_gemm_tflops)},
+          {"steps", estimate->steps},
+          {"seconds", estimate->seconds},
+          {"baseline_seconds", estimate->baseline_seconds},
+          {"speedup", estimate->baseline_seconds / estimate->seconds},
+      };
     }
     summary["packer"] = packer;
     summary["context"] = config.context;
@@ -364,13 +447,29 @@ absl::Status Run() {
     const wlb::CpSummary& c = cp.summary;
     absl::StrAppendFormat(
         &out,
-        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d per-doc, "
-        "%d hybrid):\n"
+        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d "
+        "per-seq-ordered, %d per-doc, %d hybrid):\n"
         "CP imbalance (max/mean over ranks) in causal pairs: mean %.3f, max %.3f; under the kernel "
         "model: mean %.3f, max %.3f; predicted slowest-rank attention %.1f ms in all\n",
-        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq, c.per_doc,
+        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
+        c.per_seq_ordered, c.per_doc,
         c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max, c.model_imbalance_mean,
         c.model_imbalance_max, c.max_rank_ms_total);
+  }
+  if (estimate) {
+    const Estimate& e = *estimate;
+    absl::StrAppendFormat(
+        &out,
+        "\nEstimated step time (1F1B step-time model, wlb/sim; (TP,CP,PP,DP) = (%d,%d,%d,%d), "
+        "%s, linear part at %g TFLOP/s per GPU, attention by the kernel model, drain steps "
+        "included):\n"
+        "%s with %s CP: %.3f s per step, %.1f s in all\n"
+        "Plain-4D (original packing, per-seq CP) on the same stream: %.1f s in all\n"
+        "estimated speedup over Plain-4D: %.3fx\n",
+        e.sizes.tp, e.sizes.cp, e.sizes.pp, e.sizes.dp, absl::GetFlag(FLAGS_cost),
+        absl::GetFlag(FLAGS_gemm_tflops), packer, absl::GetFlag(FLAGS_sharding),
+        e.seconds / static_cast<double>(std::max<int64_t>(1, e.steps)), e.seconds,
+        e.baseline_seconds, e.baseline_seconds / e.seconds);
   }
   return WriteOutput(out);
 }
