@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, docs, "",
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, packer, "wlb", "original, fixed-greedy, wlb or wlb-refine");
+ABSL_FLAG(std::string, packer, "wlb", "original, original-nextfit, fixed-greedy, wlb or wlb-refine");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
           "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
