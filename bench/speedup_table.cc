@@ -351,7 +351,7 @@ absl::Status Run() {
   }
 
   std::printf("Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
-              "pipeline simulator (assumptions: bench/speedup_table.cc, docs/RESULTS.md). Input: "
+              "pipeline simulator (wlb/sim/step_time.hpp; assumptions in docs/RESULTS.md). Input: "
               "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
               "per GPU, attention by wlb::KernelModel::Default().\n\n",
               source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
