@@ -362,40 +362,69 @@ inline std::vector<double> PredictRankMsOf(const ShardPlan& plan, const KernelMo
 }
 
 // Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
-// in a given order; reuses its buffers across calls (the order search calls it many times).
-class PerSequenceEvaluator {
+// in a given order.
+inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order,
+                               int cp_size, const KernelModel& model) {
+  std::vector<int64_t> starts(order.size() + 1, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    starts[i + 1] = starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+  }
+  std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
+  ForEachPerSequenceSegment(starts, cp_size, [&](int r, int64_t, int64_t qb, int64_t qe) {
+    ms[static_cast<size_t>(r)] += model.SegmentMs(qe - qb, qe);
+  });
+  return MaxOf(ms);
+}
+
+// The order search's objective: the largest per-rank count of causal (query, key) pairs under
+// per-sequence chunks, computed in O(documents + C) with integer arithmetic (the kernel model is
+// about 10x slower per segment; the search's result is checked against it).
+class PerSequencePairEvaluator {
  public:
-  PerSequenceEvaluator(const MicroBatch& mb, int cp_size, const KernelModel& model)
+  PerSequencePairEvaluator(const MicroBatch& mb, int cp_size)
       : mb_(mb),
         cp_size_(cp_size),
-        model_(model),
         starts_(mb.documents.size() + 1, 0),
-        ms_(static_cast<size_t>(cp_size), 0.0) {}
+        pairs_before_(mb.documents.size() + 1, 0),
+        rank_pairs_(static_cast<size_t>(cp_size), 0) {}
 
-  double MaxMs(const std::vector<int64_t>& order) {
-    for (size_t i = 0; i < order.size(); ++i) {
-      starts_[i + 1] = starts_[i] + mb_.documents[static_cast<size_t>(order[i])].length;
+  int64_t MaxPairs(const std::vector<int64_t>& order) {
+    const size_t n = order.size();
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t len = mb_.documents[static_cast<size_t>(order[i])].length;
+      starts_[i + 1] = starts_[i] + len;
+      pairs_before_[i + 1] = pairs_before_[i] + CausalPairs(0, len);
     }
-    std::fill(ms_.begin(), ms_.end(), 0.0);
-    ForEachPerSequenceSegment(starts_, cp_size_, [&](int r, int64_t, int64_t qb, int64_t qe) {
-      ms_[static_cast<size_t>(r)] += model_.SegmentMs(qe - qb, qe);
-    });
-    return MaxOf(ms_);
+    const int64_t total = starts_[n];
+    const int64_t chunk = PerSequenceChunk(total, cp_size_);
+    std::fill(rank_pairs_.begin(), rank_pairs_.end(), 0);
+    size_t k = 0;  // document holding position x (boundaries only grow)
+    auto pairs_up_to = [&](int64_t x) {
+      while (k < n && starts_[k + 1] <= x) ++k;
+      return k < n ? pairs_before_[k] + CausalPairs(0, x - starts_[k]) : pairs_before_[n];
+    };
+    int64_t previous = 0;
+    for (int64_t j = 0; j < 2 * static_cast<int64_t>(cp_size_); ++j) {
+      const int64_t here = pairs_up_to(std::min((j + 1) * chunk, total));
+      rank_pairs_[static_cast<size_t>(RankOfChunk(j, cp_size_))] += here - previous;
+      previous = here;
+    }
+    return *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
   }
 
  private:
   const MicroBatch& mb_;
   int cp_size_;
-  const KernelModel& model_;
   std::vector<int64_t> starts_;
-  std::vector<double> ms_;
+  std::vector<int64_t> pairs_before_;
+  std::vector<int64_t> rank_pairs_;
 };
 
 // Bounds on the swap search of PerSequenceOrder: at most kOrderSearchEvaluationsPerDocument
-// orders per document, and at most kOrderSearchSegmentBudget kernel-model calls in all (an order
-// costs about documents + 2C of them), which keeps a 128K micro-batch under a few milliseconds.
-inline constexpr int64_t kOrderSearchEvaluationsPerDocument = 32;
-inline constexpr int64_t kOrderSearchSegmentBudget = int64_t{1} << 17;
+// orders per document, and at most kOrderSearchWorkBudget (documents + 2C) units in all, which
+// keeps a 128K micro-batch of ~40 documents in the tens of microseconds.
+inline constexpr int64_t kOrderSearchEvaluationsPerDocument = 12;
+inline constexpr int64_t kOrderSearchWorkBudget = int64_t{1} << 16;
 
 // An order for kPerSequenceOrdered and its predicted slowest-rank latency.
 struct OrderResult {
@@ -407,18 +436,21 @@ struct OrderResult {
 inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
                                           const KernelModel& model) {
   const int64_t n = static_cast<int64_t>(mb.documents.size());
-  OrderResult best;
-  best.order.resize(static_cast<size_t>(n));
-  std::iota(best.order.begin(), best.order.end(), int64_t{0});
-  PerSequenceEvaluator eval(mb, cp_size, model);
-  best.max_ms = eval.MaxMs(best.order);
-  if (n < 2 || cp_size < 2) return best;
-  // Candidate: "organ pipe". A document centred on the sequence's midpoint is balanced by the
-  // head-tail pairing on its own (position x and its mirror 2C-1-x add up to a constant), and
-  // two equal documents at mirrored positions balance each other. So: longest in the middle, the
-  // next ones alternately left and right of it (to the side with fewer tokens), shortest at the
-  // ends.
-  std::vector<int64_t> by_length = best.order;
+  OrderResult given;
+  given.order.resize(static_cast<size_t>(n));
+  std::iota(given.order.begin(), given.order.end(), int64_t{0});
+  given.max_ms = PerSequenceMaxMs(mb, given.order, cp_size, model);
+  const auto [shortest, longest] = std::minmax_element(
+      mb.documents.begin(), mb.documents.end(),
+      [](const Document& a, const Document& b) { return a.length < b.length; });
+  if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
+  PerSequencePairEvaluator eval(mb, cp_size);
+  std::vector<int64_t> best = given.order;
+  int64_t best_pairs = eval.MaxPairs(best);
+  // Candidate: "organ pipe": longest in the middle, the next ones alternately left and right of
+  // it (to the side with fewer tokens), shortest at the ends, so documents of similar length sit
+  // at mirrored positions, whose chunks the head-tail pairing gives to the same rank.
+  std::vector<int64_t> by_length = given.order;
   std::stable_sort(by_length.begin(), by_length.end(), [&](int64_t a, int64_t b) {
     return mb.documents[static_cast<size_t>(a)].length >
            mb.documents[static_cast<size_t>(b)].length;
@@ -437,12 +469,15 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
   }
   std::vector<int64_t> pipe(left.rbegin(), left.rend());
   pipe.insert(pipe.end(), right.begin(), right.end());
-  if (const double ms = eval.MaxMs(pipe); ms < best.max_ms) best = {pipe, ms};
-  // Improve the better candidate by first-improvement swaps of documents of different lengths,
-  // within a bounded number of evaluations.
+  if (const int64_t p = eval.MaxPairs(pipe); p < best_pairs) {
+    best = pipe;
+    best_pairs = p;
+  }
+  // Improve it by first-improvement swaps of documents of different lengths, within a bounded
+  // number of evaluations.
   int64_t budget = std::min(kOrderSearchEvaluationsPerDocument * n,
-                            kOrderSearchSegmentBudget / (n + 2 * int64_t{cp_size}));
-  std::vector<int64_t> order = best.order;
+                            kOrderSearchWorkBudget / (n + 2 * int64_t{cp_size}));
+  std::vector<int64_t> order = best;
   for (bool improved = true; improved && budget > 0;) {
     improved = false;
     for (int64_t i = 0; i < n && budget > 0; ++i) {
@@ -453,8 +488,9 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
         }
         std::swap(order[i], order[j]);
         --budget;
-        if (const double ms = eval.MaxMs(order); ms < best.max_ms * (1.0 - 1e-12)) {
-          best = {order, ms};
+        if (const int64_t p = eval.MaxPairs(order); p < best_pairs) {
+          best = order;
+          best_pairs = p;
           improved = true;
         } else {
           std::swap(order[i], order[j]);
@@ -462,7 +498,11 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
       }
     }
   }
-  return best;
+  // The kernel model decides between the search's order and the given one, so ordering is never
+  // predicted worse than plain per-sequence sharding.
+  const double best_ms = PerSequenceMaxMs(mb, best, cp_size, model);
+  if (best_ms < given.max_ms) return {std::move(best), best_ms};
+  return given;
 }
 
 // Builds the plan of a resolved strategy (anything but kAdaptive). `order` is used by
