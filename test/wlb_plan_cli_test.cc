@@ -30,9 +30,10 @@ std::string Slurp(const std::string& path) {
 }
 
 Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
-  const std::string dir = ::testing::TempDir();
-  const std::string in = dir + "/wlb_cli_in", out = dir + "/wlb_cli_out",
-                    err = dir + "/wlb_cli_err";
+  // Per-test file names: ctest runs the tests of this binary in parallel.
+  const std::string dir = ::testing::TempDir() + "/wlb_cli_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string in = dir + "_in", out = dir + "_out", err = dir + "_err";
   std::ofstream(in) << stdin_text;
   const std::string cmd =
       std::string(WLB_PLAN_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
@@ -125,6 +126,26 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   ASSERT_EQ(fit.exit_code, 0) << fit.err;
   EXPECT_THAT(fit.out, HasSubstr("fitted:"));
   EXPECT_THAT(fit.out, HasSubstr("rms rel. error"));
+  // The tile-aware table instead of the fit: micro-batch costs are sums of the table's values.
+  Result table = RunPlan("--steps 5 --format json --timing=false --profile-cost table --cost " +
+                         profile);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  const nlohmann::json j = nlohmann::json::parse(table.out);
+  EXPECT_THAT(j["summary"]["cost_model"].get<std::string>(), HasSubstr("tile-aware table"));
+  EXPECT_EQ(j["summary"]["cost_unit"], "ms");
+  const std::vector<ProfilePoint> points = {{128, 0.02}, {1024, 0.1}, {8192, 3.1}, {65536, 190}};
+  const TabulatedCost cost = *TabulatedCost::Create(points);
+  for (const auto& mb : j["steps"][0]["micro_batches"]) {
+    double sum = 0.0;
+    for (const auto& d : mb["documents"]) sum += cost.Attention(d["length"].get<int64_t>());
+    EXPECT_NEAR(mb["cost"].get<double>(), sum, 1e-9 * sum);
+  }
+  Result preset = RunPlan("--steps 5 --profile-cost table");
+  EXPECT_NE(preset.exit_code, 0);
+  EXPECT_THAT(preset.err, HasSubstr("--profile-cost table needs a profile CSV"));
+  Result unknown = RunPlan("--steps 5 --profile-cost spline --cost " + profile);
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err, HasSubstr("--profile-cost must be fit or table, got 'spline'"));
 }
 
 TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {

@@ -48,6 +48,9 @@ ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
 ABSL_FLAG(std::string, cost, "llama2-7b",
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
           "of length -> latency to fit");
+ABSL_FLAG(std::string, profile_cost, "fit",
+          "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
+          "interpolation of the measured points)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
 ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
@@ -122,7 +125,7 @@ struct Result {
 };
 
 absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& config,
-                            const wlb::CostModel& cost, const wlb::PackerOptions& options,
+                            const wlb::DocumentCost& cost, const wlb::PackerOptions& options,
                             const std::vector<std::vector<wlb::Document>>& arrivals) {
   absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
       wlb::MakePacker(name, config, cost, options);
@@ -195,7 +198,7 @@ constexpr char kSummaryHeader[] =
     "|--------------|-----------|-------|-------|--------|-------|------|-----|---------|\n";
 
 // The per-step summary of the chosen packer, then its stream summary.
-std::string StepTable(const Result& r, const wlb::CostModel& cost) {
+std::string StepTable(const Result& r, const wlb::DocumentCost& cost) {
   std::string out =
       "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
       "held back\n";
@@ -264,6 +267,27 @@ absl::Status Run() {
   }
   absl::StatusOr<wlb::ProfileFit> cost = wlb::ResolveCostModel(absl::GetFlag(FLAGS_cost));
   if (!cost.ok()) return cost.status();
+  wlb::DocumentCost doc_cost = cost->model;
+  if (const std::string profile_cost = absl::GetFlag(FLAGS_profile_cost); profile_cost == "table") {
+    if (cost->model.unit != "ms") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--profile-cost table needs a profile CSV in --cost, got the preset '%s'",
+          absl::GetFlag(FLAGS_cost)));
+    }
+    absl::StatusOr<std::vector<wlb::ProfilePoint>> points =
+        wlb::ReadProfileCsv(absl::GetFlag(FLAGS_cost));
+    if (!points.ok()) return points.status();
+    absl::StatusOr<wlb::TabulatedCost> table = wlb::TabulatedCost::Create(*points);
+    if (!table.ok()) return table.status();
+    doc_cost = wlb::DocumentCost::From(
+        *std::move(table), "ms",
+        absl::StrFormat("tile-aware table of %d measured lengths from %s (128-token tiles, "
+                        "log-log interpolation)",
+                        points->size(), absl::GetFlag(FLAGS_cost)));
+  } else if (profile_cost != "fit") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--profile-cost must be fit or table, got '%s'", profile_cost));
+  }
 
   const std::string packer = absl::GetFlag(FLAGS_packer);
   wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window)};
@@ -281,7 +305,7 @@ absl::Status Run() {
     options.thresholds = wlb::DefaultThresholds(config.context, queues);
   }
   // Validate the packer and its options before reading any input.
-  if (auto p = wlb::MakePacker(packer, config, cost->model, options); !p.ok()) return p.status();
+  if (auto p = wlb::MakePacker(packer, config, doc_cost, options); !p.ok()) return p.status();
   const int32_t cp_size = absl::GetFlag(FLAGS_cp);
   if (cp_size == 0 || cp_size < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -342,7 +366,7 @@ absl::Status Run() {
           absl::StrFormat("--tune applies to wlb and wlb-refine, not '%s'", packer));
     }
     absl::StatusOr<wlb::TunedThresholds> tuned =
-        wlb::TuneThresholds(arrivals, config, cost->model,
+        wlb::TuneThresholds(arrivals, config, doc_cost,
                             {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
     if (!tuned.ok()) return tuned.status();
     options.thresholds = tuned->thresholds;
@@ -350,7 +374,7 @@ absl::Status Run() {
                                 absl::GetFlag(FLAGS_delay_budget));
   }
 
-  absl::StatusOr<Result> main = Plan(packer, config, cost->model, options, arrivals);
+  absl::StatusOr<Result> main = Plan(packer, config, doc_cost, options, arrivals);
   if (!main.ok()) return main.status();
   CpPlans cp;
   if (cp_size > 0) {
@@ -362,7 +386,7 @@ absl::Status Run() {
   std::optional<Estimate> estimate;
   if (step_model) {
     absl::StatusOr<Result> baseline =
-        packer == "original" ? main : Plan("original", config, cost->model, options, arrivals);
+        packer == "original" ? main : Plan("original", config, doc_cost, options, arrivals);
     if (!baseline.ok()) return baseline.status();
     absl::StatusOr<Estimate> e = EstimateSteps(*step_model, *strategy, *main, *baseline);
     if (!e.ok()) return e.status();
@@ -370,7 +394,7 @@ absl::Status Run() {
   }
 
   if (format == "json") {
-    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, cost->model);
+    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, doc_cost);
     for (size_t s = 0; s < cp.plans.size(); ++s) {
       for (size_t m = 0; m < cp.plans[s].size(); ++m) {
         nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
@@ -404,8 +428,8 @@ absl::Status Run() {
     summary["micro_batches"] = config.micro_batches;
     summary["thresholds"] = options.thresholds;
     summary["window"] = options.window;
-    summary["cost_model"] = cost->model.description;
-    summary["cost_unit"] = cost->model.unit;
+    summary["cost_model"] = doc_cost.description();
+    summary["cost_unit"] = doc_cost.unit();
     summary["documents"] = lengths->size();
     summary["tokens"] = wlb::TotalTokens(*pieces);
     if (absl::GetFlag(FLAGS_timing)) {
@@ -425,8 +449,8 @@ absl::Status Run() {
       input_name, lengths->size(), Mega(wlb::TotalTokens(*pieces)), arrivals.size(), packer,
       config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
-      options.window, cost->model.description);
-  std::string out = header + StepTable(*main, cost->model);
+      options.window, doc_cost.description());
+  std::string out = header + StepTable(*main, doc_cost);
   absl::StrAppend(&out,
                   "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
                   "mean imbalance - mean lower bound; delay in steps, per token):\n",
@@ -439,7 +463,7 @@ absl::Status Run() {
       absl::StrAppend(&out, SummaryRow(*main));
       continue;
     }
-    absl::StatusOr<Result> other = Plan(name, config, cost->model, options, arrivals);
+    absl::StatusOr<Result> other = Plan(name, config, doc_cost, options, arrivals);
     if (!other.ok()) return other.status();
     absl::StrAppend(&out, SummaryRow(*other));
   }

@@ -4,6 +4,7 @@
 
 #include "wlb/core/document.hpp"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/document_cost.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
 #include "wlb/io/plan_json.hpp"

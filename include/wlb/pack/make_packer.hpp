@@ -44,7 +44,7 @@ inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
 // Validates everything and builds the named packer; errors name the bad value.
 inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerConfig& config,
-                                                          CostModel cost,
+                                                          DocumentCost cost,
                                                           const PackerOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));

@@ -21,7 +21,7 @@ namespace wlb {
 class OriginalPacker final : public Packer {
  public:
   enum class WholeDocuments { kNo, kYes };
-  OriginalPacker(PackerConfig config, CostModel cost, WholeDocuments whole = WholeDocuments::kNo)
+  OriginalPacker(PackerConfig config, DocumentCost cost, WholeDocuments whole = WholeDocuments::kNo)
       : Packer(config, std::move(cost)), whole_(whole == WholeDocuments::kYes) {}
   std::string_view name() const override { return whole_ ? "original-nextfit" : "original"; }
 
