@@ -91,9 +91,9 @@ void BM_PlanStepCost(benchmark::State& state, std::string kind) {
   for (int64_t d = 64; d <= 131072; d *= 2) points.push_back({d, poly(d)});
   const wlb::DocumentCost cost =
       kind == "polynomial" ? wlb::DocumentCost(poly)
-      : kind == "erased"   ? wlb::DocumentCost::From(ErasedPolynomial{poly}, "flop", "erased")
-                           : wlb::DocumentCost::From(*wlb::TabulatedCost::Create(points), "flop",
-                                                     "table");
+      : kind == "erased"
+          ? wlb::DocumentCost::From(ErasedPolynomial{poly}, "flop", "erased")
+          : wlb::DocumentCost::From(*wlb::TabulatedCost::Create(points), "flop", "table");
   RunSteps(state, "wlb", streams[n], cost);
 }
 

@@ -149,11 +149,10 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
   if (kernel != nullptr) pipeline->kernel = *kernel;
   absl::StatusOr<wlb::StepTimeModel> sim = wlb::StepTimeModel::Create(*pipeline);
   if (!sim.ok()) return sim.status();
-  wlb::PackerConfig config{
-      .context = job.context,
-      .max_tokens = static_cast<int64_t>(
-          std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
-      .micro_batches = job.sizes.pp * job.sizes.dp};
+  wlb::PackerConfig config{.context = job.context,
+                           .max_tokens = static_cast<int64_t>(
+                               std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
+                           .micro_batches = job.sizes.pp * job.sizes.dp};
   std::vector<int64_t> lengths = base_lengths;
   for (int64_t& l : lengths) {
     l = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(l) * job.context / 131072));
@@ -165,9 +164,9 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
   if (arrivals.size() > steps) arrivals.resize(steps);
   if (arrivals.size() < steps) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "%s: the input holds only %d steps of %d tokens, --steps asks for %d", job.name,
-        arrivals.size(), step_tokens, steps));
+    return absl::OutOfRangeError(
+        absl::StrFormat("%s: the input holds only %d steps of %d tokens, --steps asks for %d",
+                        job.name, arrivals.size(), step_tokens, steps));
   }
   JobResult result;
   result.steps = static_cast<int64_t>(arrivals.size());
@@ -186,10 +185,10 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
       runs[m.packer] = *std::move(run);
     }
     const wlb::PackRun& run = runs[m.packer];
-    absl::StatusOr<double> seconds =
-        m.evened          ? EvenedStreamSeconds(*sim, run.steps, m.cp)
-        : m.arrival_order ? sim->StreamSeconds(InArrivalOrder(run.steps), m.cp)
-                          : sim->StreamSeconds(run.steps, m.cp);
+    absl::StatusOr<double> seconds = m.evened ? EvenedStreamSeconds(*sim, run.steps, m.cp)
+                                     : m.arrival_order
+                                         ? sim->StreamSeconds(InArrivalOrder(run.steps), m.cp)
+                                         : sim->StreamSeconds(run.steps, m.cp);
     if (!seconds.ok()) return seconds.status();
     result.seconds.push_back(*seconds);
     double work = 0.0;
@@ -220,8 +219,8 @@ absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string
       {"per-seq-ordered", {.candidates = {S::kPerSequenceOrdered}}},
       {"per-doc", {.candidates = {S::kPerDocument}}},
       {"paper's adaptive (per-seq / per-doc)", kPaperAdaptive},
-      {"adaptive over per-seq-ordered / per-doc", {.candidates = {S::kPerSequenceOrdered,
-                                                                  S::kPerDocument}}},
+      {"adaptive over per-seq-ordered / per-doc",
+       {.candidates = {S::kPerSequenceOrdered, S::kPerDocument}}},
       {"adaptive (per-seq-ordered / per-doc / hybrid)", {.candidates = {S::kAdaptive}}},
       {"per-doc at mean rank (no CP imbalance)",
        {.candidates = {S::kPerDocument}, .at_mean_rank = true}},
@@ -235,7 +234,9 @@ absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string
   const std::vector<Row> rows = {
       {"original (cuts documents at S)", "original", {}},
       {"original, micro-batches evened out within each step (bound on re-packing its steps)",
-       "original", {}, true},
+       "original",
+       {},
+       true},
       {"original-nextfit (whole documents)", "original-nextfit", {}},
       {"original-nextfit, evened out within each step", "original-nextfit", {}, true},
       {"fixed-greedy, window 1", "fixed-greedy", {.window = 1}},
@@ -250,20 +251,21 @@ absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string
     }
   }
   const Job job{"7B-128K", Preset("llama2-7b"), 131072, {8, 2, 4, 1}, 1.33};
-  absl::StatusOr<wlb::KernelModel> flop_model = wlb::KernelModel::Analytic(
-      {.shape = {.heads = 4, .head_dim = 128, .tile_q = 1, .tile_k = 1},
-       .q_half = 0.0,
-       .segment_overhead_ms = 0.0});
+  absl::StatusOr<wlb::KernelModel> flop_model =
+      wlb::KernelModel::Analytic({.shape = {.heads = 4, .head_dim = 128, .tile_q = 1, .tile_k = 1},
+                                  .q_half = 0.0,
+                                  .segment_overhead_ms = 0.0});
   if (!flop_model.ok()) return flop_model.status();
-  std::printf("Attribution at 7B-128K, (TP,CP,PP,DP) = %s: estimated speedup over Plain-4D "
-              "(original packing, per-seq CP in the packer's order) of every packer with every CP "
-              "sharding, from the library's step-time model (wlb/sim). Input: %s, %d steps, S_max "
-              "= %.2f S, %d queue levels, linear part at %g TFLOP/s per GPU. The paper measured "
-              "1.28x for WLB packing alone (per-seq CP), 1.05x for adaptive CP alone (original "
-              "packing) and 1.33x for both.\n",
-              Tuple(job).c_str(), source.c_str(), absl::GetFlag(FLAGS_steps),
-              absl::GetFlag(FLAGS_max_tokens_ratio), absl::GetFlag(FLAGS_queues),
-              absl::GetFlag(FLAGS_tflops));
+  std::printf(
+      "Attribution at 7B-128K, (TP,CP,PP,DP) = %s: estimated speedup over Plain-4D "
+      "(original packing, per-seq CP in the packer's order) of every packer with every CP "
+      "sharding, from the library's step-time model (wlb/sim). Input: %s, %d steps, S_max "
+      "= %.2f S, %d queue levels, linear part at %g TFLOP/s per GPU. The paper measured "
+      "1.28x for WLB packing alone (per-seq CP), 1.05x for adaptive CP alone (original "
+      "packing) and 1.33x for both.\n",
+      Tuple(job).c_str(), source.c_str(), absl::GetFlag(FLAGS_steps),
+      absl::GetFlag(FLAGS_max_tokens_ratio), absl::GetFlag(FLAGS_queues),
+      absl::GetFlag(FLAGS_tflops));
   const std::vector<const wlb::KernelModel*> kernels = {nullptr, &*flop_model};
   for (const wlb::KernelModel* kernel : kernels) {
     std::fprintf(stderr, "speedup_table: breakdown, %s\n", kernel ? "flop model" : "analytic");
@@ -304,8 +306,8 @@ absl::Status Run() {
         absl::StrFormat("--tflops must be > 0, got %g", absl::GetFlag(FLAGS_tflops)));
   }
   if (!(absl::GetFlag(FLAGS_max_tokens_ratio) >= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--max_tokens_ratio must be >= 1, got %g", absl::GetFlag(FLAGS_max_tokens_ratio)));
+    return absl::InvalidArgumentError(absl::StrFormat("--max_tokens_ratio must be >= 1, got %g",
+                                                      absl::GetFlag(FLAGS_max_tokens_ratio)));
   }
   if (absl::GetFlag(FLAGS_queues) < 0) {
     return absl::InvalidArgumentError(
@@ -315,8 +317,8 @@ absl::Status Run() {
   std::string source = absl::GetFlag(FLAGS_docs);
   std::vector<int64_t> lengths;
   if (source.empty()) {
-    lengths = wlb::SampleDefaultLengths(
-        (absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2, absl::GetFlag(FLAGS_seed));
+    lengths = wlb::SampleDefaultLengths((absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2,
+                                        absl::GetFlag(FLAGS_seed));
     source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
   } else {
     absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
@@ -332,12 +334,18 @@ absl::Status Run() {
   const std::vector<Method> methods = {
       {"Plain-4D: original, per-seq CP", "original", {}, per_seq, "per-seq"},
       {"original, adaptive CP", "original", {}, kPaperAdaptive, "adaptive-paper"},
-      {"Fixed-4D: fixed-length greedy, per-seq CP", "fixed-greedy", {.window = 1}, per_seq,
+      {"Fixed-4D: fixed-length greedy, per-seq CP",
+       "fixed-greedy",
+       {.window = 1},
+       per_seq,
        "per-seq"},
       {"WLB packing, per-seq CP", "wlb", {}, per_seq, "per-seq"},
       {"WLB-LLM: WLB packing, adaptive CP", "wlb", {}, kPaperAdaptive, "adaptive-paper"},
       {"WLB packing, per-seq-ordered CP", "wlb", {}, ordered, "per-seq-ordered"},
-      {"wlb-refine, adaptive CP (ordered / per-doc / hybrid)", "wlb-refine", {}, adaptive,
+      {"wlb-refine, adaptive CP (ordered / per-doc / hybrid)",
+       "wlb-refine",
+       {},
+       adaptive,
        "adaptive"},
       {"wlb-refine, per-doc CP at mean rank latency", "wlb-refine", {}, ideal, "ideal"},
   };
@@ -350,12 +358,13 @@ absl::Status Run() {
     rule += "|---";
   }
 
-  std::printf("Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
-              "pipeline simulator (wlb/sim/step_time.hpp; assumptions in docs/RESULTS.md). Input: "
-              "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
-              "per GPU, attention by wlb::KernelModel::Default().\n\n",
-              source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
-              absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
+  std::printf(
+      "Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
+      "pipeline simulator (wlb/sim/step_time.hpp; assumptions in docs/RESULTS.md). Input: "
+      "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
+      "per GPU, attention by wlb::KernelModel::Default().\n\n",
+      source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
+      absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
   std::printf("| job | (TP,CP,PP,DP) %s | paper: WLB-LLM over Plain-4D |\n", header.c_str());
   std::printf("|---|---%s|---|\n", rule.c_str());
   std::vector<double> sums(methods.size(), 0.0), sums64(methods.size(), 0.0),
@@ -368,8 +377,8 @@ absl::Status Run() {
     }
     for (size_t m = 0; m < methods.size(); ++m) {
       csv.push_back(absl::StrFormat("%s,%s,%s,%s,%.4f,%.6g", table, job.name, methods[m].packer,
-                                    methods[m].cp_name,
-                                    r.seconds[0] / r.seconds[m], r.seconds[m] / r.steps));
+                                    methods[m].cp_name, r.seconds[0] / r.seconds[m],
+                                    r.seconds[m] / r.steps));
     }
     return line;
   };
@@ -398,8 +407,9 @@ absl::Status Run() {
   average_line("average, 128K", sums128, n128, "1.30x");
   average_line("average", sums, static_cast<int>(jobs.size()), "1.23x");
 
-  std::printf("\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
-              "S / 128K):\n\n");
+  std::printf(
+      "\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
+      "S / 128K):\n\n");
   std::printf("| context %s | FLOPs, WLB / original | paper: WLB-LLM over Plain-4D |\n",
               header.c_str());
   std::printf("|---%s|---|---|\n", rule.c_str());

@@ -20,8 +20,12 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(DocumentCostTest, PolynomialIsTheFastPath) {
-  const CostModel poly{.attn_quadratic = 2.0, .attn_linear = 3.0, .linear_per_token = 5.0,
-                       .per_document = 7.0, .unit = "flop", .description = "p"};
+  const CostModel poly{.attn_quadratic = 2.0,
+                       .attn_linear = 3.0,
+                       .linear_per_token = 5.0,
+                       .per_document = 7.0,
+                       .unit = "flop",
+                       .description = "p"};
   const DocumentCost cost = poly;  // implicit
   ASSERT_NE(cost.polynomial(), nullptr);
   for (int64_t d : {1, 2, 100, 131072}) {
@@ -100,8 +104,7 @@ TEST(TabulatedCostTest, BadTablesNameTheValue) {
   EXPECT_THAT(std::string(TabulatedCost::Create(twice).status().message()),
               HasSubstr("length 64 twice"));
   const std::vector<ProfilePoint> negative = {{64, -1.0}};
-  EXPECT_THAT(std::string(TabulatedCost::Create(negative).status().message()),
-              HasSubstr("-1 ms"));
+  EXPECT_THAT(std::string(TabulatedCost::Create(negative).status().message()), HasSubstr("-1 ms"));
   const std::vector<ProfilePoint> ok = {{64, 1.0}};
   EXPECT_THAT(std::string(TabulatedCost::Create(ok, 0).status().message()), HasSubstr("got 0"));
   EXPECT_THAT(std::string(TabulatedCost::Create(ok, 128, NAN).status().message()),
@@ -146,8 +149,7 @@ TEST(DocumentCostTest, PackersRunOnACustomCost) {
           for (const Document& d : mb.documents) sum += cost(d.length);
           ASSERT_NEAR(mb.cost, sum, 1e-9 * std::max(1.0, sum));
         }
-        ASSERT_GE(ImbalanceDegree(step.micro_batches),
-                  LowerBound(step.micro_batches, cost) - 1e-9);
+        ASSERT_GE(ImbalanceDegree(step.micro_batches), LowerBound(step.micro_batches, cost) - 1e-9);
       }
     }
   }

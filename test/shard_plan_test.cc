@@ -161,9 +161,9 @@ TEST(ShardPlanTest, JsonShape) {
 }
 
 TEST(ShardPlanTest, StrategyNames) {
-  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid,
-                          ShardStrategy::kPerSequenceOrdered}) {
+  for (ShardStrategy s :
+       {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
+        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
     absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(ShardStrategyName(s));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
@@ -520,9 +520,9 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
       ASSERT_TRUE(ValidateShardPlan(ad, mb).ok());
       EXPECT_NE(ad.strategy, ShardStrategy::kAdaptive);
       const auto max_ms = [&](const ShardPlan& p) { return slowest(p, *m); };
-      const double best = std::min(
-          {max_ms(seq), max_ms(MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered, *m)),
-           max_ms(doc), max_ms(MustPlan(mb, cp, ShardStrategy::kHybrid, *m))});
+      const double best =
+          std::min({max_ms(seq), max_ms(MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered, *m)),
+                    max_ms(doc), max_ms(MustPlan(mb, cp, ShardStrategy::kHybrid, *m))});
       EXPECT_LE(max_ms(ad), best * (1 + 1e-12));
       absl::StatusOr<AdaptiveChoice> choice = ChooseAdaptive(mb, cp, *m);
       ASSERT_TRUE(choice.ok());

@@ -127,8 +127,8 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   EXPECT_THAT(fit.out, HasSubstr("fitted:"));
   EXPECT_THAT(fit.out, HasSubstr("rms rel. error"));
   // The tile-aware table instead of the fit: micro-batch costs are sums of the table's values.
-  Result table = RunPlan("--steps 5 --format json --timing=false --profile-cost table --cost " +
-                         profile);
+  Result table =
+      RunPlan("--steps 5 --format json --timing=false --profile-cost table --cost " + profile);
   ASSERT_EQ(table.exit_code, 0) << table.err;
   const nlohmann::json j = nlohmann::json::parse(table.out);
   EXPECT_THAT(j["summary"]["cost_model"].get<std::string>(), HasSubstr("tile-aware table"));

@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, docs, "",
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, packer, "wlb", "original, original-nextfit, fixed-greedy, wlb or wlb-refine");
+ABSL_FLAG(std::string, packer, "wlb",
+          "original, original-nextfit, fixed-greedy, wlb or wlb-refine");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
           "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
@@ -179,14 +180,13 @@ struct Estimate {
   int64_t steps = 0;
 };
 
-absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model,
-                                       wlb::ShardStrategy strategy, const Result& planned,
-                                       const Result& baseline) {
+absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model, wlb::ShardStrategy strategy,
+                                       const Result& planned, const Result& baseline) {
   Estimate e{.sizes = model.job().sizes, .steps = static_cast<int64_t>(planned.run.steps.size())};
   absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
   if (!t.ok()) return t.status();
-  absl::StatusOr<double> b = model.StreamSeconds(
-      baseline.run.steps, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+  absl::StatusOr<double> b =
+      model.StreamSeconds(baseline.run.steps, {.candidates = {wlb::ShardStrategy::kPerSequence}});
   if (!b.ok()) return b.status();
   e.seconds = *t;
   e.baseline_seconds = *b;
@@ -270,9 +270,9 @@ absl::Status Run() {
   wlb::DocumentCost doc_cost = cost->model;
   if (const std::string profile_cost = absl::GetFlag(FLAGS_profile_cost); profile_cost == "table") {
     if (cost->model.unit != "ms") {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--profile-cost table needs a profile CSV in --cost, got the preset '%s'",
-          absl::GetFlag(FLAGS_cost)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--profile-cost table needs a profile CSV in --cost, got the preset '%s'",
+                          absl::GetFlag(FLAGS_cost)));
     }
     absl::StatusOr<std::vector<wlb::ProfilePoint>> points =
         wlb::ReadProfileCsv(absl::GetFlag(FLAGS_cost));
@@ -326,9 +326,9 @@ absl::Status Run() {
     absl::StatusOr<wlb::ParallelSizes> sizes = wlb::ParseParallelSizes(estimate);
     if (!sizes.ok()) return sizes.status();
     if (static_cast<int64_t>(sizes->pp) * sizes->dp != config.micro_batches) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--estimate %s needs --micro-batches = PP x DP = %d, got %d", estimate,
-          static_cast<int64_t>(sizes->pp) * sizes->dp, config.micro_batches));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--estimate %s needs --micro-batches = PP x DP = %d, got %d", estimate,
+                          static_cast<int64_t>(sizes->pp) * sizes->dp, config.micro_batches));
     }
     if (cp_size > 0 && cp_size != sizes->cp) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -337,9 +337,9 @@ absl::Status Run() {
     absl::StatusOr<wlb::TransformerShape> shape =
         wlb::FindTransformerShape(absl::GetFlag(FLAGS_cost));
     if (!shape.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--estimate needs a model shape: --cost must be a preset, got '%s' (%s)",
-          absl::GetFlag(FLAGS_cost), shape.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--estimate needs a model shape: --cost must be a preset, got '%s' (%s)",
+                          absl::GetFlag(FLAGS_cost), shape.status().message()));
     }
     absl::StatusOr<wlb::PipelineJob> job =
         wlb::MakePipelineJob(*shape, *sizes, absl::GetFlag(FLAGS_gemm_tflops));
@@ -476,9 +476,8 @@ absl::Status Run() {
         "CP imbalance (max/mean over ranks) in causal pairs: mean %.3f, max %.3f; under the kernel "
         "model: mean %.3f, max %.3f; predicted slowest-rank attention %.1f ms in all\n",
         packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
-        c.per_seq_ordered, c.per_doc,
-        c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max, c.model_imbalance_mean,
-        c.model_imbalance_max, c.max_rank_ms_total);
+        c.per_seq_ordered, c.per_doc, c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max,
+        c.model_imbalance_mean, c.model_imbalance_max, c.max_rank_ms_total);
   }
   if (estimate) {
     const Estimate& e = *estimate;

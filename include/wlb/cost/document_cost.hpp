@@ -57,9 +57,9 @@ class DocumentCost {
 
   // Any other cost function; `unit` says what a cost counts ("ms", "flop").
   template <CostFunction F>
-    requires(!std::same_as<std::decay_t<F>, CostModel> &&
-             !std::same_as<std::decay_t<F>, DocumentCost>)
-  static DocumentCost From(F function, std::string unit, std::string description) {
+  requires(!std::same_as<std::decay_t<F>, CostModel> &&
+           !std::same_as<std::decay_t<F>, DocumentCost>) static DocumentCost
+      From(F function, std::string unit, std::string description) {
     CostModel labels;
     labels.unit = std::move(unit);
     labels.description = std::move(description);
@@ -143,9 +143,9 @@ class TabulatedCost {
   double Attention(int64_t d) const {
     if (d <= points_.front().length) return points_.front().ms;  // flat below the table
     // First measured length >= d (the table's end when d is beyond it).
-    const auto next = std::lower_bound(
-        points_.begin(), points_.end(), d,
-        [](const ProfilePoint& p, int64_t length) { return p.length < length; });
+    const auto next =
+        std::lower_bound(points_.begin(), points_.end(), d,
+                         [](const ProfilePoint& p, int64_t length) { return p.length < length; });
     const int64_t tiles = d / tile_ + (d % tile_ != 0 ? 1 : 0);
     int64_t padded = d <= std::numeric_limits<int64_t>::max() / tile_ - 1 ? tiles * tile_ : d;
     if (next != points_.end()) {

@@ -97,9 +97,9 @@ inline std::string_view ShardStrategyName(ShardStrategy s) {
 
 // Accepts exactly the names ShardStrategyName returns.
 inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
-  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid,
-                          ShardStrategy::kPerSequenceOrdered}) {
+  for (ShardStrategy s :
+       {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
+        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
     if (name == ShardStrategyName(s)) return s;
   }
   return absl::InvalidArgumentError(absl::StrFormat(
@@ -363,8 +363,8 @@ inline std::vector<double> PredictRankMsOf(const ShardPlan& plan, const KernelMo
 
 // Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
 // in a given order.
-inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order,
-                               int cp_size, const KernelModel& model) {
+inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp_size,
+                               const KernelModel& model) {
   std::vector<int64_t> starts(order.size() + 1, 0);
   for (size_t i = 0; i < order.size(); ++i) {
     starts[i + 1] = starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
@@ -440,9 +440,9 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
   given.order.resize(static_cast<size_t>(n));
   std::iota(given.order.begin(), given.order.end(), int64_t{0});
   given.max_ms = PerSequenceMaxMs(mb, given.order, cp_size, model);
-  const auto [shortest, longest] = std::minmax_element(
-      mb.documents.begin(), mb.documents.end(),
-      [](const Document& a, const Document& b) { return a.length < b.length; });
+  const auto [shortest, longest] =
+      std::minmax_element(mb.documents.begin(), mb.documents.end(),
+                          [](const Document& a, const Document& b) { return a.length < b.length; });
   if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
   PerSequencePairEvaluator eval(mb, cp_size);
   std::vector<int64_t> best = given.order;
@@ -510,8 +510,7 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
 inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
                                               const std::vector<int64_t>& starts, int cp_size,
                                               ShardStrategy strategy, ShardStrategy requested,
-                                              const KernelModel& model,
-                                              std::vector<int64_t> order);
+                                              const KernelModel& model, std::vector<int64_t> order);
 
 }  // namespace detail
 
@@ -547,8 +546,8 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb
   OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
   c.per_seq_ordered_max_ms = ordered.max_ms;
   c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
-  absl::StatusOr<ShardPlan> hybrid = PlanResolved(mb, starts, cp_size, ShardStrategy::kHybrid,
-                                                  ShardStrategy::kHybrid, model, {});
+  absl::StatusOr<ShardPlan> hybrid =
+      PlanResolved(mb, starts, cp_size, ShardStrategy::kHybrid, ShardStrategy::kHybrid, model, {});
   if (!hybrid.ok()) return hybrid.status();
   c.hybrid_max_ms = MaxOf(PredictRankMsOf(*hybrid, model));
   c.chosen = ShardStrategy::kPerSequenceOrdered;
@@ -608,7 +607,8 @@ inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
       if (order.empty()) order = SearchPerSequenceOrder(mb, cp_size, model).order;
       std::vector<int64_t> ordered_starts(docs + 1, 0);
       for (size_t i = 0; i < docs; ++i) {
-        ordered_starts[i + 1] = ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+        ordered_starts[i + 1] =
+            ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
       }
       detail::PlanBuilder b(mb, starts, cp_size, docs + 2 * static_cast<size_t>(cp_size));
       detail::ForEachPerSequenceSegment(ordered_starts, cp_size,

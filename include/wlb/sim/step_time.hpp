@@ -66,11 +66,11 @@ namespace detail {
 
 inline absl::Status CheckStageTimes(std::span<const StageTimes> times) {
   for (size_t k = 0; k < times.size(); ++k) {
-    for (auto [name, v] : {std::pair{"forward", times[k].forward},
-                           std::pair{"backward", times[k].backward}}) {
+    for (auto [name, v] :
+         {std::pair{"forward", times[k].forward}, std::pair{"backward", times[k].backward}}) {
       if (!(v >= 0.0) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "micro-batch %d: %s time must be >= 0 and finite, got %g", k, name, v));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("micro-batch %d: %s time must be >= 0 and finite, got %g", k, name, v));
       }
     }
   }
@@ -125,11 +125,10 @@ inline double Makespan1F1B(std::span<const StageTimes> mbs, int stages) {
 // Makespan (seconds) of one pipeline running `micro_batches` in order through `stages` stages
 // with 1F1B (see the file comment). Errors name a stage count outside [1, kMaxPipelineSize] or a
 // negative / non-finite time.
-inline absl::StatusOr<double> Simulate1F1B(std::span<const StageTimes> micro_batches,
-                                           int stages) {
+inline absl::StatusOr<double> Simulate1F1B(std::span<const StageTimes> micro_batches, int stages) {
   if (stages < 1 || stages > kMaxPipelineSize) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pipeline stages must be in [1, %d], got %d", kMaxPipelineSize, stages));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pipeline stages must be in [1, %d], got %d", kMaxPipelineSize, stages));
   }
   if (absl::Status s = detail::CheckStageTimes(micro_batches); !s.ok()) return s;
   return detail::Makespan1F1B(micro_batches, stages);
@@ -154,8 +153,8 @@ inline absl::StatusOr<double> SimulateStep(std::span<const StageTimes> micro_bat
   const size_t per_rank = micro_batches.size() / static_cast<size_t>(dp);
   double slowest = 0.0;
   for (size_t r = 0; r < static_cast<size_t>(dp); ++r) {
-    slowest = std::max(slowest,
-                       detail::Makespan1F1B(micro_batches.subspan(r * per_rank, per_rank), pp));
+    slowest =
+        std::max(slowest, detail::Makespan1F1B(micro_batches.subspan(r * per_rank, per_rank), pp));
   }
   return slowest;
 }
@@ -179,11 +178,10 @@ inline absl::StatusOr<ParallelSizes> ParseParallelSizes(std::string_view text) {
         "parallel sizes '%s' must be four integers TP,CP,PP,DP (e.g. 8,2,4,1)", text));
   }
   for (size_t i = 0; i < 4; ++i) {
-    if (!absl::SimpleAtoi(parts[i], fields[i]) || *fields[i] < 1 ||
-        *fields[i] > kMaxPipelineSize) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "parallel sizes '%s': '%s' is not an integer in [1, %d]", text, std::string(parts[i]),
-          kMaxPipelineSize));
+    if (!absl::SimpleAtoi(parts[i], fields[i]) || *fields[i] < 1 || *fields[i] > kMaxPipelineSize) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("parallel sizes '%s': '%s' is not an integer in [1, %d]", text,
+                          std::string(parts[i]), kMaxPipelineSize));
     }
   }
   return p;
@@ -193,7 +191,7 @@ inline absl::StatusOr<ParallelSizes> ParseParallelSizes(std::string_view text) {
 struct PipelineJob {
   TransformerShape shape;
   ParallelSizes sizes;
-  double gemm_tflops = 500.0;  // achieved bf16 GEMM TFLOP/s per GPU (linear part)
+  double gemm_tflops = 500.0;                   // achieved bf16 GEMM TFLOP/s per GPU (linear part)
   KernelModel kernel = KernelModel::Default();  // one layer's attention on one GPU
   double backward_linear = 2.0;                 // backward / forward, linear part
   double backward_attention = 2.5;              // backward / forward, attention
@@ -282,9 +280,9 @@ class StepTimeModel {
     }
     const double attention =
         attention_ms * 1e-3 * static_cast<double>(job_.shape.layers) / static_cast<double>(p.pp);
-    return StageTimes{.forward = linear + attention,
-                      .backward = job_.backward_linear * linear +
-                                  job_.backward_attention * attention};
+    return StageTimes{
+        .forward = linear + attention,
+        .backward = job_.backward_linear * linear + job_.backward_attention * attention};
   }
 
   // Time of one step; its micro-batch count must be a multiple of DP (normally PP x DP).
@@ -312,7 +310,8 @@ class StepTimeModel {
   }
 
  private:
-  StepTimeModel(PipelineJob job, CostModel flops) : job_(std::move(job)), flops_(std::move(flops)) {}
+  StepTimeModel(PipelineJob job, CostModel flops)
+      : job_(std::move(job)), flops_(std::move(flops)) {}
 
   PipelineJob job_;
   CostModel flops_;  // forward FLOPs of the shape (its linear part is used)
