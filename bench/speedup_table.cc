@@ -263,7 +263,7 @@ absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string
       "= %.2f S, %d queue levels, linear part at %g TFLOP/s per GPU. The paper measured "
       "1.28x for WLB packing alone (per-seq CP), 1.05x for adaptive CP alone (original "
       "packing) and 1.33x for both.\n",
-      Tuple(job).c_str(), source.c_str(), absl::GetFlag(FLAGS_steps),
+      Tuple(job).c_str(), source.c_str(), static_cast<int>(absl::GetFlag(FLAGS_steps)),
       absl::GetFlag(FLAGS_max_tokens_ratio), absl::GetFlag(FLAGS_queues),
       absl::GetFlag(FLAGS_tflops));
   const std::vector<const wlb::KernelModel*> kernels = {nullptr, &*flop_model};
