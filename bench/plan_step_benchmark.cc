@@ -30,8 +30,8 @@ Stream MakeStream(int32_t n, int64_t context, int64_t steps) {
   return s;
 }
 
-void RunSteps(benchmark::State& state, const std::string& packer, const Stream& s) {
-  const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
+void RunSteps(benchmark::State& state, const std::string& packer, const Stream& s,
+              const wlb::DocumentCost& cost = *wlb::CostModelFromPreset("llama2-7b")) {
   auto p = wlb::MakePacker(packer, s.config, cost,
                            {.thresholds = wlb::DefaultThresholds(s.config.context, 2)});
   if (!p.ok()) {
@@ -71,8 +71,46 @@ void BM_Scaling(benchmark::State& state, std::string packer) {
   RunSteps(state, packer, streams[docs]);
 }
 
+// The FLOP polynomial behind the type-erased path (DocumentCost::From), to compare with its
+// inline fast path.
+struct ErasedPolynomial {
+  wlb::CostModel model;
+  double Attention(int64_t d) const { return model.Attention(d); }
+  double Linear(int64_t d) const { return model.Linear(d); }
+};
+
+// BM_PlanStepCost/<cost>/N: wlb's Push() with the cost given as the polynomial (the fast path
+// every CostModel caller gets), as the same polynomial through the type-erased path, and as a
+// tile-aware table of the polynomial's values at powers of two (64 .. 128K tokens).
+void BM_PlanStepCost(benchmark::State& state, std::string kind) {
+  static std::map<int64_t, Stream> streams;
+  const int32_t n = static_cast<int32_t>(state.range(0));
+  if (!streams.count(n)) streams[n] = MakeStream(n, 131072, 16);
+  const wlb::CostModel poly = *wlb::CostModelFromPreset("llama2-7b");
+  std::vector<wlb::ProfilePoint> points;
+  for (int64_t d = 64; d <= 131072; d *= 2) points.push_back({d, poly(d)});
+  const wlb::DocumentCost cost =
+      kind == "polynomial" ? wlb::DocumentCost(poly)
+      : kind == "erased"
+          ? wlb::DocumentCost::From(ErasedPolynomial{poly}, "flop", "erased")
+          : wlb::DocumentCost::From(*wlb::TabulatedCost::Create(points), "flop", "table");
+  RunSteps(state, "wlb", streams[n], cost);
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(BM_PlanStepCost, polynomial, std::string("polynomial"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStepCost, erased, std::string("erased"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStepCost, table, std::string("table"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_PlanStep, original, std::string("original"))
     ->Arg(4)
     ->Arg(64)

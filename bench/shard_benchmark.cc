@@ -68,8 +68,10 @@ void Run(benchmark::State& state, wlb::ShardStrategy strategy,
 }
 
 void Register() {
-  for (wlb::ShardStrategy s : {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument,
-                               wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid}) {
+  for (wlb::ShardStrategy s :
+       {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
+        wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive,
+        wlb::ShardStrategy::kHybrid}) {
     const std::string name(wlb::ShardStrategyName(s));
     benchmark::RegisterBenchmark(("BM_Shard/" + name).c_str(),
                                  [s](benchmark::State& st) { Run(st, s, RealisticMicroBatches()); })

@@ -36,15 +36,15 @@ ABSL_FLAG(std::string, csv, "",
 namespace {
 
 constexpr wlb::ShardStrategy kStrategies[] = {
-    wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument,
-    wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
+    wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
+    wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
 
 absl::Status Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int32_t n = absl::GetFlag(FLAGS_micro_batches);
   if (steps < 1 || n < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
   }
   std::string source = absl::GetFlag(FLAGS_docs);
   std::vector<int64_t> base;
@@ -60,13 +60,16 @@ absl::Status Run() {
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
-  std::printf("CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
-              "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
-              "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
-              "max-rank latency in ms, means over micro-batches.\n\n",
-              absl::GetFlag(FLAGS_packer).c_str(), n, source.c_str(), steps);
-  std::printf("| S | C | per-seq | per-doc | adaptive | hybrid | adaptive picks per-doc |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
+      "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
+      "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
+      "max-rank latency in ms, means over micro-batches.\n\n",
+      absl::GetFlag(FLAGS_packer).c_str(), n, source.c_str(), steps);
+  std::printf(
+      "| S | C | per-seq | per-seq-ordered | per-doc | adaptive | hybrid | ordering closes of "
+      "the per-seq -> per-doc imbalance gap | adaptive picks ordered / per-doc / hybrid |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> csv;
   for (int64_t k : {32, 64, 128, 160}) {
     const int64_t context = k * 1024;
@@ -74,8 +77,7 @@ absl::Status Run() {
     for (int64_t& l : lengths) l = std::max<int64_t>(1, l * context / 131072);
     absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, context);
     if (!pieces.ok()) return pieces.status();
-    std::vector<std::vector<wlb::Document>> arrivals =
-        wlb::SplitIntoSteps(*pieces, context * n);
+    std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, context * n);
     if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
     const wlb::PackerConfig config{
         .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
@@ -88,7 +90,8 @@ absl::Status Run() {
     for (int c : {2, 4, 8, 16}) {
       std::fprintf(stderr, "sharding_table: S = %dK, C = %d\n", k, c);
       std::string line = absl::StrFormat("| %dK | %d", k, c);
-      int64_t adaptive_per_doc = 0, adaptive_total = 0;
+      wlb::CpSummary adaptive;
+      double imbalance[3] = {0, 0, 0};  // per-seq, per-seq-ordered, per-doc
       for (wlb::ShardStrategy strategy : kStrategies) {
         wlb::CpSummary summary;
         for (const wlb::StepPlan& step : run->steps) {
@@ -99,20 +102,29 @@ absl::Status Run() {
             summary.Add(*plan, wlb::MeasureCpBalance(*plan, kernel));
           }
         }
-        const double max_ms = summary.micro_batches > 0
-                                  ? summary.max_rank_ms_total / summary.micro_batches
-                                  : 0.0;
+        const double max_ms =
+            summary.micro_batches > 0 ? summary.max_rank_ms_total / summary.micro_batches : 0.0;
         line += absl::StrFormat(" | %.3f / %.2f ms", summary.model_imbalance_mean, max_ms);
-        if (strategy == wlb::ShardStrategy::kAdaptive) {
-          adaptive_per_doc = summary.per_doc;
-          adaptive_total = summary.micro_batches;
+        if (strategy == wlb::ShardStrategy::kAdaptive) adaptive = summary;
+        if (strategy == wlb::ShardStrategy::kPerSequence)
+          imbalance[0] = summary.model_imbalance_mean;
+        if (strategy == wlb::ShardStrategy::kPerSequenceOrdered) {
+          imbalance[1] = summary.model_imbalance_mean;
         }
+        if (strategy == wlb::ShardStrategy::kPerDocument)
+          imbalance[2] = summary.model_imbalance_mean;
         csv.push_back(absl::StrFormat("%d,%d,%s,%.6f,%.6f,%.6g", context, c,
-                                      wlb::ShardStrategyName(strategy),
-                                      summary.pair_imbalance_mean, summary.model_imbalance_mean,
-                                      max_ms));
+                                      wlb::ShardStrategyName(strategy), summary.pair_imbalance_mean,
+                                      summary.model_imbalance_mean, max_ms));
       }
-      std::printf("%s | %d / %d |\n", line.c_str(), adaptive_per_doc, adaptive_total);
+      // Share of per-seq's excess imbalance over per-doc that ordering removes.
+      const double gap = imbalance[0] - imbalance[2];
+      const std::string closed =
+          gap > 0 ? absl::StrFormat("%.0f%%", 100.0 * (imbalance[0] - imbalance[1]) / gap) : "-";
+      std::printf("%s | %s |\n", line.c_str(),
+                  absl::StrFormat("%s | %d / %d / %d of %d", closed, adaptive.per_seq_ordered,
+                                  adaptive.per_doc, adaptive.hybrid, adaptive.micro_batches)
+                      .c_str());
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {

@@ -3,29 +3,14 @@
 //
 //   build/bench/speedup_table --docs ../shared/data/doc_lengths_wlbllm_like.json
 //
-// The simulator (assumptions, stated once here and in docs/RESULTS.md):
-//  - A step is N = PP x DP micro-batches from a packer; DP rank r runs micro-batches
-//    [r*PP, (r+1)*PP) through a PP-stage 1F1B schedule (warm-up forwards, one-forward-one-backward,
-//    cool-down backwards); a stage starts an operation when the stage is free and its input is
-//    ready (the previous stage's forward, the next stage's backward). The step ends when the
-//    slowest DP rank's pipeline drains (gradient synchronisation at the step end; its cost is the
-//    same for every packing and is left out, as are P2P transfers and the optimizer).
-//  - Layers are split evenly over stages, so a micro-batch costs every stage the same.
-//  - Linear part (projections, MLP): the cost model's FLOPs / (PP x TP x CP x --tflops), split
-//    evenly over the stage's TP x CP GPUs.
-//  - Attention: every micro-batch is shard-planned for CP size C (wlb::PlanShards strategies) and
-//    each rank's per-layer latency predicted by wlb::KernelModel::Default() (FlashAttention-2-like
-//    H100 throughput, tile padding, per-segment overhead) with heads / TP query heads per GPU; the
-//    slowest CP rank sets the stage (ranks synchronise at every layer's K/V all-gather), times the
-//    stage's layers. "ideal" (a column label says "at mean rank latency") takes the per-document
-//    plan's mean rank latency: no CP imbalance, but per-document segment costs.
-//  - Backward = 2x the linear part and 2.5x the attention part (REFERENCE.md: attention backward
-//    = 2.5x forward).
-//  - Speedup = total simulated time of the original packing / that of the method over the same
-//    document stream (every method trains every token; drain steps at the end count).
+// The simulator is the library's step-time model (include/wlb/sim/step_time.hpp: 1F1B over
+// per-micro-batch stage costs, attention from CP shard plans and wlb::KernelModel; its
+// assumptions are stated there and in docs/RESULTS.md). Speedup = total simulated time of the
+// original packing / that of the method over the same document stream (every method trains
+// every token; drain steps at the end count).
 // What it leaves out, and why the estimates are upper-bound-ish: communication that does not
-// shrink with balance, memory effects of S_max > S, kernel efficiency differences between short
-// and long documents (the FLOP model counts work, not achieved throughput).
+// shrink with balance, memory effects of S_max > S, kernel efficiency differences the kernel
+// model does not capture.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/sim/step_time.hpp"
 #include "wlb/wlb.hpp"
 
 ABSL_FLAG(std::string, docs, "",
@@ -53,6 +39,11 @@ ABSL_FLAG(double, tflops, 500.0, "achieved bf16 GEMM TFLOP/s per GPU for the lin
 ABSL_FLAG(double, max_tokens_ratio, 1.25, "S_max / S for the variable-length packers (>= 1)");
 ABSL_FLAG(int32_t, queues, 2, "WLB outlier-queue levels (default thresholds)");
 ABSL_FLAG(std::string, csv, "", "also write table,config,packer,cp,speedup,step_seconds as CSV");
+ABSL_FLAG(bool, breakdown, false,
+          "print only the attribution table at 7B-128K: every packer (original cutting "
+          "documents, original next-fit of whole documents, fixed-greedy, wlb, wlb-refine) with "
+          "every CP sharding, with and without document ordering, under the analytic kernel model "
+          "and under a FLOP-proportional one (docs/RESULTS.md)");
 
 namespace {
 
@@ -61,7 +52,7 @@ struct Job {
   std::string name;
   wlb::TransformerShape shape;
   int64_t context = 131072;
-  int tp = 1, cp = 1, pp = 1, dp = 1;
+  wlb::ParallelSizes sizes;
   double paper = 0.0;  // the paper's WLB-LLM speedup over Plain-4D for this job (0: not given)
 };
 
@@ -79,133 +70,15 @@ wlb::TransformerShape Preset(const std::string& name) {
 std::vector<Job> Table1Jobs() {
   const int64_t k64 = 65536, k128 = 131072;
   return {
-      {"550M-64K", Preset("wlb-550m"), k64, 2, 2, 4, 2},
-      {"550M-128K", Preset("wlb-550m"), k128, 2, 4, 4, 1},
-      {"7B-64K", Preset("llama2-7b"), k64, 4, 2, 4, 1},
-      {"7B-128K", Preset("llama2-7b"), k128, 8, 2, 4, 1, 1.33},
-      {"30B-64K", Llama30b(), k64, 8, 2, 4, 1},
-      {"30B-128K", Llama30b(), k128, 8, 4, 4, 1},
-      {"70B-64K", Preset("llama2-70b"), k64, 16, 4, 4, 1},
-      {"70B-128K", Preset("llama2-70b"), k128, 16, 4, 4, 1},
+      {"550M-64K", Preset("wlb-550m"), k64, {2, 2, 4, 2}},
+      {"550M-128K", Preset("wlb-550m"), k128, {2, 4, 4, 1}},
+      {"7B-64K", Preset("llama2-7b"), k64, {4, 2, 4, 1}},
+      {"7B-128K", Preset("llama2-7b"), k128, {8, 2, 4, 1}, 1.33},
+      {"30B-64K", Llama30b(), k64, {8, 2, 4, 1}},
+      {"30B-128K", Llama30b(), k128, {8, 4, 4, 1}},
+      {"70B-64K", Preset("llama2-70b"), k64, {16, 4, 4, 1}},
+      {"70B-128K", Preset("llama2-70b"), k128, {16, 4, 4, 1}},
   };
-}
-
-// Forward and backward stage times (seconds) of one micro-batch.
-struct StageTimes {
-  double forward = 0.0;
-  double backward = 0.0;
-};
-
-// How attention is split over the CP ranks of a stage.
-enum class Cp { kIdeal, kPerSeq, kPerDoc, kAdaptive };
-
-// The simulator's view of one job: cost model, kernel model and rates.
-struct Sim {
-  Job job;
-  wlb::CostModel cost;
-  wlb::KernelModel kernel = wlb::KernelModel::Default();
-  double gemm_flops = 0.0;  // per GPU per second
-};
-
-absl::StatusOr<StageTimes> MicroBatchStageTimes(const wlb::MicroBatch& mb, const Sim& sim, Cp cp) {
-  const Job& job = sim.job;
-  double linear = 0.0;
-  for (const wlb::Document& d : mb.documents) linear += sim.cost.Linear(d.length);
-  linear /= job.pp * job.tp * job.cp * sim.gemm_flops;
-  double attention_ms = 0.0;  // one layer, slowest CP rank
-  if (!mb.documents.empty()) {
-    absl::StatusOr<wlb::AdaptiveChoice> c = wlb::ChooseAdaptive(mb, job.cp, sim.kernel);
-    if (!c.ok()) return c.status();
-    switch (cp) {
-      case Cp::kPerSeq:
-        attention_ms = c->per_seq_max_ms;
-        break;
-      case Cp::kPerDoc:
-        attention_ms = c->per_doc_max_ms;
-        break;
-      case Cp::kAdaptive:
-        attention_ms = std::min(c->per_seq_max_ms, c->per_doc_max_ms);
-        break;
-      case Cp::kIdeal: {
-        absl::StatusOr<wlb::ShardPlan> plan =
-            wlb::PlanShards(mb, job.cp, wlb::ShardStrategy::kPerDocument, sim.kernel);
-        if (!plan.ok()) return plan.status();
-        for (double ms : wlb::PredictRankMs(*plan, sim.kernel)) attention_ms += ms / job.cp;
-        break;
-      }
-    }
-  }
-  const double attention = attention_ms * 1e-3 * job.shape.layers / job.pp;
-  return StageTimes{.forward = linear + attention, .backward = 2.0 * linear + 2.5 * attention};
-}
-
-// Makespan of a 1F1B schedule of the micro-batches over `stages` stages (see the file comment).
-double Pipeline1F1B(const std::vector<StageTimes>& mbs, int stages) {
-  const int m = static_cast<int>(mbs.size());
-  if (m == 0) return 0.0;
-  // Each stage's operation order: +k = forward of micro-batch k, -(k+1) = its backward.
-  std::vector<std::vector<int>> order(stages);
-  for (int s = 0; s < stages; ++s) {
-    const int warmup = std::min(stages - s - 1, m);
-    for (int k = 0; k < warmup; ++k) order[s].push_back(k);
-    for (int k = warmup; k < m; ++k) {
-      order[s].push_back(k);
-      order[s].push_back(-(k - warmup + 1));
-    }
-    for (int k = m - warmup; k < m; ++k) order[s].push_back(-(k + 1));
-  }
-  const double unset = -1.0;
-  std::vector<std::vector<double>> fwd_end(stages, std::vector<double>(m, unset));
-  std::vector<std::vector<double>> bwd_end(stages, std::vector<double>(m, unset));
-  std::vector<size_t> next(stages, 0);
-  std::vector<double> free_at(stages, 0.0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < stages; ++s) {
-      while (next[s] < order[s].size()) {
-        const int op = order[s][next[s]];
-        double ready;
-        if (op >= 0) {
-          ready = s == 0 ? 0.0 : fwd_end[s - 1][op];
-        } else {
-          const int k = -op - 1;
-          ready = s == stages - 1 ? fwd_end[s][k] : bwd_end[s + 1][k];
-        }
-        if (ready == unset) break;  // waits for another stage
-        const double start = std::max(free_at[s], ready);
-        if (op >= 0) {
-          free_at[s] = fwd_end[s][op] = start + mbs[op].forward;
-        } else {
-          free_at[s] = bwd_end[s][-op - 1] = start + mbs[-op - 1].backward;
-        }
-        ++next[s];
-        progress = true;
-      }
-    }
-  }
-  return *std::max_element(free_at.begin(), free_at.end());
-}
-
-// Simulated time of a whole packed stream: per step, the slowest DP rank's pipeline.
-absl::StatusOr<double> StreamSeconds(const std::vector<wlb::StepPlan>& steps, const Sim& sim,
-                                     Cp cp) {
-  const Job& job = sim.job;
-  double total = 0.0;
-  for (const wlb::StepPlan& step : steps) {
-    double slowest = 0.0;
-    for (int r = 0; r < job.dp; ++r) {
-      std::vector<StageTimes> mbs;
-      for (int k = r * job.pp; k < (r + 1) * job.pp; ++k) {
-        if (k >= static_cast<int>(step.micro_batches.size())) break;
-        absl::StatusOr<StageTimes> t = MicroBatchStageTimes(step.micro_batches[k], sim, cp);
-        if (!t.ok()) return t.status();
-        mbs.push_back(*t);
-      }
-      slowest = std::max(slowest, Pipeline1F1B(mbs, job.pp));
-    }
-    total += slowest;
-  }
-  return total;
 }
 
 // A column: a packer and a CP sharding. The first column is the baseline (Plain-4D).
@@ -213,8 +86,37 @@ struct Method {
   std::string label;
   std::string packer;
   wlb::PackerOptions options;
-  Cp cp;
+  wlb::CpPolicy cp;
+  std::string cp_name;         // for the CSV
+  bool arrival_order = false;  // shard micro-batches with documents in arrival order (by id)
+  bool evened = false;  // every micro-batch of a step costs the step's mean (a packing bound)
 };
+
+// Time of a stream whose micro-batches each cost their step's mean: what a perfect
+// re-packing of each step's documents (no token moved across steps, none cut) could reach.
+absl::StatusOr<double> EvenedStreamSeconds(const wlb::StepTimeModel& sim,
+                                           const std::vector<wlb::StepPlan>& steps,
+                                           const wlb::CpPolicy& cp) {
+  double total = 0.0;
+  for (const wlb::StepPlan& step : steps) {
+    wlb::StageTimes mean;
+    for (const wlb::MicroBatch& mb : step.micro_batches) {
+      absl::StatusOr<wlb::StageTimes> t = sim.MicroBatchTimes(mb, cp);
+      if (!t.ok()) return t.status();
+      mean.forward += t->forward / static_cast<double>(step.micro_batches.size());
+      mean.backward += t->backward / static_cast<double>(step.micro_batches.size());
+    }
+    const std::vector<wlb::StageTimes> evened(step.micro_batches.size(), mean);
+    absl::StatusOr<double> t = wlb::SimulateStep(evened, sim.job().sizes.pp, sim.job().sizes.dp);
+    if (!t.ok()) return t.status();
+    total += *t;
+  }
+  return total;
+}
+
+// The paper's adaptive CP: per micro-batch, per-sequence (micro-batch order) or per-document.
+const wlb::CpPolicy kPaperAdaptive = {
+    .candidates = {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument}};
 
 struct JobResult {
   std::vector<double> seconds;  // per method, the first being the original packing
@@ -222,24 +124,35 @@ struct JobResult {
   int64_t steps = 0;
 };
 
+// The same steps with every micro-batch's documents in arrival order (id, then piece).
+std::vector<wlb::StepPlan> InArrivalOrder(std::vector<wlb::StepPlan> steps) {
+  for (wlb::StepPlan& step : steps) {
+    for (wlb::MicroBatch& mb : step.micro_batches) {
+      std::sort(mb.documents.begin(), mb.documents.end(),
+                [](const wlb::Document& a, const wlb::Document& b) {
+                  return std::pair(a.id, a.piece) < std::pair(b.id, b.piece);
+                });
+    }
+  }
+  return steps;
+}
+
+// `kernel` replaces the job's analytic kernel model when given.
 absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& base_lengths,
-                                 const std::vector<Method>& methods) {
+                                 const std::vector<Method>& methods,
+                                 const wlb::KernelModel* kernel = nullptr) {
   absl::StatusOr<wlb::CostModel> cost = wlb::CostModelFromShape(job.shape);
   if (!cost.ok()) return cost.status();
-  // The attention kernel sees heads / TP query heads of hidden / heads dimensions per GPU.
-  absl::StatusOr<wlb::KernelModel> kernel = wlb::KernelModel::Analytic(
-      {.shape = {.heads = std::max<int64_t>(1, job.shape.heads / job.tp),
-                 .head_dim = job.shape.hidden / job.shape.heads}});
-  if (!kernel.ok()) return kernel.status();
-  const Sim sim{.job = job,
-                .cost = *cost,
-                .kernel = *kernel,
-                .gemm_flops = absl::GetFlag(FLAGS_tflops) * 1e12};
-  wlb::PackerConfig config{
-      .context = job.context,
-      .max_tokens = static_cast<int64_t>(
-          std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
-      .micro_batches = job.pp * job.dp};
+  absl::StatusOr<wlb::PipelineJob> pipeline =
+      wlb::MakePipelineJob(job.shape, job.sizes, absl::GetFlag(FLAGS_tflops));
+  if (!pipeline.ok()) return pipeline.status();
+  if (kernel != nullptr) pipeline->kernel = *kernel;
+  absl::StatusOr<wlb::StepTimeModel> sim = wlb::StepTimeModel::Create(*pipeline);
+  if (!sim.ok()) return sim.status();
+  wlb::PackerConfig config{.context = job.context,
+                           .max_tokens = static_cast<int64_t>(
+                               std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
+                           .micro_batches = job.sizes.pp * job.sizes.dp};
   std::vector<int64_t> lengths = base_lengths;
   for (int64_t& l : lengths) {
     l = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(l) * job.context / 131072));
@@ -251,9 +164,9 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
   if (arrivals.size() > steps) arrivals.resize(steps);
   if (arrivals.size() < steps) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "%s: the input holds only %d steps of %d tokens, --steps asks for %d", job.name,
-        arrivals.size(), step_tokens, steps));
+    return absl::OutOfRangeError(
+        absl::StrFormat("%s: the input holds only %d steps of %d tokens, --steps asks for %d",
+                        job.name, arrivals.size(), step_tokens, steps));
   }
   JobResult result;
   result.steps = static_cast<int64_t>(arrivals.size());
@@ -272,7 +185,10 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
       runs[m.packer] = *std::move(run);
     }
     const wlb::PackRun& run = runs[m.packer];
-    absl::StatusOr<double> seconds = StreamSeconds(run.steps, sim, m.cp);
+    absl::StatusOr<double> seconds = m.evened ? EvenedStreamSeconds(*sim, run.steps, m.cp)
+                                     : m.arrival_order
+                                         ? sim->StreamSeconds(InArrivalOrder(run.steps), m.cp)
+                                         : sim->StreamSeconds(run.steps, m.cp);
     if (!seconds.ok()) return seconds.status();
     result.seconds.push_back(*seconds);
     double work = 0.0;
@@ -285,7 +201,99 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
 }
 
 std::string Tuple(const Job& j) {
-  return absl::StrFormat("(%d,%d,%d,%d)", j.tp, j.cp, j.pp, j.dp);
+  return absl::StrFormat("(%d,%d,%d,%d)", j.sizes.tp, j.sizes.cp, j.sizes.pp, j.sizes.dp);
+}
+
+// The attribution study at 7B-128K (--breakdown): rows are packers, columns CP shardings.
+absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string& source) {
+  using S = wlb::ShardStrategy;
+  const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
+  struct Column {
+    std::string label;
+    wlb::CpPolicy cp;
+    bool arrival_order = false;
+  };
+  const std::vector<Column> columns = {
+      {"per-seq, packer's order", per_seq},
+      {"per-seq, arrival order", per_seq, true},
+      {"per-seq-ordered", {.candidates = {S::kPerSequenceOrdered}}},
+      {"per-doc", {.candidates = {S::kPerDocument}}},
+      {"paper's adaptive (per-seq / per-doc)", kPaperAdaptive},
+      {"adaptive over per-seq-ordered / per-doc",
+       {.candidates = {S::kPerSequenceOrdered, S::kPerDocument}}},
+      {"adaptive (per-seq-ordered / per-doc / hybrid)", {.candidates = {S::kAdaptive}}},
+      {"per-doc at mean rank (no CP imbalance)",
+       {.candidates = {S::kPerDocument}, .at_mean_rank = true}},
+  };
+  struct Row {
+    std::string label;
+    std::string packer;
+    wlb::PackerOptions options;
+    bool evened = false;
+  };
+  const std::vector<Row> rows = {
+      {"original (cuts documents at S)", "original", {}},
+      {"original, micro-batches evened out within each step (bound on re-packing its steps)",
+       "original",
+       {},
+       true},
+      {"original-nextfit (whole documents)", "original-nextfit", {}},
+      {"original-nextfit, evened out within each step", "original-nextfit", {}, true},
+      {"fixed-greedy, window 1", "fixed-greedy", {.window = 1}},
+      {"wlb (2 queues)", "wlb", {}},
+      {"wlb-refine (2 queues)", "wlb-refine", {}},
+  };
+  // The baseline (Plain-4D) is the first method: original packing, per-seq CP.
+  std::vector<Method> methods = {{"Plain-4D", "original", {}, per_seq, "per-seq"}};
+  for (const Row& r : rows) {
+    for (const Column& c : columns) {
+      methods.push_back({r.label, r.packer, r.options, c.cp, c.label, c.arrival_order, r.evened});
+    }
+  }
+  const Job job{"7B-128K", Preset("llama2-7b"), 131072, {8, 2, 4, 1}, 1.33};
+  absl::StatusOr<wlb::KernelModel> flop_model =
+      wlb::KernelModel::Analytic({.shape = {.heads = 4, .head_dim = 128, .tile_q = 1, .tile_k = 1},
+                                  .q_half = 0.0,
+                                  .segment_overhead_ms = 0.0});
+  if (!flop_model.ok()) return flop_model.status();
+  std::printf(
+      "Attribution at 7B-128K, (TP,CP,PP,DP) = %s: estimated speedup over Plain-4D "
+      "(original packing, per-seq CP in the packer's order) of every packer with every CP "
+      "sharding, from the library's step-time model (wlb/sim). Input: %s, %d steps, S_max "
+      "= %.2f S, %d queue levels, linear part at %g TFLOP/s per GPU. The paper measured "
+      "1.28x for WLB packing alone (per-seq CP), 1.05x for adaptive CP alone (original "
+      "packing) and 1.33x for both.\n",
+      Tuple(job).c_str(), source.c_str(), static_cast<int>(absl::GetFlag(FLAGS_steps)),
+      absl::GetFlag(FLAGS_max_tokens_ratio), absl::GetFlag(FLAGS_queues),
+      absl::GetFlag(FLAGS_tflops));
+  const std::vector<const wlb::KernelModel*> kernels = {nullptr, &*flop_model};
+  for (const wlb::KernelModel* kernel : kernels) {
+    std::fprintf(stderr, "speedup_table: breakdown, %s\n", kernel ? "flop model" : "analytic");
+    absl::StatusOr<JobResult> r = RunJob(job, lengths, methods, kernel);
+    if (!r.ok()) return r.status();
+    std::printf("\n%s; step time of Plain-4D %.3f s:\n\n",
+                kernel ? "FLOP-proportional kernel model (attention time = causal FLOPs at 345 "
+                         "TFLOP/s: no tiles, no short-segment slowdown, no per-segment cost)"
+                       : "Analytic kernel model (wlb::KernelModel::Default() shape: 128 x 128 "
+                         "tiles, throughput falling below 256 query rows, 1 us per segment)",
+                r->seconds[0] / r->steps);
+    std::string header = "| packer | FLOPs / original's";
+    std::string rule = "|---|---";
+    for (const Column& c : columns) {
+      header += " | " + c.label;
+      rule += "|---";
+    }
+    std::printf("%s |\n%s|\n", header.c_str(), rule.c_str());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t first = 1 + i * columns.size();
+      std::string line = absl::StrFormat("| %s | %.3f", rows[i].label, r->work[first] / r->work[0]);
+      for (size_t c = 0; c < columns.size(); ++c) {
+        line += absl::StrFormat(" | %.3fx", r->seconds[0] / r->seconds[first + c]);
+      }
+      std::printf("%s |\n", line.c_str());
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run() {
@@ -298,8 +306,8 @@ absl::Status Run() {
         absl::StrFormat("--tflops must be > 0, got %g", absl::GetFlag(FLAGS_tflops)));
   }
   if (!(absl::GetFlag(FLAGS_max_tokens_ratio) >= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--max_tokens_ratio must be >= 1, got %g", absl::GetFlag(FLAGS_max_tokens_ratio)));
+    return absl::InvalidArgumentError(absl::StrFormat("--max_tokens_ratio must be >= 1, got %g",
+                                                      absl::GetFlag(FLAGS_max_tokens_ratio)));
   }
   if (absl::GetFlag(FLAGS_queues) < 0) {
     return absl::InvalidArgumentError(
@@ -309,24 +317,38 @@ absl::Status Run() {
   std::string source = absl::GetFlag(FLAGS_docs);
   std::vector<int64_t> lengths;
   if (source.empty()) {
-    lengths = wlb::SampleDefaultLengths(
-        (absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2, absl::GetFlag(FLAGS_seed));
+    lengths = wlb::SampleDefaultLengths((absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2,
+                                        absl::GetFlag(FLAGS_seed));
     source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
   } else {
     absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
     if (!read.ok()) return read.status();
     lengths = *std::move(read);
   }
+  using S = wlb::ShardStrategy;
+  const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
+  const wlb::CpPolicy ordered = {.candidates = {S::kPerSequenceOrdered}};
+  const wlb::CpPolicy adaptive = {.candidates = {S::kAdaptive}};
+  const wlb::CpPolicy ideal = {.candidates = {S::kPerDocument}, .at_mean_rank = true};
+  if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(lengths, source);
   const std::vector<Method> methods = {
-      {"Plain-4D: original, per-seq CP", "original", {}, Cp::kPerSeq},
-      {"original, adaptive CP", "original", {}, Cp::kAdaptive},
-      {"Fixed-4D: fixed-length greedy, per-seq CP", "fixed-greedy", {.window = 1}, Cp::kPerSeq},
-      {"WLB packing, per-seq CP", "wlb", {}, Cp::kPerSeq},
-      {"WLB-LLM: WLB packing, adaptive CP", "wlb", {}, Cp::kAdaptive},
-      {"wlb-refine, adaptive CP", "wlb-refine", {}, Cp::kAdaptive},
-      {"wlb-refine, per-doc CP at mean rank latency", "wlb-refine", {}, Cp::kIdeal},
+      {"Plain-4D: original, per-seq CP", "original", {}, per_seq, "per-seq"},
+      {"original, adaptive CP", "original", {}, kPaperAdaptive, "adaptive-paper"},
+      {"Fixed-4D: fixed-length greedy, per-seq CP",
+       "fixed-greedy",
+       {.window = 1},
+       per_seq,
+       "per-seq"},
+      {"WLB packing, per-seq CP", "wlb", {}, per_seq, "per-seq"},
+      {"WLB-LLM: WLB packing, adaptive CP", "wlb", {}, kPaperAdaptive, "adaptive-paper"},
+      {"WLB packing, per-seq-ordered CP", "wlb", {}, ordered, "per-seq-ordered"},
+      {"wlb-refine, adaptive CP (ordered / per-doc / hybrid)",
+       "wlb-refine",
+       {},
+       adaptive,
+       "adaptive"},
+      {"wlb-refine, per-doc CP at mean rank latency", "wlb-refine", {}, ideal, "ideal"},
   };
-  const char* kCpNames[] = {"ideal", "per-seq", "per-doc", "adaptive"};
   const size_t kWlb = 3;  // the WLB packing column, for the FLOPs ratio
   std::vector<std::string> csv;
   std::string header = "| step (s), Plain-4D";
@@ -336,12 +358,13 @@ absl::Status Run() {
     rule += "|---";
   }
 
-  std::printf("Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
-              "pipeline simulator (assumptions: bench/speedup_table.cc, docs/RESULTS.md). Input: "
-              "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
-              "per GPU, attention by wlb::KernelModel::Default().\n\n",
-              source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
-              absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
+  std::printf(
+      "Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
+      "pipeline simulator (wlb/sim/step_time.hpp; assumptions in docs/RESULTS.md). Input: "
+      "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
+      "per GPU, attention by wlb::KernelModel::Default().\n\n",
+      source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
+      absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
   std::printf("| job | (TP,CP,PP,DP) %s | paper: WLB-LLM over Plain-4D |\n", header.c_str());
   std::printf("|---|---%s|---|\n", rule.c_str());
   std::vector<double> sums(methods.size(), 0.0), sums64(methods.size(), 0.0),
@@ -354,8 +377,8 @@ absl::Status Run() {
     }
     for (size_t m = 0; m < methods.size(); ++m) {
       csv.push_back(absl::StrFormat("%s,%s,%s,%s,%.4f,%.6g", table, job.name, methods[m].packer,
-                                    kCpNames[static_cast<int>(methods[m].cp)],
-                                    r.seconds[0] / r.seconds[m], r.seconds[m] / r.steps));
+                                    methods[m].cp_name, r.seconds[0] / r.seconds[m],
+                                    r.seconds[m] / r.steps));
     }
     return line;
   };
@@ -384,13 +407,14 @@ absl::Status Run() {
   average_line("average, 128K", sums128, n128, "1.30x");
   average_line("average", sums, static_cast<int>(jobs.size()), "1.23x");
 
-  std::printf("\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
-              "S / 128K):\n\n");
+  std::printf(
+      "\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
+      "S / 128K):\n\n");
   std::printf("| context %s | FLOPs, WLB / original | paper: WLB-LLM over Plain-4D |\n",
               header.c_str());
   std::printf("|---%s|---|---|\n", rule.c_str());
   for (int64_t k : {32, 64, 96, 128, 160}) {
-    Job job{absl::StrFormat("7B-%dK", k), Preset("llama2-7b"), k * 1024, 8, 2, 4, 1};
+    Job job{absl::StrFormat("7B-%dK", k), Preset("llama2-7b"), k * 1024, {8, 2, 4, 1}};
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
     absl::StatusOr<JobResult> r = RunJob(job, lengths, methods);
     if (!r.ok()) return r.status();

@@ -18,6 +18,7 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
   std::vector<int64_t> two = {t1};
   if (t2 > t1) two.push_back(t2);
   return {{"original", {}},
+          {"original-nextfit", {}},
           {"fixed-greedy", {.window = 1}},
           {"fixed-greedy", {.window = 3}},
           {"wlb", {}},
@@ -63,6 +64,11 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
       ASSERT_TRUE(run.ok()) << run.status();
       ASSERT_TRUE((*packer)->Pending().empty());
       ASSERT_TRUE(testing::CoversExactlyOnce(s.lengths, testing::Collect(run->steps)));
+      if (c.packer == "original-nextfit") {  // whole pieces only, in arrival order
+        size_t pieces = 0;
+        for (const auto& a : s.arrivals) pieces += a.size();
+        ASSERT_EQ(testing::Collect(run->steps).size(), pieces);
+      }
       const bool fixed = c.packer != "wlb" && c.packer != "wlb-refine";
       const int64_t cap = fixed ? s.config.context : s.config.max_tokens;
       for (size_t k = 0; k < run->steps.size(); ++k) {

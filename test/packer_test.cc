@@ -22,6 +22,25 @@ std::vector<int64_t> Lengths(const MicroBatch& mb) {
   return out;
 }
 
+TEST(OriginalPacker, NextFitKeepsDocumentsWhole) {
+  PackerConfig config{.context = 10, .max_tokens = 10, .micro_batches = 2};
+  auto packer = *MakePacker("original-nextfit", config, Quadratic(), {});
+  EXPECT_EQ(packer->name(), "original-nextfit");
+  // 7, 8, 2, 9 (26 tokens >= 2 x 10): [7], then 8 + 2 = 10; 9 waits for the next step.
+  auto steps = *packer->Push(Docs({7, 8, 2, 9}, 10));
+  ASSERT_EQ(steps.size(), 1u);
+  const auto& mbs = steps[0].micro_batches;
+  EXPECT_THAT(Lengths(mbs[0]), ::testing::ElementsAre(7));
+  EXPECT_THAT(Lengths(mbs[1]), ::testing::ElementsAre(8, 2));
+  EXPECT_EQ(mbs[1].documents[0].piece, 0);
+  ASSERT_EQ(packer->Pending().size(), 1u);
+  EXPECT_EQ(packer->Pending()[0].length, 9);
+  auto drained = packer->Flush();
+  ASSERT_EQ(drained.size(), 1u);
+  EXPECT_THAT(Lengths(drained[0].micro_batches[0]), ::testing::ElementsAre(9));
+  EXPECT_TRUE(drained[0].micro_batches[1].documents.empty());
+}
+
 TEST(OriginalPacker, CutsTheStreamIntoSequencesOfExactlyS) {
   PackerConfig config{.context = 10, .max_tokens = 10, .micro_batches = 2};
   auto packer = *MakePacker("original", config, Quadratic(), {});

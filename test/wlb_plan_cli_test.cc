@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "test_util.hpp"
+#include "wlb/wlb.hpp"
 
 namespace wlb {
 namespace {
@@ -29,9 +30,10 @@ std::string Slurp(const std::string& path) {
 }
 
 Result RunPlan(const std::string& args, const std::string& stdin_text = "") {
-  const std::string dir = ::testing::TempDir();
-  const std::string in = dir + "/wlb_cli_in", out = dir + "/wlb_cli_out",
-                    err = dir + "/wlb_cli_err";
+  // Per-test file names: ctest runs the tests of this binary in parallel.
+  const std::string dir = ::testing::TempDir() + "/wlb_cli_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string in = dir + "_in", out = dir + "_out", err = dir + "_err";
   std::ofstream(in) << stdin_text;
   const std::string cmd =
       std::string(WLB_PLAN_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
@@ -124,6 +126,26 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   ASSERT_EQ(fit.exit_code, 0) << fit.err;
   EXPECT_THAT(fit.out, HasSubstr("fitted:"));
   EXPECT_THAT(fit.out, HasSubstr("rms rel. error"));
+  // The tile-aware table instead of the fit: micro-batch costs are sums of the table's values.
+  Result table =
+      RunPlan("--steps 5 --format json --timing=false --profile-cost table --cost " + profile);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  const nlohmann::json j = nlohmann::json::parse(table.out);
+  EXPECT_THAT(j["summary"]["cost_model"].get<std::string>(), HasSubstr("tile-aware table"));
+  EXPECT_EQ(j["summary"]["cost_unit"], "ms");
+  const std::vector<ProfilePoint> points = {{128, 0.02}, {1024, 0.1}, {8192, 3.1}, {65536, 190}};
+  const TabulatedCost cost = *TabulatedCost::Create(points);
+  for (const auto& mb : j["steps"][0]["micro_batches"]) {
+    double sum = 0.0;
+    for (const auto& d : mb["documents"]) sum += cost.Attention(d["length"].get<int64_t>());
+    EXPECT_NEAR(mb["cost"].get<double>(), sum, 1e-9 * sum);
+  }
+  Result preset = RunPlan("--steps 5 --profile-cost table");
+  EXPECT_NE(preset.exit_code, 0);
+  EXPECT_THAT(preset.err, HasSubstr("--profile-cost table needs a profile CSV"));
+  Result unknown = RunPlan("--steps 5 --profile-cost spline --cost " + profile);
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err, HasSubstr("--profile-cost must be fit or table, got 'spline'"));
 }
 
 TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
@@ -157,6 +179,42 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
   EXPECT_THAT(table.out, HasSubstr("CP imbalance (max/mean over ranks) in causal pairs"));
 }
 
+// --estimate reports what the library's step-time model computes for the same stream.
+TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
+  Result r = RunPlan(
+      "--steps 8 --seed 5 --format json --timing=false --estimate 8,2,4,1 --sharding per-doc");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out)["summary"]["estimate"];
+  EXPECT_EQ(e["tp"], 8);
+  EXPECT_EQ(e["cp"], 2);
+  EXPECT_EQ(e["sharding"], "per-doc");
+
+  const PackerConfig config{
+      .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 4};
+  const CostModel cost = *CostModelFromPreset("llama2-7b");
+  absl::StatusOr<std::vector<Document>> docs =
+      MakeDocuments(SampleDefaultLengths(8 * config.context * 4, 5), config.context);
+  ASSERT_TRUE(docs.ok());
+  std::vector<std::vector<Document>> arrivals = SplitIntoSteps(*docs, config.context * 4);
+  if (arrivals.size() > 8) arrivals.resize(8);
+  const StepTimeModel model = *StepTimeModel::Create(
+      *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 1}));
+  const auto seconds = [&](const std::string& name, ShardStrategy s) {
+    auto packer = *MakePacker(name, config, cost, {.thresholds = DefaultThresholds(131072, 2)});
+    const PackRun run = *RunPacker(*packer, arrivals);
+    return *model.StreamSeconds(run.steps, {.candidates = {s}});
+  };
+  const double wlb = seconds("wlb", ShardStrategy::kPerDocument);
+  const double plain = seconds("original", ShardStrategy::kPerSequence);
+  EXPECT_NEAR(e["seconds"].get<double>(), wlb, 1e-9 * wlb);
+  EXPECT_NEAR(e["baseline_seconds"].get<double>(), plain, 1e-9 * plain);
+  EXPECT_NEAR(e["speedup"].get<double>(), plain / wlb, 1e-9);
+
+  Result table = RunPlan("--steps 4 --estimate 8,2,4,1");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("estimated speedup over Plain-4D"));
+}
+
 struct BadCase {
   std::string args;
   std::string stdin_text;
@@ -181,6 +239,12 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--cp 0", "", "--cp must be a context-parallel size >= 1"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
       {"--cp 2 --kernel-profile /nonexistent/k.csv", "", "/nonexistent/k.csv"},
+      {"--estimate 8,2,4", "", "'8,2,4' must be four integers TP,CP,PP,DP"},
+      {"--estimate 8,2,4,x", "", "'x' is not an integer"},
+      {"--estimate 8,2,4,2", "", "needs --micro-batches = PP x DP = 8, got 4"},
+      {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
+      {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
+      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "gemm_tflops must be > 0"},
   };
   for (const BadCase& c : cases) {
     Result r = RunPlan(c.args, c.stdin_text);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,8 @@ ABSL_FLAG(std::string, docs, "",
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, packer, "wlb", "original, fixed-greedy, wlb or wlb-refine");
+ABSL_FLAG(std::string, packer, "wlb",
+          "original, original-nextfit, fixed-greedy, wlb or wlb-refine");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
           "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
@@ -47,16 +49,26 @@ ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
 ABSL_FLAG(std::string, cost, "llama2-7b",
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
           "of length -> latency to fit");
+ABSL_FLAG(std::string, profile_cost, "fit",
+          "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
+          "interpolation of the measured points)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
 ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
           "this many (0 = all)");
 ABSL_FLAG(int32_t, cp, -1,
           "context-parallel size C >= 1: add CP shard plans to every micro-batch (omit for none)");
-ABSL_FLAG(std::string, sharding, "adaptive", "with --cp: per-seq, per-doc, adaptive or hybrid");
+ABSL_FLAG(std::string, sharding, "adaptive",
+          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
 ABSL_FLAG(std::string, kernel_profile, "",
           "with --cp: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty = the "
           "analytic default (tile 128)");
+ABSL_FLAG(std::string, estimate, "",
+          "TP,CP,PP,DP: estimate step time with the 1F1B step-time model (wlb/sim) for this "
+          "job, against Plain-4D (original packing, per-seq CP) on the same stream; needs a "
+          "preset --cost and --micro-batches = PP x DP; CP shards with --sharding");
+ABSL_FLAG(double, gemm_tflops, 500.0,
+          "--estimate: achieved GEMM TFLOP/s per GPU for the linear part (> 0)");
 ABSL_FLAG(std::string, format, "table", "table or json");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
@@ -114,7 +126,7 @@ struct Result {
 };
 
 absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& config,
-                            const wlb::CostModel& cost, const wlb::PackerOptions& options,
+                            const wlb::DocumentCost& cost, const wlb::PackerOptions& options,
                             const std::vector<std::vector<wlb::Document>>& arrivals) {
   absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
       wlb::MakePacker(name, config, cost, options);
@@ -160,12 +172,33 @@ absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy 
   return cp;
 }
 
+// --estimate: modelled step time of the planned stream and of Plain-4D on the same stream.
+struct Estimate {
+  wlb::ParallelSizes sizes;
+  double seconds = 0.0;           // the chosen packer with --sharding
+  double baseline_seconds = 0.0;  // original packing, per-seq CP
+  int64_t steps = 0;
+};
+
+absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model, wlb::ShardStrategy strategy,
+                                       const Result& planned, const Result& baseline) {
+  Estimate e{.sizes = model.job().sizes, .steps = static_cast<int64_t>(planned.run.steps.size())};
+  absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
+  if (!t.ok()) return t.status();
+  absl::StatusOr<double> b =
+      model.StreamSeconds(baseline.run.steps, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+  if (!b.ok()) return b.status();
+  e.seconds = *t;
+  e.baseline_seconds = *b;
+  return e;
+}
+
 constexpr char kSummaryHeader[] =
     "| packer       | imbalance |   p90 |   max | gap LB | delay |  p99 | max | ms/step |\n"
     "|--------------|-----------|-------|-------|--------|-------|------|-----|---------|\n";
 
 // The per-step summary of the chosen packer, then its stream summary.
-std::string StepTable(const Result& r, const wlb::CostModel& cost) {
+std::string StepTable(const Result& r, const wlb::DocumentCost& cost) {
   std::string out =
       "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
       "held back\n";
@@ -234,6 +267,27 @@ absl::Status Run() {
   }
   absl::StatusOr<wlb::ProfileFit> cost = wlb::ResolveCostModel(absl::GetFlag(FLAGS_cost));
   if (!cost.ok()) return cost.status();
+  wlb::DocumentCost doc_cost = cost->model;
+  if (const std::string profile_cost = absl::GetFlag(FLAGS_profile_cost); profile_cost == "table") {
+    if (cost->model.unit != "ms") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--profile-cost table needs a profile CSV in --cost, got the preset '%s'",
+                          absl::GetFlag(FLAGS_cost)));
+    }
+    absl::StatusOr<std::vector<wlb::ProfilePoint>> points =
+        wlb::ReadProfileCsv(absl::GetFlag(FLAGS_cost));
+    if (!points.ok()) return points.status();
+    absl::StatusOr<wlb::TabulatedCost> table = wlb::TabulatedCost::Create(*points);
+    if (!table.ok()) return table.status();
+    doc_cost = wlb::DocumentCost::From(
+        *std::move(table), "ms",
+        absl::StrFormat("tile-aware table of %d measured lengths from %s (128-token tiles, "
+                        "log-log interpolation)",
+                        points->size(), absl::GetFlag(FLAGS_cost)));
+  } else if (profile_cost != "fit") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--profile-cost must be fit or table, got '%s'", profile_cost));
+  }
 
   const std::string packer = absl::GetFlag(FLAGS_packer);
   wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window)};
@@ -251,7 +305,7 @@ absl::Status Run() {
     options.thresholds = wlb::DefaultThresholds(config.context, queues);
   }
   // Validate the packer and its options before reading any input.
-  if (auto p = wlb::MakePacker(packer, config, cost->model, options); !p.ok()) return p.status();
+  if (auto p = wlb::MakePacker(packer, config, doc_cost, options); !p.ok()) return p.status();
   const int32_t cp_size = absl::GetFlag(FLAGS_cp);
   if (cp_size == 0 || cp_size < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -265,6 +319,35 @@ absl::Status Run() {
     absl::StatusOr<wlb::KernelModel> m = wlb::ReadKernelProfileCsv(profile);
     if (!m.ok()) return m.status();
     kernel_model = *std::move(m);
+  }
+
+  std::optional<wlb::StepTimeModel> step_model;
+  if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
+    absl::StatusOr<wlb::ParallelSizes> sizes = wlb::ParseParallelSizes(estimate);
+    if (!sizes.ok()) return sizes.status();
+    if (static_cast<int64_t>(sizes->pp) * sizes->dp != config.micro_batches) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--estimate %s needs --micro-batches = PP x DP = %d, got %d", estimate,
+                          static_cast<int64_t>(sizes->pp) * sizes->dp, config.micro_batches));
+    }
+    if (cp_size > 0 && cp_size != sizes->cp) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--cp %d differs from the CP size %d of --estimate %s", cp_size, sizes->cp, estimate));
+    }
+    absl::StatusOr<wlb::TransformerShape> shape =
+        wlb::FindTransformerShape(absl::GetFlag(FLAGS_cost));
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--estimate needs a model shape: --cost must be a preset, got '%s' (%s)",
+                          absl::GetFlag(FLAGS_cost), shape.status().message()));
+    }
+    absl::StatusOr<wlb::PipelineJob> job =
+        wlb::MakePipelineJob(*shape, *sizes, absl::GetFlag(FLAGS_gemm_tflops));
+    if (!job.ok()) return job.status();
+    if (!absl::GetFlag(FLAGS_kernel_profile).empty()) job->kernel = kernel_model;
+    absl::StatusOr<wlb::StepTimeModel> m = wlb::StepTimeModel::Create(*std::move(job));
+    if (!m.ok()) return m.status();
+    step_model = *std::move(m);
   }
 
   std::string input_name;
@@ -283,7 +366,7 @@ absl::Status Run() {
           absl::StrFormat("--tune applies to wlb and wlb-refine, not '%s'", packer));
     }
     absl::StatusOr<wlb::TunedThresholds> tuned =
-        wlb::TuneThresholds(arrivals, config, cost->model,
+        wlb::TuneThresholds(arrivals, config, doc_cost,
                             {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
     if (!tuned.ok()) return tuned.status();
     options.thresholds = tuned->thresholds;
@@ -291,7 +374,7 @@ absl::Status Run() {
                                 absl::GetFlag(FLAGS_delay_budget));
   }
 
-  absl::StatusOr<Result> main = Plan(packer, config, cost->model, options, arrivals);
+  absl::StatusOr<Result> main = Plan(packer, config, doc_cost, options, arrivals);
   if (!main.ok()) return main.status();
   CpPlans cp;
   if (cp_size > 0) {
@@ -300,8 +383,18 @@ absl::Status Run() {
     cp = *std::move(planned);
   }
 
+  std::optional<Estimate> estimate;
+  if (step_model) {
+    absl::StatusOr<Result> baseline =
+        packer == "original" ? main : Plan("original", config, doc_cost, options, arrivals);
+    if (!baseline.ok()) return baseline.status();
+    absl::StatusOr<Estimate> e = EstimateSteps(*step_model, *strategy, *main, *baseline);
+    if (!e.ok()) return e.status();
+    estimate = *e;
+  }
+
   if (format == "json") {
-    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, cost->model);
+    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, doc_cost);
     for (size_t s = 0; s < cp.plans.size(); ++s) {
       for (size_t m = 0; m < cp.plans[s].size(); ++m) {
         nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
@@ -315,14 +408,28 @@ absl::Status Run() {
       summary["cp"]["cp_size"] = cp_size;
       summary["cp"]["sharding"] = absl::GetFlag(FLAGS_sharding);
     }
+    if (estimate) {
+      summary["estimate"] = {
+          {"tp", estimate->sizes.tp},
+          {"cp", estimate->sizes.cp},
+          {"pp", estimate->sizes.pp},
+          {"dp", estimate->sizes.dp},
+          {"sharding", absl::GetFlag(FLAGS_sharding)},
+          {"gemm_tflops", absl::GetFlag(FLAGS_gemm_tflops)},
+          {"steps", estimate->steps},
+          {"seconds", estimate->seconds},
+          {"baseline_seconds", estimate->baseline_seconds},
+          {"speedup", estimate->baseline_seconds / estimate->seconds},
+      };
+    }
     summary["packer"] = packer;
     summary["context"] = config.context;
     summary["max_tokens"] = config.max_tokens;
     summary["micro_batches"] = config.micro_batches;
     summary["thresholds"] = options.thresholds;
     summary["window"] = options.window;
-    summary["cost_model"] = cost->model.description;
-    summary["cost_unit"] = cost->model.unit;
+    summary["cost_model"] = doc_cost.description();
+    summary["cost_unit"] = doc_cost.unit();
     summary["documents"] = lengths->size();
     summary["tokens"] = wlb::TotalTokens(*pieces);
     if (absl::GetFlag(FLAGS_timing)) {
@@ -342,8 +449,8 @@ absl::Status Run() {
       input_name, lengths->size(), Mega(wlb::TotalTokens(*pieces)), arrivals.size(), packer,
       config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
-      options.window, cost->model.description);
-  std::string out = header + StepTable(*main, cost->model);
+      options.window, doc_cost.description());
+  std::string out = header + StepTable(*main, doc_cost);
   absl::StrAppend(&out,
                   "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
                   "mean imbalance - mean lower bound; delay in steps, per token):\n",
@@ -356,7 +463,7 @@ absl::Status Run() {
       absl::StrAppend(&out, SummaryRow(*main));
       continue;
     }
-    absl::StatusOr<Result> other = Plan(name, config, cost->model, options, arrivals);
+    absl::StatusOr<Result> other = Plan(name, config, doc_cost, options, arrivals);
     if (!other.ok()) return other.status();
     absl::StrAppend(&out, SummaryRow(*other));
   }
@@ -364,13 +471,28 @@ absl::Status Run() {
     const wlb::CpSummary& c = cp.summary;
     absl::StrAppendFormat(
         &out,
-        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d per-doc, "
-        "%d hybrid):\n"
+        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d "
+        "per-seq-ordered, %d per-doc, %d hybrid):\n"
         "CP imbalance (max/mean over ranks) in causal pairs: mean %.3f, max %.3f; under the kernel "
         "model: mean %.3f, max %.3f; predicted slowest-rank attention %.1f ms in all\n",
-        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq, c.per_doc,
-        c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max, c.model_imbalance_mean,
-        c.model_imbalance_max, c.max_rank_ms_total);
+        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
+        c.per_seq_ordered, c.per_doc, c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max,
+        c.model_imbalance_mean, c.model_imbalance_max, c.max_rank_ms_total);
+  }
+  if (estimate) {
+    const Estimate& e = *estimate;
+    absl::StrAppendFormat(
+        &out,
+        "\nEstimated step time (1F1B step-time model, wlb/sim; (TP,CP,PP,DP) = (%d,%d,%d,%d), "
+        "%s, linear part at %g TFLOP/s per GPU, attention by the kernel model, drain steps "
+        "included):\n"
+        "%s with %s CP: %.3f s per step, %.1f s in all\n"
+        "Plain-4D (original packing, per-seq CP) on the same stream: %.1f s in all\n"
+        "estimated speedup over Plain-4D: %.3fx\n",
+        e.sizes.tp, e.sizes.cp, e.sizes.pp, e.sizes.dp, absl::GetFlag(FLAGS_cost),
+        absl::GetFlag(FLAGS_gemm_tflops), packer, absl::GetFlag(FLAGS_sharding),
+        e.seconds / static_cast<double>(std::max<int64_t>(1, e.steps)), e.seconds,
+        e.baseline_seconds, e.baseline_seconds / e.seconds);
   }
   return WriteOutput(out);
 }

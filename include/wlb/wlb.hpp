@@ -5,6 +5,7 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/varlen_layout.hpp"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/document_cost.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
 #include "wlb/io/plan_json.hpp"
@@ -24,3 +25,4 @@
 #include "wlb/shard/shard_maps.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/sim/step_time.hpp"

@@ -25,7 +25,7 @@ struct Evaluation {
   int64_t carried = 0;
 };
 
-Evaluation Evaluate(const MilpInstance& in, const std::vector<int>& bin, const CostModel& cost) {
+Evaluation Evaluate(const MilpInstance& in, const std::vector<int>& bin, const DocumentCost& cost) {
   std::vector<double> load(static_cast<size_t>(in.bins), 0.0);
   Evaluation e;
   for (size_t i = 0; i < bin.size(); ++i) {
@@ -74,7 +74,7 @@ absl::Status CheckAssignment(const MilpInstance& in, const std::vector<int>& bin
 // The fixed-length greedy rule (as wlb::FixedGreedyPacker): in the given order, each document
 // goes to the micro-batch with the least attention work that has room, else it is carried.
 std::vector<int> GreedyAssign(std::span<const Document> docs, int bins, int64_t capacity,
-                              const CostModel& cost) {
+                              const DocumentCost& cost) {
   std::vector<int> bin(docs.size(), -1);
   std::vector<int64_t> tokens(static_cast<size_t>(bins), 0);
   std::vector<double> attention(static_cast<size_t>(bins), 0.0);
@@ -95,7 +95,7 @@ std::vector<int> GreedyAssign(std::span<const Document> docs, int bins, int64_t 
 
 }  // namespace
 
-absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const CostModel& cost,
+absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const DocumentCost& cost,
                                                   const MilpOptions& options) {
   const int n = static_cast<int>(in.lengths.size());
   const int bins = in.bins;
@@ -251,7 +251,7 @@ absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& in, const 
   return out;
 }
 
-MilpPacker::MilpPacker(PackerConfig config, CostModel cost, MilpOptions options)
+MilpPacker::MilpPacker(PackerConfig config, DocumentCost cost, MilpOptions options)
     : WindowedPacker(config, std::move(cost), options.window), options_(options) {}
 
 nlohmann::json MilpPacker::ConfigJson() const {
@@ -305,7 +305,7 @@ std::vector<MicroBatch> MilpPacker::PackWindow(const std::vector<Document>& carr
 }
 
 absl::StatusOr<std::unique_ptr<MilpPacker>> MakeMilpPacker(const PackerConfig& config,
-                                                           CostModel cost,
+                                                           DocumentCost cost,
                                                            const MilpOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (options.window < 1) {

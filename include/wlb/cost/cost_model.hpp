@@ -119,15 +119,22 @@ inline absl::StatusOr<CostModel> CostModelFromShape(const TransformerShape& s) {
   return m;
 }
 
-// The FLOP cost model of a named preset; an unknown name is an error listing the known ones.
-inline absl::StatusOr<CostModel> CostModelFromPreset(std::string_view name) {
+// The shape of a named preset; an unknown name is an error listing the known ones.
+inline absl::StatusOr<TransformerShape> FindTransformerShape(std::string_view name) {
   std::vector<std::string> known;
   for (const TransformerShape& s : TransformerPresets()) {
-    if (s.name == name) return CostModelFromShape(s);
+    if (s.name == name) return s;
     known.push_back(s.name);
   }
   return absl::NotFoundError(absl::StrFormat("unknown cost preset '%s' (known: %s)", name,
                                              absl::StrJoin(known, ", ")));
+}
+
+// The FLOP cost model of a named preset; an unknown name is an error listing the known ones.
+inline absl::StatusOr<CostModel> CostModelFromPreset(std::string_view name) {
+  absl::StatusOr<TransformerShape> shape = FindTransformerShape(name);
+  if (!shape.ok()) return shape.status();
+  return CostModelFromShape(*shape);
 }
 
 // One measurement: a document of `length` tokens took `ms`.

@@ -29,7 +29,7 @@ inline nlohmann::json MicroBatchToJson(const MicroBatch& mb) {
   return {{"documents", std::move(docs)}, {"tokens", mb.tokens}, {"cost", mb.cost}};
 }
 
-inline nlohmann::json StepToJson(const StepPlan& s, const CostModel& cost) {
+inline nlohmann::json StepToJson(const StepPlan& s, const DocumentCost& cost) {
   nlohmann::json mbs = nlohmann::json::array();
   for (const MicroBatch& mb : s.micro_batches) mbs.push_back(MicroBatchToJson(mb));
   return {{"step", s.step},
@@ -55,7 +55,7 @@ inline nlohmann::json SummaryToJson(const StreamSummary& s) {
 
 // Steps and what is still pending (empty after a flush); the caller adds "summary".
 inline nlohmann::json PlanToJson(std::span<const StepPlan> steps, std::span<const Document> pending,
-                                 const CostModel& cost) {
+                                 const DocumentCost& cost) {
   nlohmann::json j;
   j["steps"] = nlohmann::json::array();
   for (const StepPlan& s : steps) j["steps"].push_back(StepToJson(s, cost));

@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/document_cost.hpp"
 #include "wlb/pack/packer.hpp"
 
 namespace wlb {
@@ -33,7 +33,7 @@ inline double ImbalanceDegree(std::span<const MicroBatch> mbs) {
 }
 
 // The best imbalance any packing of these documents into as many micro-batches could reach.
-inline double LowerBound(std::span<const MicroBatch> mbs, const CostModel& cost) {
+inline double LowerBound(std::span<const MicroBatch> mbs, const DocumentCost& cost) {
   double total = 0.0;
   double heaviest_doc = 0.0;
   for (const MicroBatch& mb : mbs) {
@@ -98,7 +98,7 @@ struct StreamSummary {
   DelayStats delay;          // over every step, drain steps included
 };
 
-inline StreamSummary Summarize(std::span<const StepPlan> steps, const CostModel& cost) {
+inline StreamSummary Summarize(std::span<const StepPlan> steps, const DocumentCost& cost) {
   StreamSummary sum;
   std::vector<double> imbalance;
   double bound_total = 0.0;

@@ -2,7 +2,8 @@
 //
 //   auto packer = wlb::MakePacker("wlb-refine", config, cost, {.thresholds = {32768, 65536}});
 //
-// Names: "original", "fixed-greedy" (uses window), "wlb" and "wlb-refine" (use thresholds).
+// Names: "original", "original-nextfit" (whole documents), "fixed-greedy" (uses window), "wlb"
+// and "wlb-refine" (use thresholds).
 #pragma once
 
 #include <memory>
@@ -22,8 +23,8 @@ struct PackerOptions {
   int refine_rounds = 0;            // wlb-refine: max refinement changes per step; 0 = 4N
 };
 
-inline constexpr const char* kPackerNames[] = {"original", "fixed-greedy", "wlb",
-                                                    "wlb-refine"};
+inline constexpr const char* kPackerNames[] = {"original", "original-nextfit", "fixed-greedy",
+                                               "wlb", "wlb-refine"};
 
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
@@ -43,10 +44,14 @@ inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
 // Validates everything and builds the named packer; errors name the bad value.
 inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerConfig& config,
-                                                          CostModel cost,
+                                                          DocumentCost cost,
                                                           const PackerOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));
+  if (name == "original-nextfit") {
+    return std::make_unique<OriginalPacker>(config, std::move(cost),
+                                            OriginalPacker::WholeDocuments::kYes);
+  }
   if (name == "fixed-greedy") {
     if (options.window < 1) {
       return absl::InvalidArgumentError(

@@ -4,6 +4,11 @@
 // document crossing a sequence boundary is cut into parts. Parts are numbered in the order they
 // are emitted (`piece` = 0, 1, ... per document, `offset` = first token), so (id, piece) stays
 // unique. The tail of the stream that does not fill a whole step waits for the next Push().
+//
+// The other reading of "original packing" (WholeDocuments::kYes, name "original-nextfit"): whole
+// documents in arrival order, next-fit into N sequences of at most S tokens (a document that does
+// not fit in the rest of a sequence starts the next one), so no document is cut and sequences are
+// partly empty. A step is cut once the buffer holds N x S tokens.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +20,10 @@ namespace wlb {
 
 class OriginalPacker final : public Packer {
  public:
-  using Packer::Packer;
-  std::string_view name() const override { return "original"; }
+  enum class WholeDocuments { kNo, kYes };
+  OriginalPacker(PackerConfig config, DocumentCost cost, WholeDocuments whole = WholeDocuments::kNo)
+      : Packer(config, std::move(cost)), whole_(whole == WholeDocuments::kYes) {}
+  std::string_view name() const override { return whole_ ? "original-nextfit" : "original"; }
 
   std::vector<Document> Pending() const override { return buffer_; }
 
@@ -57,6 +64,12 @@ class OriginalPacker final : public Packer {
     for (MicroBatch& seq : sequences) {
       while (seq.tokens < config_.context && next < buffer_.size()) {
         Document& d = buffer_[next];
+        if (whole_) {
+          if (d.length > config_.context - seq.tokens) break;  // starts the next sequence
+          Add(seq, d);
+          ++next;
+          continue;
+        }
         const int64_t room = config_.context - seq.tokens;
         Document part = d;
         if (d.length > room) {  // cut: the rest stays at the front of the buffer
@@ -82,6 +95,7 @@ class OriginalPacker final : public Packer {
     return next_piece_++;
   }
 
+  bool whole_ = false;            // next-fit whole documents instead of cutting
   std::vector<Document> buffer_;  // not yet emitted, stream order (the front may be a cut tail)
   int64_t last_id_ = -1;          // document of the last emitted part, for piece numbering
   int32_t next_piece_ = 0;

@@ -24,7 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "wlb/core/document.hpp"
-#include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/document_cost.hpp"
 
 namespace wlb {
 
@@ -111,7 +111,7 @@ struct StepPlan {
 // A stateful packer. Push() validates before it changes any state: on error nothing happened.
 class Packer {
  public:
-  Packer(PackerConfig config, CostModel cost) : config_(config), cost_(std::move(cost)) {}
+  Packer(PackerConfig config, DocumentCost cost) : config_(config), cost_(std::move(cost)) {}
   virtual ~Packer() = default;
 
   // The packer's name as wlb-plan's --packer spells it.
@@ -207,7 +207,7 @@ class Packer {
   }
 
   const PackerConfig& config() const { return config_; }
-  const CostModel& cost() const { return cost_; }
+  const DocumentCost& cost() const { return cost_; }
   static constexpr std::string_view kStateMagic = "wlb-packer-state v1";
 
  protected:
@@ -232,7 +232,7 @@ class Packer {
   }
 
   PackerConfig config_;
-  CostModel cost_;
+  DocumentCost cost_;
   int64_t pushes_ = 0;     // Push() calls so far: the arrival step of the next arrivals
   int64_t next_step_ = 0;  // index of the next step to be planned
 };

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "wlb/core/document.hpp"
-#include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/document_cost.hpp"
 
 namespace wlb {
 
@@ -37,7 +37,7 @@ inline constexpr int kMaxPartners = 8;
 
 // Returns the number of changes applied (at most max_rounds).
 inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
-                              const CostModel& cost, int max_rounds) {
+                              const DocumentCost& cost, int max_rounds) {
   if (mbs.size() < 2) return 0;
   std::set<std::pair<double, size_t>> by_cost;  // lightest first
   for (size_t b = 0; b < mbs.size(); ++b) by_cost.insert({mbs[b].cost, b});

@@ -37,7 +37,7 @@ struct TunedThresholds {
 
 inline absl::StatusOr<TunedThresholds> TuneThresholds(
     const std::vector<std::vector<Document>>& sample, const PackerConfig& config,
-    const CostModel& cost, const TunerOptions& options) {
+    const DocumentCost& cost, const TunerOptions& options) {
   if (options.max_levels < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("tuner max_levels must be >= 0, got %d", options.max_levels));

@@ -15,7 +15,7 @@ namespace wlb {
 
 class WindowedPacker : public Packer {
  public:
-  WindowedPacker(PackerConfig config, CostModel cost, int window)
+  WindowedPacker(PackerConfig config, DocumentCost cost, int window)
       : Packer(config, std::move(cost)), window_(window) {}
 
   int window() const { return window_; }

@@ -43,7 +43,7 @@ inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, i
 class WlbPacker final : public Packer {
  public:
   // `thresholds` must pass ValidateThresholds (MakePacker checks); refine_rounds = 0 is plain WLB.
-  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds,
+  WlbPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
             int refine_rounds)
       : Packer(config, std::move(cost)),
         thresholds_(std::move(thresholds)),

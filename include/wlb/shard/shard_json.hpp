@@ -64,6 +64,7 @@ inline nlohmann::json CpBalanceToJson(const CpBalance& b) {
 inline nlohmann::json CpSummaryToJson(const CpSummary& s) {
   return {{"micro_batches", s.micro_batches},
           {"per_seq", s.per_seq},
+          {"per_seq_ordered", s.per_seq_ordered},
           {"per_doc", s.per_doc},
           {"hybrid", s.hybrid},
           {"cp_pair_imbalance_mean", s.pair_imbalance_mean},

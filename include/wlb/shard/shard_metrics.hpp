@@ -69,6 +69,7 @@ inline CpBalance MeasureCpBalance(const ShardPlan& plan, const KernelModel& mode
 struct CpSummary {
   int64_t micro_batches = 0;
   int64_t per_seq = 0;  // micro-batches planned per sequence (adaptive's picks included)
+  int64_t per_seq_ordered = 0;
   int64_t per_doc = 0;
   int64_t hybrid = 0;
   double pair_imbalance_mean = 0.0;
@@ -95,6 +96,9 @@ struct CpSummary {
         break;
       case ShardStrategy::kHybrid:
         ++hybrid;
+        break;
+      case ShardStrategy::kPerSequenceOrdered:
+        ++per_seq_ordered;
         break;
       case ShardStrategy::kAdaptive:
         break;  // plans never hold it

@@ -29,9 +29,18 @@
 //    where the pointer p carries over from document to document. Chunk j = shard j of every
 //    document, so chunk sizes differ by at most one and no padding is needed beyond that. A
 //    document shorter than 2C tokens leaves some shards empty (no segment).
-//  - kAdaptive: predicts every rank's latency under kPerSequence and kPerDocument with the
-//    KernelModel and uses the strategy with the lower maximum (ties: kPerSequence, fewer
-//    segments). The plan records the strategy used.
+//  - kPerSequenceOrdered: per-sequence chunking of the documents laid out in another order.
+//    Document order inside a micro-batch is free (causal masks are per document), and packers
+//    emit longest first, the worst order for head-tail chunks: rank 0 gets the cheap head of the
+//    long document, rank C-1 its expensive middle. PerSequenceOrder() picks the order (see
+//    there); segments keep their positions in the micro-batch as given (q_pos, k_pos), so the
+//    data loader lays tokens out as before and only the chunk boundaries move. Never predicted
+//    worse than kPerSequence: the micro-batch order is one of the candidates.
+//  - kAdaptive: predicts every rank's latency under kPerSequenceOrdered, kPerDocument and
+//    kHybrid with the KernelModel and uses the strategy with the lowest maximum (ties, in this
+//    order: kPerSequenceOrdered, fewest segments, then kPerDocument, then kHybrid). The plan
+//    records the strategy used. The paper's adaptive (per-sequence in the given order against
+//    per-document) is ChooseAdaptive's per_seq_max_ms / per_doc_max_ms.
 //  - kHybrid: documents of at least 2C * tile_q tokens (every shard at least one query tile) are
 //    sharded per document as above, with the round-robin pointer running over them only;
 //    shorter documents stay whole and are dealt, most expensive first, to the rank with the
@@ -67,9 +76,9 @@
 namespace wlb {
 
 // How a micro-batch is split across CP ranks (see the file comment).
-enum class ShardStrategy { kPerSequence, kPerDocument, kAdaptive, kHybrid };
+enum class ShardStrategy { kPerSequence, kPerDocument, kAdaptive, kHybrid, kPerSequenceOrdered };
 
-// "per-seq", "per-doc", "adaptive" or "hybrid".
+// "per-seq", "per-doc", "adaptive", "hybrid" or "per-seq-ordered".
 inline std::string_view ShardStrategyName(ShardStrategy s) {
   switch (s) {
     case ShardStrategy::kPerSequence:
@@ -80,18 +89,22 @@ inline std::string_view ShardStrategyName(ShardStrategy s) {
       return "adaptive";
     case ShardStrategy::kHybrid:
       return "hybrid";
+    case ShardStrategy::kPerSequenceOrdered:
+      return "per-seq-ordered";
   }
   return "unknown";
 }
 
 // Accepts exactly the names ShardStrategyName returns.
 inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
-  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid}) {
+  for (ShardStrategy s :
+       {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
+        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
     if (name == ShardStrategyName(s)) return s;
   }
   return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown sharding '%s'; expected one of per-seq, per-doc, adaptive, hybrid", name));
+      "unknown sharding '%s'; expected one of per-seq, per-seq-ordered, per-doc, adaptive, hybrid",
+      name));
 }
 
 // Largest CP size accepted (far above any real CP group; bounds the plan's size).
@@ -336,51 +349,272 @@ inline double MaxOf(const std::vector<double>& v) {
   return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
 }
 
+// Predicted latency (ms) of every rank of a plan.
+inline std::vector<double> PredictRankMsOf(const ShardPlan& plan, const KernelModel& model) {
+  std::vector<double> ms;
+  ms.reserve(plan.ranks.size());
+  for (const RankShard& r : plan.ranks) {
+    double total = 0.0;
+    for (const Segment& s : r.segments) total += model.SegmentMs(s.q_len(), s.q_end);
+    ms.push_back(total);
+  }
+  return ms;
+}
+
+// Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
+// in a given order.
+inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp_size,
+                               const KernelModel& model) {
+  std::vector<int64_t> starts(order.size() + 1, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    starts[i + 1] = starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+  }
+  std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
+  ForEachPerSequenceSegment(starts, cp_size, [&](int r, int64_t, int64_t qb, int64_t qe) {
+    ms[static_cast<size_t>(r)] += model.SegmentMs(qe - qb, qe);
+  });
+  return MaxOf(ms);
+}
+
+// The order search's objective: the largest per-rank count of causal (query, key) pairs under
+// per-sequence chunks, computed in O(documents + C) with integer arithmetic (the kernel model is
+// about 10x slower per segment; the search's result is checked against it).
+class PerSequencePairEvaluator {
+ public:
+  PerSequencePairEvaluator(const MicroBatch& mb, int cp_size)
+      : mb_(mb),
+        cp_size_(cp_size),
+        starts_(mb.documents.size() + 1, 0),
+        pairs_before_(mb.documents.size() + 1, 0),
+        rank_pairs_(static_cast<size_t>(cp_size), 0) {}
+
+  int64_t MaxPairs(const std::vector<int64_t>& order) {
+    const size_t n = order.size();
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t len = mb_.documents[static_cast<size_t>(order[i])].length;
+      starts_[i + 1] = starts_[i] + len;
+      pairs_before_[i + 1] = pairs_before_[i] + CausalPairs(0, len);
+    }
+    const int64_t total = starts_[n];
+    const int64_t chunk = PerSequenceChunk(total, cp_size_);
+    std::fill(rank_pairs_.begin(), rank_pairs_.end(), 0);
+    size_t k = 0;  // document holding position x (boundaries only grow)
+    auto pairs_up_to = [&](int64_t x) {
+      while (k < n && starts_[k + 1] <= x) ++k;
+      return k < n ? pairs_before_[k] + CausalPairs(0, x - starts_[k]) : pairs_before_[n];
+    };
+    int64_t previous = 0;
+    for (int64_t j = 0; j < 2 * static_cast<int64_t>(cp_size_); ++j) {
+      const int64_t here = pairs_up_to(std::min((j + 1) * chunk, total));
+      rank_pairs_[static_cast<size_t>(RankOfChunk(j, cp_size_))] += here - previous;
+      previous = here;
+    }
+    return *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
+  }
+
+ private:
+  const MicroBatch& mb_;
+  int cp_size_;
+  std::vector<int64_t> starts_;
+  std::vector<int64_t> pairs_before_;
+  std::vector<int64_t> rank_pairs_;
+};
+
+// Bounds on the swap search of PerSequenceOrder: at most kOrderSearchEvaluationsPerDocument
+// orders per document, and at most kOrderSearchWorkBudget (documents + 2C) units in all, which
+// keeps a 128K micro-batch of ~40 documents in the tens of microseconds.
+inline constexpr int64_t kOrderSearchEvaluationsPerDocument = 12;
+inline constexpr int64_t kOrderSearchWorkBudget = int64_t{1} << 16;
+
+// An order for kPerSequenceOrdered and its predicted slowest-rank latency.
+struct OrderResult {
+  std::vector<int64_t> order;  // document indices in packing order
+  double max_ms = 0.0;
+};
+
+// The search behind PerSequenceOrder (inputs already checked).
+inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
+                                          const KernelModel& model) {
+  const int64_t n = static_cast<int64_t>(mb.documents.size());
+  OrderResult given;
+  given.order.resize(static_cast<size_t>(n));
+  std::iota(given.order.begin(), given.order.end(), int64_t{0});
+  given.max_ms = PerSequenceMaxMs(mb, given.order, cp_size, model);
+  const auto [shortest, longest] =
+      std::minmax_element(mb.documents.begin(), mb.documents.end(),
+                          [](const Document& a, const Document& b) { return a.length < b.length; });
+  if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
+  PerSequencePairEvaluator eval(mb, cp_size);
+  std::vector<int64_t> best = given.order;
+  int64_t best_pairs = eval.MaxPairs(best);
+  // Candidate: "organ pipe": longest in the middle, the next ones alternately left and right of
+  // it (to the side with fewer tokens), shortest at the ends, so documents of similar length sit
+  // at mirrored positions, whose chunks the head-tail pairing gives to the same rank.
+  std::vector<int64_t> by_length = given.order;
+  std::stable_sort(by_length.begin(), by_length.end(), [&](int64_t a, int64_t b) {
+    return mb.documents[static_cast<size_t>(a)].length >
+           mb.documents[static_cast<size_t>(b)].length;
+  });
+  std::vector<int64_t> left, right;  // left is built outward (reversed at the end)
+  int64_t left_tokens = 0, right_tokens = 0;
+  for (int64_t i : by_length) {
+    const int64_t len = mb.documents[static_cast<size_t>(i)].length;
+    if (left_tokens <= right_tokens) {
+      left.push_back(i);
+      left_tokens += len;
+    } else {
+      right.push_back(i);
+      right_tokens += len;
+    }
+  }
+  std::vector<int64_t> pipe(left.rbegin(), left.rend());
+  pipe.insert(pipe.end(), right.begin(), right.end());
+  if (const int64_t p = eval.MaxPairs(pipe); p < best_pairs) {
+    best = pipe;
+    best_pairs = p;
+  }
+  // Improve it by first-improvement swaps of documents of different lengths, within a bounded
+  // number of evaluations.
+  int64_t budget = std::min(kOrderSearchEvaluationsPerDocument * n,
+                            kOrderSearchWorkBudget / (n + 2 * int64_t{cp_size}));
+  std::vector<int64_t> order = best;
+  for (bool improved = true; improved && budget > 0;) {
+    improved = false;
+    for (int64_t i = 0; i < n && budget > 0; ++i) {
+      for (int64_t j = i + 1; j < n && budget > 0; ++j) {
+        if (mb.documents[static_cast<size_t>(order[i])].length ==
+            mb.documents[static_cast<size_t>(order[j])].length) {
+          continue;
+        }
+        std::swap(order[i], order[j]);
+        --budget;
+        if (const int64_t p = eval.MaxPairs(order); p < best_pairs) {
+          best = order;
+          best_pairs = p;
+          improved = true;
+        } else {
+          std::swap(order[i], order[j]);
+        }
+      }
+    }
+  }
+  // The kernel model decides between the search's order and the given one, so ordering is never
+  // predicted worse than plain per-sequence sharding.
+  const double best_ms = PerSequenceMaxMs(mb, best, cp_size, model);
+  if (best_ms < given.max_ms) return {std::move(best), best_ms};
+  return given;
+}
+
+// Builds the plan of a resolved strategy (anything but kAdaptive). `order` is used by
+// kPerSequenceOrdered only: the packing order, or empty to search for one.
+inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
+                                              const std::vector<int64_t>& starts, int cp_size,
+                                              ShardStrategy strategy, ShardStrategy requested,
+                                              const KernelModel& model, std::vector<int64_t> order);
+
 }  // namespace detail
 
-// Predicted max-rank latency (ms) of the two fixed strategies and adaptive's pick.
+// The packing order (document indices) that kPerSequenceOrdered uses for this micro-batch: the
+// micro-batch order, the organ-pipe order (longest in the middle, shorter ones alternately
+// outward) or a swap-search improvement of the better of the two, whichever the kernel model
+// predicts to have the fastest slowest rank. Errors as PlanShards.
+inline absl::StatusOr<std::vector<int64_t>> PerSequenceOrder(const MicroBatch& mb, int cp_size,
+                                                             const KernelModel& model) {
+  absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
+  if (!starts.ok()) return starts.status();
+  return detail::SearchPerSequenceOrder(mb, cp_size, model).order;
+}
+
+// Predicted max-rank latency (ms) of the fixed strategies and adaptive's pick.
 struct AdaptiveChoice {
-  ShardStrategy chosen = ShardStrategy::kPerSequence;
-  double per_seq_max_ms = 0.0;
+  ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
+  double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
+  double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
+  double hybrid_max_ms = 0.0;
 };
+
+namespace detail {
+
+// ChooseAdaptive on a checked micro-batch; also returns the ordered search's order.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb,
+                                                            const std::vector<int64_t>& starts,
+                                                            int cp_size, const KernelModel& model,
+                                                            std::vector<int64_t>* order) {
+  AdaptiveChoice c;
+  c.per_seq_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerSequence, model));
+  OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
+  c.per_seq_ordered_max_ms = ordered.max_ms;
+  c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
+  absl::StatusOr<ShardPlan> hybrid =
+      PlanResolved(mb, starts, cp_size, ShardStrategy::kHybrid, ShardStrategy::kHybrid, model, {});
+  if (!hybrid.ok()) return hybrid.status();
+  c.hybrid_max_ms = MaxOf(PredictRankMsOf(*hybrid, model));
+  c.chosen = ShardStrategy::kPerSequenceOrdered;
+  double best = c.per_seq_ordered_max_ms;
+  if (c.per_doc_max_ms < best) {
+    c.chosen = ShardStrategy::kPerDocument;
+    best = c.per_doc_max_ms;
+  }
+  if (c.hybrid_max_ms < best) c.chosen = ShardStrategy::kHybrid;
+  if (order != nullptr) *order = std::move(ordered.order);
+  return c;
+}
+
+}  // namespace detail
 
 // What kAdaptive would choose for this micro-batch; errors as PlanShards.
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
                                                      const KernelModel& model) {
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
-  AdaptiveChoice c;
-  c.per_seq_max_ms =
-      detail::MaxOf(detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerSequence, model));
-  c.per_doc_max_ms =
-      detail::MaxOf(detail::PredictFixed(mb, *starts, cp_size, ShardStrategy::kPerDocument, model));
-  c.chosen = c.per_doc_max_ms < c.per_seq_max_ms ? ShardStrategy::kPerDocument
-                                                 : ShardStrategy::kPerSequence;
-  return c;
+  return detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, nullptr);
 }
 
 // Plans one micro-batch for CP size cp_size (see the file comment for strategies and rules).
-// `model` is used by kAdaptive and kHybrid only.
+// `model` is used by kPerSequenceOrdered, kAdaptive and kHybrid only.
 inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
                                             ShardStrategy strategy, const KernelModel& model) {
-  absl::StatusOr<std::vector<int64_t>> starts_or = detail::CheckMicroBatch(mb, cp_size);
-  if (!starts_or.ok()) return starts_or.status();
-  const std::vector<int64_t>& starts = *starts_or;
-  const size_t docs = mb.documents.size();
-  const ShardStrategy requested = strategy;
-  if (strategy == ShardStrategy::kAdaptive) {
-    const double seq = detail::MaxOf(
-        detail::PredictFixed(mb, starts, cp_size, ShardStrategy::kPerSequence, model));
-    const double doc = detail::MaxOf(
-        detail::PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
-    strategy = doc < seq ? ShardStrategy::kPerDocument : ShardStrategy::kPerSequence;
+  absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
+  if (!starts.ok()) return starts.status();
+  if (strategy != ShardStrategy::kAdaptive) {
+    return detail::PlanResolved(mb, *starts, cp_size, strategy, strategy, model, {});
   }
+  std::vector<int64_t> order;
+  absl::StatusOr<AdaptiveChoice> c =
+      detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, &order);
+  if (!c.ok()) return c.status();
+  return detail::PlanResolved(mb, *starts, cp_size, c->chosen, strategy, model, std::move(order));
+}
+
+namespace detail {
+
+inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
+                                              const std::vector<int64_t>& starts, int cp_size,
+                                              ShardStrategy strategy, ShardStrategy requested,
+                                              const KernelModel& model,
+                                              std::vector<int64_t> order) {
+  const size_t docs = mb.documents.size();
   switch (strategy) {
     case ShardStrategy::kPerSequence: {
       detail::PlanBuilder b(mb, starts, cp_size, docs + 2 * static_cast<size_t>(cp_size));
       detail::ForEachPerSequenceSegment(
           starts, cp_size, [&](int r, int64_t i, int64_t qb, int64_t qe) { b.Add(r, i, qb, qe); });
+      return b.Finish(strategy, requested, cp_size,
+                      2 * detail::PerSequenceChunk(starts.back(), cp_size));
+    }
+    case ShardStrategy::kPerSequenceOrdered: {
+      if (order.empty()) order = SearchPerSequenceOrder(mb, cp_size, model).order;
+      std::vector<int64_t> ordered_starts(docs + 1, 0);
+      for (size_t i = 0; i < docs; ++i) {
+        ordered_starts[i + 1] =
+            ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+      }
+      detail::PlanBuilder b(mb, starts, cp_size, docs + 2 * static_cast<size_t>(cp_size));
+      detail::ForEachPerSequenceSegment(ordered_starts, cp_size,
+                                        [&](int r, int64_t i, int64_t qb, int64_t qe) {
+                                          b.Add(r, order[static_cast<size_t>(i)], qb, qe);
+                                        });
       return b.Finish(strategy, requested, cp_size,
                       2 * detail::PerSequenceChunk(starts.back(), cp_size));
     }
@@ -427,22 +661,17 @@ inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
       return b.Finish(strategy, requested, cp_size, -1);
     }
     case ShardStrategy::kAdaptive:
-      break;  // resolved above
+      break;  // resolved by the caller
   }
   return absl::InvalidArgumentError(
-      absl::StrFormat("unknown shard strategy value %d", static_cast<int>(requested)));
+      absl::StrFormat("unknown shard strategy value %d", static_cast<int>(strategy)));
 }
+
+}  // namespace detail
 
 // Predicted latency (ms) of every rank of a plan under `model`.
 inline std::vector<double> PredictRankMs(const ShardPlan& plan, const KernelModel& model) {
-  std::vector<double> ms;
-  ms.reserve(plan.ranks.size());
-  for (const RankShard& r : plan.ranks) {
-    double total = 0.0;
-    for (const Segment& s : r.segments) total += model.SegmentMs(s.q_len(), s.q_end);
-    ms.push_back(total);
-  }
-  return ms;
+  return detail::PredictRankMsOf(plan, model);
 }
 
 // Checks that `plan` is a complete, consistent plan of `mb`: ranks 0..C-1, every token of every

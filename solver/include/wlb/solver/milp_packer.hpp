@@ -78,13 +78,13 @@ struct MilpSolution {
 // Solves the instance with CBC. Errors name the bad value (a length outside [1, capacity],
 // mismatched sizes, an infeasible start, bins < 1) or say that CBC found no feasible solution.
 absl::StatusOr<MilpSolution> SolveFixedLengthMilp(const MilpInstance& instance,
-                                                  const CostModel& cost,
+                                                  const DocumentCost& cost,
                                                   const MilpOptions& options);
 
 // The fixed-length solver packer ("fixed-solver"): the MILP above over windows of W steps.
 class MilpPacker final : public WindowedPacker {
  public:
-  MilpPacker(PackerConfig config, CostModel cost, MilpOptions options);
+  MilpPacker(PackerConfig config, DocumentCost cost, MilpOptions options);
   std::string_view name() const override { return "fixed-solver"; }
 
   nlohmann::json ConfigJson() const override;
@@ -107,7 +107,7 @@ class MilpPacker final : public WindowedPacker {
 };
 
 absl::StatusOr<std::unique_ptr<MilpPacker>> MakeMilpPacker(const PackerConfig& config,
-                                                           CostModel cost,
+                                                           DocumentCost cost,
                                                            const MilpOptions& options);
 
 }  // namespace wlb
