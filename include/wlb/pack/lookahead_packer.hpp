@@ -177,9 +177,10 @@ class LookaheadPacker final : public Packer {
   std::vector<MicroBatch> PackRefined(std::vector<Document> released,
                                       const std::vector<Document>& carry,
                                       std::vector<Document> fresh,
-                                      std::vector<Document>& carry_out) const {
-    std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry,
-                                                       std::move(fresh), config_, cost_, carry_out);
+                                      std::vector<Document>& carry_out,
+                                      bool fresh_sorted = false) const {
+    std::vector<MicroBatch> mbs = detail::PackUnderCap(
+        std::move(released), carry, std::move(fresh), config_, cost_, carry_out, fresh_sorted);
     RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return mbs;
   }
@@ -187,7 +188,8 @@ class LookaheadPacker final : public Packer {
   // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
   // under `c`; leaves in `held` what the step does not take.
   std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh,
-                                   Holding& held) const {
+                                   Holding& held, bool fresh_sorted = false) const {
+    if (!fresh_sorted) SortLongestFirst(fresh);
     std::vector<Document> released;
     for (size_t l = 0; l < held.queues.size(); ++l) {
       if (c.release[l].empty()) continue;
@@ -204,13 +206,12 @@ class LookaheadPacker final : public Packer {
     }
     std::vector<Document> hold;
     if (c.hold_longest > 0) {
-      SortLongestFirst(fresh);
       hold.assign(fresh.begin(), fresh.begin() + c.hold_longest);
       fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
     }
     std::vector<Document> carry_out;
     std::vector<MicroBatch> mbs =
-        PackRefined(std::move(released), held.carry, std::move(fresh), carry_out);
+        PackRefined(std::move(released), held.carry, std::move(fresh), carry_out, true);
     // What was held back on purpose goes first next step, as carry-over does.
     std::vector<Document> merged(carry_out.size() + hold.size());
     std::merge(carry_out.begin(), carry_out.end(), hold.begin(), hold.end(), merged.begin(),
@@ -303,7 +304,7 @@ class LookaheadPacker final : public Packer {
       sketch.short_cost += cost_(d.length);
     }
   }
-  int64_t LongCut() const { return std::max<int64_t>(1, config_.context / 16); }
+  int64_t LongCut() const { return std::max<int64_t>(1, config_.context / 8); }
 
   // Estimates the imbalance of packing `step`: long documents longest first as PackUnderCap
   // places them, then the fluid poured into the lightest micro-batches up to S_max. What fits
@@ -333,6 +334,8 @@ class LookaheadPacker final : public Packer {
     for (double c : cost) total += c;
     if (step.short_tokens > 0.0) {
       const double rate = step.short_cost / step.short_tokens;
+      // The level: micro-batches sorted by cost; each below the level takes fluid up to it or to
+      // its cap. Found by bisection on the poured amount, which grows with the level.
       auto poured = [&](double level) {
         double t = 0.0;
         for (size_t b = 0; b < n; ++b) {
@@ -340,11 +343,12 @@ class LookaheadPacker final : public Packer {
         }
         return t;
       };
-      double lo = 0.0, hi = *std::max_element(cost.begin(), cost.end()) + rate * cap;
+      double lo = *std::min_element(cost.begin(), cost.end());
+      double hi = *std::max_element(cost.begin(), cost.end()) + rate * cap;
       if (poured(hi) <= step.short_tokens) {
         lo = hi;  // everything is full: the rest is carried
       } else {
-        for (int i = 0; i < 50; ++i) {
+        while (hi - lo > 1e-6 * hi) {  // ~20 halvings
           const double mid = 0.5 * (lo + hi);
           (poured(mid) < step.short_tokens ? lo : hi) = mid;
         }
@@ -388,7 +392,7 @@ class LookaheadPacker final : public Packer {
   double ScoreByPacking(const Candidate& c, const Holding& base,
                         const std::vector<Document>& fresh) const {
     Holding held = base;
-    double score = ImbalanceDegree(PlanStep(c, fresh, held));
+    double score = ImbalanceDegree(PlanStep(c, fresh, held, /*fresh_sorted=*/true));
     for (const std::vector<Document>& next : buffer_) {
       std::vector<Document> next_fresh = Enqueue(next, held);
       score += ImbalanceDegree(
@@ -397,43 +401,53 @@ class LookaheadPacker final : public Packer {
     return score;
   }
 
-  // The same from sketches (EstimateStep): far cheaper, a little less exact.
+  // What every candidate's sketch score shares, computed once per step: the carry-over and the
+  // arrivals (the longest one apart, as a candidate may hold it back), and the buffered steps.
+  struct SketchBase {
+    Sketch step;            // carry-over and arrivals but the longest
+    Sketch longest;         // the longest arrival (empty when there are none)
+    std::vector<Arrivals> ahead;
+  };
+  SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh) const {
+    SketchBase s;
+    for (const Document& d : base.carry) AddToSketch(d, s.step);
+    for (size_t i = 0; i < fresh.size(); ++i) AddToSketch(fresh[i], i == 0 ? s.longest : s.step);
+    for (const std::vector<Document>& next : buffer_) s.ahead.push_back(SplitArrivals(next));
+    return s;
+  }
+  static void AddSketch(const Sketch& from, Sketch& to) {
+    to.lengths.insert(to.lengths.end(), from.lengths.begin(), from.lengths.end());
+    to.short_tokens += from.short_tokens;
+    to.short_cost += from.short_cost;
+  }
+
+  // The same from sketches (EstimateStep): far cheaper, a little less exact. `fresh` is sorted
+  // longest first, so holding back the longest arrival moves `sketch.longest` to the carry.
   double ScoreBySketch(const Candidate& c, const Holding& base,
-                       const std::vector<Document>& fresh) const {
-    Sketch step;
-    std::vector<std::vector<Document>> queues = base.queues;
-    for (size_t l = 0; l < queues.size(); ++l) {
-      std::vector<Document> kept;
+                       const SketchBase& sketch) const {
+    Sketch step = sketch.step;
+    Sketch carry;
+    AddSketch(sketch.longest, c.hold_longest > 0 ? carry : step);
+    std::vector<std::vector<int64_t>> queues(base.queues.size());  // lengths left queued
+    for (size_t l = 0; l < base.queues.size(); ++l) {
       size_t next = 0;
-      for (size_t i = 0; i < queues[l].size(); ++i) {
+      for (size_t i = 0; i < base.queues[l].size(); ++i) {
         const bool out = next < c.release[l].size() && c.release[l][next] == i;
         next += out;
-        if (out) {
-          step.lengths.push_back(queues[l][i].length);
-        } else {
-          kept.push_back(queues[l][i]);
-        }
+        (out ? step.lengths : queues[l]).push_back(base.queues[l][i].length);
       }
-      queues[l].swap(kept);
-    }
-    for (const Document& d : base.carry) AddToSketch(d, step);
-    Sketch carry;
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      AddToSketch(fresh[i], i < static_cast<size_t>(c.hold_longest) ? carry : step);
     }
     double score = EstimateStep(std::move(step), carry);
-    for (const std::vector<Document>& next : buffer_) {
-      Arrivals a = SplitArrivals(next);
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    for (const Arrivals& a : sketch.ahead) {
       Sketch future = std::move(carry);
       carry = Sketch();
-      future.lengths.insert(future.lengths.end(), a.fresh.lengths.begin(), a.fresh.lengths.end());
-      future.short_tokens += a.fresh.short_tokens;
-      future.short_cost += a.fresh.short_cost;
+      AddSketch(a.fresh, future);
       for (size_t l = 0; l < queues.size(); ++l) {
-        queues[l].insert(queues[l].end(), a.outliers[l].begin(), a.outliers[l].end());
-        if (queues[l].size() < static_cast<size_t>(config_.micro_batches)) continue;
-        for (int i = 0; i < config_.micro_batches; ++i) future.lengths.push_back(queues[l][i].length);
-        queues[l].erase(queues[l].begin(), queues[l].begin() + config_.micro_batches);
+        for (const Document& d : a.outliers[l]) queues[l].push_back(d.length);
+        if (queues[l].size() < n) continue;
+        future.lengths.insert(future.lengths.end(), queues[l].begin(), queues[l].begin() + n);
+        queues[l].erase(queues[l].begin(), queues[l].begin() + n);
       }
       score += EstimateStep(std::move(future), carry);
     }
@@ -445,7 +459,7 @@ class LookaheadPacker final : public Packer {
   StepPlan PlanFront() {
     std::vector<Document> arrivals = std::move(buffer_.front());
     buffer_.pop_front();
-    Holding held = held_;
+    Holding held = std::move(held_);
     std::vector<Document> fresh = Enqueue(arrivals, held);
     SortLongestFirst(fresh);
     const std::vector<Candidate> candidates = Candidates(held, fresh);
@@ -453,17 +467,20 @@ class LookaheadPacker final : public Packer {
     size_t pending = fresh.size() + held.carry.size();
     for (const auto& step : buffer_) pending += step.size();
     const bool exact = candidates.size() * pending <= kExactScoringDocuments;
+    SketchBase sketch;
+    if (!exact && candidates.size() > 1) sketch = MakeSketchBase(held, fresh);
     size_t best = 0;
     double best_score = 0.0;
     for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
       const double score = exact ? ScoreByPacking(candidates[i], held, fresh)
-                                 : ScoreBySketch(candidates[i], held, fresh);
+                                 : ScoreBySketch(candidates[i], held, sketch);
       if (i == 0 || score < best_score - 1e-9) {
         best = i;
         best_score = score;
       }
     }
-    std::vector<MicroBatch> mbs = PlanStep(candidates[best], std::move(fresh), held);
+    std::vector<MicroBatch> mbs =
+        PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));
   }
@@ -534,10 +551,10 @@ class LookaheadPacker final : public Packer {
   // tried per level and step.
   static constexpr int64_t kMaxExtraWait = 1;
   static constexpr size_t kMaxWindows = 4;
-  // Candidates are scored by real packings while candidates x documents to pack stays within
-  // this (N = 4 at S = 128K: about 3,000), else by sketches: at N = 64 real packings of every
-  // candidate would take ~10 times wlb-refine's planning time.
-  static constexpr size_t kExactScoringDocuments = 16384;
+  // Candidates are scored by real packings while candidates x documents to pack (this step's and
+  // the buffered ones) stays within this (N = 4 at S = 128K: about 2,500), else by sketches: at
+  // N = 64 real packings of every candidate would take ~10 times wlb-refine's planning time.
+  static constexpr size_t kExactScoringDocuments = 6000;
 
   std::vector<int64_t> thresholds_;
   int refine_rounds_;

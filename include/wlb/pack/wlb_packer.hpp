@@ -46,13 +46,15 @@ namespace detail {
 // then `fresh` arrivals go, each longest first, to the micro-batch with the least W if it fits
 // under S_max, else to the one with the fewest tokens if it fits; what fits nowhere is appended to
 // `carry_out`, longest first (the order a stable sort of the three groups would give).
+// `fresh_sorted` says `fresh` is already longest first (stable), which saves sorting it again.
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
                                             const std::vector<Document>& carry,
                                             std::vector<Document> fresh,
                                             const PackerConfig& config, const CostModel& cost,
-                                            std::vector<Document>& carry_out) {
+                                            std::vector<Document>& carry_out,
+                                            bool fresh_sorted = false) {
   SortLongestFirst(released);
-  SortLongestFirst(fresh);
+  if (!fresh_sorted) SortLongestFirst(fresh);
   std::vector<MicroBatch> mbs(config.micro_batches);
   // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
   // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
