@@ -247,12 +247,12 @@ absl::Status Run() {
   // The input stream (wlb::LoadInput, as wlb-plan reads it): a sample holds enough full steps
   // for the non-solver and the solver rows.
   const int64_t sample_steps = std::max<int64_t>(steps > 0 ? steps : 200, solver_steps);
-  absl::StatusOr<wlb::Input> input = wlb::LoadInput(
-      {.docs = absl::GetFlag(FLAGS_docs),
-       .distribution = absl::GetFlag(FLAGS_distribution),
-       .seed = absl::GetFlag(FLAGS_seed),
-       .steps = absl::GetFlag(FLAGS_docs).empty() ? sample_steps : 0},
-      config.context, config.micro_batches);
+  absl::StatusOr<wlb::Input> input =
+      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
+                      .distribution = absl::GetFlag(FLAGS_distribution),
+                      .seed = absl::GetFlag(FLAGS_seed),
+                      .steps = absl::GetFlag(FLAGS_docs).empty() ? sample_steps : 0},
+                     config.context, config.micro_batches);
   if (!input.ok()) return input.status();
   const std::string source = input->name;
   std::vector<std::vector<wlb::Document>> arrivals = input->steps;

@@ -6,9 +6,9 @@
 // BM_PlanStep/<packer>/N: one Push() of a step of the embedded default distribution (N x 128K
 // tokens, about 33 documents per micro-batch); the packer keeps its state across iterations, as in
 // training (wlb-lookahead, K = 1, returns the plan of the step pushed one call earlier, so every
-// Push() after the first plans one step). BM_Scaling/<packer>/docs: the same at N = 64 with S chosen so a step holds about
-// `docs` documents, to show how planning time grows with the documents per step (the counter
-// docs/step says how many it really held).
+// Push() after the first plans one step). BM_Scaling/<packer>/docs: the same at N = 64 with S
+// chosen so a step holds about `docs` documents, to show how planning time grows with the documents
+// per step (the counter docs/step says how many it really held).
 #include <benchmark/benchmark.h>
 
 #include <map>

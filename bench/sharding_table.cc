@@ -43,8 +43,8 @@ absl::Status Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int32_t n = absl::GetFlag(FLAGS_micro_batches);
   if (steps < 1 || n < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
   }
   // Enough for the smallest scale (S = 32K keeps a quarter of the tokens).
   absl::StatusOr<wlb::Lengths> base =
@@ -55,11 +55,12 @@ absl::Status Run() {
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
-  std::printf("CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
-              "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
-              "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
-              "max-rank latency in ms, means over micro-batches.\n\n",
-              absl::GetFlag(FLAGS_packer).c_str(), n, source.c_str(), steps);
+  std::printf(
+      "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
+      "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
+      "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
+      "max-rank latency in ms, means over micro-batches.\n\n",
+      absl::GetFlag(FLAGS_packer).c_str(), n, source.c_str(), steps);
   std::printf("| S | C | per-seq | per-doc | adaptive | hybrid | adaptive picks per-doc |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> csv;
@@ -91,18 +92,16 @@ absl::Status Run() {
             summary.Add(*plan, wlb::MeasureCpBalance(*plan, kernel));
           }
         }
-        const double max_ms = summary.micro_batches > 0
-                                  ? summary.max_rank_ms_total / summary.micro_batches
-                                  : 0.0;
+        const double max_ms =
+            summary.micro_batches > 0 ? summary.max_rank_ms_total / summary.micro_batches : 0.0;
         line += absl::StrFormat(" | %.3f / %.2f ms", summary.model_imbalance_mean, max_ms);
         if (strategy == wlb::ShardStrategy::kAdaptive) {
           adaptive_per_doc = summary.per_doc;
           adaptive_total = summary.micro_batches;
         }
         csv.push_back(absl::StrFormat("%d,%d,%s,%.6f,%.6f,%.6g", context, c,
-                                      wlb::ShardStrategyName(strategy),
-                                      summary.pair_imbalance_mean, summary.model_imbalance_mean,
-                                      max_ms));
+                                      wlb::ShardStrategyName(strategy), summary.pair_imbalance_mean,
+                                      summary.model_imbalance_mean, max_ms));
       }
       std::printf("%s | %d / %d |\n", line.c_str(), adaptive_per_doc, adaptive_total);
     }

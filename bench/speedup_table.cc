@@ -227,19 +227,18 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_length
   absl::StatusOr<wlb::CostModel> cost = wlb::CostModelFromShape(job.shape);
   if (!cost.ok()) return cost.status();
   // The attention kernel sees heads / TP query heads of hidden / heads dimensions per GPU.
-  absl::StatusOr<wlb::KernelModel> kernel = wlb::KernelModel::Analytic(
-      {.shape = {.heads = std::max<int64_t>(1, job.shape.heads / job.tp),
-                 .head_dim = job.shape.hidden / job.shape.heads}});
+  absl::StatusOr<wlb::KernelModel> kernel =
+      wlb::KernelModel::Analytic({.shape = {.heads = std::max<int64_t>(1, job.shape.heads / job.tp),
+                                            .head_dim = job.shape.hidden / job.shape.heads}});
   if (!kernel.ok()) return kernel.status();
   const Sim sim{.job = job,
                 .cost = *cost,
                 .kernel = *kernel,
                 .gemm_flops = absl::GetFlag(FLAGS_tflops) * 1e12};
-  wlb::PackerConfig config{
-      .context = job.context,
-      .max_tokens = static_cast<int64_t>(
-          std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
-      .micro_batches = job.pp * job.dp};
+  wlb::PackerConfig config{.context = job.context,
+                           .max_tokens = static_cast<int64_t>(
+                               std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
+                           .micro_batches = job.pp * job.dp};
   const int64_t step_tokens = job.context * config.micro_batches;
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
   absl::StatusOr<wlb::Input> input =
@@ -248,9 +247,9 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_length
   if (!input.ok()) return input.status();
   const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
   if (arrivals.size() < steps) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "%s: the input holds only %d steps of %d tokens, --steps asks for %d", job.name,
-        arrivals.size(), step_tokens, steps));
+    return absl::OutOfRangeError(
+        absl::StrFormat("%s: the input holds only %d steps of %d tokens, --steps asks for %d",
+                        job.name, arrivals.size(), step_tokens, steps));
   }
   JobResult result;
   result.steps = static_cast<int64_t>(arrivals.size());
@@ -281,9 +280,7 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_length
   return result;
 }
 
-std::string Tuple(const Job& j) {
-  return absl::StrFormat("(%d,%d,%d,%d)", j.tp, j.cp, j.pp, j.dp);
-}
+std::string Tuple(const Job& j) { return absl::StrFormat("(%d,%d,%d,%d)", j.tp, j.cp, j.pp, j.dp); }
 
 absl::Status Run() {
   if (absl::GetFlag(FLAGS_steps) < 1) {
@@ -295,8 +292,8 @@ absl::Status Run() {
         absl::StrFormat("--tflops must be > 0, got %g", absl::GetFlag(FLAGS_tflops)));
   }
   if (!(absl::GetFlag(FLAGS_max_tokens_ratio) >= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--max_tokens_ratio must be >= 1, got %g", absl::GetFlag(FLAGS_max_tokens_ratio)));
+    return absl::InvalidArgumentError(absl::StrFormat("--max_tokens_ratio must be >= 1, got %g",
+                                                      absl::GetFlag(FLAGS_max_tokens_ratio)));
   }
   if (absl::GetFlag(FLAGS_queues) < 0) {
     return absl::InvalidArgumentError(
@@ -327,12 +324,13 @@ absl::Status Run() {
     rule += "|---";
   }
 
-  std::printf("Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
-              "pipeline simulator (assumptions: bench/speedup_table.cc, docs/RESULTS.md). Input: "
-              "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
-              "per GPU, attention by wlb::KernelModel::Default().\n\n",
-              source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
-              absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
+  std::printf(
+      "Estimated speedup over Plain-4D (original packing, per-sequence CP) from a 1F1B "
+      "pipeline simulator (assumptions: bench/speedup_table.cc, docs/RESULTS.md). Input: "
+      "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
+      "per GPU, attention by wlb::KernelModel::Default().\n\n",
+      source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
+      absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
   std::printf("| job | (TP,CP,PP,DP) %s | paper: WLB-LLM over Plain-4D |\n", header.c_str());
   std::printf("|---|---%s|---|\n", rule.c_str());
   std::vector<double> sums(methods.size(), 0.0), sums64(methods.size(), 0.0),
@@ -375,8 +373,9 @@ absl::Status Run() {
   average_line("average, 128K", sums128, n128, "1.30x");
   average_line("average", sums, static_cast<int>(jobs.size()), "1.23x");
 
-  std::printf("\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
-              "S / 128K):\n\n");
+  std::printf(
+      "\n7B, (TP,CP,PP,DP) = (8,2,4,1), by context window (document lengths scaled by "
+      "S / 128K):\n\n");
   std::printf("| context %s | FLOPs, WLB / original | paper: WLB-LLM over Plain-4D |\n",
               header.c_str());
   std::printf("|---%s|---|---|\n", rule.c_str());

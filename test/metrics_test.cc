@@ -1,6 +1,5 @@
-#include "wlb/metrics/imbalance.hpp"
-
 #include "gtest/gtest.h"
+#include "wlb/metrics/imbalance.hpp"
 
 namespace wlb {
 namespace {

@@ -43,14 +43,18 @@ Stream RandomStream(std::mt19937_64& rng, int index) {
   s.config.context = uniform(1, 4) == 1 ? uniform(1, 8) : uniform(16, 512);
   s.config.max_tokens = s.config.context + uniform(0, s.config.context);
   s.config.micro_batches = static_cast<int32_t>(uniform(1, 6));
-  s.lengths = testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
+  s.lengths =
+      testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
   auto pieces = *MakeDocuments(s.lengths, s.config.context);
   s.arrivals = SplitIntoSteps(pieces, s.config.context * s.config.micro_batches);
   return s;
 }
 
-const CostModel kCost{.attn_quadratic = 1.0, .attn_linear = 1.0, .linear_per_token = 64.0,
-                      .per_document = 3.0, .unit = "test"};
+const CostModel kCost{.attn_quadratic = 1.0,
+                      .attn_linear = 1.0,
+                      .linear_per_token = 64.0,
+                      .per_document = 3.0,
+                      .unit = "test"};
 
 TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
   std::mt19937_64 rng(20251121);
@@ -69,8 +73,7 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
       // Steady steps: those planned from steps of the input before its short last one.
       size_t first_short = s.arrivals.size();
       for (size_t k = 0; k < s.arrivals.size(); ++k) {
-        if (TotalTokens(s.arrivals[k]) <=
-            s.config.context * (s.config.micro_batches - 1)) {
+        if (TotalTokens(s.arrivals[k]) <= s.config.context * (s.config.micro_batches - 1)) {
           first_short = k;
           break;
         }
@@ -94,9 +97,11 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
           double cost = 0;
           for (const Document& d : mb.documents) cost += kCost(d.length);
           ASSERT_NEAR(mb.cost, cost, 1e-9 * std::max(1.0, cost));
-          if (c.packer == "original" && steady && k + 1 < last_steady) ASSERT_EQ(mb.tokens, s.config.context);
+          if (c.packer == "original" && steady && k + 1 < last_steady)
+            ASSERT_EQ(mb.tokens, s.config.context);
         }
-        ASSERT_GE(ImbalanceDegree(step.micro_batches), LowerBound(step.micro_batches, kCost) - 1e-9);
+        ASSERT_GE(ImbalanceDegree(step.micro_batches),
+                  LowerBound(step.micro_batches, kCost) - 1e-9);
         // Every packing under S_max (fixed-length ones are under S <= S_max) respects the bound.
         const double cap_bound = CapLowerBound(step.micro_batches, kCost, s.config.max_tokens);
         ASSERT_GE(cap_bound, LowerBound(step.micro_batches, kCost) - 1e-12);
@@ -137,10 +142,9 @@ TEST(PackerProperties, LookaheadZeroIsWlbRefine) {
     Stream s = RandomStream(rng, i);
     const int64_t t1 = std::max<int64_t>(1, s.config.context / 3);
     const int64_t t2 = std::max<int64_t>(t1 + 1, s.config.context * 2 / 3);
-    const PackerOptions options{
-        .thresholds = t2 <= s.config.context ? std::vector<int64_t>{t1, t2}
-                                             : std::vector<int64_t>{t1},
-        .lookahead = 0};
+    const PackerOptions options{.thresholds = t2 <= s.config.context ? std::vector<int64_t>{t1, t2}
+                                                                     : std::vector<int64_t>{t1},
+                                .lookahead = 0};
     auto refine = *MakePacker("wlb-refine", s.config, kCost, options);
     auto lookahead = *MakePacker("wlb-lookahead", s.config, kCost, options);
     const std::string a = PlanToJson(RunPacker(*refine, s.arrivals)->steps, {}, kCost).dump();
@@ -154,9 +158,9 @@ TEST(PackerProperties, LookaheadNeverTrainsADocumentBeforeItArrives) {
   for (int i = 0; i < 500; ++i) {
     Stream s = RandomStream(rng, i);
     const int k = static_cast<int>(std::uniform_int_distribution<int>(1, 3)(rng));
-    auto packer = *MakePacker("wlb-lookahead", s.config, kCost,
-                              {.thresholds = {std::max<int64_t>(1, s.config.context / 2)},
-                               .lookahead = k});
+    auto packer =
+        *MakePacker("wlb-lookahead", s.config, kCost,
+                    {.thresholds = {std::max<int64_t>(1, s.config.context / 2)}, .lookahead = k});
     size_t returned = 0;
     for (size_t t = 0; t < s.arrivals.size(); ++t) {
       auto ready = *packer->Push(s.arrivals[t]);

@@ -1,9 +1,8 @@
 // Unit tests of each packer on small hand-made streams.
-#include "wlb/pack/make_packer.hpp"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
 namespace {
@@ -152,9 +151,8 @@ TEST(MakePacker, RejectsBadSettingsNamingTheValue) {
               HasSubstr("unknown packer 'best-fit'"));
   EXPECT_THAT(MakePacker("wlb", {.micro_batches = 0}, cost, {}).status().message(),
               HasSubstr("got 0"));
-  EXPECT_THAT(
-      MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
-      HasSubstr("S_max) 99 is below the context window (S) 100"));
+  EXPECT_THAT(MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
+              HasSubstr("S_max) 99 is below the context window (S) 100"));
   EXPECT_THAT(MakePacker("fixed-greedy", {}, cost, {.window = 0}).status().message(),
               HasSubstr("window must be >= 1 step, got 0"));
   EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {100, 50}}).status().message(),
@@ -211,8 +209,8 @@ std::string Blob(const nlohmann::json& payload) {
 
 TEST(LookaheadPacker, ReturnsEachPlanOnceKFurtherStepsAreBuffered) {
   PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
-  auto packer = *MakePacker("wlb-lookahead", config, Quadratic(),
-                            {.thresholds = {50}, .lookahead = 2});
+  auto packer =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50}, .lookahead = 2});
   EXPECT_TRUE(packer->Push(Docs({30, 40, 50, 60}, 100))->empty());
   EXPECT_TRUE(packer->Push(Docs({100, 100}, 100))->empty());
   EXPECT_EQ(packer->Held().documents, 6);  // buffered arrivals are held
@@ -246,15 +244,15 @@ TEST(LookaheadPacker, HoldsBackOneQueueLevelWhenTwoWouldReleaseIntoOneStep) {
 
 TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged) {
   PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
-  auto packer = *MakePacker("wlb-lookahead", config, Quadratic(),
-                            {.thresholds = {50, 80}, .lookahead = 2});
+  auto packer =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 2});
   ASSERT_TRUE(packer->Push(Docs({60, 10, 90, 5}, 100)).ok());
   std::vector<Document> second = Docs({55, 7}, 100);
   for (Document& d : second) d.id += 10;
   ASSERT_TRUE(packer->Push(second).ok());
   const std::string blob = packer->SaveState();
-  auto restored = *MakePacker("wlb-lookahead", config, Quadratic(),
-                              {.thresholds = {50, 80}, .lookahead = 2});
+  auto restored =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 2});
   ASSERT_TRUE(restored->RestoreState(blob).ok());
   EXPECT_EQ(restored->SaveState(), blob);
 
@@ -294,8 +292,8 @@ TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged
   bad = good;
   bad["short_from"] = 7;
   expect_rejected(bad, "short_from 7");
-  auto other_k = *MakePacker("wlb-lookahead", config, Quadratic(),
-                             {.thresholds = {50, 80}, .lookahead = 1});
+  auto other_k =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 1});
   EXPECT_EQ(other_k->RestoreState(blob).code(), absl::StatusCode::kFailedPrecondition);
 }
 

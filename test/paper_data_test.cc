@@ -29,10 +29,11 @@ TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   const StreamSummary wlb2 = run("wlb", {.thresholds = DefaultThresholds(config.context, 2)});
   const StreamSummary refine =
       run("wlb-refine", {.thresholds = DefaultThresholds(config.context, 2)});
-  std::printf("original %.3f  fixed-greedy(1) %.3f  wlb(2 levels) %.3f (delay %.2f)  "
-              "wlb-refine %.3f  lower bound %.3f\n",
-              original.imbalance_mean, greedy.imbalance_mean, wlb2.imbalance_mean,
-              wlb2.delay.mean, refine.imbalance_mean, refine.lower_bound_mean);
+  std::printf(
+      "original %.3f  fixed-greedy(1) %.3f  wlb(2 levels) %.3f (delay %.2f)  "
+      "wlb-refine %.3f  lower bound %.3f\n",
+      original.imbalance_mean, greedy.imbalance_mean, wlb2.imbalance_mean, wlb2.delay.mean,
+      refine.imbalance_mean, refine.lower_bound_mean);
   // Paper (Table 2): original 1.44, greedy 1.41, WLB 2 levels 1.05.
   EXPECT_LT(wlb2.imbalance_mean, 1.06);
   EXPECT_GT(original.imbalance_mean - wlb2.imbalance_mean, 0.15);
@@ -59,8 +60,8 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   const Input input = *LoadInput({.distribution = "heavy-tail", .steps = 400}, config.context,
                                  config.micro_batches);
   auto run = [&](const char* name) {
-    auto packer = *MakePacker(name, config, cost,
-                              {.thresholds = DefaultThresholds(config.context, 2)});
+    auto packer =
+        *MakePacker(name, config, cost, {.thresholds = DefaultThresholds(config.context, 2)});
     return Summarize(RunPacker(*packer, input.steps)->steps, cost, config.max_tokens);
   };
   const StreamSummary refine = run("wlb-refine");

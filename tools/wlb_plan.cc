@@ -35,8 +35,7 @@ ABSL_FLAG(std::string, distribution, "default",
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, packer, "wlb",
-          "original, fixed-greedy, wlb, wlb-refine or wlb-lookahead");
+ABSL_FLAG(std::string, packer, "wlb", "original, fixed-greedy, wlb, wlb-refine or wlb-lookahead");
 ABSL_FLAG(int32_t, lookahead, 1, "wlb-lookahead: K, steps of prefetched arrivals it sees ahead");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
@@ -152,8 +151,10 @@ absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy 
 }
 
 constexpr char kSummaryHeader[] =
-    "| packer        | imbalance |   p90 |   max | gap LB | gap CB | delay |  p99 | max | ms/step |\n"
-    "|---------------|-----------|-------|-------|--------|--------|-------|------|-----|---------|\n";
+    "| packer        | imbalance |   p90 |   max | gap LB | gap CB | delay |  p99 | max | ms/step "
+    "|\n"
+    "|---------------|-----------|-------|-------|--------|--------|-------|------|-----|---------|"
+    "\n";
 
 // The per-step summary of the chosen packer, then its stream summary.
 std::string StepTable(const Result& r, const wlb::CostModel& cost, int64_t max_tokens) {
@@ -262,19 +263,20 @@ absl::Status Run() {
     kernel_model = *std::move(m);
   }
 
-  absl::StatusOr<wlb::Input> input = wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
-                                                     .distribution = absl::GetFlag(FLAGS_distribution),
-                                                     .seed = absl::GetFlag(FLAGS_seed),
-                                                     .steps = steps},
-                                                    config.context, config.micro_batches);
+  absl::StatusOr<wlb::Input> input =
+      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
+                      .distribution = absl::GetFlag(FLAGS_distribution),
+                      .seed = absl::GetFlag(FLAGS_seed),
+                      .steps = steps},
+                     config.context, config.micro_batches);
   if (!input.ok()) return input.status();
   const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
 
   std::string tune_note;
   if (absl::GetFlag(FLAGS_tune)) {
     if (packer != "wlb" && packer != "wlb-refine" && packer != "wlb-lookahead") {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--tune applies to wlb, wlb-refine and wlb-lookahead, not '%s'", packer));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--tune applies to wlb, wlb-refine and wlb-lookahead, not '%s'", packer));
     }
     absl::StatusOr<wlb::TunedThresholds> tuned =
         wlb::TuneThresholds(arrivals, config, cost->model,
@@ -334,19 +336,18 @@ absl::Status Run() {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input->name, input->lengths.size(), Mega(wlb::TotalTokens(input->pieces)), arrivals.size(), packer,
-      config.context, config.max_tokens, config.micro_batches,
+      input->name, input->lengths.size(), Mega(wlb::TotalTokens(input->pieces)), arrivals.size(),
+      packer, config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
       options.window, cost->model.description);
   std::string out = header + StepTable(*main, cost->model, config.max_tokens);
-  absl::StrAppend(&out,
-                  absl::StrFormat(
-                      "\nsummary over the %d steady steps (%d drain, %d partial left out; "
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("\nsummary over the %d steady steps (%d drain, %d partial left out; "
                       "imbalance = max/mean micro-batch cost; gap LB / gap CB = mean imbalance - "
                       "mean lower bound / cap-aware bound; delay in steps, per token):\n",
-                      main->summary.steps, main->summary.drain_steps,
-                      main->summary.partial_steps),
-                  kSummaryHeader);
+                      main->summary.steps, main->summary.drain_steps, main->summary.partial_steps),
+      kSummaryHeader);
   std::vector<std::string> compared = {"original", "wlb"};
   if (packer != "original" && packer != "wlb") compared.push_back(packer);
   if (!absl::GetFlag(FLAGS_compare)) compared = {packer};

@@ -33,9 +33,8 @@ TEST(CapLowerBound, NeverAboveTheCbcOptimum) {
       }
     }
     std::shuffle(instance.lengths.begin(), instance.lengths.end(), rng);
-    absl::StatusOr<MilpSolution> solved =
-        SolveFixedLengthMilp(instance, cost, {.time_limit_s = 10.0, .greedy_start = false,
-                                              .relative_gap = 0.0});
+    absl::StatusOr<MilpSolution> solved = SolveFixedLengthMilp(
+        instance, cost, {.time_limit_s = 10.0, .greedy_start = false, .relative_gap = 0.0});
     ASSERT_TRUE(solved.ok()) << solved.status();
     if (!solved->stats.optimal) continue;
     ++optimal;

@@ -53,8 +53,8 @@ class BinSampler {
   bool empty() const { return total_ <= 0; }
   int64_t Draw(std::mt19937_64& rng) const {
     const int64_t pick = static_cast<int64_t>(UniformBelow(rng, total_));
-    const size_t bin = std::upper_bound(cumulative_.begin(), cumulative_.end(), pick) -
-                       cumulative_.begin();
+    const size_t bin =
+        std::upper_bound(cumulative_.begin(), cumulative_.end(), pick) - cumulative_.begin();
     const LengthBin& b = bins_[bin];
     return b.first + static_cast<int64_t>(UniformBelow(rng, b.last - b.first + 1));
   }
@@ -67,7 +67,8 @@ class BinSampler {
 }  // namespace detail
 
 // Samples document lengths from `bins` (bin by count, then uniform inside the bin) until their sum
-// reaches `min_total_tokens`. The same bins, total and seed give the same lengths on every platform.
+// reaches `min_total_tokens`. The same bins, total and seed give the same lengths on every
+// platform.
 inline std::vector<int64_t> SampleLengths(std::span<const LengthBin> bins, int64_t min_total_tokens,
                                           uint64_t seed) {
   const detail::BinSampler sampler(bins);

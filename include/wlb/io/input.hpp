@@ -76,8 +76,8 @@ inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t 
     return absl::InvalidArgumentError(absl::StrFormat(
         "unknown distribution '%s' (known: default, heavy-tail)", options.distribution));
   }
-  out.name = absl::StrFormat("the embedded %s distribution (seed %d)", options.distribution,
-                             options.seed);
+  out.name =
+      absl::StrFormat("the embedded %s distribution (seed %d)", options.distribution, options.seed);
   out.sampled = true;
   return out;
 }
@@ -91,9 +91,9 @@ struct CutOptions {
 inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
                                       int32_t micro_batches, const CutOptions& options = {}) {
   if (context < 1 || micro_batches < 1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "context window (S) and micro-batches (N) must be >= 1, got S = %d, N = %d", context,
-        micro_batches));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("context window (S) and micro-batches (N) must be >= 1, got S = %d, N = %d",
+                        context, micro_batches));
   }
   if (context > INT64_MAX / micro_batches) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -108,9 +108,9 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {
       // In double: l x S can overflow int64 for long documents and large windows.
-      l = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(l) *
-                                                    static_cast<double>(context) /
-                                                    static_cast<double>(options.scale_from)));
+      l = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(l) * static_cast<double>(context) /
+                                  static_cast<double>(options.scale_from)));
     }
   }
   absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
@@ -128,8 +128,7 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
 inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t context,
                                        int32_t micro_batches) {
   if (options.steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("steps must be >= 0, got %d", options.steps));
+    return absl::InvalidArgumentError(absl::StrFormat("steps must be >= 0, got %d", options.steps));
   }
   const bool sample = options.docs.empty();
   const int64_t steps = sample && options.steps == 0 ? 100 : options.steps;

@@ -152,16 +152,16 @@ inline DelayStats TokenDelay(std::span<const StepPlan> steps) {
 // say little about the packer, and one partial step at imbalance 49 would move a mean over 750
 // steps by 0.06.
 struct StreamSummary {
-  int64_t steps = 0;          // steady steps
+  int64_t steps = 0;  // steady steps
   int64_t drain_steps = 0;
   int64_t partial_steps = 0;
   double imbalance_mean = 1.0;
   double imbalance_p90 = 1.0;
   double imbalance_max = 1.0;
-  double lower_bound_mean = 1.0;      // LowerBound(), mean over steady steps
-  double cap_lower_bound_mean = 1.0;  // CapLowerBound(), mean over steady steps
+  double lower_bound_mean = 1.0;       // LowerBound(), mean over steady steps
+  double cap_lower_bound_mean = 1.0;   // CapLowerBound(), mean over steady steps
   double partial_imbalance_max = 1.0;  // over the partial steps
-  DelayStats delay;           // over every step, drain and partial steps included
+  DelayStats delay;                    // over every step, drain and partial steps included
 };
 
 // `max_tokens` (S_max) feeds CapLowerBound(); 0 leaves the cap out (cap_lower_bound_mean is then
@@ -186,8 +186,7 @@ inline StreamSummary Summarize(std::span<const StepPlan> steps, const CostModel&
     imbalance.push_back(ImbalanceDegree(s.micro_batches));
     const double bound = LowerBound(s.micro_batches, cost);
     bound_total += bound;
-    cap_bound_total +=
-        max_tokens > 0 ? CapLowerBound(s.micro_batches, cost, max_tokens) : bound;
+    cap_bound_total += max_tokens > 0 ? CapLowerBound(s.micro_batches, cost, max_tokens) : bound;
   }
   sum.steps = static_cast<int64_t>(imbalance.size());
   if (!imbalance.empty()) {

@@ -141,7 +141,7 @@ class LookaheadPacker final : public Packer {
   // One way to plan a step: which queued outliers it releases, which arrivals it holds back.
   struct Candidate {
     std::vector<std::vector<size_t>> release;  // per level: positions in the queue, increasing
-    int hold_longest = 0;      // the longest non-queued arrivals to hold back to the next step
+    int hold_longest = 0;  // the longest non-queued arrivals to hold back to the next step
   };
 
   int QueueLevel(int64_t length) const {
@@ -176,19 +176,18 @@ class LookaheadPacker final : public Packer {
 
   std::vector<MicroBatch> PackRefined(std::vector<Document> released,
                                       const std::vector<Document>& carry,
-                                      std::vector<Document> fresh,
-                                      std::vector<Document>& carry_out,
+                                      std::vector<Document> fresh, std::vector<Document>& carry_out,
                                       bool fresh_sorted = false) const {
-    std::vector<MicroBatch> mbs = detail::PackUnderCap(
-        std::move(released), carry, std::move(fresh), config_, cost_, carry_out, fresh_sorted);
+    std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry, std::move(fresh),
+                                                       config_, cost_, carry_out, fresh_sorted);
     RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return mbs;
   }
 
   // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
   // under `c`; leaves in `held` what the step does not take.
-  std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh,
-                                   Holding& held, bool fresh_sorted = false) const {
+  std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh, Holding& held,
+                                   bool fresh_sorted = false) const {
     if (!fresh_sorted) SortLongestFirst(fresh);
     std::vector<Document> released;
     for (size_t l = 0; l < held.queues.size(); ++l) {
@@ -404,8 +403,8 @@ class LookaheadPacker final : public Packer {
   // What every candidate's sketch score shares, computed once per step: the carry-over and the
   // arrivals (the longest one apart, as a candidate may hold it back), and the buffered steps.
   struct SketchBase {
-    Sketch step;            // carry-over and arrivals but the longest
-    Sketch longest;         // the longest arrival (empty when there are none)
+    Sketch step;     // carry-over and arrivals but the longest
+    Sketch longest;  // the longest arrival (empty when there are none)
     std::vector<Arrivals> ahead;
   };
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh) const {
@@ -423,8 +422,7 @@ class LookaheadPacker final : public Packer {
 
   // The same from sketches (EstimateStep): far cheaper, a little less exact. `fresh` is sorted
   // longest first, so holding back the longest arrival moves `sketch.longest` to the carry.
-  double ScoreBySketch(const Candidate& c, const Holding& base,
-                       const SketchBase& sketch) const {
+  double ScoreBySketch(const Candidate& c, const Holding& base, const SketchBase& sketch) const {
     Sketch step = sketch.step;
     Sketch carry;
     AddSketch(sketch.longest, c.hold_longest > 0 ? carry : step);

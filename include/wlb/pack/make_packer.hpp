@@ -68,9 +68,9 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
       return absl::InvalidArgumentError(
           absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
     }
-    const int rounds =
-        name == "wlb" ? 0 : (options.refine_rounds > 0 ? options.refine_rounds
-                                                       : 4 * config.micro_batches);
+    const int rounds = name == "wlb" ? 0
+                                     : (options.refine_rounds > 0 ? options.refine_rounds
+                                                                  : 4 * config.micro_batches);
     if (name != "wlb-lookahead") {
       return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
     }
@@ -81,8 +81,8 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
     return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds, rounds,
                                              options.lookahead);
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
 }
 
 }  // namespace wlb

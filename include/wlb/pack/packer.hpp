@@ -123,7 +123,6 @@ struct StepPlan {
   bool partial = false;
 };
 
-
 // A stateful packer. Push() validates before it changes any state: on error nothing happened.
 class Packer {
  public:
@@ -278,8 +277,8 @@ class Packer {
 
   PackerConfig config_;
   CostModel cost_;
-  int64_t pushes_ = 0;     // Push() calls so far: the arrival step of the next arrivals
-  int64_t next_step_ = 0;  // index of the next step to be planned
+  int64_t pushes_ = 0;       // Push() calls so far: the arrival step of the next arrivals
+  int64_t next_step_ = 0;    // index of the next step to be planned
   int64_t short_from_ = -1;  // first push of at most (N - 1) x S tokens (-1: none yet)
 
  private:

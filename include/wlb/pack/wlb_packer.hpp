@@ -32,9 +32,9 @@ inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, i
           "outlier threshold %d is outside [1, %d] (the context window)", thresholds[i], context));
     }
     if (i > 0 && thresholds[i] <= thresholds[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "outlier thresholds must be strictly increasing, got %s",
-          absl::StrJoin(thresholds, ",")));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("outlier thresholds must be strictly increasing, got %s",
+                          absl::StrJoin(thresholds, ",")));
     }
   }
   return absl::OkStatus();
@@ -49,9 +49,8 @@ namespace detail {
 // `fresh_sorted` says `fresh` is already longest first (stable), which saves sorting it again.
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
                                             const std::vector<Document>& carry,
-                                            std::vector<Document> fresh,
-                                            const PackerConfig& config, const CostModel& cost,
-                                            std::vector<Document>& carry_out,
+                                            std::vector<Document> fresh, const PackerConfig& config,
+                                            const CostModel& cost, std::vector<Document>& carry_out,
                                             bool fresh_sorted = false) {
   SortLongestFirst(released);
   if (!fresh_sorted) SortLongestFirst(fresh);
@@ -104,8 +103,7 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
 class WlbPacker final : public Packer {
  public:
   // `thresholds` must pass ValidateThresholds (MakePacker checks); refine_rounds = 0 is plain WLB.
-  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds,
-            int refine_rounds)
+  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds, int refine_rounds)
       : Packer(config, std::move(cost)),
         thresholds_(std::move(thresholds)),
         queues_(thresholds_.size()),
