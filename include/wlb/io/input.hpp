@@ -104,7 +104,9 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
         absl::StrFormat("max_steps (got %d) and scale_from (got %d) must be >= 0",
                         options.max_steps, options.scale_from));
   }
-  Input input{.name = lengths.name, .lengths = lengths.values};
+  Input input;
+  input.name = lengths.name;
+  input.lengths = lengths.values;
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {
       // In double: l x S can overflow int64 for long documents and large windows.
