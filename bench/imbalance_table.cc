@@ -7,9 +7,12 @@
 //
 // Rows: original packing; fixed-length greedy over windows of W steps; the fixed-length MILP
 // solver (COIN-OR CBC, time-limited) over windows of W steps; WLB-LLM variable-length packing with
-// 1/2/3 outlier-queue levels; wlb-refine (WLB plus refinement) with the same queues. Columns:
-//   imbalance mean / p90  over the steady steps (drain steps at the end of input left out);
+// 1/2/3 outlier-queue levels; wlb-refine (WLB plus refinement) and wlb-lookahead (refinement plus
+// look-ahead selection, --lookahead steps) with the same queues. Columns:
+//   imbalance mean / p90  over the steady steps (drain steps and the partial last step of the
+//                         input left out);
 //   gap to lower bound    mean imbalance minus the mean per-step lower bound (wlb::LowerBound);
+//   gap to cap-aware bound  the same against wlb::CapLowerBound, which also uses S_max;
 //   delay                 mean token delay in steps (negative: a window trained it early);
 //   overhead              median planning wall time per step: each Push() that returned steps,
 //                         divided by how many it returned (a window of W steps is planned at once).
@@ -39,7 +42,10 @@
 
 ABSL_FLAG(std::string, docs, "",
           "document lengths file (one per line or a JSON array); empty samples the embedded "
-          "default distribution. The paper-like case: ../shared/data/doc_lengths_wlbllm_like.json");
+          "distribution named by --distribution. The paper-like case: "
+          "../shared/data/doc_lengths_wlbllm_like.json");
+ABSL_FLAG(std::string, distribution, "default",
+          "when --docs is empty: default (embedded WLB-LLM-like histogram) or heavy-tail");
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
@@ -49,6 +55,7 @@ ABSL_FLAG(int64_t, steps, 200,
           "steps of input for the non-solver rows (a file is cut after this many; 0 = all of it)");
 ABSL_FLAG(std::string, greedy_windows, "1,2,4,8", "fixed-length greedy windows (steps)");
 ABSL_FLAG(std::string, queue_levels, "1,2,3", "WLB outlier-queue levels (default thresholds)");
+ABSL_FLAG(int32_t, lookahead, 1, "wlb-lookahead rows: K, steps of arrivals seen ahead");
 ABSL_FLAG(bool, solver, true, "run the fixed-length MILP solver rows (CBC; slow on purpose)");
 ABSL_FLAG(std::string, solver_windows, "1,2,4", "fixed-length solver windows (steps)");
 ABSL_FLAG(double, solver_seconds, 2.0, "CBC wall-clock limit per solver window, in seconds");
@@ -112,6 +119,7 @@ double Median(std::vector<double> v) {
 // Pushes every step into `packer` (timing each Push), flushes, and summarises.
 absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Document>> arrivals,
                            const wlb::CostModel& cost, std::string method, std::string config) {
+  const int64_t max_tokens = packer.config().max_tokens;
   using Clock = std::chrono::steady_clock;
   Row row{.method = std::move(method), .config = std::move(config)};
   std::vector<double> per_step_ms;
@@ -136,7 +144,7 @@ absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Doc
     }
   }
   for (wlb::StepPlan& s : packer.Flush()) row.steps.push_back(std::move(s));
-  row.summary = wlb::Summarize(row.steps, cost);
+  row.summary = wlb::Summarize(row.steps, cost, max_tokens);
   row.overhead_ms = Median(per_step_ms);
   return row;
 }
@@ -145,16 +153,18 @@ absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Doc
 std::string MarkdownRow(const Row& r) {
   const auto paper = PaperImbalance().find(r.method + "/" + r.config);
   return absl::StrFormat(
-      "| %s | %s | %d | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method, r.config,
+      "| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method, r.config,
       r.summary.steps, r.summary.imbalance_mean, r.summary.imbalance_p90,
-      r.summary.imbalance_mean - r.summary.lower_bound_mean, r.summary.delay.mean, r.overhead_ms,
-      paper == PaperImbalance().end() ? "" : absl::StrFormat("%.2f", paper->second));
+      r.summary.imbalance_mean - r.summary.lower_bound_mean,
+      r.summary.imbalance_mean - r.summary.cap_lower_bound_mean, r.summary.delay.mean,
+      r.overhead_ms, paper == PaperImbalance().end() ? "" : absl::StrFormat("%.2f", paper->second));
 }
 
 std::string CsvRow(const Row& r) {
-  return absl::StrFormat("%s,%s,%.6f,%.6f,%.6f,%.6f,%.6g", r.method, r.config,
+  return absl::StrFormat("%s,%s,%.6f,%.6f,%.6f,%.6f,%.6f,%.6g", r.method, r.config,
                          r.summary.imbalance_mean, r.summary.imbalance_p90,
                          r.summary.imbalance_mean - r.summary.lower_bound_mean,
+                         r.summary.imbalance_mean - r.summary.cap_lower_bound_mean,
                          r.summary.delay.mean, r.overhead_ms);
 }
 
@@ -234,25 +244,18 @@ absl::Status Run() {
   if (!fit.ok()) return fit.status();
   const wlb::CostModel& cost = fit->model;
 
-  // The input stream.
-  std::string source = absl::GetFlag(FLAGS_docs);
-  std::vector<int64_t> lengths;
-  const int64_t step_tokens = config.context * config.micro_batches;
-  if (source.empty()) {
-    const int64_t want = std::max<int64_t>(steps > 0 ? steps : 200, solver_steps);
-    lengths =
-        wlb::SampleDefaultLengths(want * step_tokens + config.context, absl::GetFlag(FLAGS_seed));
-    source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
-  } else {
-    absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
-    if (!read.ok()) return read.status();
-    lengths = *std::move(read);
-  }
-  absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, config.context);
-  if (!pieces.ok()) return pieces.status();
-  std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, step_tokens);
-  // The last step of a file is usually partial; drop it so every step holds >= N x S tokens.
-  if (!arrivals.empty() && wlb::TotalTokens(arrivals.back()) < step_tokens) arrivals.pop_back();
+  // The input stream (wlb::LoadInput, as wlb-plan reads it): a sample holds enough full steps
+  // for the non-solver and the solver rows.
+  const int64_t sample_steps = std::max<int64_t>(steps > 0 ? steps : 200, solver_steps);
+  absl::StatusOr<wlb::Input> input =
+      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
+                      .distribution = absl::GetFlag(FLAGS_distribution),
+                      .seed = absl::GetFlag(FLAGS_seed),
+                      .steps = absl::GetFlag(FLAGS_docs).empty() ? sample_steps : 0},
+                     config.context, config.micro_batches);
+  if (!input.ok()) return input.status();
+  const std::string source = input->name;
+  std::vector<std::vector<wlb::Document>> arrivals = input->steps;
   if (steps > 0 && static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
   if (arrivals.size() < 100) {
     std::fprintf(stderr,
@@ -304,11 +307,12 @@ absl::Status Run() {
     status = add(std::unique_ptr<wlb::Packer>(std::move(*milp)), "fixed-solver",
                  absl::StrFormat("window %d", w), solver_arrivals);
   }
-  for (const char* method : {"wlb", "wlb-refine"}) {
+  for (const char* method : {"wlb", "wlb-refine", "wlb-lookahead"}) {
     for (int l : *levels) {
       if (!status.ok()) break;
       status = add(wlb::MakePacker(method, config, cost,
-                                   {.thresholds = wlb::DefaultThresholds(config.context, l)}),
+                                   {.thresholds = wlb::DefaultThresholds(config.context, l),
+                                    .lookahead = absl::GetFlag(FLAGS_lookahead)}),
                    method, absl::StrFormat("%d queue%s", l, l == 1 ? "" : "s"), arrivals);
     }
   }
@@ -322,8 +326,8 @@ absl::Status Run() {
       absl::GetFlag(FLAGS_solver_gap));
   std::printf(
       "| method | config | steps | imbalance mean | imbalance p90 | gap to lower bound | "
-      "delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "gap to cap-aware bound | delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) std::printf("%s\n", MarkdownRow(r).c_str());
   if (!solver_lines.empty()) {
     std::printf(
@@ -341,7 +345,8 @@ absl::Status Run() {
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
     std::ofstream out(path);
     if (!out) return absl::NotFoundError(absl::StrFormat("cannot write --csv '%s'", path));
-    out << "method,config,imbalance_mean,imbalance_p90,lower_bound_gap,delay_mean,overhead_ms\n";
+    out << "method,config,imbalance_mean,imbalance_p90,lower_bound_gap,cap_lower_bound_gap,"
+           "delay_mean,overhead_ms\n";
     for (const Row& r : rows) out << CsvRow(r) << "\n";
     if (!out) return absl::DataLossError(absl::StrFormat("error writing --csv '%s'", path));
   }

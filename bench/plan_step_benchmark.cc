@@ -1,12 +1,14 @@
-// Planning time per step (issue target: <= 0.5 ms per step at N = 64, S = 128K on one core).
+// Planning time per step (target: <= 0.5 ms per step at N = 64, S = 128K on one core, for wlb,
+// wlb-refine and wlb-lookahead).
 //
 //   build/bench/plan_step_benchmark --benchmark_filter=N64
 //
 // BM_PlanStep/<packer>/N: one Push() of a step of the embedded default distribution (N x 128K
 // tokens, about 33 documents per micro-batch); the packer keeps its state across iterations, as in
-// training. BM_Scaling/<packer>/docs: the same at N = 64 with S chosen so a step holds about
-// `docs` documents, to show how planning time grows with the documents per step (the counter
-// docs/step says how many it really held).
+// training (wlb-lookahead, K = 1, returns the plan of the step pushed one call earlier, so every
+// Push() after the first plans one step). BM_Scaling/<packer>/docs: the same at N = 64 with S
+// chosen so a step holds about `docs` documents, to show how planning time grows with the documents
+// per step (the counter docs/step says how many it really held).
 #include <benchmark/benchmark.h>
 
 #include <map>
@@ -124,6 +126,10 @@ BENCHMARK_CAPTURE(BM_PlanStep, wlb, std::string("wlb"))
     ->Arg(64)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_PlanStep, wlb_refine, std::string("wlb-refine"))
+    ->Arg(4)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_PlanStep, wlb_lookahead, std::string("wlb-lookahead"))
     ->Arg(4)
     ->Arg(64)
     ->Unit(benchmark::kMicrosecond);

@@ -46,17 +46,12 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrFormat("--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
   }
-  std::string source = absl::GetFlag(FLAGS_docs);
-  std::vector<int64_t> base;
-  if (source.empty()) {
-    // Enough for the smallest scale (S = 32K keeps a quarter of the tokens).
-    base = wlb::SampleDefaultLengths((steps + 2) * n * int64_t{131072}, absl::GetFlag(FLAGS_seed));
-    source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
-  } else {
-    absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
-    if (!read.ok()) return read.status();
-    base = *std::move(read);
-  }
+  // Enough for the smallest scale (S = 32K keeps a quarter of the tokens).
+  absl::StatusOr<wlb::Lengths> base =
+      wlb::LoadLengths({.docs = absl::GetFlag(FLAGS_docs), .seed = absl::GetFlag(FLAGS_seed)},
+                       (steps + 2) * n * int64_t{131072});
+  if (!base.ok()) return base.status();
+  const std::string source = base->name;
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
@@ -73,12 +68,10 @@ absl::Status Run() {
   std::vector<std::string> csv;
   for (int64_t k : {32, 64, 128, 160}) {
     const int64_t context = k * 1024;
-    std::vector<int64_t> lengths = base;
-    for (int64_t& l : lengths) l = std::max<int64_t>(1, l * context / 131072);
-    absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, context);
-    if (!pieces.ok()) return pieces.status();
-    std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, context * n);
-    if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
+    absl::StatusOr<wlb::Input> input =
+        wlb::CutSteps(*base, context, n, {.max_steps = steps, .scale_from = 131072});
+    if (!input.ok()) return input.status();
+    const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
     const wlb::PackerConfig config{
         .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
     absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =

@@ -138,7 +138,7 @@ std::vector<wlb::StepPlan> InArrivalOrder(std::vector<wlb::StepPlan> steps) {
 }
 
 // `kernel` replaces the job's analytic kernel model when given.
-absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& base_lengths,
+absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_lengths,
                                  const std::vector<Method>& methods,
                                  const wlb::KernelModel* kernel = nullptr) {
   absl::StatusOr<wlb::CostModel> cost = wlb::CostModelFromShape(job.shape);
@@ -153,16 +153,13 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
                            .max_tokens = static_cast<int64_t>(
                                std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
                            .micro_batches = job.sizes.pp * job.sizes.dp};
-  std::vector<int64_t> lengths = base_lengths;
-  for (int64_t& l : lengths) {
-    l = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(l) * job.context / 131072));
-  }
-  absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, job.context);
-  if (!pieces.ok()) return pieces.status();
   const int64_t step_tokens = job.context * config.micro_batches;
-  std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, step_tokens);
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
-  if (arrivals.size() > steps) arrivals.resize(steps);
+  absl::StatusOr<wlb::Input> input =
+      wlb::CutSteps(base_lengths, job.context, config.micro_batches,
+                    {.max_steps = absl::GetFlag(FLAGS_steps), .scale_from = 131072});
+  if (!input.ok()) return input.status();
+  const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
   if (arrivals.size() < steps) {
     return absl::OutOfRangeError(
         absl::StrFormat("%s: the input holds only %d steps of %d tokens, --steps asks for %d",
@@ -205,7 +202,7 @@ std::string Tuple(const Job& j) {
 }
 
 // The attribution study at 7B-128K (--breakdown): rows are packers, columns CP shardings.
-absl::Status RunBreakdown(const std::vector<int64_t>& lengths, const std::string& source) {
+absl::Status RunBreakdown(const wlb::Lengths& lengths, const std::string& source) {
   using S = wlb::ShardStrategy;
   const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
   struct Column {
@@ -314,23 +311,17 @@ absl::Status Run() {
         absl::StrFormat("--queues must be >= 0, got %d", absl::GetFlag(FLAGS_queues)));
   }
   // The largest job needs steps x N x 160K tokens (N = 8 for 550M-64K).
-  std::string source = absl::GetFlag(FLAGS_docs);
-  std::vector<int64_t> lengths;
-  if (source.empty()) {
-    lengths = wlb::SampleDefaultLengths((absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2,
-                                        absl::GetFlag(FLAGS_seed));
-    source = absl::StrFormat("embedded default distribution, seed %d", absl::GetFlag(FLAGS_seed));
-  } else {
-    absl::StatusOr<std::vector<int64_t>> read = wlb::ReadLengthsFile(source);
-    if (!read.ok()) return read.status();
-    lengths = *std::move(read);
-  }
+  absl::StatusOr<wlb::Lengths> lengths =
+      wlb::LoadLengths({.docs = absl::GetFlag(FLAGS_docs), .seed = absl::GetFlag(FLAGS_seed)},
+                       (absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2);
+  if (!lengths.ok()) return lengths.status();
+  const std::string source = lengths->name;
   using S = wlb::ShardStrategy;
   const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
   const wlb::CpPolicy ordered = {.candidates = {S::kPerSequenceOrdered}};
   const wlb::CpPolicy adaptive = {.candidates = {S::kAdaptive}};
   const wlb::CpPolicy ideal = {.candidates = {S::kPerDocument}, .at_mean_rank = true};
-  if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(lengths, source);
+  if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(*lengths, source);
   const std::vector<Method> methods = {
       {"Plain-4D: original, per-seq CP", "original", {}, per_seq, "per-seq"},
       {"original, adaptive CP", "original", {}, kPaperAdaptive, "adaptive-paper"},
@@ -385,7 +376,7 @@ absl::Status Run() {
   const std::vector<Job> jobs = Table1Jobs();
   for (const Job& job : jobs) {
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
-    absl::StatusOr<JobResult> r = RunJob(job, lengths, methods);
+    absl::StatusOr<JobResult> r = RunJob(job, *lengths, methods);
     if (!r.ok()) return r.status();
     (job.context == 65536 ? n64 : n128)++;
     for (size_t m = 1; m < methods.size(); ++m) {
@@ -416,7 +407,7 @@ absl::Status Run() {
   for (int64_t k : {32, 64, 96, 128, 160}) {
     Job job{absl::StrFormat("7B-%dK", k), Preset("llama2-7b"), k * 1024, {8, 2, 4, 1}};
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
-    absl::StatusOr<JobResult> r = RunJob(job, lengths, methods);
+    absl::StatusOr<JobResult> r = RunJob(job, *lengths, methods);
     if (!r.ok()) return r.status();
     const char* paper = k == 160 ? "1.40x" : k == 128 ? "1.33x" : "";
     std::printf("| %dK%s | %.3f | %s |\n", k, record("context", job, *r).c_str(),

@@ -24,7 +24,10 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
           {"wlb", {}},
           {"wlb", {.thresholds = two}},
           {"wlb-refine", {.thresholds = two}},
-          {"wlb-refine", {.thresholds = {context / 2 + 1}, .refine_rounds = 3}}};
+          {"wlb-refine", {.thresholds = {context / 2 + 1}, .refine_rounds = 3}},
+          {"wlb-lookahead", {.thresholds = two}},
+          {"wlb-lookahead", {.thresholds = {std::max<int64_t>(1, context / 2)}, .lookahead = 2}},
+          {"wlb-lookahead", {.thresholds = two, .refine_rounds = 3, .lookahead = 0}}};
 }
 
 struct Stream {
@@ -41,14 +44,18 @@ Stream RandomStream(std::mt19937_64& rng, int index) {
   s.config.context = uniform(1, 4) == 1 ? uniform(1, 8) : uniform(16, 512);
   s.config.max_tokens = s.config.context + uniform(0, s.config.context);
   s.config.micro_batches = static_cast<int32_t>(uniform(1, 6));
-  s.lengths = testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
+  s.lengths =
+      testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
   auto pieces = *MakeDocuments(s.lengths, s.config.context);
   s.arrivals = SplitIntoSteps(pieces, s.config.context * s.config.micro_batches);
   return s;
 }
 
-const CostModel kCost{.attn_quadratic = 1.0, .attn_linear = 1.0, .linear_per_token = 64.0,
-                      .per_document = 3.0, .unit = "test"};
+const CostModel kCost{.attn_quadratic = 1.0,
+                      .attn_linear = 1.0,
+                      .linear_per_token = 64.0,
+                      .per_document = 3.0,
+                      .unit = "test"};
 
 TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
   std::mt19937_64 rng(20251121);
@@ -69,21 +76,51 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
         for (const auto& a : s.arrivals) pieces += a.size();
         ASSERT_EQ(testing::Collect(run->steps).size(), pieces);
       }
-      const bool fixed = c.packer != "wlb" && c.packer != "wlb-refine";
+      // Steady steps: those planned from steps of the input before its short last one.
+      size_t first_short = s.arrivals.size();
+      for (size_t k = 0; k < s.arrivals.size(); ++k) {
+        if (TotalTokens(s.arrivals[k]) <= s.config.context * (s.config.micro_batches - 1)) {
+          first_short = k;
+          break;
+        }
+      }
+      // Original packing fills every sequence to S, except in the last steps of the input.
+      size_t last_steady = 0;
+      for (size_t k = 0; k < run->steps.size(); ++k) {
+        if (!run->steps[k].drain && !run->steps[k].partial) last_steady = k;
+      }
+      const bool fixed =
+          c.packer != "wlb" && c.packer != "wlb-refine" && c.packer != "wlb-lookahead";
       const int64_t cap = fixed ? s.config.context : s.config.max_tokens;
       for (size_t k = 0; k < run->steps.size(); ++k) {
         const StepPlan& step = run->steps[k];
         ASSERT_EQ(step.step, static_cast<int64_t>(k));
         ASSERT_EQ(step.micro_batches.size(), static_cast<size_t>(s.config.micro_batches));
+        const bool steady = !step.drain && !step.partial;
         for (const MicroBatch& mb : step.micro_batches) {
           ASSERT_LE(mb.tokens, cap);
           ASSERT_EQ(mb.tokens, TotalTokens(mb.documents));
           double cost = 0;
           for (const Document& d : mb.documents) cost += kCost(d.length);
           ASSERT_NEAR(mb.cost, cost, 1e-9 * std::max(1.0, cost));
-          if (c.packer == "original" && !step.drain) ASSERT_EQ(mb.tokens, s.config.context);
+          if (c.packer == "original" && steady && k + 1 < last_steady)
+            ASSERT_EQ(mb.tokens, s.config.context);
         }
-        ASSERT_GE(ImbalanceDegree(step.micro_batches), LowerBound(step.micro_batches, kCost) - 1e-9);
+        ASSERT_GE(ImbalanceDegree(step.micro_batches),
+                  LowerBound(step.micro_batches, kCost) - 1e-9);
+        // Every packing under S_max (fixed-length ones are under S <= S_max) respects the bound.
+        const double cap_bound = CapLowerBound(step.micro_batches, kCost, s.config.max_tokens);
+        ASSERT_GE(cap_bound, LowerBound(step.micro_batches, kCost) - 1e-12);
+        ASSERT_GE(ImbalanceDegree(step.micro_batches), cap_bound - 1e-9);
+        // Drain and partial steps come last. original-nextfit takes fewer than N x S tokens a
+        // step, so it can emit steps ahead of the pushes; its full steps stay steady.
+        if (k + 1 < run->steps.size() && !steady) {
+          ASSERT_TRUE(run->steps[k + 1].drain || run->steps[k + 1].partial) << "step " << k;
+        }
+        if (c.packer != "original-nextfit") {
+          ASSERT_EQ(steady, k < s.arrivals.size() && step.step < first_short)
+              << "step " << k << " drain " << step.drain << " partial " << step.partial;
+        }
       }
       const DelayStats delay = TokenDelay(run->steps);
       if (c.packer != "fixed-greedy") ASSERT_GE(delay.mean, 0.0);
@@ -109,6 +146,46 @@ TEST(PackerProperties, RefineNeverWorseThanWlbWithTheSameDelay) {
           << "stream " << i << " step " << k;
     }
     ASSERT_DOUBLE_EQ(TokenDelay(a.steps).mean, TokenDelay(b.steps).mean) << "stream " << i;
+  }
+}
+
+TEST(PackerProperties, LookaheadZeroIsWlbRefine) {
+  std::mt19937_64 rng(31);
+  for (int i = 0; i < 1000; ++i) {
+    Stream s = RandomStream(rng, i);
+    const int64_t t1 = std::max<int64_t>(1, s.config.context / 3);
+    const int64_t t2 = std::max<int64_t>(t1 + 1, s.config.context * 2 / 3);
+    const PackerOptions options{.thresholds = t2 <= s.config.context ? std::vector<int64_t>{t1, t2}
+                                                                     : std::vector<int64_t>{t1},
+                                .lookahead = 0};
+    auto refine = *MakePacker("wlb-refine", s.config, kCost, options);
+    auto lookahead = *MakePacker("wlb-lookahead", s.config, kCost, options);
+    const std::string a = PlanToJson(RunPacker(*refine, s.arrivals)->steps, {}, kCost).dump();
+    const std::string b = PlanToJson(RunPacker(*lookahead, s.arrivals)->steps, {}, kCost).dump();
+    ASSERT_EQ(a, b) << "stream " << i;
+  }
+}
+
+TEST(PackerProperties, LookaheadNeverTrainsADocumentBeforeItArrives) {
+  std::mt19937_64 rng(57);
+  for (int i = 0; i < 500; ++i) {
+    Stream s = RandomStream(rng, i);
+    const int k = static_cast<int>(std::uniform_int_distribution<int>(1, 3)(rng));
+    auto packer =
+        *MakePacker("wlb-lookahead", s.config, kCost,
+                    {.thresholds = {std::max<int64_t>(1, s.config.context / 2)}, .lookahead = k});
+    size_t returned = 0;
+    for (size_t t = 0; t < s.arrivals.size(); ++t) {
+      auto ready = *packer->Push(s.arrivals[t]);
+      // The plan of step t - K comes back with the push of step t.
+      ASSERT_EQ(ready.size(), t >= static_cast<size_t>(k) ? 1u : 0u) << "stream " << i;
+      for (const StepPlan& step : ready) {
+        ASSERT_EQ(step.step, static_cast<int64_t>(returned++));
+        for (const MicroBatch& mb : step.micro_batches) {
+          for (const Document& d : mb.documents) ASSERT_LE(d.arrival_step, step.step);
+        }
+      }
+    }
   }
 }
 

@@ -1,9 +1,8 @@
 // Unit tests of each packer on small hand-made streams.
-#include "wlb/pack/make_packer.hpp"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
 namespace {
@@ -171,9 +170,8 @@ TEST(MakePacker, RejectsBadSettingsNamingTheValue) {
               HasSubstr("unknown packer 'best-fit'"));
   EXPECT_THAT(MakePacker("wlb", {.micro_batches = 0}, cost, {}).status().message(),
               HasSubstr("got 0"));
-  EXPECT_THAT(
-      MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
-      HasSubstr("S_max) 99 is below the context window (S) 100"));
+  EXPECT_THAT(MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
+              HasSubstr("S_max) 99 is below the context window (S) 100"));
   EXPECT_THAT(MakePacker("fixed-greedy", {}, cost, {.window = 0}).status().message(),
               HasSubstr("window must be >= 1 step, got 0"));
   EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {100, 50}}).status().message(),
@@ -217,6 +215,112 @@ TEST(PackerState, RejectsCorruptedAndMismatchedBlobs) {
   EXPECT_FALSE(fixed->RestoreState(blob).ok());
   // A failed restore leaves the packer as it was.
   EXPECT_EQ(packer->SaveState(), blob);
+}
+
+// The payload of a state blob, and a blob with a valid checksum around an edited payload.
+nlohmann::json Payload(const std::string& blob) {
+  return nlohmann::json::parse(blob.substr(blob.find('\n', blob.find('\n') + 1) + 1));
+}
+std::string Blob(const nlohmann::json& payload) {
+  const std::string text = payload.dump();
+  return absl::StrFormat("%s\n%016x\n%s", Packer::kStateMagic, detail::Fnv1a64(text), text);
+}
+
+TEST(LookaheadPacker, ReturnsEachPlanOnceKFurtherStepsAreBuffered) {
+  PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
+  auto packer =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50}, .lookahead = 2});
+  EXPECT_TRUE(packer->Push(Docs({30, 40, 50, 60}, 100))->empty());
+  EXPECT_TRUE(packer->Push(Docs({100, 100}, 100))->empty());
+  EXPECT_EQ(packer->Held().documents, 6);  // buffered arrivals are held
+  auto first = *packer->Push(Docs({70, 70, 60}, 100));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].step, 0);
+  auto rest = packer->Flush();
+  ASSERT_GE(rest.size(), 2u);
+  EXPECT_FALSE(rest[0].drain);  // steps 1 and 2 were owed to the input
+  EXPECT_FALSE(rest[1].drain);
+  for (size_t k = 2; k < rest.size(); ++k) EXPECT_TRUE(rest[k].drain);
+  EXPECT_TRUE(packer->Pending().empty());
+}
+
+TEST(LookaheadPacker, HoldsBackOneQueueLevelWhenTwoWouldReleaseIntoOneStep) {
+  // Two levels full in step 0 fill it beyond what can be balanced; the look-ahead sees an empty
+  // step 1 and gives one level to it.
+  PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
+  const std::vector<Document> step0 = Docs({100, 95, 60, 55, 20, 20, 20, 20, 20}, 100);
+  std::vector<Document> step1 = Docs({20, 20, 20, 20, 20, 20, 20, 20, 20, 15}, 100);
+  for (Document& d : step1) d.id += 100;
+  auto run = [&](const char* name) {
+    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {50, 90}});
+    return Summarize(RunPacker(*packer, {step0, step1})->steps, Quadratic());
+  };
+  const StreamSummary refine = run("wlb-refine");
+  const StreamSummary lookahead = run("wlb-lookahead");
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.02)
+      << lookahead.imbalance_mean << " vs " << refine.imbalance_mean;
+}
+
+TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged) {
+  PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
+  auto packer =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 2});
+  ASSERT_TRUE(packer->Push(Docs({60, 10, 90, 5}, 100)).ok());
+  std::vector<Document> second = Docs({55, 7}, 100);
+  for (Document& d : second) d.id += 10;
+  ASSERT_TRUE(packer->Push(second).ok());
+  const std::string blob = packer->SaveState();
+  auto restored =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 2});
+  ASSERT_TRUE(restored->RestoreState(blob).ok());
+  EXPECT_EQ(restored->SaveState(), blob);
+
+  const nlohmann::json good = Payload(blob);
+  ASSERT_EQ(good["state"]["buffer"].size(), 2u);
+  auto expect_rejected = [&](const nlohmann::json& bad, const std::string& why) {
+    absl::Status s = restored->RestoreState(Blob(bad));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << why;
+    EXPECT_THAT(s.message(), HasSubstr(why));
+    EXPECT_EQ(restored->SaveState(), blob) << why;  // untouched
+  };
+  nlohmann::json bad = good;
+  bad["state"]["buffer"][0][0][1] = 101;  // a piece longer than S
+  expect_rejected(bad, "outside [1, 100]");
+  bad = good;
+  bad["state"]["buffer"][0][0][1] = 0;
+  expect_rejected(bad, "out of range");
+  bad = good;
+  bad["state"]["buffer"][1].push_back(good["state"]["buffer"][0][0]);  // held twice
+  expect_rejected(bad, "arrival step");
+  bad = good;
+  bad["state"]["carry"].push_back(good["state"]["buffer"][0][1]);
+  bad["state"]["carry"][0][4] = -1;  // an earlier arrival, but the same (id, offset)
+  expect_rejected(bad, "held twice");
+  bad = good;
+  bad["state"]["queues"][1].push_back(nlohmann::json::array({50, 60, 0, 0, 0}));  // wrong level
+  expect_rejected(bad, "queued: document 50 piece 0 of length 60 is outside [80, 100]");
+  bad = good;
+  bad["state"]["buffer"].push_back(nlohmann::json::array());  // more than K steps
+  expect_rejected(bad, "more buffered steps than the look-ahead allows");
+  bad = good;
+  bad["state"]["queues"].push_back(nlohmann::json::array());
+  expect_rejected(bad, "queue count");
+  bad = good;
+  bad["state"]["buffer"][0][0][2] = -1;  // negative piece index
+  expect_rejected(bad, "outside [1, 100]");
+  bad = good;
+  bad["short_from"] = 7;
+  expect_rejected(bad, "short_from 7");
+  auto other_k =
+      *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 1});
+  EXPECT_EQ(other_k->RestoreState(blob).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(MakePacker, RejectsABadLookahead) {
+  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = -1}).status().message(),
+              HasSubstr("look-ahead must be in [0, 8] steps, got -1"));
+  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = 9}).status().message(),
+              HasSubstr("got 9"));
 }
 
 }  // namespace

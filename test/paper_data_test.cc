@@ -29,10 +29,11 @@ TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   const StreamSummary wlb2 = run("wlb", {.thresholds = DefaultThresholds(config.context, 2)});
   const StreamSummary refine =
       run("wlb-refine", {.thresholds = DefaultThresholds(config.context, 2)});
-  std::printf("original %.3f  fixed-greedy(1) %.3f  wlb(2 levels) %.3f (delay %.2f)  "
-              "wlb-refine %.3f  lower bound %.3f\n",
-              original.imbalance_mean, greedy.imbalance_mean, wlb2.imbalance_mean,
-              wlb2.delay.mean, refine.imbalance_mean, refine.lower_bound_mean);
+  std::printf(
+      "original %.3f  fixed-greedy(1) %.3f  wlb(2 levels) %.3f (delay %.2f)  "
+      "wlb-refine %.3f  lower bound %.3f\n",
+      original.imbalance_mean, greedy.imbalance_mean, wlb2.imbalance_mean, wlb2.delay.mean,
+      refine.imbalance_mean, refine.lower_bound_mean);
   // Paper (Table 2): original 1.44, greedy 1.41, WLB 2 levels 1.05.
   EXPECT_LT(wlb2.imbalance_mean, 1.06);
   EXPECT_GT(original.imbalance_mean - wlb2.imbalance_mean, 0.15);
@@ -40,6 +41,37 @@ TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   EXPECT_LT(wlb2.delay.mean, 1.0);  // the paper reports 0.5 steps on average
   EXPECT_LE(refine.imbalance_mean, wlb2.imbalance_mean);
   EXPECT_DOUBLE_EQ(refine.delay.mean, wlb2.delay.mean);
+  // Look-ahead selection (K = 1): better balance than wlb-refine at no more delay.
+  const StreamSummary lookahead =
+      run("wlb-lookahead", {.thresholds = DefaultThresholds(config.context, 2), .lookahead = 1});
+  std::printf("wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
+              lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
+              refine.delay.mean);
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.008);
+  EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
+  EXPECT_EQ(lookahead.partial_steps, 1);  // the short last step of the file, reported apart
+}
+
+// The embedded heavy-tailed stream (1.5% of documents >= S/2): look-ahead selection against
+// wlb-refine with the same queues.
+TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
+  const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
+  const CostModel cost = *CostModelFromPreset("llama2-7b");
+  const Input input = *LoadInput({.distribution = "heavy-tail", .steps = 400}, config.context,
+                                 config.micro_batches);
+  auto run = [&](const char* name) {
+    auto packer =
+        *MakePacker(name, config, cost, {.thresholds = DefaultThresholds(config.context, 2)});
+    return Summarize(RunPacker(*packer, input.steps)->steps, cost, config.max_tokens);
+  };
+  const StreamSummary refine = run("wlb-refine");
+  const StreamSummary lookahead = run("wlb-lookahead");
+  std::printf("heavy tail: wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
+              lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
+              refine.delay.mean);
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.02);
+  EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
+  EXPECT_GE(lookahead.imbalance_mean, lookahead.cap_lower_bound_mean);
 }
 
 }  // namespace

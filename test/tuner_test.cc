@@ -46,6 +46,39 @@ TEST(TuneThresholds, TighterBudgetNeverLowersDelay) {
   EXPECT_LE(loose.imbalance_mean, tight.imbalance_mean);
 }
 
+// Every threshold set of the grid, by brute force, against what the tuner returns: nothing within
+// the budget may have a lower steady-step mean.
+TEST(TuneThresholds, NoSetOfItsGridWithinTheBudgetIsBetter) {
+  Sample s;
+  // The sample ends in a short step (a few documents), which must not decide anything.
+  s.arrivals.push_back({Document{.id = 1 << 30, .length = 30000}});
+  const std::vector<int64_t> grid = {2048, 4096, 8192, 16384, 24576};
+  std::vector<std::pair<std::vector<int64_t>, StreamSummary>> all;
+  for (int mask = 0; mask < (1 << grid.size()); ++mask) {
+    std::vector<int64_t> t;
+    for (size_t i = 0; i < grid.size(); ++i) {
+      if (mask & (1 << i)) t.push_back(grid[i]);
+    }
+    if (t.size() > 2) continue;
+    auto packer = *MakePacker("wlb", s.config, s.cost, {.thresholds = t});
+    all.push_back({t, Summarize(RunPacker(*packer, s.arrivals)->steps, s.cost)});
+    EXPECT_EQ(all.back().second.partial_steps, 1);
+  }
+  for (double budget : {0.1, 0.25, 0.5, 1.0, 3.0}) {
+    auto tuned = TuneThresholds(s.arrivals, s.config, s.cost,
+                                {.max_levels = 2, .delay_budget = budget, .candidates = grid});
+    ASSERT_TRUE(tuned.ok()) << tuned.status();
+    EXPECT_EQ(tuned->evaluated, static_cast<int>(all.size()));
+    EXPECT_LE(tuned->delay_mean, budget);
+    for (const auto& [t, summary] : all) {
+      if (summary.delay.mean > budget) continue;
+      EXPECT_LE(tuned->imbalance_mean, summary.imbalance_mean + 1e-12)
+          << "budget " << budget << ": {" << absl::StrJoin(t, ",") << "} has "
+          << summary.imbalance_mean << " at delay " << summary.delay.mean;
+    }
+  }
+}
+
 TEST(TuneThresholds, BadOptionsAndImpossibleBudgets) {
   Sample s;
   EXPECT_THAT(TuneThresholds(s.arrivals, s.config, s.cost, {.max_levels = -1}).status().message(),

@@ -30,12 +30,15 @@
 
 ABSL_FLAG(std::string, docs, "",
           "lengths file (one integer per line, or a JSON array); '-' reads stdin; empty samples "
-          "the embedded default distribution");
+          "the embedded distribution named by --distribution");
+ABSL_FLAG(std::string, distribution, "default",
+          "when --docs is empty: default (the embedded WLB-LLM-like histogram) or heavy-tail");
 ABSL_FLAG(int64_t, context, 131072, "context window S in tokens (longest piece)");
 ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
 ABSL_FLAG(std::string, packer, "wlb",
-          "original, original-nextfit, fixed-greedy, wlb or wlb-refine");
+          "original, original-nextfit, fixed-greedy, wlb, wlb-refine or wlb-lookahead");
+ABSL_FLAG(int32_t, lookahead, 1, "wlb-lookahead: K, steps of prefetched arrivals it sees ahead");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
           "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
@@ -80,7 +83,6 @@ struct Options {
   wlb::PackerConfig config;
   std::string packer;
   wlb::PackerOptions packer_options;
-  std::string input_name;
 };
 
 absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
@@ -95,19 +97,6 @@ absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
     values.push_back(v);
   }
   return values;
-}
-
-absl::StatusOr<std::vector<int64_t>> LoadLengths(int64_t steps, const wlb::PackerConfig& config,
-                                                 std::string& input_name) {
-  const std::string docs = absl::GetFlag(FLAGS_docs);
-  if (!docs.empty()) {
-    input_name = docs == "-" ? "<stdin>" : docs;
-    return wlb::ReadLengthsFile(docs);
-  }
-  const int64_t n = steps > 0 ? steps : 100;
-  const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  input_name = absl::StrFormat("the embedded default distribution (%d steps, seed %d)", n, seed);
-  return wlb::SampleDefaultLengths(n * config.context * config.micro_batches, seed);
 }
 
 std::string Mega(int64_t tokens) { return absl::StrFormat("%.1fM", tokens / 1e6); }
@@ -134,7 +123,7 @@ absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& co
   absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
   if (!run.ok()) return run.status();
   Result r{.packer = name, .run = *std::move(run)};
-  r.summary = wlb::Summarize(r.run.steps, cost);
+  r.summary = wlb::Summarize(r.run.steps, cost, config.max_tokens);
   r.pending = (*packer)->Pending();
   return r;
 }
@@ -142,8 +131,9 @@ absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& co
 std::string SummaryRow(const Result& r) {
   const wlb::StreamSummary& s = r.summary;
   return absl::StrFormat(
-      "| %-12s | %9.3f | %5.3f | %5.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n", r.packer,
-      s.imbalance_mean, s.imbalance_p90, s.imbalance_max, s.imbalance_mean - s.lower_bound_mean,
+      "| %-13s | %9.3f | %5.3f | %5.3f | %6.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n",
+      r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
+      s.imbalance_mean - s.lower_bound_mean, s.imbalance_mean - s.cap_lower_bound_mean,
       s.delay.mean, s.delay.p99, s.delay.max, Median(r.run.plan_ms));
 }
 
@@ -194,14 +184,16 @@ absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model, wlb::Sha
 }
 
 constexpr char kSummaryHeader[] =
-    "| packer       | imbalance |   p90 |   max | gap LB | delay |  p99 | max | ms/step |\n"
-    "|--------------|-----------|-------|-------|--------|-------|------|-----|---------|\n";
+    "| packer        | imbalance |   p90 |   max | gap LB | gap CB | delay |  p99 | max | ms/step "
+    "|\n"
+    "|---------------|-----------|-------|-------|--------|--------|-------|------|-----|---------|"
+    "\n";
 
 // The per-step summary of the chosen packer, then its stream summary.
-std::string StepTable(const Result& r, const wlb::DocumentCost& cost) {
+std::string StepTable(const Result& r, const wlb::DocumentCost& cost, int64_t max_tokens) {
   std::string out =
       "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
-      "held back\n";
+      "cap bound | held back\n";
   for (const wlb::StepPlan& s : r.run.steps) {
     int64_t docs = 0, tokens = 0, lo = INT64_MAX, hi = 0;
     for (const wlb::MicroBatch& mb : s.micro_batches) {
@@ -210,12 +202,15 @@ std::string StepTable(const Result& r, const wlb::DocumentCost& cost) {
       lo = std::min(lo, mb.tokens);
       hi = std::max(hi, mb.tokens);
     }
-    absl::StrAppendFormat(&out, "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %d docs\n",
-                          s.step, s.drain ? "*" : " ", docs, tokens, lo, hi,
-                          wlb::ImbalanceDegree(s.micro_batches),
-                          wlb::LowerBound(s.micro_batches, cost), s.held_back_documents);
+    absl::StrAppendFormat(
+        &out, "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n", s.step,
+        s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
+        wlb::ImbalanceDegree(s.micro_batches), wlb::LowerBound(s.micro_batches, cost),
+        wlb::CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
   }
-  absl::StrAppend(&out, "(* = drain step at the end of input, left out of the summary)\n");
+  absl::StrAppend(&out,
+                  "(* = drain step after the end of input, + = partial step planned from the "
+                  "short last step of the input; both left out of the summary)\n");
   return out;
 }
 
@@ -290,7 +285,8 @@ absl::Status Run() {
   }
 
   const std::string packer = absl::GetFlag(FLAGS_packer);
-  wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window)};
+  wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window),
+                             .lookahead = absl::GetFlag(FLAGS_lookahead)};
   const std::string thresholds = absl::GetFlag(FLAGS_thresholds);
   if (!thresholds.empty()) {
     absl::StatusOr<std::vector<int64_t>> t = ParseThresholds(thresholds);
@@ -350,20 +346,20 @@ absl::Status Run() {
     step_model = *std::move(m);
   }
 
-  std::string input_name;
-  absl::StatusOr<std::vector<int64_t>> lengths = LoadLengths(steps, config, input_name);
-  if (!lengths.ok()) return lengths.status();
-  absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(*lengths, config.context);
-  if (!pieces.ok()) return pieces.status();
-  std::vector<std::vector<wlb::Document>> arrivals =
-      wlb::SplitIntoSteps(*pieces, config.context * config.micro_batches);
-  if (steps > 0 && static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
+  absl::StatusOr<wlb::Input> input =
+      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
+                      .distribution = absl::GetFlag(FLAGS_distribution),
+                      .seed = absl::GetFlag(FLAGS_seed),
+                      .steps = steps},
+                     config.context, config.micro_batches);
+  if (!input.ok()) return input.status();
+  const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
 
   std::string tune_note;
   if (absl::GetFlag(FLAGS_tune)) {
-    if (packer != "wlb" && packer != "wlb-refine") {
+    if (packer != "wlb" && packer != "wlb-refine" && packer != "wlb-lookahead") {
       return absl::InvalidArgumentError(
-          absl::StrFormat("--tune applies to wlb and wlb-refine, not '%s'", packer));
+          absl::StrFormat("--tune applies to wlb, wlb-refine and wlb-lookahead, not '%s'", packer));
     }
     absl::StatusOr<wlb::TunedThresholds> tuned =
         wlb::TuneThresholds(arrivals, config, doc_cost,
@@ -394,7 +390,7 @@ absl::Status Run() {
   }
 
   if (format == "json") {
-    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, doc_cost);
+    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, doc_cost, config.max_tokens);
     for (size_t s = 0; s < cp.plans.size(); ++s) {
       for (size_t m = 0; m < cp.plans[s].size(); ++m) {
         nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
@@ -430,8 +426,8 @@ absl::Status Run() {
     summary["window"] = options.window;
     summary["cost_model"] = doc_cost.description();
     summary["cost_unit"] = doc_cost.unit();
-    summary["documents"] = lengths->size();
-    summary["tokens"] = wlb::TotalTokens(*pieces);
+    summary["documents"] = input->lengths.size();
+    summary["tokens"] = wlb::TotalTokens(input->pieces);
     if (absl::GetFlag(FLAGS_timing)) {
       summary["planning_ms_per_step_median"] = Median(main->run.plan_ms);
       double total = 0.0;
@@ -446,15 +442,18 @@ absl::Status Run() {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input_name, lengths->size(), Mega(wlb::TotalTokens(*pieces)), arrivals.size(), packer,
-      config.context, config.max_tokens, config.micro_batches,
+      input->name, input->lengths.size(), Mega(wlb::TotalTokens(input->pieces)), arrivals.size(),
+      packer, config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
       options.window, doc_cost.description());
-  std::string out = header + StepTable(*main, doc_cost);
-  absl::StrAppend(&out,
-                  "\nsummary over steady steps (imbalance = max/mean micro-batch cost; gap LB = "
-                  "mean imbalance - mean lower bound; delay in steps, per token):\n",
-                  kSummaryHeader);
+  std::string out = header + StepTable(*main, doc_cost, config.max_tokens);
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("\nsummary over the %d steady steps (%d drain, %d partial left out; "
+                      "imbalance = max/mean micro-batch cost; gap LB / gap CB = mean imbalance - "
+                      "mean lower bound / cap-aware bound; delay in steps, per token):\n",
+                      main->summary.steps, main->summary.drain_steps, main->summary.partial_steps),
+      kSummaryHeader);
   std::vector<std::string> compared = {"original", "wlb"};
   if (packer != "original" && packer != "wlb") compared.push_back(packer);
   if (!absl::GetFlag(FLAGS_compare)) compared = {packer};

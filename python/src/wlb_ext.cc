@@ -716,7 +716,7 @@ NB_MODULE(_wlb, m) {
              std::optional<int64_t> max_tokens, int32_t micro_batches,
              std::variant<wlb::CostModel, std::string> cost,
              std::optional<std::vector<int64_t>> thresholds, int queues, int window,
-             int refine_rounds) {
+             int refine_rounds, int lookahead) {
             wlb::PackerConfig config{.context = context,
                                      .max_tokens = max_tokens.value_or(
                                          context > 0 ? wlb::DefaultMaxTokens(context) : context),
@@ -736,7 +736,8 @@ NB_MODULE(_wlb, m) {
                 .thresholds = thresholds.has_value()
                                   ? *thresholds
                                   : wlb::DefaultThresholds(std::max<int64_t>(context, 1), queues),
-                .refine_rounds = refine_rounds};
+                .refine_rounds = refine_rounds,
+                .lookahead = lookahead};
             std::unique_ptr<wlb::Packer> packer =
                 Unwrap(wlb::MakePacker(name, config, model, options));
             new (self) PyPacker{.packer = std::move(packer),
@@ -745,10 +746,11 @@ NB_MODULE(_wlb, m) {
           },
           "name"_a = "wlb", nb::kw_only(), "context"_a = 131072, "max_tokens"_a = nb::none(),
           "micro_batches"_a = 4, "cost"_a = "llama2-7b", "thresholds"_a = nb::none(),
-          "queues"_a = 2, "window"_a = 1, "refine_rounds"_a = 0,
+          "queues"_a = 2, "window"_a = 1, "refine_rounds"_a = 0, "lookahead"_a = 1,
           "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
           "None = default thresholds for `queues` queues, [] = no queues; cost is a preset name, "
-          "a profile CSV path or a CostModel.")
+          "a profile CSV path or a CostModel; lookahead = K prefetched steps (wlb-lookahead: "
+          "push() returns a step's plan K pushes later, flush() returns the rest).")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

@@ -55,16 +55,12 @@ int main(int argc, char** argv) {
   if (!bench::RequireDevice(argv[0])) return 3;
 
   // 1. Documents, cut by the loader into pieces of at most the context window.
-  std::vector<int64_t> lengths;
-  if (lengths_file.empty()) {
-    lengths = wlb::SampleDefaultLengths(2 * context * n, /*seed=*/3);
-  } else {
-    absl::StatusOr<std::vector<int64_t>> l = wlb::ReadLengthsFile(lengths_file);
-    if (!l.ok()) return std::fprintf(stderr, "%s\n", l.status().ToString().c_str()), 2;
-    lengths = *l;
-  }
-  absl::StatusOr<std::vector<wlb::Document>> docs = wlb::MakeDocuments(lengths, context);
-  if (!docs.ok()) return std::fprintf(stderr, "%s\n", docs.status().ToString().c_str()), 2;
+  // (wlb::LoadLengths + wlb::CutSteps: the input path wlb-plan and the bench tables use).
+  absl::StatusOr<wlb::Lengths> lengths =
+      wlb::LoadLengths({.docs = lengths_file, .seed = 3}, 2 * context * n);
+  if (!lengths.ok()) return std::fprintf(stderr, "%s\n", lengths.status().ToString().c_str()), 2;
+  absl::StatusOr<wlb::Input> input = wlb::CutSteps(*lengths, context, static_cast<int32_t>(n));
+  if (!input.ok()) return std::fprintf(stderr, "%s\n", input.status().ToString().c_str()), 2;
 
   // 2. WLB packing: variable-length micro-batches (cap 1.25 S) with outlier queues.
   const wlb::PackerConfig pc{.context = context,
@@ -74,8 +70,7 @@ int main(int argc, char** argv) {
   auto packer =
       wlb::MakePacker("wlb", pc, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
   if (!packer.ok()) return std::fprintf(stderr, "%s\n", packer.status().ToString().c_str()), 2;
-  absl::StatusOr<wlb::PackRun> run =
-      wlb::RunPacker(**packer, wlb::SplitIntoSteps(*docs, context * n));
+  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, input->steps);
   if (!run.ok() || run->steps.empty()) return std::fprintf(stderr, "packing failed\n"), 1;
   const wlb::StepPlan& step = run->steps.front();
 

@@ -43,25 +43,41 @@ inline uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
 }
 }  // namespace detail
 
+namespace detail {
+// Draws lengths from `bins` (a bin by count, then uniform inside it) with a shared generator.
+class BinSampler {
+ public:
+  explicit BinSampler(std::span<const LengthBin> bins) : bins_(bins) {
+    for (const LengthBin& b : bins) cumulative_.push_back(total_ += b.count);
+  }
+  bool empty() const { return total_ <= 0; }
+  int64_t Draw(std::mt19937_64& rng) const {
+    const int64_t pick = static_cast<int64_t>(UniformBelow(rng, total_));
+    const size_t bin =
+        std::upper_bound(cumulative_.begin(), cumulative_.end(), pick) - cumulative_.begin();
+    const LengthBin& b = bins_[bin];
+    return b.first + static_cast<int64_t>(UniformBelow(rng, b.last - b.first + 1));
+  }
+
+ private:
+  std::span<const LengthBin> bins_;
+  std::vector<int64_t> cumulative_;
+  int64_t total_ = 0;
+};
+}  // namespace detail
+
 // Samples document lengths from `bins` (bin by count, then uniform inside the bin) until their sum
-// reaches `min_total_tokens`. The same bins, total and seed give the same lengths on every platform.
+// reaches `min_total_tokens`. The same bins, total and seed give the same lengths on every
+// platform.
 inline std::vector<int64_t> SampleLengths(std::span<const LengthBin> bins, int64_t min_total_tokens,
                                           uint64_t seed) {
-  std::vector<int64_t> cumulative;
-  int64_t running = 0;
-  for (const LengthBin& b : bins) cumulative.push_back(running += b.count);
+  const detail::BinSampler sampler(bins);
   std::vector<int64_t> lengths;
-  if (running <= 0) return lengths;
+  if (sampler.empty()) return lengths;
   std::mt19937_64 rng(seed);
   for (int64_t total = 0; total < min_total_tokens;) {
-    const int64_t pick = static_cast<int64_t>(detail::UniformBelow(rng, running));
-    const size_t bin = std::upper_bound(cumulative.begin(), cumulative.end(), pick) -
-                       cumulative.begin();
-    const LengthBin& b = bins[bin];
-    const int64_t length =
-        b.first + static_cast<int64_t>(detail::UniformBelow(rng, b.last - b.first + 1));
-    lengths.push_back(length);
-    total += length;
+    lengths.push_back(sampler.Draw(rng));
+    total += lengths.back();
   }
   return lengths;
 }
@@ -69,6 +85,23 @@ inline std::vector<int64_t> SampleLengths(std::span<const LengthBin> bins, int64
 // SampleLengths over the embedded default histogram.
 inline std::vector<int64_t> SampleDefaultLengths(int64_t min_total_tokens, uint64_t seed) {
   return SampleLengths(kDefaultLengthHistogram, min_total_tokens, seed);
+}
+
+// A heavier-tailed variant of the default distribution, for stress tests of outlier handling:
+// each document is, with probability 1/100, uniform in [65536, 131072] (S/2..S at S = 128K) and
+// otherwise drawn from the embedded histogram. About 1.5% of its documents are >= 64K tokens (the
+// default: 0.5%), and they carry about 45% of the tokens. Portable like SampleLengths().
+inline std::vector<int64_t> SampleHeavyTailLengths(int64_t min_total_tokens, uint64_t seed) {
+  const detail::BinSampler sampler(kDefaultLengthHistogram);
+  std::vector<int64_t> lengths;
+  std::mt19937_64 rng(seed);
+  for (int64_t total = 0; total < min_total_tokens;) {
+    const bool tail = detail::UniformBelow(rng, 100) == 0;
+    lengths.push_back(tail ? 65536 + static_cast<int64_t>(detail::UniformBelow(rng, 65537))
+                           : sampler.Draw(rng));
+    total += lengths.back();
+  }
+  return lengths;
 }
 
 }  // namespace wlb

@@ -3,7 +3,8 @@
 //   auto packer = wlb::MakePacker("wlb-refine", config, cost, {.thresholds = {32768, 65536}});
 //
 // Names: "original", "original-nextfit" (whole documents), "fixed-greedy" (uses window), "wlb"
-// and "wlb-refine" (use thresholds).
+// and "wlb-refine" (use thresholds), and "wlb-lookahead" (thresholds and lookahead: K prefetched
+// steps).
 #pragma once
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "wlb/pack/fixed_greedy_packer.hpp"
+#include "wlb/pack/lookahead_packer.hpp"
 #include "wlb/pack/original_packer.hpp"
 #include "wlb/pack/wlb_packer.hpp"
 
@@ -20,11 +22,17 @@ namespace wlb {
 struct PackerOptions {
   int window = 1;                   // fixed-greedy: steps packed together (W >= 1)
   std::vector<int64_t> thresholds;  // wlb, wlb-refine: outlier thresholds L_1 < ... < L_n
-  int refine_rounds = 0;            // wlb-refine: max refinement changes per step; 0 = 4N
+  int refine_rounds = 0;            // wlb-refine, wlb-lookahead: max refinement changes per
+                                    // step; 0 = 4N
+  int lookahead = 1;                // wlb-lookahead: K, steps of arrivals seen ahead (>= 0)
 };
 
 inline constexpr const char* kPackerNames[] = {"original", "original-nextfit", "fixed-greedy",
-                                               "wlb", "wlb-refine"};
+                                               "wlb",      "wlb-refine",       "wlb-lookahead"};
+
+// The most steps wlb-lookahead may see ahead (each costs a step of buffered arrivals and of
+// planning work per candidate).
+inline constexpr int kMaxLookahead = 8;
 
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
@@ -59,19 +67,27 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
     }
     return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
   }
-  if (name == "wlb" || name == "wlb-refine") {
+  if (name == "wlb" || name == "wlb-refine" || name == "wlb-lookahead") {
     if (absl::Status s = ValidateThresholds(options.thresholds, config.context); !s.ok()) return s;
     if (options.refine_rounds < 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
     }
-    const int rounds =
-        name == "wlb" ? 0 : (options.refine_rounds > 0 ? options.refine_rounds
-                                                       : 4 * config.micro_batches);
-    return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
+    const int rounds = name == "wlb" ? 0
+                                     : (options.refine_rounds > 0 ? options.refine_rounds
+                                                                  : 4 * config.micro_batches);
+    if (name != "wlb-lookahead") {
+      return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
+    }
+    if (options.lookahead < 0 || options.lookahead > kMaxLookahead) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "look-ahead must be in [0, %d] steps, got %d", kMaxLookahead, options.lookahead));
+    }
+    return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds, rounds,
+                                             options.lookahead);
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
 }
 
 }  // namespace wlb

@@ -6,7 +6,7 @@
 //
 // A step is the next N x S tokens of the stream. A piece belongs to the step in which its first
 // token lies: a piece straddling the boundary goes wholly to the earlier step, so a step's arrivals
-// hold at least N x S tokens (less only at the end) and at most N x S + S - 1.
+// hold more than N x S - S tokens (fewer only at the end of input) and less than N x S + S.
 #pragma once
 
 #include <chrono>

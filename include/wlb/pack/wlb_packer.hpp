@@ -32,13 +32,73 @@ inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, i
           "outlier threshold %d is outside [1, %d] (the context window)", thresholds[i], context));
     }
     if (i > 0 && thresholds[i] <= thresholds[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "outlier thresholds must be strictly increasing, got %s",
-          absl::StrJoin(thresholds, ",")));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("outlier thresholds must be strictly increasing, got %s",
+                          absl::StrJoin(thresholds, ",")));
     }
   }
   return absl::OkStatus();
 }
+
+namespace detail {
+
+// One step of Algorithm 1's placement: `released` outliers, then `carry` (already longest first),
+// then `fresh` arrivals go, each longest first, to the micro-batch with the least W if it fits
+// under S_max, else to the one with the fewest tokens if it fits; what fits nowhere is appended to
+// `carry_out`, longest first (the order a stable sort of the three groups would give).
+// `fresh_sorted` says `fresh` is already longest first (stable), which saves sorting it again.
+inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
+                                            const std::vector<Document>& carry,
+                                            std::vector<Document> fresh, const PackerConfig& config,
+                                            const DocumentCost& cost, std::vector<Document>& carry_out,
+                                            bool fresh_sorted = false) {
+  SortLongestFirst(released);
+  if (!fresh_sorted) SortLongestFirst(fresh);
+  std::vector<MicroBatch> mbs(config.micro_batches);
+  // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
+  // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
+  // The fewest-tokens one comes from a second such heap over token counts; its top also rejects
+  // a document that fits nowhere in O(1).
+  using Entry = std::pair<double, size_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> lightest;
+  using TokenEntry = std::pair<int64_t, size_t>;
+  std::priority_queue<TokenEntry, std::vector<TokenEntry>, std::greater<TokenEntry>> emptiest;
+  for (size_t b = 0; b < mbs.size(); ++b) {
+    lightest.push({0.0, b});
+    emptiest.push({0, b});
+  }
+  const size_t first_carried = carry_out.size();
+  size_t carried_runs[3] = {0, 0, 0};
+  int run = 0;
+  const std::vector<Document>* groups[] = {&released, &carry, &fresh};
+  for (const std::vector<Document>* group : groups) {
+    for (const Document& d : *group) {
+      while (emptiest.top().first != mbs[emptiest.top().second].tokens) emptiest.pop();
+      if (emptiest.top().first + d.length > config.max_tokens) {
+        carry_out.push_back(d);  // not even the emptiest micro-batch has room
+        continue;
+      }
+      while (lightest.top().first != mbs[lightest.top().second].cost) lightest.pop();
+      size_t target = lightest.top().second;
+      if (mbs[target].tokens + d.length > config.max_tokens) target = emptiest.top().second;
+      MicroBatch& mb = mbs[target];
+      mb.documents.push_back(d);
+      mb.tokens += d.length;
+      mb.cost += cost(d.length);
+      lightest.push({mb.cost, target});
+      emptiest.push({mb.tokens, target});
+    }
+    carried_runs[run++] = carry_out.size();
+  }
+  // The carried documents form three runs, each longest first; merging keeps them sorted.
+  const auto begin = carry_out.begin() + static_cast<std::ptrdiff_t>(first_carried);
+  std::inplace_merge(begin, carry_out.begin() + carried_runs[0],
+                     carry_out.begin() + carried_runs[1], LongerFirst);
+  std::inplace_merge(begin, carry_out.begin() + carried_runs[1], carry_out.end(), LongerFirst);
+  return mbs;
+}
+
+}  // namespace detail
 
 class WlbPacker final : public Packer {
  public:
@@ -58,6 +118,13 @@ class WlbPacker final : public Packer {
     for (const auto& q : queues_) pending.insert(pending.end(), q.begin(), q.end());
     pending.insert(pending.end(), carry_.begin(), carry_.end());
     return pending;
+  }
+
+  HeldBack Held() const override {
+    HeldBack held;
+    for (const auto& q : queues_) detail::AddHeld(q, held);
+    detail::AddHeld(carry_, held);
+    return held;
   }
 
   nlohmann::json ConfigJson() const override {
@@ -127,47 +194,10 @@ class WlbPacker final : public Packer {
   }
 
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
-    std::vector<Document> carry = std::move(carry_);  // kept longest first (see below)
+    std::vector<Document> carry = std::move(carry_);
     carry_.clear();
-    SortLongestFirst(released);
-    SortLongestFirst(fresh);
-    std::vector<MicroBatch> mbs(config_.micro_batches);
-    // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
-    // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
-    // The fewest-tokens one is cached (token counts only grow, so it changes only when it is
-    // filled), which also rejects a document that fits nowhere in O(1).
-    using Entry = std::pair<double, size_t>;
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> lightest;
-    std::vector<int64_t> tokens(mbs.size(), 0);
-    for (size_t b = 0; b < mbs.size(); ++b) lightest.push({0.0, b});
-    size_t emptiest = 0;
-    size_t carried_runs[3] = {0, 0, 0};
-    int run = 0;
-    for (const std::vector<Document>* group : {&released, &carry, &fresh}) {
-      for (const Document& d : *group) {
-        if (tokens[emptiest] + d.length > config_.max_tokens) {
-          carry_.push_back(d);  // not even the emptiest micro-batch has room
-          continue;
-        }
-        while (lightest.top().first != mbs[lightest.top().second].cost) lightest.pop();
-        size_t target = lightest.top().second;
-        if (tokens[target] + d.length > config_.max_tokens) target = emptiest;
-        Add(mbs[target], d);
-        lightest.push({mbs[target].cost, target});
-        tokens[target] = mbs[target].tokens;
-        if (target == emptiest) {
-          emptiest = static_cast<size_t>(std::min_element(tokens.begin(), tokens.end()) -
-                                         tokens.begin());
-        }
-      }
-      carried_runs[run++] = carry_.size();
-    }
-    // carry_ holds three runs, each longest first; merging them keeps it sorted for the next step
-    // (the same order a stable sort would give).
-    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[0],
-                       carry_.begin() + carried_runs[1], LongerFirst);
-    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[1], carry_.end(),
-                       LongerFirst);
+    std::vector<MicroBatch> mbs =
+        detail::PackUnderCap(std::move(released), carry, std::move(fresh), config_, cost_, carry_);
     if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return MakeStep(std::move(mbs));
   }

@@ -1,0 +1,151 @@
+// The one input path: where a document stream comes from and how it is cut into steps. wlb-plan,
+// the bench tables and the examples all read their input through it, so the same flags give the
+// same steps everywhere.
+//
+//   wlb::InputOptions in{.docs = "lengths.txt"};              // or "-" (stdin), or "" (sample)
+//   absl::StatusOr<wlb::Input> input = wlb::LoadInput(in, /*context=*/131072, /*N=*/4);
+//   // input->steps: one vector of pieces per step; input->name says where they came from
+//
+//   // Programs that sweep S load once and cut per S (lengths scaled by S / 128K):
+//   absl::StatusOr<wlb::Lengths> base = wlb::LoadLengths(in, /*sample_tokens=*/1 << 30);
+//   absl::StatusOr<wlb::Input> at_64k = wlb::CutSteps(*base, 65536, 4, {.scale_from = 131072});
+//
+// Cutting: lengths become pieces of at most S tokens (MakeDocuments) and a step is the next N x S
+// tokens, a piece going to the step its first token lies in (SplitIntoSteps). The last step of a
+// finite input is kept even when it is short: packers mark what they plan from it `partial` and
+// summaries report it apart, so no document is dropped and every program sees the same steps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "wlb/core/document.hpp"
+#include "wlb/io/default_distribution.hpp"
+#include "wlb/io/lengths.hpp"
+#include "wlb/pack/stream.hpp"
+
+namespace wlb {
+
+// Where the lengths come from.
+struct InputOptions {
+  std::string docs;                      // lengths file, "-" = stdin, "" = sample `distribution`
+  std::string distribution = "default";  // "default" (embedded histogram) or "heavy-tail"
+  uint64_t seed = 1;                     // sampling seed
+  int64_t steps = 0;  // file: keep at most this many steps (0 = all); sampled: sample this many
+                      // steps (0 = 100)
+};
+
+// Lengths and a human-readable name of their source.
+struct Lengths {
+  std::string name;
+  std::vector<int64_t> values;
+  bool sampled = false;
+};
+
+// A stream cut into steps.
+struct Input {
+  std::string name;                          // where it came from, for headers and messages
+  std::vector<int64_t> lengths;              // the documents, as loaded (and scaled)
+  std::vector<Document> pieces;              // the loader's pieces of <= S tokens
+  std::vector<std::vector<Document>> steps;  // arrivals per step
+};
+
+// Reads `options.docs`, or samples the named distribution until `sample_tokens` tokens. Errors
+// name the file and line, or the unknown distribution.
+inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
+  Lengths out;
+  if (!options.docs.empty()) {
+    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs);
+    if (!read.ok()) return read.status();
+    out.name = options.docs == "-" ? "<stdin>" : options.docs;
+    out.values = *std::move(read);
+    return out;
+  }
+  if (sample_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tokens to sample must be >= 0, got %d", sample_tokens));
+  }
+  if (options.distribution == "default") {
+    out.values = SampleDefaultLengths(sample_tokens, options.seed);
+  } else if (options.distribution == "heavy-tail") {
+    out.values = SampleHeavyTailLengths(sample_tokens, options.seed);
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "unknown distribution '%s' (known: default, heavy-tail)", options.distribution));
+  }
+  out.name =
+      absl::StrFormat("the embedded %s distribution (seed %d)", options.distribution, options.seed);
+  out.sampled = true;
+  return out;
+}
+
+struct CutOptions {
+  int64_t max_steps = 0;   // keep at most this many steps (0 = all)
+  int64_t scale_from = 0;  // > 0: scale every length by S / scale_from first (at least 1 token)
+};
+
+// Scales (optionally), splits into pieces of <= `context` tokens and cuts steps of N x S tokens.
+inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
+                                      int32_t micro_batches, const CutOptions& options = {}) {
+  if (context < 1 || micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("context window (S) and micro-batches (N) must be >= 1, got S = %d, N = %d",
+                        context, micro_batches));
+  }
+  if (context > INT64_MAX / micro_batches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a step of N x S = %d x %d tokens overflows a 64-bit count", micro_batches, context));
+  }
+  if (options.max_steps < 0 || options.scale_from < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_steps (got %d) and scale_from (got %d) must be >= 0",
+                        options.max_steps, options.scale_from));
+  }
+  Input input;
+  input.name = lengths.name;
+  input.lengths = lengths.values;
+  if (options.scale_from > 0) {
+    for (int64_t& l : input.lengths) {
+      // In double: l x S can overflow int64 for long documents and large windows.
+      l = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(l) * static_cast<double>(context) /
+                                  static_cast<double>(options.scale_from)));
+    }
+  }
+  absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
+  if (!pieces.ok()) return pieces.status();
+  input.pieces = *std::move(pieces);
+  input.steps = SplitIntoSteps(input.pieces, context * micro_batches);
+  if (options.max_steps > 0 && static_cast<int64_t>(input.steps.size()) > options.max_steps) {
+    input.steps.resize(static_cast<size_t>(options.max_steps));
+  }
+  return input;
+}
+
+// LoadLengths + CutSteps: a file is cut after `options.steps` steps (0 = all); a distribution is
+// sampled for exactly `options.steps` full steps (0 = 100).
+inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t context,
+                                       int32_t micro_batches) {
+  if (options.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("steps must be >= 0, got %d", options.steps));
+  }
+  const bool sample = options.docs.empty();
+  const int64_t steps = sample && options.steps == 0 ? 100 : options.steps;
+  int64_t sample_tokens = 0;
+  if (sample) {
+    if (context < 1 || micro_batches < 1 || context > INT64_MAX / micro_batches ||
+        context * micro_batches > INT64_MAX / steps) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cannot sample %d steps of N x S = %d x %d tokens", steps, micro_batches, context));
+    }
+    sample_tokens = steps * micro_batches * context;
+  }
+  absl::StatusOr<Lengths> lengths = LoadLengths(options, sample_tokens);
+  if (!lengths.ok()) return lengths.status();
+  return CutSteps(*lengths, context, micro_batches, {.max_steps = steps});
+}
+
+}  // namespace wlb

@@ -1,0 +1,564 @@
+// Look-ahead selection ("wlb-lookahead"): wlb-refine that sees the next K steps' arrivals (data
+// loaders prefetch) and uses them to choose which documents each step holds.
+//
+//   auto packer = wlb::MakePacker("wlb-lookahead", config, cost,
+//                                 {.thresholds = {32768, 65536}, .lookahead = 1});
+//   for (auto& arrivals : steps) {
+//     auto ready = packer->Push(std::move(arrivals));  // empty for the first K pushes, then the
+//   }                                                  // plan of the step pushed K calls earlier
+//   auto rest = packer->Flush();                       // the K buffered steps, then leftovers
+//
+// How a caller gives the packer K steps ahead: Push() the arrivals of step t + K before it needs
+// the plan of step t; Push() returns the plan of step t once the arrivals of t + 1 .. t + K are
+// buffered, so a loader prefetching K steps calls Push(t + K) and trains on what it returns. The
+// buffered arrivals are part of the saved state. No document is trained before the step it arrived
+// with (the look-ahead only informs decisions), so token delay (planned step - arrival step) is
+// counted exactly as for wlb and is never negative.
+//
+// Each step starts from what wlb would do (the same queues, thresholds and carry-over), and
+// compares it with a few alternatives (see Candidates below): hold back one queue level's release
+// when two levels release into one step (that step would be cap-full with outliers no placement
+// can balance), release a queue level's oldest outliers early when the step has room for them, or
+// hold back the longest new arrival. Each candidate is packed as wlb-refine packs a step and
+// followed through the look-ahead steps with wlb's rule; the candidate with the lowest summed
+// imbalance wins, with a delay price per held-back token so the mean token delay stays within
+// wlb's. K = 0 considers no alternative and equals wlb-refine exactly.
+#pragma once
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+#include "wlb/metrics/imbalance.hpp"
+#include "wlb/pack/wlb_packer.hpp"
+
+namespace wlb {
+
+class LookaheadPacker final : public Packer {
+ public:
+  // `thresholds` must pass ValidateThresholds; refine_rounds >= 1; lookahead >= 0 (MakePacker
+  // checks all three).
+  LookaheadPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
+                  int refine_rounds, int lookahead)
+      : Packer(config, std::move(cost)),
+        thresholds_(std::move(thresholds)),
+        refine_rounds_(refine_rounds),
+        lookahead_(lookahead) {
+    held_.queues.resize(thresholds_.size());
+  }
+
+  std::string_view name() const override { return "wlb-lookahead"; }
+  int lookahead() const { return lookahead_; }
+
+  std::vector<Document> Pending() const override {
+    std::vector<Document> pending;
+    for (const auto& q : held_.queues) pending.insert(pending.end(), q.begin(), q.end());
+    pending.insert(pending.end(), held_.carry.begin(), held_.carry.end());
+    for (const auto& step : buffer_) pending.insert(pending.end(), step.begin(), step.end());
+    return pending;
+  }
+  HeldBack Held() const override {
+    HeldBack held;
+    for (const auto& q : held_.queues) detail::AddHeld(q, held);
+    detail::AddHeld(held_.carry, held);
+    for (const auto& step : buffer_) detail::AddHeld(step, held);
+    return held;
+  }
+
+  nlohmann::json ConfigJson() const override {
+    nlohmann::json j = Packer::ConfigJson();
+    j["thresholds"] = thresholds_;
+    j["refine_rounds"] = refine_rounds_;
+    j["lookahead"] = lookahead_;
+    return j;
+  }
+  nlohmann::json StateJson() const override {
+    nlohmann::json queues = nlohmann::json::array();
+    for (const auto& q : held_.queues) queues.push_back(detail::DocumentsState(q));
+    nlohmann::json buffer = nlohmann::json::array();
+    for (const auto& step : buffer_) buffer.push_back(detail::DocumentsState(step));
+    return {{"queues", queues}, {"carry", detail::DocumentsState(held_.carry)}, {"buffer", buffer}};
+  }
+  // Checks every field against the configuration (see ValidateState) and assigns only at the end.
+  void LoadStateJson(const nlohmann::json& j) override {
+    const nlohmann::json& qs = j.at("queues");
+    const nlohmann::json& bs = j.at("buffer");
+    if (!qs.is_array() || qs.size() != thresholds_.size()) {
+      throw nlohmann::json::out_of_range::create(401, "queue count does not match thresholds", &j);
+    }
+    if (!bs.is_array() || bs.size() > static_cast<size_t>(lookahead_)) {
+      throw nlohmann::json::out_of_range::create(
+          401, "more buffered steps than the look-ahead allows", &j);
+    }
+    Holding held;
+    for (const nlohmann::json& q : qs) held.queues.push_back(detail::DocumentsFromState(q));
+    held.carry = detail::DocumentsFromState(j.at("carry"));
+    std::deque<std::vector<Document>> buffer;
+    for (const nlohmann::json& b : bs) buffer.push_back(detail::DocumentsFromState(b));
+    if (const std::string error = ValidateState(held, buffer); !error.empty()) {
+      throw nlohmann::json::out_of_range::create(401, error, &j);
+    }
+    held_ = std::move(held);
+    buffer_ = std::move(buffer);
+  }
+
+ protected:
+  std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
+    buffer_.push_back(std::move(arrivals));
+    std::vector<StepPlan> steps;
+    if (buffer_.size() > static_cast<size_t>(lookahead_)) steps.push_back(PlanFront());
+    return steps;
+  }
+
+  // The buffered steps are planned with what look-ahead is left; then, as in wlb, every queue
+  // releases everything and steps are planned until nothing is held.
+  std::vector<StepPlan> DoFlush() override {
+    std::vector<StepPlan> steps;
+    while (!buffer_.empty()) steps.push_back(PlanFront());
+    while (!held_.queues.empty() || !held_.carry.empty()) {
+      std::vector<Document> released;
+      for (auto& q : held_.queues) {
+        released.insert(released.end(), q.begin(), q.end());
+        q.clear();
+      }
+      if (released.empty() && held_.carry.empty()) break;
+      Holding next;
+      next.queues.resize(held_.queues.size());
+      std::vector<MicroBatch> mbs = PackRefined(released, held_.carry, {}, next.carry);
+      held_ = std::move(next);
+      steps.push_back(MakeStep(std::move(mbs)));  // each step places at least one piece
+    }
+    return steps;
+  }
+
+ private:
+  // Queued outliers (FIFO per level) and carry-over (longest first).
+  struct Holding {
+    std::vector<std::vector<Document>> queues;
+    std::vector<Document> carry;
+  };
+
+  // One way to plan a step: which queued outliers it releases, which arrivals it holds back.
+  struct Candidate {
+    std::vector<std::vector<size_t>> release;  // per level: positions in the queue, increasing
+    int hold_longest = 0;  // the longest non-queued arrivals to hold back to the next step
+  };
+
+  int QueueLevel(int64_t length) const {
+    int level = -1;
+    for (size_t i = 0; i < thresholds_.size() && length >= thresholds_[i]; ++i) {
+      level = static_cast<int>(i);
+    }
+    return level;
+  }
+
+  // Queues the outliers of `arrivals` and returns the rest.
+  std::vector<Document> Enqueue(const std::vector<Document>& arrivals, Holding& held) const {
+    std::vector<Document> fresh;
+    fresh.reserve(arrivals.size());
+    for (const Document& d : arrivals) {
+      const int level = QueueLevel(d.length);
+      (level < 0 ? fresh : held.queues[level]).push_back(d);
+    }
+    return fresh;
+  }
+
+  // wlb's rule: a level holding >= N documents releases its N oldest.
+  std::vector<std::vector<size_t>> WlbRelease(const Holding& held) const {
+    std::vector<std::vector<size_t>> release(held.queues.size());
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      if (held.queues[l].size() < n) continue;
+      for (size_t i = 0; i < n; ++i) release[l].push_back(i);
+    }
+    return release;
+  }
+
+  std::vector<MicroBatch> PackRefined(std::vector<Document> released,
+                                      const std::vector<Document>& carry,
+                                      std::vector<Document> fresh, std::vector<Document>& carry_out,
+                                      bool fresh_sorted = false) const {
+    std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry, std::move(fresh),
+                                                       config_, cost_, carry_out, fresh_sorted);
+    RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
+    return mbs;
+  }
+
+  // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
+  // under `c`; leaves in `held` what the step does not take.
+  std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh, Holding& held,
+                                   bool fresh_sorted = false) const {
+    if (!fresh_sorted) SortLongestFirst(fresh);
+    std::vector<Document> released;
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      if (c.release[l].empty()) continue;
+      std::vector<Document>& q = held.queues[l];
+      std::vector<Document> kept;
+      kept.reserve(q.size());
+      size_t next = 0;
+      for (size_t i = 0; i < q.size(); ++i) {
+        const bool out = next < c.release[l].size() && c.release[l][next] == i;
+        next += out;
+        (out ? released : kept).push_back(q[i]);
+      }
+      q.swap(kept);
+    }
+    std::vector<Document> hold;
+    if (c.hold_longest > 0) {
+      hold.assign(fresh.begin(), fresh.begin() + c.hold_longest);
+      fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
+    }
+    std::vector<Document> carry_out;
+    std::vector<MicroBatch> mbs =
+        PackRefined(std::move(released), held.carry, std::move(fresh), carry_out, true);
+    // What was held back on purpose goes first next step, as carry-over does.
+    std::vector<Document> merged(carry_out.size() + hold.size());
+    std::merge(carry_out.begin(), carry_out.end(), hold.begin(), hold.end(), merged.begin(),
+               LongerFirst);
+    held.carry = std::move(merged);
+    return mbs;
+  }
+
+  // The alternatives to wlb's rule for the step whose outliers are queued in `held`.
+  std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh) const {
+    const Candidate wlb{.release = WlbRelease(held)};
+    std::vector<Candidate> out = {wlb};
+    if (lookahead_ == 0) return out;
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      const std::vector<Document>& q = held.queues[l];
+      if (q.empty()) continue;
+      if (q.size() < n) {
+        Candidate c = wlb;  // release this level's waiting outliers now
+        for (size_t i = 0; i < q.size(); ++i) c.release[l].push_back(i);
+        out.push_back(c);
+        continue;
+      }
+      // Hold this level back one more step, unless its oldest has waited long enough.
+      if (q.front().arrival_step >= next_step_ - kMaxExtraWait) {
+        Candidate c = wlb;
+        c.release[l].clear();
+        out.push_back(c);
+      }
+      // Release the oldest with the N - 1 queued outliers closest to it in length, so the
+      // released outliers are alike and one micro-batch each balances (a 128K outlier next to
+      // three of 70K cannot be balanced under the cap).
+      if (q.size() > n) {
+        std::vector<size_t> order(q.size());
+        for (size_t i = 0; i < q.size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return q[a].length > q[b].length; });
+        const size_t oldest = std::find(order.begin(), order.end(), size_t{0}) - order.begin();
+        const size_t first = oldest + 1 >= n ? oldest + 1 - n : 0;
+        const size_t last = std::min(oldest, q.size() - n);
+        const size_t stride = std::max<size_t>(1, (last - first + 1) / kMaxWindows);
+        for (size_t w = first; w <= last; w += stride) {
+          Candidate c = wlb;
+          c.release[l].assign(order.begin() + w, order.begin() + w + n);
+          std::sort(c.release[l].begin(), c.release[l].end());
+          if (c.release[l] != wlb.release[l]) out.push_back(c);
+        }
+      }
+    }
+    // Release every queued outlier: mid-size ones can balance a long one (two 70K documents in
+    // one micro-batch weigh about as much as one 120K document with 40K of short ones).
+    Candidate all = wlb;
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      all.release[l].resize(held.queues[l].size());
+      for (size_t i = 0; i < held.queues[l].size(); ++i) all.release[l][i] = i;
+    }
+    out.push_back(all);
+    // A level that releases takes the whole level below with it.
+    for (size_t l = 1; l < held.queues.size(); ++l) {
+      if (wlb.release[l].empty() || !wlb.release[l - 1].empty() || held.queues[l - 1].empty()) {
+        continue;
+      }
+      Candidate c = wlb;
+      c.release[l - 1] = all.release[l - 1];
+      out.push_back(c);
+    }
+    if (!fresh.empty()) {
+      Candidate c = wlb;
+      c.hold_longest = 1;
+      out.push_back(c);
+    }
+    return out;
+  }
+
+  // A step as the look-ahead sees it while it compares candidates: long documents one by one,
+  // short ones (< S/16: most documents, and interchangeable filler) as a fluid of tokens at their
+  // mean cost per token. Estimating a candidate is then O(long documents x log N + N), not a
+  // packing of every document, so the search costs little next to the one real packing.
+  struct Sketch {
+    std::vector<int64_t> lengths;  // long documents
+    double short_tokens = 0.0;
+    double short_cost = 0.0;
+  };
+
+  void AddToSketch(const Document& d, Sketch& sketch) const {
+    if (d.length >= LongCut()) {
+      sketch.lengths.push_back(d.length);
+    } else {
+      sketch.short_tokens += static_cast<double>(d.length);
+      sketch.short_cost += cost_(d.length);
+    }
+  }
+  int64_t LongCut() const { return std::max<int64_t>(1, config_.context / 8); }
+
+  // Estimates the imbalance of packing `step`: long documents longest first as PackUnderCap
+  // places them, then the fluid poured into the lightest micro-batches up to S_max. What fits
+  // nowhere goes to `carry`.
+  double EstimateStep(Sketch step, Sketch& carry) const {
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    const double cap = static_cast<double>(config_.max_tokens);
+    std::vector<double> cost(n, 0.0), tokens(n, 0.0);
+    std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
+    for (int64_t length : step.lengths) {
+      const double l = static_cast<double>(length);
+      size_t target = 0, emptiest = 0;
+      for (size_t b = 1; b < n; ++b) {
+        if (cost[b] < cost[target]) target = b;
+        if (tokens[b] < tokens[emptiest]) emptiest = b;
+      }
+      if (tokens[target] + l > cap) target = emptiest;
+      if (tokens[target] + l > cap) {
+        carry.lengths.push_back(length);
+        continue;
+      }
+      cost[target] += cost_(length);
+      tokens[target] += l;
+    }
+    // Water-filling: raise the lightest micro-batches to a common level, each up to the cap.
+    double total = 0.0;
+    for (double c : cost) total += c;
+    if (step.short_tokens > 0.0) {
+      const double rate = step.short_cost / step.short_tokens;
+      // The level: micro-batches sorted by cost; each below the level takes fluid up to it or to
+      // its cap. Found by bisection on the poured amount, which grows with the level.
+      auto poured = [&](double level) {
+        double t = 0.0;
+        for (size_t b = 0; b < n; ++b) {
+          t += std::clamp((level - cost[b]) / rate, 0.0, cap - tokens[b]);
+        }
+        return t;
+      };
+      double lo = *std::min_element(cost.begin(), cost.end());
+      double hi = *std::max_element(cost.begin(), cost.end()) + rate * cap;
+      if (poured(hi) <= step.short_tokens) {
+        lo = hi;  // everything is full: the rest is carried
+      } else {
+        while (hi - lo > 1e-6 * hi) {  // ~20 halvings
+          const double mid = 0.5 * (lo + hi);
+          (poured(mid) < step.short_tokens ? lo : hi) = mid;
+        }
+      }
+      double placed = 0.0;
+      for (size_t b = 0; b < n; ++b) {
+        const double t = std::clamp((lo - cost[b]) / rate, 0.0, cap - tokens[b]);
+        cost[b] += t * rate;
+        placed += t;
+      }
+      total += placed * rate;
+      const double left = std::max(0.0, step.short_tokens - placed);
+      carry.short_tokens += left;
+      carry.short_cost += left * rate;
+    }
+    if (total <= 0.0) return 1.0;
+    return *std::max_element(cost.begin(), cost.end()) / (total / static_cast<double>(n));
+  }
+
+  // A buffered step split as the look-ahead needs it: outliers per level, the rest as a sketch.
+  struct Arrivals {
+    std::vector<std::vector<Document>> outliers;
+    Sketch fresh;
+  };
+  Arrivals SplitArrivals(const std::vector<Document>& arrivals) const {
+    Arrivals a;
+    a.outliers.resize(thresholds_.size());
+    for (const Document& d : arrivals) {
+      const int level = QueueLevel(d.length);
+      if (level >= 0) {
+        a.outliers[level].push_back(d);
+      } else {
+        AddToSketch(d, a.fresh);
+      }
+    }
+    return a;
+  }
+
+  // The summed imbalance of the step under `c` and the buffered steps after it (planned with
+  // wlb's rule), from real packings (as wlb-refine packs) of every step.
+  double ScoreByPacking(const Candidate& c, const Holding& base,
+                        const std::vector<Document>& fresh) const {
+    Holding held = base;
+    double score = ImbalanceDegree(PlanStep(c, fresh, held, /*fresh_sorted=*/true));
+    for (const std::vector<Document>& next : buffer_) {
+      std::vector<Document> next_fresh = Enqueue(next, held);
+      score += ImbalanceDegree(
+          PlanStep(Candidate{.release = WlbRelease(held)}, std::move(next_fresh), held));
+    }
+    return score;
+  }
+
+  // What every candidate's sketch score shares, computed once per step: the carry-over and the
+  // arrivals (the longest one apart, as a candidate may hold it back), and the buffered steps.
+  struct SketchBase {
+    Sketch step;     // carry-over and arrivals but the longest
+    Sketch longest;  // the longest arrival (empty when there are none)
+    std::vector<Arrivals> ahead;
+  };
+  SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh) const {
+    SketchBase s;
+    for (const Document& d : base.carry) AddToSketch(d, s.step);
+    for (size_t i = 0; i < fresh.size(); ++i) AddToSketch(fresh[i], i == 0 ? s.longest : s.step);
+    for (const std::vector<Document>& next : buffer_) s.ahead.push_back(SplitArrivals(next));
+    return s;
+  }
+  static void AddSketch(const Sketch& from, Sketch& to) {
+    to.lengths.insert(to.lengths.end(), from.lengths.begin(), from.lengths.end());
+    to.short_tokens += from.short_tokens;
+    to.short_cost += from.short_cost;
+  }
+
+  // The same from sketches (EstimateStep): far cheaper, a little less exact. `fresh` is sorted
+  // longest first, so holding back the longest arrival moves `sketch.longest` to the carry.
+  double ScoreBySketch(const Candidate& c, const Holding& base, const SketchBase& sketch) const {
+    Sketch step = sketch.step;
+    Sketch carry;
+    AddSketch(sketch.longest, c.hold_longest > 0 ? carry : step);
+    std::vector<std::vector<int64_t>> queues(base.queues.size());  // lengths left queued
+    for (size_t l = 0; l < base.queues.size(); ++l) {
+      size_t next = 0;
+      for (size_t i = 0; i < base.queues[l].size(); ++i) {
+        const bool out = next < c.release[l].size() && c.release[l][next] == i;
+        next += out;
+        (out ? step.lengths : queues[l]).push_back(base.queues[l][i].length);
+      }
+    }
+    double score = EstimateStep(std::move(step), carry);
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    for (const Arrivals& a : sketch.ahead) {
+      Sketch future = std::move(carry);
+      carry = Sketch();
+      AddSketch(a.fresh, future);
+      for (size_t l = 0; l < queues.size(); ++l) {
+        for (const Document& d : a.outliers[l]) queues[l].push_back(d.length);
+        if (queues[l].size() < n) continue;
+        future.lengths.insert(future.lengths.end(), queues[l].begin(), queues[l].begin() + n);
+        queues[l].erase(queues[l].begin(), queues[l].begin() + n);
+      }
+      score += EstimateStep(std::move(future), carry);
+    }
+    return score;
+  }
+
+  // Plans the front buffered step: scores every candidate, then packs the best one as
+  // wlb-refine packs a step.
+  StepPlan PlanFront() {
+    std::vector<Document> arrivals = std::move(buffer_.front());
+    buffer_.pop_front();
+    Holding held = std::move(held_);
+    std::vector<Document> fresh = Enqueue(arrivals, held);
+    SortLongestFirst(fresh);
+    const std::vector<Candidate> candidates = Candidates(held, fresh);
+    // Real packings while they are cheap (small steps), sketches beyond.
+    size_t pending = fresh.size() + held.carry.size();
+    for (const auto& step : buffer_) pending += step.size();
+    const bool exact = candidates.size() * pending <= kExactScoringDocuments;
+    SketchBase sketch;
+    if (!exact && candidates.size() > 1) sketch = MakeSketchBase(held, fresh);
+    size_t best = 0;
+    double best_score = 0.0;
+    for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
+      const double score = exact ? ScoreByPacking(candidates[i], held, fresh)
+                                 : ScoreBySketch(candidates[i], held, sketch);
+      if (i == 0 || score < best_score - 1e-9) {
+        best = i;
+        best_score = score;
+      }
+    }
+    std::vector<MicroBatch> mbs =
+        PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+    held_ = std::move(held);
+    return MakeStep(std::move(mbs));
+  }
+
+  // Returns "" when a loaded state fits the configuration, else what is wrong: every piece in
+  // [1, S] with piece >= 0, each queued outlier in its queue's length range, no (id, offset)
+  // twice, arrival steps before the next push, and the buffered steps the last ones pushed.
+  std::string ValidateState(const Holding& held,
+                            const std::deque<std::vector<Document>>& buffer) const {
+    std::vector<std::pair<int64_t, int64_t>> seen;  // (id, offset)
+    auto check = [&](const Document& d, int64_t lo, int64_t hi, const char* where) -> std::string {
+      if (d.length < lo || d.length > hi || d.piece < 0) {
+        return absl::StrFormat("%s: document %d piece %d of length %d is outside [%d, %d]", where,
+                               d.id, d.piece, d.length, lo, hi);
+      }
+      seen.push_back({d.id, d.offset});
+      return "";
+    };
+    // Queued and carried documents arrived before the first buffered step.
+    const int64_t first_buffered = next_buffered_arrival(buffer);
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      const int64_t hi = l + 1 < thresholds_.size() ? thresholds_[l + 1] - 1 : config_.context;
+      int64_t previous = -1;
+      for (const Document& d : held.queues[l]) {
+        if (std::string e = check(d, thresholds_[l], hi, "queued"); !e.empty()) return e;
+        if (d.arrival_step < previous || d.arrival_step >= first_buffered) {
+          return absl::StrFormat("queued document %d: arrival step %d is out of order", d.id,
+                                 d.arrival_step);
+        }
+        previous = d.arrival_step;
+      }
+    }
+    for (const Document& d : held.carry) {
+      if (std::string e = check(d, 1, config_.context, "carried"); !e.empty()) return e;
+      if (d.arrival_step >= first_buffered) {
+        return absl::StrFormat("carried document %d arrived at step %d, not before step %d", d.id,
+                               d.arrival_step, first_buffered);
+      }
+    }
+    int64_t expected = first_buffered;
+    for (const std::vector<Document>& step : buffer) {
+      for (const Document& d : step) {
+        if (std::string e = check(d, 1, config_.context, "buffered"); !e.empty()) return e;
+        if (d.arrival_step != expected) {
+          return absl::StrFormat("buffered document %d: arrival step %d, expected %d", d.id,
+                                 d.arrival_step, expected);
+        }
+      }
+      ++expected;
+    }
+    std::sort(seen.begin(), seen.end());
+    if (auto dup = std::adjacent_find(seen.begin(), seen.end()); dup != seen.end()) {
+      return absl::StrFormat("document %d offset %d is held twice", dup->first, dup->second);
+    }
+    return "";
+  }
+
+  // The arrival step of the first buffered step (the first document's; INT64_MAX when the buffer
+  // holds no document).
+  static int64_t next_buffered_arrival(const std::deque<std::vector<Document>>& buffer) {
+    for (size_t i = 0; i < buffer.size(); ++i) {
+      if (!buffer[i].empty()) return buffer[i].front().arrival_step - static_cast<int64_t>(i);
+    }
+    return INT64_MAX;
+  }
+
+  // Steps a queue level may be held back beyond wlb's release, and windows of alike outliers
+  // tried per level and step.
+  static constexpr int64_t kMaxExtraWait = 1;
+  static constexpr size_t kMaxWindows = 4;
+  // Candidates are scored by real packings while candidates x documents to pack (this step's and
+  // the buffered ones) stays within this (N = 4 at S = 128K: about 2,500), else by sketches: at
+  // N = 64 real packings of every candidate would take ~10 times wlb-refine's planning time.
+  static constexpr size_t kExactScoringDocuments = 6000;
+
+  std::vector<int64_t> thresholds_;
+  int refine_rounds_;
+  int lookahead_;
+  Holding held_;
+  std::deque<std::vector<Document>> buffer_;  // arrivals pushed but not yet planned, oldest first
+};
+
+}  // namespace wlb

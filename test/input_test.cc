@@ -1,0 +1,80 @@
+#include "wlb/io/input.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(LoadInput, AFileIsCutLikeMakeDocumentsAndSplitIntoSteps) {
+  const std::string path = WriteTemp("wlb_input_test.txt", "5\n19\n8\n40\n3\n");
+  absl::StatusOr<Input> input = LoadInput({.docs = path}, /*context=*/16, /*micro_batches=*/2);
+  ASSERT_TRUE(input.ok()) << input.status();
+  EXPECT_EQ(input->name, path);
+  EXPECT_EQ(input->lengths, (std::vector<int64_t>{5, 19, 8, 40, 3}));
+  const std::vector<Document> pieces = *MakeDocuments(input->lengths, 16);
+  EXPECT_EQ(input->pieces, pieces);
+  EXPECT_EQ(input->steps, SplitIntoSteps(pieces, 32));
+  // The short last step is kept (packers mark it partial); --steps cuts after that many.
+  EXPECT_EQ(input->steps.size(), 3u);
+  EXPECT_EQ(LoadInput({.docs = path, .steps = 2}, 16, 2)->steps.size(), 2u);
+}
+
+TEST(LoadInput, SamplesExactlyTheRequestedFullSteps) {
+  for (const char* distribution : {"default", "heavy-tail"}) {
+    absl::StatusOr<Input> input =
+        LoadInput({.distribution = distribution, .seed = 7, .steps = 12}, 131072, 4);
+    ASSERT_TRUE(input.ok()) << input.status();
+    ASSERT_EQ(input->steps.size(), 12u) << distribution;
+    for (const auto& step : input->steps) EXPECT_GT(TotalTokens(step), 3 * 131072);
+    EXPECT_THAT(input->name, HasSubstr(distribution));
+    // The same seed gives the same stream.
+    EXPECT_EQ(LoadInput({.distribution = distribution, .seed = 7, .steps = 12}, 131072, 4)->steps,
+              input->steps);
+  }
+  EXPECT_EQ(LoadInput({}, 131072, 4)->steps.size(), 100u);  // the default
+}
+
+TEST(LoadInput, HeavyTailHasAboutOneAndAHalfPercentAtHalfTheWindow) {
+  const std::vector<int64_t> lengths = SampleHeavyTailLengths(int64_t{1} << 30, 3);
+  int64_t long_ones = 0;
+  for (int64_t l : lengths) long_ones += l >= 65536;
+  const double share = static_cast<double>(long_ones) / static_cast<double>(lengths.size());
+  EXPECT_GT(share, 0.013);
+  EXPECT_LT(share, 0.017);
+}
+
+TEST(CutSteps, ScalesLengthsToTheWindow) {
+  const Lengths base{.name = "x", .values = {131072, 65536, 3}};
+  absl::StatusOr<Input> input = CutSteps(base, 32768, 2, {.scale_from = 131072});
+  ASSERT_TRUE(input.ok());
+  EXPECT_EQ(input->lengths, (std::vector<int64_t>{32768, 16384, 1}));  // at least one token
+}
+
+TEST(LoadInput, BadInputNamesTheProblem) {
+  EXPECT_THAT(LoadInput({.distribution = "zipf"}, 1024, 2).status().message(),
+              HasSubstr("unknown distribution 'zipf' (known: default, heavy-tail)"));
+  EXPECT_THAT(LoadInput({.docs = "/nonexistent/lengths.txt"}, 1024, 2).status().message(),
+              HasSubstr("cannot open lengths file '/nonexistent/lengths.txt'"));
+  const std::string bad = WriteTemp("wlb_input_bad.txt", "5\n-3\n");
+  EXPECT_THAT(LoadInput({.docs = bad}, 1024, 2).status().message(), HasSubstr(":2: '-3'"));
+  EXPECT_THAT(LoadInput({.steps = -1}, 1024, 2).status().message(), HasSubstr("got -1"));
+  EXPECT_THAT(CutSteps({}, 0, 2).status().message(), HasSubstr("S = 0"));
+  EXPECT_THAT(LoadInput({.steps = INT64_MAX / 2}, 1 << 20, 64).status().message(),
+              HasSubstr("cannot sample"));
+  EXPECT_THAT(CutSteps({}, INT64_MAX / 2, 4).status().message(), HasSubstr("overflows"));
+}
+
+}  // namespace
+}  // namespace wlb
