@@ -69,7 +69,7 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   std::printf("heavy tail: wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
               lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
               refine.delay.mean);
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.02);
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.025);
   EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
   EXPECT_GE(lookahead.imbalance_mean, lookahead.cap_lower_bound_mean);
 }

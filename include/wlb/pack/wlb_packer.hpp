@@ -55,6 +55,10 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
   SortLongestFirst(released);
   if (!fresh_sorted) SortLongestFirst(fresh);
   std::vector<MicroBatch> mbs(config.micro_batches);
+  // Room for a fair share and some more up front: growing every micro-batch's vector one
+  // doubling at a time was a tenth of the packing time at N = 64.
+  const size_t share = (released.size() + carry.size() + fresh.size()) / mbs.size();
+  for (MicroBatch& mb : mbs) mb.documents.reserve(share + share / 4 + 4);
   // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
   // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
   // The fewest-tokens one comes from a second such heap over token counts; its top also rejects
