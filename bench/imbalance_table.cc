@@ -250,7 +250,10 @@ absl::Status Run() {
   }
   absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, config.context);
   if (!pieces.ok()) return pieces.status();
-  std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, step_tokens);
+  absl::StatusOr<std::vector<std::vector<wlb::Document>>> split =
+      wlb::SplitIntoSteps(*pieces, step_tokens);
+  if (!split.ok()) return split.status();
+  std::vector<std::vector<wlb::Document>> arrivals = *std::move(split);
   // The last step of a file is usually partial; drop it so every step holds >= N x S tokens.
   if (!arrivals.empty() && wlb::TotalTokens(arrivals.back()) < step_tokens) arrivals.pop_back();
   if (steps > 0 && static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);

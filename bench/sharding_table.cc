@@ -74,8 +74,10 @@ absl::Status Run() {
     for (int64_t& l : lengths) l = std::max<int64_t>(1, l * context / 131072);
     absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, context);
     if (!pieces.ok()) return pieces.status();
-    std::vector<std::vector<wlb::Document>> arrivals =
+    absl::StatusOr<std::vector<std::vector<wlb::Document>>> split =
         wlb::SplitIntoSteps(*pieces, context * n);
+    if (!split.ok()) return split.status();
+    std::vector<std::vector<wlb::Document>> arrivals = *std::move(split);
     if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(steps);
     const wlb::PackerConfig config{
         .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};

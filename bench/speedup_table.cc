@@ -247,7 +247,10 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const std::vector<int64_t>& bas
   absl::StatusOr<std::vector<wlb::Document>> pieces = wlb::MakeDocuments(lengths, job.context);
   if (!pieces.ok()) return pieces.status();
   const int64_t step_tokens = job.context * config.micro_batches;
-  std::vector<std::vector<wlb::Document>> arrivals = wlb::SplitIntoSteps(*pieces, step_tokens);
+  absl::StatusOr<std::vector<std::vector<wlb::Document>>> split =
+      wlb::SplitIntoSteps(*pieces, step_tokens);
+  if (!split.ok()) return split.status();
+  std::vector<std::vector<wlb::Document>> arrivals = *std::move(split);
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
   if (arrivals.size() > steps) arrivals.resize(steps);
   if (arrivals.size() < steps) {

@@ -1,4 +1,6 @@
 // End-to-end tests of the wlb-plan binary: outputs, determinism and bad input.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -168,7 +170,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--docs -", "5\n-3\n", "<stdin>:2: '-3' is not a positive integer"},
       {"--docs -", "5\n0\n", "<stdin>:2: '0'"},
       {"--docs -", "5\nabc\n", "'abc'"},
-      {"--micro-batches 0", "", "(N) must be >= 1, got 0"},
+      {"--micro-batches 0", "", "(N) must be in [1, 4096], got 0"},
       {"--max-tokens 1000", "", "S_max) 1000 is below the context window (S) 131072"},
       {"--cost gpt-9", "", "'gpt-9'"},
       {"--packer best-fit", "", "unknown packer 'best-fit'"},
@@ -178,17 +180,89 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--thresholds 70000,60000", "", "strictly increasing"},
       {"--format yaml", "", "'yaml'"},
       {"--window 0 --packer fixed-greedy", "", "got 0"},
-      {"--cp 0", "", "--cp must be a context-parallel size >= 1"},
+      {"--cp 0", "", "--cp must be a context-parallel size in [1, 4096]"},
+      // Limits: each of these used to crash, hang, overflow or plan nothing with exit 0.
+      {"--context 4611686018427387904 --thresholds none", "",
+       "context window (S) must be in [1, 16777216] tokens, got 4611686018427387904"},
+      {"--context 2305843009213693952", "", "got 2305843009213693952"},
+      {"--context 9223372036854775807", "", "got 9223372036854775807"},
+      {"--micro-batches 2147483647", "", "(N) must be in [1, 4096], got 2147483647"},
+      {"--packer fixed-greedy --window 2147483647", "", "window must be in [1, 4096] steps"},
+      {"--packer fixed-greedy --window 4096 --micro-batches 32", "", "over the limit of 65536"},
+      {"--steps 100000000000000000", "", "--steps must be in [0, 1048576]"},
+      {"--steps 1000000", "", "at most 65536 steps at this S and N"},
+      {"--cp 4097", "", "in [1, 4096]"},
+      {"--docs -", "9223372036854775807\n", "above the limit of 34359738368 tokens"},
+      {"--docs -", std::string(100000, '[') + std::string(100000, ']'), "a nested array"},
+      {"--docs -", "", "<stdin> holds no document lengths"},
+      {"--docs /tmp", "", "lengths file '/tmp' is a directory"},
+      // Messages: what S is too small for, flags a run does not use, unknown flags, positionals.
+      {"--context 3", "", "--context 3 is too small for 2 default outlier queues"},
+      {"--packer original --thresholds 5,3 --format json", "",
+       "--thresholds is not used by this run"},
+      {"--packer original --thresholds 5,3", "",
+       "--thresholds (used by the table's wlb comparison row): outlier thresholds must be"},
+      {"--packer wlb --window 3", "", "--window is not used by this run"},
+      {"--sharding per-doc", "", "--sharding is not used by this run"},
+      {"--thresholds none --queues 3", "", "give one of them"},
+      {"--docs - --seed 3", "5\n", "--seed is not used by this run"},
+      {"--steps 1 --steps 2", "", "--steps is given more than once"},
+      {"--contxt 5", "", "unknown flag '--contxt'"},
+      {"--context abc", "", "--context: 'abc' is not an integer"},
+      {"--context", "", "--context needs a value"},
+      {"stray.txt", "", "unexpected argument 'stray.txt'"},
+      {"--packer " + std::string(20000, 'x'), "", "(20000 bytes in all)"},
+      {"--docs -", "5\n" + std::string(1 << 20, '7') + "x\n", "(1048577 bytes in all)"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
       {"--cp 2 --kernel-profile /nonexistent/k.csv", "", "/nonexistent/k.csv"},
   };
   for (const BadCase& c : cases) {
     Result r = RunPlan(c.args, c.stdin_text);
-    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_EQ(r.exit_code, 1) << c.args;
+    EXPECT_THAT(r.err, ::testing::StartsWith("wlb-plan: error: ")) << c.args;
+    EXPECT_LT(r.err.size(), 600u) << c.args;
     EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << c.args;
   }
+}
+
+TEST(WlbPlan, OutWritesThroughSpecialFilesAndFollowsSymlinks) {
+  const std::string dir = ::testing::TempDir() + "/wlb_out_special";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // A symlink stays a symlink; its target gets the output.
+  const std::string target = dir + "/target.json", link = dir + "/link.json";
+  std::ofstream(target) << "old";
+  std::filesystem::create_symlink(target, link);
+  Result r = RunPlan("--steps 2 --format json --timing=false --out " + link);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(Slurp(target), RunPlan("--steps 2 --format json --timing=false").out);
+  // A FIFO stays a FIFO and its reader gets the output.
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string got = dir + "/from_fifo";
+  const std::string reader = "cat " + fifo + " > " + got + " &";
+  ASSERT_EQ(std::system(reader.c_str()), 0);
+  r = RunPlan("--steps 2 --format json --timing=false --out " + fifo);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  for (int i = 0; i < 100 && Slurp(got).size() < 10; ++i) {
+    std::system("sleep 0.05");
+  }
+  EXPECT_THAT(Slurp(got), HasSubstr("\"steps\""));
+  // /dev/stdout is written through (it used to be replaced via /dev/stdout.tmp, which fails for
+  // a user who cannot write /dev).
+  r = RunPlan("--steps 2 --format json --timing=false --out /dev/stdout");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"steps\""));
+  EXPECT_FALSE(std::filesystem::exists("/dev/stdout.tmp"));
+  // A directory is an error, and nothing is written.
+  r = RunPlan("--steps 2 --out " + dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("it is a directory"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

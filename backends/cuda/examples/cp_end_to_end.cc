@@ -74,8 +74,10 @@ int main(int argc, char** argv) {
   auto packer =
       wlb::MakePacker("wlb", pc, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
   if (!packer.ok()) return std::fprintf(stderr, "%s\n", packer.status().ToString().c_str()), 2;
-  absl::StatusOr<wlb::PackRun> run =
-      wlb::RunPacker(**packer, wlb::SplitIntoSteps(*docs, context * n));
+  absl::StatusOr<std::vector<std::vector<wlb::Document>>> arrivals =
+      wlb::SplitIntoSteps(*docs, context * n);
+  if (!arrivals.ok()) return std::fprintf(stderr, "%s\n", arrivals.status().ToString().c_str()), 2;
+  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, *std::move(arrivals));
   if (!run.ok() || run->steps.empty()) return std::fprintf(stderr, "packing failed\n"), 1;
   const wlb::StepPlan& step = run->steps.front();
 

@@ -22,8 +22,7 @@ struct PackerOptions {
   int refine_rounds = 0;            // wlb-refine: max refinement changes per step; 0 = 4N
 };
 
-inline constexpr const char* kPackerNames[] = {"original", "fixed-greedy", "wlb",
-                                                    "wlb-refine"};
+inline constexpr const char* kPackerNames[] = {"original", "fixed-greedy", "wlb", "wlb-refine"};
 
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
@@ -48,9 +47,16 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));
   if (name == "fixed-greedy") {
-    if (options.window < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("fixed-greedy window must be >= 1 step, got %d", options.window));
+    if (options.window < 1 || options.window > kMaxWindow) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "fixed-greedy window must be in [1, %d] steps, got %d", kMaxWindow, options.window));
+    }
+    if (int64_t{options.window} * config.micro_batches > kMaxWindowMicroBatches) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "fixed-greedy window W = %d times N = %d is %d micro-batches per window, over the limit "
+          "of %d",
+          options.window, config.micro_batches, int64_t{options.window} * config.micro_batches,
+          kMaxWindowMicroBatches));
     }
     return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
   }
@@ -60,13 +66,13 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
       return absl::InvalidArgumentError(
           absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
     }
-    const int rounds =
-        name == "wlb" ? 0 : (options.refine_rounds > 0 ? options.refine_rounds
-                                                       : 4 * config.micro_batches);
+    const int rounds = name == "wlb" ? 0
+                                     : (options.refine_rounds > 0 ? options.refine_rounds
+                                                                  : 4 * config.micro_batches);
     return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
   }
   return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
+      "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
 }
 
 }  // namespace wlb

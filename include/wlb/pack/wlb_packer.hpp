@@ -24,17 +24,21 @@
 
 namespace wlb {
 
-// Checks outlier thresholds: strictly increasing, each in [1, S].
+// Checks outlier thresholds: at most kMaxOutlierQueues, strictly increasing, each in [1, S].
 inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, int64_t context) {
+  if (thresholds.size() > static_cast<size_t>(kMaxOutlierQueues)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d outlier thresholds, at most %d are allowed", thresholds.size(), kMaxOutlierQueues));
+  }
   for (size_t i = 0; i < thresholds.size(); ++i) {
     if (thresholds[i] < 1 || thresholds[i] > context) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "outlier threshold %d is outside [1, %d] (the context window)", thresholds[i], context));
     }
     if (i > 0 && thresholds[i] <= thresholds[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "outlier thresholds must be strictly increasing, got %s",
-          absl::StrJoin(thresholds, ",")));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("outlier thresholds must be strictly increasing, got %s",
+                          absl::StrJoin(thresholds, ",")));
     }
   }
   return absl::OkStatus();
@@ -43,8 +47,7 @@ inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, i
 class WlbPacker final : public Packer {
  public:
   // `thresholds` must pass ValidateThresholds (MakePacker checks); refine_rounds = 0 is plain WLB.
-  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds,
-            int refine_rounds)
+  WlbPacker(PackerConfig config, CostModel cost, std::vector<int64_t> thresholds, int refine_rounds)
       : Packer(config, std::move(cost)),
         thresholds_(std::move(thresholds)),
         queues_(thresholds_.size()),
@@ -84,6 +87,23 @@ class WlbPacker final : public Packer {
   }
 
  protected:
+  // Queue i holds only lengths of level i, and the carry is longest first (PackStep merges it).
+  absl::Status ValidateState(int64_t) const override {
+    for (size_t i = 0; i < queues_.size(); ++i) {
+      for (const Document& d : queues_[i]) {
+        if (QueueLevel(d.length) != static_cast<int>(i)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "document %d piece %d of %d tokens is in outlier queue %d, not its queue %d", d.id,
+              d.piece, d.length, i, QueueLevel(d.length)));
+        }
+      }
+    }
+    if (!std::is_sorted(carry_.begin(), carry_.end(), LongerFirst)) {
+      return absl::InvalidArgumentError("carry-over is not ordered longest first");
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
     std::vector<Document> fresh;
     fresh.reserve(arrivals.size());
@@ -156,8 +176,8 @@ class WlbPacker final : public Packer {
         lightest.push({mbs[target].cost, target});
         tokens[target] = mbs[target].tokens;
         if (target == emptiest) {
-          emptiest = static_cast<size_t>(std::min_element(tokens.begin(), tokens.end()) -
-                                         tokens.begin());
+          emptiest =
+              static_cast<size_t>(std::min_element(tokens.begin(), tokens.end()) - tokens.begin());
         }
       }
       carried_runs[run++] = carry_.size();
@@ -166,8 +186,7 @@ class WlbPacker final : public Packer {
     // (the same order a stable sort would give).
     std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[0],
                        carry_.begin() + carried_runs[1], LongerFirst);
-    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[1], carry_.end(),
-                       LongerFirst);
+    std::inplace_merge(carry_.begin(), carry_.begin() + carried_runs[1], carry_.end(), LongerFirst);
     if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return MakeStep(std::move(mbs));
   }
