@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
 # Set-up + tests in one command: installs dependencies, builds everything (the CUDA backend too
-# when nvcc is found) and runs the whole ctest suite. GPU tests skip with a reason without a GPU.
+# when nvcc is found) and runs the whole ctest suite, then lists the tests that skipped and why
+# (GPU tests without a GPU, data tests without ../shared/data). Then two more builds of the
+# planning library's tests (no CUDA, bench or solver): one with clang++, one with AddressSanitizer
+# and UndefinedBehaviorSanitizer, which also replays the fuzz corpora (fuzz/corpus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+jobs="$(nproc)"
+library_only=(-G Ninja -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF
+              -DWLB_BUILD_SOLVER=OFF)
+
+echo "== release build (g++), every test" >&2
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build --parallel "$(nproc)"
-ctest --test-dir build --output-on-failure --parallel "$(nproc)"
+cmake --build build --parallel "$jobs"
+ctest --test-dir build --output-on-failure --parallel "$jobs"
+scripts/skipped_tests.py build
+
+echo "== clang++ build, planning library tests" >&2
+cmake -S . -B build-clang "${library_only[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER=clang++
+cmake --build build-clang --parallel "$jobs"
+ctest --test-dir build-clang --output-on-failure --parallel "$jobs"
+
+echo "== ASan + UBSan build, planning library tests and fuzz corpora" >&2
+cmake -S . -B build-asan "${library_only[@]}" -DWLB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+cmake --build build-asan --parallel "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure --parallel "$jobs" -E consumer_find_package
