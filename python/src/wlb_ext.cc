@@ -375,7 +375,8 @@ wlb::KernelShape MakeKernelShape(int64_t heads, int64_t head_dim, int64_t tile_q
   return {.heads = heads, .head_dim = head_dim, .tile_q = tile_q, .tile_k = tile_k};
 }
 
-constexpr int64_t kMaxSampleTokens = int64_t{1} << 36;
+// Sampling stops at one input stream's limit (wlb/core/limits.hpp).
+constexpr int64_t kMaxSampleTokens = wlb::kMaxStreamTokens;
 
 }  // namespace
 
@@ -659,12 +660,8 @@ NB_MODULE(_wlb, m) {
   m.def(
       "split_into_steps",
       [](const Documents& pieces, int64_t tokens_per_step) {
-        if (tokens_per_step < 1) {
-          Raise(absl::InvalidArgumentError(
-              absl::StrFormat("tokens_per_step must be >= 1, got %d", tokens_per_step)));
-        }
         std::vector<Documents> out;
-        for (auto& step : wlb::SplitIntoSteps(pieces.docs, tokens_per_step)) {
+        for (auto& step : Unwrap(wlb::SplitIntoSteps(pieces.docs, tokens_per_step))) {
           out.push_back(Documents{std::move(step)});
         }
         return out;

@@ -142,7 +142,9 @@ def test_model_errors():
         wlb.KernelModel.analytic(peak_tflops=0.0)
     with pytest.raises(ValueError, match="need 0 < q_len <= kv_len"):
         wlb.KernelModel.from_points([128], [64], [1.0])
-    with pytest.raises(ValueError, match="tokens_per_step must be >= 1"):
+    with pytest.raises(ValueError, match=r"tokens per step \(S x N\) must be in \[1, .*got 0"):
         wlb.split_into_steps(wlb.make_documents([3], 8), 0)
+    with pytest.raises(ValueError, match=r"got 68719476737"):
+        wlb.split_into_steps(wlb.make_documents([3], 8), 2**36 + 1)
     with pytest.raises(ValueError, match="min_total_tokens must be in"):
         wlb.sample_default_lengths(-1)
