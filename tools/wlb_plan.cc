@@ -46,13 +46,14 @@ ABSL_FLAG(int32_t, lookahead, 1,
           "wlb-lookahead: K in [0, 8], steps of prefetched arrivals it sees ahead");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
-          "wlb/wlb-refine/wlb-lookahead: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
+          "wlb/wlb-refine/wlb-lookahead: comma-separated outlier thresholds L_1<L_2<... in tokens, "
+          "or 'none'");
 ABSL_FLAG(int32_t, queues, 2,
-          "wlb/wlb-refine/wlb-lookahead: number of outlier queues with default thresholds (instead of "
-          "--thresholds)");
+          "wlb/wlb-refine/wlb-lookahead: number of outlier queues with default thresholds "
+          "(instead of --thresholds)");
 ABSL_FLAG(bool, tune, false,
-          "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream itself, within "
-          "--delay_budget");
+          "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream "
+          "itself, within --delay_budget");
 ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
 ABSL_FLAG(std::string, cost, "llama2-7b",
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
@@ -70,8 +71,8 @@ ABSL_FLAG(int32_t, cp, -1,
 ABSL_FLAG(std::string, sharding, "adaptive",
           "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
 ABSL_FLAG(std::string, kernel_profile, "",
-          "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty = the "
-          "analytic default (tile 128)");
+          "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; "
+          "empty = the analytic default (tile 128)");
 ABSL_FLAG(std::string, estimate, "",
           "TP,CP,PP,DP: estimate step time with the 1F1B step-time model (wlb/sim) for this "
           "job, against Plain-4D (original packing, per-seq CP) on the same stream; needs a "
@@ -88,11 +89,10 @@ namespace {
 
 // wlb-plan's own flags (Abseil registers others, e.g. --flagfile, that wlb-plan does not offer).
 constexpr const char* kFlagNames[] = {
-    "docs",     "distribution",   "context",  "max_tokens",  "micro_batches", "packer",
-    "lookahead", "window",        "thresholds", "queues",    "tune",          "delay_budget",
-    "cost",     "profile_cost",   "seed",     "steps",       "cp",            "sharding",
-    "kernel_profile", "estimate", "gemm_tflops", "format",   "out",           "timing",
-    "compare"};
+    "docs",   "distribution", "context", "max_tokens", "micro_batches",  "packer",   "lookahead",
+    "window", "thresholds",   "queues",  "tune",       "delay_budget",   "cost",     "profile_cost",
+    "seed",   "steps",        "cp",      "sharding",   "kernel_profile", "estimate", "gemm_tflops",
+    "format", "out",          "timing",  "compare"};
 constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
 
 // The flags given on the command line (set by ParseArgs).
@@ -222,11 +222,11 @@ std::string StepTable(const Result& r, const DocumentCost& cost, int64_t max_tok
       lo = std::min(lo, mb.tokens);
       hi = std::max(hi, mb.tokens);
     }
-    absl::StrAppendFormat(
-        &out, "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n", s.step,
-        s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
-        ImbalanceDegree(s.micro_batches), LowerBound(s.micro_batches, cost),
-        CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
+    absl::StrAppendFormat(&out,
+                          "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n",
+                          s.step, s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
+                          ImbalanceDegree(s.micro_batches), LowerBound(s.micro_batches, cost),
+                          CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
   }
   absl::StrAppend(&out,
                   "(* = drain step after the end of input, + = partial step planned from the "
@@ -409,7 +409,8 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   }
 
   s.packer = absl::GetFlag(FLAGS_packer);
-  const bool wlb_family = s.packer == "wlb" || s.packer == "wlb-refine" || s.packer == "wlb-lookahead";
+  const bool wlb_family =
+      s.packer == "wlb" || s.packer == "wlb-refine" || s.packer == "wlb-lookahead";
   const bool table_compares = s.format == "table" && absl::GetFlag(FLAGS_compare);
   s.options.window = absl::GetFlag(FLAGS_window);
   s.options.lookahead = absl::GetFlag(FLAGS_lookahead);
@@ -475,12 +476,12 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   const double gemm_tflops = absl::GetFlag(FLAGS_gemm_tflops);
   if (!(gemm_tflops > 0.0) || gemm_tflops > kMaxGemmTflops) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "--gemm-tflops must be in (0, %.0f] TFLOP/s per GPU, got %g", kMaxGemmTflops,
-        gemm_tflops));
+        "--gemm-tflops must be in (0, %.0f] TFLOP/s per GPU, got %g", kMaxGemmTflops, gemm_tflops));
   }
   if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
     absl::StatusOr<ParallelSizes> sizes = ParseParallelSizes(estimate);
-    if (!sizes.ok()) return absl::InvalidArgumentError(absl::StrCat("--estimate: ", sizes.status().message()));
+    if (!sizes.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--estimate: ", sizes.status().message()));
     const int64_t pp_dp = int64_t{sizes->pp} * sizes->dp;
     if (pp_dp != s.config.micro_batches) {
       return absl::InvalidArgumentError(
@@ -506,8 +507,9 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   if (s.cp_size == -1 && !Given("cp")) {
     for (const char* flag : {"sharding", "kernel_profile"}) {
       if (Given(flag) && !s.estimate) {
-        return Unused(flag, "it applies to CP shard plans (--cp) and --estimate, and neither is "
-                            "given");
+        return Unused(flag,
+                      "it applies to CP shard plans (--cp) and --estimate, and neither is "
+                      "given");
       }
     }
   } else if (s.cp_size < 1 || s.cp_size > kMaxCpSize) {
@@ -672,8 +674,8 @@ absl::Status Run() {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input->name, input->lengths.size(), Mega(TotalTokens(input->pieces)), arrivals.size(),
-      packer, config.context, config.max_tokens, config.micro_batches,
+      input->name, input->lengths.size(), Mega(TotalTokens(input->pieces)), arrivals.size(), packer,
+      config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
       options.window, doc_cost.description());
   std::string out = header + StepTable(*main, doc_cost, config.max_tokens);

@@ -65,17 +65,17 @@ inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t 
     absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs);
     if (!read.ok()) return read.status();
     if (read->empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "lengths file %s holds no document lengths: nothing to plan",
-          options.docs == "-" ? "<stdin>" : QuoteForMessage(options.docs, 256)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("lengths file %s holds no document lengths: nothing to plan",
+                          options.docs == "-" ? "<stdin>" : QuoteForMessage(options.docs, 256)));
     }
     out.name = options.docs == "-" ? "<stdin>" : absl::CHexEscape(options.docs);
     out.values = *std::move(read);
     return out;
   }
   if (sample_tokens < 0 || sample_tokens > kMaxStreamTokens) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tokens to sample must be in [0, %d], got %d", kMaxStreamTokens, sample_tokens));
+    return absl::InvalidArgumentError(absl::StrFormat("tokens to sample must be in [0, %d], got %d",
+                                                      kMaxStreamTokens, sample_tokens));
   }
   if (options.distribution == "default") {
     out.values = SampleDefaultLengths(sample_tokens, options.seed);
@@ -112,9 +112,9 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
         "max_steps must be in [0, %d] (0 = all), got %d", kMaxSteps, options.max_steps));
   }
   if (options.scale_from < 0 || options.scale_from > kMaxStreamTokens) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "scale_from must be in [0, %d] (0 = no scaling), got %d", kMaxStreamTokens,
-        options.scale_from));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scale_from must be in [0, %d] (0 = no scaling), got %d", kMaxStreamTokens,
+                        options.scale_from));
   }
   Input input;
   input.name = lengths.name;
@@ -155,13 +155,14 @@ inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t cont
   int64_t sample_tokens = 0;
   if (sample) {
     if (absl::Status s = ValidateContext(context); !s.ok()) return s;
-    absl::StatusOr<int64_t> tokens = StreamTokensForSteps(
-        {.context = context, .max_tokens = DefaultMaxTokens(context), .micro_batches = micro_batches},
-        steps);
+    absl::StatusOr<int64_t> tokens = StreamTokensForSteps({.context = context,
+                                                           .max_tokens = DefaultMaxTokens(context),
+                                                           .micro_batches = micro_batches},
+                                                          steps);
     if (!tokens.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot sample %d steps of N x S = %d x %d tokens: %s", steps, micro_batches, context,
-          tokens.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cannot sample %d steps of N x S = %d x %d tokens: %s", steps,
+                          micro_batches, context, tokens.status().message()));
     }
     sample_tokens = *tokens;
   }

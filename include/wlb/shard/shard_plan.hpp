@@ -510,7 +510,6 @@ inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
                                               ShardStrategy strategy, ShardStrategy requested,
                                               const KernelModel& model, std::vector<int64_t> order);
 
-
 // InvalidArgument with a checked format (a FormatSpec parameter keeps the format a compile-time
 // constant for every compiler, which a forwarding lambda does not).
 template <typename... Args>

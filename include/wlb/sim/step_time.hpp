@@ -175,9 +175,9 @@ inline absl::StatusOr<ParallelSizes> ParseParallelSizes(std::string_view text) {
   ParallelSizes p;
   int* fields[] = {&p.tp, &p.cp, &p.pp, &p.dp};
   if (parts.size() != 4) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "parallel sizes %s must be four integers TP,CP,PP,DP (e.g. 8,2,4,1)",
-        QuoteForMessage(text)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("parallel sizes %s must be four integers TP,CP,PP,DP (e.g. 8,2,4,1)",
+                        QuoteForMessage(text)));
   }
   for (size_t i = 0; i < 4; ++i) {
     if (!absl::SimpleAtoi(parts[i], fields[i]) || *fields[i] < 1 || *fields[i] > kMaxPipelineSize) {
