@@ -289,7 +289,8 @@ absl::Status WriteOutput(const std::string& text) {
 
 // "--flag applies to ..., not to this run": a flag the run would not use is an error, never
 // silently ignored.
-absl::Status Unused(const char* flag, const std::string& why) {
+absl::Status Unused(std::string flag, const std::string& why) {
+  std::replace(flag.begin(), flag.end(), '_', '-');  // as the README spells flags
   return absl::InvalidArgumentError(absl::StrFormat("--%s is not used by this run: %s", flag, why));
 }
 
