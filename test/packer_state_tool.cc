@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
     run = wlb::RunPacker(**packer, {steps.begin() + split, steps.end()});
     if (!run.ok()) return Fail(std::string(run.status().message()));
   }
-  std::cout << wlb::PlanToJson(run->steps, (*packer)->Pending(), cost).dump() << "\n";
+  std::cout << wlb::PlanToJson(run->steps, (*packer)->Pending(), cost, config.max_tokens).dump()
+            << "\n";
   return 0;
 }
