@@ -27,7 +27,7 @@ Stream MakeStream(int32_t n, int64_t context, int64_t steps) {
   Stream s;
   s.config = {.context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
   std::vector<int64_t> lengths = wlb::SampleDefaultLengths(steps * n * context, /*seed=*/1);
-  s.steps = wlb::SplitIntoSteps(*wlb::MakeDocuments(lengths, context), n * context);
+  s.steps = *wlb::SplitIntoSteps(*wlb::MakeDocuments(lengths, context), n * context);
   s.steps.resize(std::min<size_t>(s.steps.size(), steps));
   return s;
 }

@@ -21,7 +21,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", pieces.status().ToString().c_str());
     return 1;
   }
-  auto arrivals = wlb::SplitIntoSteps(*pieces, config.context * config.micro_batches);
+  auto split = wlb::SplitIntoSteps(*pieces, config.context * config.micro_batches);
+  if (!split.ok()) {
+    std::fprintf(stderr, "%s\n", split.status().ToString().c_str());
+    return 1;
+  }
+  const std::vector<std::vector<wlb::Document>>& arrivals = *split;
 
   auto reference = *wlb::MakePacker("wlb-refine", config, cost, options);
   const std::vector<wlb::StepPlan> expected = wlb::RunPacker(*reference, arrivals)->steps;

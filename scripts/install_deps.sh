@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build libabsl-dev libeigen3-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev coinor-libcbc-dev pkg-config
-          python3-dev python3-venv)
+          python3 python3-dev python3-venv
+          clang-14 clang libclang-rt-14-dev)  # clang: CI's second compiler, sanitizers, libFuzzer
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # Set-up + tests in one command: installs dependencies, builds everything (the CUDA backend too
-# when nvcc is found), runs the whole ctest suite (GPU tests skip with a reason without a GPU),
-# then installs the Python package into build/pyenv and runs pytest.
+# when nvcc is found) and runs the whole ctest suite, then lists the tests that skipped and why
+# (GPU tests without a GPU, data tests without ../shared/data), then installs the Python package
+# into build/pyenv and runs pytest. Then two more builds of the planning library's tests (no CUDA,
+# bench or solver): one with clang++, one with AddressSanitizer and UndefinedBehaviorSanitizer,
+# which also replays the fuzz corpora (fuzz/corpus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build --parallel "$(nproc)"
-ctest --test-dir build --output-on-failure --parallel "$(nproc)"
+jobs="$(nproc)"
+library_only=(-G Ninja -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF
+              -DWLB_BUILD_SOLVER=OFF)
 
-# The Python package: `pip install .` from this tree into a virtual environment under build/, then
-# pytest over the real extension (it also runs build/tools/wlb-plan and build/test/packer_state_tool).
+echo "== release build (g++), every test" >&2
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake --build build --parallel "$jobs"
+ctest --test-dir build --output-on-failure --parallel "$jobs"
+scripts/skipped_tests.py build
+
+echo "== Python package (pip install . into build/pyenv), pytest" >&2
+# pytest runs over the real extension (it also runs build/tools/wlb-plan and
+# build/test/packer_state_tool).
 python3 -m venv build/pyenv
 build/pyenv/bin/pip install --quiet --disable-pip-version-check \
   "scikit-build-core>=0.10" "nanobind>=2.2" "numpy>=1.21" "pytest>=7"
@@ -20,4 +30,17 @@ WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests -q -rs 
 if [ "$pytest_status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests from python/tests" >&2
 fi
-exit "$pytest_status"
+if [ "$pytest_status" -ne 0 ]; then exit "$pytest_status"; fi
+
+echo "== clang++ build, planning library tests" >&2
+cmake -S . -B build-clang "${library_only[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_COMPILER=clang++
+cmake --build build-clang --parallel "$jobs"
+ctest --test-dir build-clang --output-on-failure --parallel "$jobs"
+
+echo "== ASan + UBSan build, planning library tests and fuzz corpora" >&2
+cmake -S . -B build-asan "${library_only[@]}" -DWLB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+cmake --build build-asan --parallel "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure --parallel "$jobs" -E consumer_find_package

@@ -1,5 +1,6 @@
 #include "wlb/cost/cost_model.hpp"
 
+#include <cmath>
 #include <filesystem>
 
 #include "gmock/gmock.h"
@@ -81,6 +82,17 @@ TEST(FitCostModel, KeepsCoefficientsNonNegative) {
   EXPECT_GT(fit->max_relative_error, 0);
 }
 
+TEST(FitCostModel, RejectsPointsBeyondTheLimits) {
+  const std::vector<ProfilePoint> slow = {{64, 1e308}, {128, 1e308}, {256, 1e308}};
+  EXPECT_THAT(FitCostModel(slow).status().message(), HasSubstr("latency in [1e-06, 1e+07] ms"));
+  // At the limits the fit and every cost stay finite.
+  const std::vector<ProfilePoint> edge = {
+      {1, kMinProfileMs}, {4096, 1.0}, {kMaxContext, kMaxProfileMs}};
+  absl::StatusOr<ProfileFit> fit = FitCostModel(edge);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_TRUE(std::isfinite(fit->model(kMaxMaxTokens)));
+}
+
 TEST(FitCostModel, RejectsTooFewOrBadPoints) {
   std::vector<ProfilePoint> two = {{1, 1.0}, {2, 2.0}};
   EXPECT_THAT(FitCostModel(two).status().message(), HasSubstr("at least 3"));
@@ -103,6 +115,11 @@ TEST(ParseProfileCsv, ErrorsNameTheLineAndValue) {
               HasSubstr("p.csv:3: length 'abc'"));
   EXPECT_THAT(ParseProfileCsv("L,ms\n64,-1\n", "p.csv").status().message(),
               HasSubstr("latency '-1'"));
+  // 1e308 ms used to fit into inf/NaN costs and null imbalances; lengths are bounded like S.
+  EXPECT_THAT(ParseProfileCsv("L,ms\n64,1e308\n", "p.csv").status().message(),
+              HasSubstr("latency '1e308' is not a number in [1e-06, 1e+07] ms"));
+  EXPECT_THAT(ParseProfileCsv("L,ms\n9223372036854775807,1\n", "p.csv").status().message(),
+              HasSubstr("length '9223372036854775807' is not an integer in [1, 16777216]"));
   EXPECT_THAT(ParseProfileCsv("L,ms\n64\n", "p.csv").status().message(),
               HasSubstr("1 fields, the header has 2"));
   EXPECT_THAT(ParseProfileCsv("a,b\n1,2\n", "p.csv").status().message(),

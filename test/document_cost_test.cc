@@ -135,7 +135,7 @@ TEST(DocumentCostTest, PackersRunOnACustomCost) {
   for (int i = 0; i < 200; ++i) {
     const PackerConfig config{.context = 4096, .max_tokens = 5120, .micro_batches = 1 + i % 5};
     const std::vector<int64_t> lengths = testing::RandomLengths(rng, config.context, i, 40);
-    const std::vector<std::vector<Document>> arrivals = SplitIntoSteps(
+    const std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(
         *MakeDocuments(lengths, config.context), config.context * config.micro_batches);
     for (const char* name : {"original", "fixed-greedy", "wlb", "wlb-refine"}) {
       auto packer = MakePacker(name, config, cost, {.thresholds = {2048}});

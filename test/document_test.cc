@@ -37,7 +37,25 @@ TEST(MakeDocuments, RejectsNonPositiveContext) {
   const std::vector<int64_t> lengths = {5};
   absl::StatusOr<std::vector<Document>> docs = MakeDocuments(lengths, 0);
   ASSERT_FALSE(docs.ok());
-  EXPECT_THAT(docs.status().message(), HasSubstr("context window must be > 0"));
+  EXPECT_THAT(docs.status().message(),
+              HasSubstr("context window (S) must be in [1, 16777216] tokens, got 0"));
+}
+
+TEST(MakeDocuments, RejectsStreamsBeyondTheLimitsBeforeAllocating) {
+  // INT64_MAX tokens used to be split into ~7e13 pieces until std::bad_alloc.
+  const std::vector<int64_t> huge = {5, INT64_MAX};
+  auto docs = MakeDocuments(huge, 131072);
+  ASSERT_FALSE(docs.ok());
+  EXPECT_THAT(docs.status().message(),
+              HasSubstr("document 1: length 9223372036854775807 is above the limit of "
+                        "34359738368 tokens"));
+  const std::vector<int64_t> many_pieces = {kMaxPieces + 1};
+  EXPECT_THAT(MakeDocuments(many_pieces, 1).status().message(),
+              HasSubstr("over the limit of 16777216 pieces"));
+  const std::vector<int64_t> too_many_tokens = {kMaxStreamTokens, 1};
+  EXPECT_THAT(MakeDocuments(too_many_tokens, kMaxContext).status().message(),
+              HasSubstr("over the limit of 34359738368 tokens in one stream"));
+  EXPECT_THAT(MakeDocuments(huge, kMaxContext + 1).status().message(), HasSubstr("got 16777217"));
 }
 
 }  // namespace

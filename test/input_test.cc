@@ -25,7 +25,7 @@ TEST(LoadInput, AFileIsCutLikeMakeDocumentsAndSplitIntoSteps) {
   EXPECT_EQ(input->lengths, (std::vector<int64_t>{5, 19, 8, 40, 3}));
   const std::vector<Document> pieces = *MakeDocuments(input->lengths, 16);
   EXPECT_EQ(input->pieces, pieces);
-  EXPECT_EQ(input->steps, SplitIntoSteps(pieces, 32));
+  EXPECT_EQ(input->steps, *SplitIntoSteps(pieces, 32));
   // The short last step is kept (packers mark it partial); --steps cuts after that many.
   EXPECT_EQ(input->steps.size(), 3u);
   EXPECT_EQ(LoadInput({.docs = path, .steps = 2}, 16, 2)->steps.size(), 2u);
@@ -70,10 +70,22 @@ TEST(LoadInput, BadInputNamesTheProblem) {
   const std::string bad = WriteTemp("wlb_input_bad.txt", "5\n-3\n");
   EXPECT_THAT(LoadInput({.docs = bad}, 1024, 2).status().message(), HasSubstr(":2: '-3'"));
   EXPECT_THAT(LoadInput({.steps = -1}, 1024, 2).status().message(), HasSubstr("got -1"));
-  EXPECT_THAT(CutSteps({}, 0, 2).status().message(), HasSubstr("S = 0"));
-  EXPECT_THAT(LoadInput({.steps = INT64_MAX / 2}, 1 << 20, 64).status().message(),
-              HasSubstr("cannot sample"));
-  EXPECT_THAT(CutSteps({}, INT64_MAX / 2, 4).status().message(), HasSubstr("overflows"));
+  EXPECT_THAT(CutSteps({}, 0, 2).status().message(), HasSubstr("(S) must be in [1, 16777216]"));
+  EXPECT_THAT(CutSteps({}, 1024, 4097).status().message(), HasSubstr("got 4097"));
+  EXPECT_THAT(CutSteps({}, 1024, 2, {.max_steps = kMaxSteps + 1}).status().message(),
+              HasSubstr("max_steps must be in [0, 1048576]"));
+  EXPECT_THAT(LoadInput({.steps = kMaxSteps}, 1 << 20, 64).status().message(),
+              HasSubstr("cannot sample 1048576 steps of N x S = 64 x 1048576 tokens"));
+  EXPECT_THAT(CutSteps({}, INT64_MAX / 2, 4).status().message(),
+              HasSubstr(absl::StrFormat("got %d", INT64_MAX / 2)));
+  EXPECT_THAT(LoadInput({.steps = kMaxSteps + 1}, 1024, 2).status().message(),
+              HasSubstr("steps must be in [0, 1048576]"));
+  const std::string empty = WriteTemp("wlb_input_empty.txt", "# nothing\n");
+  EXPECT_THAT(LoadInput({.docs = empty}, 1024, 2).status().message(),
+              HasSubstr("holds no document lengths"));
+  // A split that would make more pieces than one stream may hold is rejected, not allocated.
+  const Lengths huge{.name = "huge", .values = {kMaxStreamTokens}};
+  EXPECT_THAT(CutSteps(huge, 1, 1).status().message(), HasSubstr("over the limit"));
 }
 
 }  // namespace

@@ -152,12 +152,21 @@ TEST(KernelModelTest, ProfileErrorsNameLineAndValue) {
       {"", "empty kernel profile"},
       {"q_len,ms\n1,2\n", "t.csv:1: header 'q_len,ms' must name the columns q_len, kv_len and ms"},
       {"q_len,kv_len,ms\n", "has a header but no rows"},
-      {"q_len,kv_len,ms\n128,128,0.1\nabc,128,0.1\n", "t.csv:3: q_len 'abc' is not a positive"},
+      {"q_len,kv_len,ms\n128,128,0.1\nabc,128,0.1\n",
+       "t.csv:3: q_len 'abc' is not an integer in [1, 16777216]"},
       {"q_len,kv_len,ms\n0,128,0.1\n", "t.csv:2: q_len '0'"},
-      {"q_len,kv_len,ms\n256,128,0.1\n", "t.csv:2: kv_len '128' is not an integer >= q_len 256"},
-      {"q_len,kv_len,ms\n128,128,-2\n", "t.csv:2: ms '-2' is not a positive finite number"},
+      {"q_len,kv_len,ms\n256,128,0.1\n",
+       "t.csv:2: kv_len '128' is not an integer in [q_len 256, 16777216]"},
+      {"q_len,kv_len,ms\n128,128,-2\n", "t.csv:2: ms '-2' is not a number in [1e-06, 1e+07]"},
       {"q_len,kv_len,ms\n128,128,inf\n", "t.csv:2: ms 'inf'"},
       {"q_len,kv_len,ms\n128,128\n", "t.csv:2: 2 fields, the header has 3"},
+      // INT64_MAX used to overflow PaddedFlops into a negative latency; 1e308 ms into inf/NaN.
+      {"q_len,kv_len,ms\n9223372036854775807,9223372036854775807,1\n",
+       "q_len '9223372036854775807' is not an integer in [1, 16777216]"},
+      {"q_len,kv_len,ms\n128,16777217,1\n", "kv_len '16777217' is not an integer in [q_len 128"},
+      {"q_len,kv_len,ms\n128,128,1e308\n", "ms '1e308' is not a number in [1e-06, 1e+07]"},
+      {std::string("q_len,kv_len,ms\n128,128,") + std::string(5000, '9') + "\n",
+       "(5000 bytes in all) is not a number"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<KernelModel> m = ParseKernelProfileCsv(c.text, "t.csv");
@@ -190,6 +199,25 @@ TEST(KernelModelTest, ReadsProfileFile) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr(path.string()));
+}
+
+TEST(KernelModelTest, ProfilePointsBeyondTheLimitsAreRejected) {
+  const std::vector<KernelProfilePoint> huge = {{.q_len = INT64_MAX, .kv_len = INT64_MAX, .ms = 1}};
+  EXPECT_THAT(std::string(KernelModel::FromProfile(huge).status().message()),
+              HasSubstr("need 0 < q_len <= kv_len <= 16777216"));
+  const std::vector<KernelProfilePoint> slow = {{.q_len = 128, .kv_len = 128, .ms = 1e308}};
+  EXPECT_THAT(std::string(KernelModel::FromProfile(slow).status().message()),
+              HasSubstr("ms must be in [1e-06, 1e+07], got 1e+308"));
+  // At the limits every latency is finite and positive.
+  const std::vector<KernelProfilePoint> edge = {
+      {.q_len = 1, .kv_len = 1, .ms = kMinProfileMs},
+      {.q_len = kMaxContext, .kv_len = kMaxContext, .ms = kMaxProfileMs}};
+  absl::StatusOr<KernelModel> m = KernelModel::FromProfile(edge);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (int64_t kv : {int64_t{1}, int64_t{4096}, kMaxContext, kMaxMaxTokens}) {
+    const double ms = m->SegmentMs(kv, kv);
+    EXPECT_TRUE(std::isfinite(ms) && ms > 0) << kv << ": " << ms;
+  }
 }
 
 }  // namespace

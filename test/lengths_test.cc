@@ -104,5 +104,54 @@ TEST(SampleLengths, DrawsInsideTheBins) {
   EXPECT_NEAR(static_cast<double>(hundreds) / lengths.size(), 0.75, 0.03);
 }
 
+TEST(ParseLengths, DeeplyNestedJsonIsRejectedAtOnceWithoutEchoingIt) {
+  // 100,000 levels used to crash (SIGSEGV) while the error path dumped the element recursively.
+  const std::string nested = std::string(100000, '[') + std::string(100000, ']');
+  auto lengths = ParseLengths(nested, "deep.json");
+  ASSERT_FALSE(lengths.ok());
+  EXPECT_THAT(lengths.status().message(), HasSubstr("element 0 is a nested array"));
+  EXPECT_LT(lengths.status().message().size(), 200u);
+  for (const char* bad : {"[1, {\"a\": 1}]", "[1, [2]]", "[1, 2.5]", "[1, true]", "[1] 2", "{}",
+                          "[18446744073709551615]"}) {
+    EXPECT_FALSE(ParseLengths(bad, "b.json").ok()) << bad;
+  }
+  auto big = ParseLengths("[9223372036854775807]", "b.json");  // bounded later, by MakeDocuments
+  ASSERT_TRUE(big.ok()) << big.status();
+}
+
+TEST(ParseLengths, BadValuesAreEscapedAndCutShort) {
+  const std::string line = std::string(10'000'000, 'x') + std::string("\0\xff", 2);
+  auto lengths = ParseLengths("5\n" + line + "\n", "big.txt");
+  ASSERT_FALSE(lengths.ok());
+  const std::string message(lengths.status().message());
+  EXPECT_LT(message.size(), 200u);
+  EXPECT_THAT(message, HasSubstr("big.txt:2: 'xxxx"));
+  EXPECT_THAT(message, HasSubstr("(10000002 bytes in all)"));
+  auto binary = ParseLengths(std::string("5\n1\0"
+                                         "2\n",
+                                         6),
+                             "bin.txt");
+  ASSERT_FALSE(binary.ok());
+  EXPECT_THAT(binary.status().message(), HasSubstr("'1\\x00"));
+  EXPECT_EQ(std::string(binary.status().message()).find('\0'), std::string::npos);
+}
+
+TEST(ReadLengthsFile, DirectoryIsAnErrorNotZeroDocuments) {
+  auto lengths = ReadLengthsFile(::testing::TempDir());
+  ASSERT_FALSE(lengths.ok());
+  EXPECT_EQ(lengths.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(lengths.status().message(), HasSubstr("is a directory"));
+}
+
+TEST(ReadInputFile, StopsAtTheByteLimit) {
+  const std::string path = ::testing::TempDir() + "/wlb_big_input.txt";
+  std::ofstream(path) << std::string(5000, '7');
+  auto text = ReadInputFile(path, "lengths file", 4096);
+  ASSERT_FALSE(text.ok());
+  EXPECT_THAT(text.status().message(), HasSubstr("larger than the limit of 4096 bytes"));
+  EXPECT_TRUE(ReadInputFile(path, "lengths file", 5000).ok());
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace wlb

@@ -47,7 +47,7 @@ Stream RandomStream(std::mt19937_64& rng, int index) {
   s.lengths =
       testing::RandomLengths(rng, s.config.context, index, static_cast<int>(uniform(0, 80)));
   auto pieces = *MakeDocuments(s.lengths, s.config.context);
-  s.arrivals = SplitIntoSteps(pieces, s.config.context * s.config.micro_batches);
+  s.arrivals = *SplitIntoSteps(pieces, s.config.context * s.config.micro_batches);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "wlb/wlb.hpp"
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
   if (!lengths.ok()) return Fail(std::string(lengths.status().message()));
   auto pieces = wlb::MakeDocuments(*lengths, context);
   if (!pieces.ok()) return Fail(std::string(pieces.status().message()));
-  auto steps = wlb::SplitIntoSteps(*pieces, context * n);
+  auto split_steps = wlb::SplitIntoSteps(*pieces, context * n);
+  if (!split_steps.ok()) return Fail(std::string(split_steps.status().message()));
+  const std::vector<std::vector<wlb::Document>>& steps = *split_steps;
   const size_t split = std::min<size_t>(static_cast<size_t>(k), steps.size());
 
   absl::StatusOr<wlb::PackRun> run;
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
     run = wlb::RunPacker(**packer, {steps.begin() + split, steps.end()});
     if (!run.ok()) return Fail(std::string(run.status().message()));
   }
-  std::cout << wlb::PlanToJson(run->steps, (*packer)->Pending(), cost).dump() << "\n";
+  std::cout << wlb::PlanToJson(run->steps, (*packer)->Pending(), cost, config.max_tokens).dump()
+            << "\n";
   return 0;
 }

@@ -173,7 +173,7 @@ TEST(MakePacker, RejectsBadSettingsNamingTheValue) {
   EXPECT_THAT(MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
               HasSubstr("S_max) 99 is below the context window (S) 100"));
   EXPECT_THAT(MakePacker("fixed-greedy", {}, cost, {.window = 0}).status().message(),
-              HasSubstr("window must be >= 1 step, got 0"));
+              HasSubstr("window must be in [1, 4096] steps, got 0"));
   EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {100, 50}}).status().message(),
               HasSubstr("strictly increasing, got 100,50"));
   EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {200000}}).status().message(),
@@ -217,14 +217,15 @@ TEST(PackerState, RejectsCorruptedAndMismatchedBlobs) {
   EXPECT_EQ(packer->SaveState(), blob);
 }
 
+// A blob with a valid checksum over `payload`: what a buggy writer or an attacker can produce.
+std::string BlobWithChecksum(const std::string& payload) {
+  return absl::StrFormat("%s\n%016x\n%s", Packer::kStateMagic, detail::Fnv1a64(payload), payload);
+}
 // The payload of a state blob, and a blob with a valid checksum around an edited payload.
 nlohmann::json Payload(const std::string& blob) {
   return nlohmann::json::parse(blob.substr(blob.find('\n', blob.find('\n') + 1) + 1));
 }
-std::string Blob(const nlohmann::json& payload) {
-  const std::string text = payload.dump();
-  return absl::StrFormat("%s\n%016x\n%s", Packer::kStateMagic, detail::Fnv1a64(text), text);
-}
+std::string Blob(const nlohmann::json& payload) { return BlobWithChecksum(payload.dump()); }
 
 TEST(LookaheadPacker, ReturnsEachPlanOnceKFurtherStepsAreBuffered) {
   PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
@@ -280,7 +281,7 @@ TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged
   auto expect_rejected = [&](const nlohmann::json& bad, const std::string& why) {
     absl::Status s = restored->RestoreState(Blob(bad));
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << why;
-    EXPECT_THAT(s.message(), HasSubstr(why));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(why));
     EXPECT_EQ(restored->SaveState(), blob) << why;  // untouched
   };
   nlohmann::json bad = good;
@@ -288,14 +289,17 @@ TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged
   expect_rejected(bad, "outside [1, 100]");
   bad = good;
   bad["state"]["buffer"][0][0][1] = 0;
-  expect_rejected(bad, "out of range");
+  expect_rejected(bad, "document length must be an integer in [1, 16777216]");
   bad = good;
   bad["state"]["buffer"][1].push_back(good["state"]["buffer"][0][0]);  // held twice
   expect_rejected(bad, "arrival step");
   bad = good;
-  bad["state"]["carry"].push_back(good["state"]["buffer"][0][1]);
-  bad["state"]["carry"][0][4] = -1;  // an earlier arrival, but the same (id, offset)
+  bad["state"]["buffer"][0].push_back(good["state"]["buffer"][0][1]);  // the same step, twice
   expect_rejected(bad, "held twice");
+  bad = good;
+  bad["state"]["carry"].push_back(good["state"]["buffer"][0][1]);
+  bad["state"]["carry"][0][4] = -1;  // an arrival step before the first
+  expect_rejected(bad, "arrival step must be an integer in [0, 1099511627776]");
   bad = good;
   bad["state"]["queues"][1].push_back(nlohmann::json::array({50, 60, 0, 0, 0}));  // wrong level
   expect_rejected(bad, "queued: document 50 piece 0 of length 60 is outside [80, 100]");
@@ -307,10 +311,10 @@ TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged
   expect_rejected(bad, "queue count");
   bad = good;
   bad["state"]["buffer"][0][0][2] = -1;  // negative piece index
-  expect_rejected(bad, "outside [1, 100]");
+  expect_rejected(bad, "piece must be an integer in [0, 16777216]");
   bad = good;
   bad["short_from"] = 7;
-  expect_rejected(bad, "short_from 7");
+  expect_rejected(bad, "short_from must be an integer in [-1, 1]");
   auto other_k =
       *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {50, 80}, .lookahead = 1});
   EXPECT_EQ(other_k->RestoreState(blob).code(), absl::StatusCode::kFailedPrecondition);
@@ -321,6 +325,259 @@ TEST(MakePacker, RejectsABadLookahead) {
               HasSubstr("look-ahead must be in [0, 8] steps, got -1"));
   EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = 9}).status().message(),
               HasSubstr("got 9"));
+}
+
+TEST(PackerConfig, EverySizeHasADocumentedUpperBound) {
+  const CostModel cost = Quadratic();
+  auto message = [&](const PackerConfig& c, const PackerOptions& o = {}) {
+    return std::string(MakePacker("fixed-greedy", c, cost, o).status().message());
+  };
+  EXPECT_THAT(message({.micro_batches = 4097}), HasSubstr("(N) must be in [1, 4096], got 4097"));
+  EXPECT_THAT(message({.context = kMaxContext + 1, .max_tokens = kMaxContext + 1}),
+              HasSubstr("(S) must be in [1, 16777216] tokens, got 16777217"));
+  EXPECT_THAT(message({.context = 100, .max_tokens = kMaxMaxTokens + 1}),
+              HasSubstr("(S_max) must be <= 67108864"));
+  EXPECT_THAT(message({}, {.window = 4097}), HasSubstr("got 4097"));
+  EXPECT_THAT(message({.micro_batches = 64}, {.window = 1025}),
+              HasSubstr("65600 micro-batches per window, over the limit of 65536"));
+  EXPECT_TRUE(MakePacker("fixed-greedy", {.micro_batches = 64}, cost, {.window = 1024}).ok());
+  // S + S/4 used to overflow to a negative S_max for S near 2^63; now S itself is reported.
+  for (int64_t s : {INT64_MAX, int64_t{1} << 62, int64_t{1} << 61}) {
+    EXPECT_GT(DefaultMaxTokens(s), 0);
+    EXPECT_THAT(message({.context = s, .max_tokens = DefaultMaxTokens(s)}),
+                HasSubstr(absl::StrFormat("(S) must be in [1, 16777216] tokens, got %d", s)));
+  }
+  std::vector<int64_t> seventeen;
+  for (int64_t t = 1; t <= 17; ++t) seventeen.push_back(t);
+  EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = seventeen}).status().message(),
+              HasSubstr("17 outlier thresholds, at most 16"));
+}
+
+TEST(SplitIntoSteps, RejectsStepSizesThatCannotBeRight) {
+  const std::vector<Document> pieces = Docs({5, 7}, 10);
+  for (int64_t bad : {int64_t{0}, int64_t{-4}, kMaxContext * kMaxMicroBatches + 1}) {
+    auto steps = SplitIntoSteps(pieces, bad);  // 0 used to divide by zero (SIGFPE)
+    ASSERT_FALSE(steps.ok()) << bad;
+    EXPECT_THAT(steps.status().message(), HasSubstr(absl::StrFormat("got %d", bad)));
+  }
+  EXPECT_FALSE(SplitIntoSteps(std::vector<Document>{{.id = 0, .length = 0}}, 10).ok());
+  auto steps = SplitIntoSteps(pieces, 5);
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(steps->size(), 2u);
+}
+
+TEST(StreamTokensForSteps, ChecksTheProductAgainstTheStreamLimit) {
+  const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
+  EXPECT_EQ(*StreamTokensForSteps(config, 100), 100 * 4 * 131072);
+  EXPECT_THAT(StreamTokensForSteps(config, 0).status().message(), HasSubstr("got 0"));
+  EXPECT_THAT(StreamTokensForSteps(config, int64_t{1} << 50).status().message(),
+              HasSubstr("steps must be in [1, 1048576]"));
+  EXPECT_THAT(StreamTokensForSteps(config, 65537).status().message(),
+              HasSubstr("at most 65536 steps at this S and N"));
+}
+
+TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
+  const PackerConfig config{.context = 64, .max_tokens = 80, .micro_batches = 2};
+  const CostModel cost = Quadratic();
+  struct Case {
+    std::string packer;
+    PackerOptions options;
+    std::string state;     // the "state" member
+    std::string counters;  // "pushes", "next_step" and "short_from"; empty = 1, 1 and -1
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      // Each of these used to be accepted, after which Flush() never returned (or overflowed).
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[0, 100, 0, 0, 0]]})",
+       {},
+       "length 100 is outside [1, 64]"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[0, 65, 0, 0, 0]]})",
+       {},
+       "length 65 is outside [1, 64]"},
+      {"fixed-greedy",
+       {},
+       R"({"carry": [[0, 65, 0, 0, 0]], "buffer": [], "buffered_steps": 0})",
+       {},
+       "length 65 is outside [1, 64]"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 0, "next_piece": 2147483647})",
+       {},
+       "next_piece must be an integer in [0, 16777216]"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 70, -5, 0, 0]], "last_id": -1, "next_piece": 0})",
+       {},
+       "piece must be an integer in [0, 16777216]"},
+      // Duplicates, counters, types and packer-specific invariants.
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 1, 0, 0], [3, 10, 1, 0, 0]]})",
+       {},
+       "document 3 piece 1 is held twice"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[0, 10, 0, 0, 5]]})",
+       {},
+       "arrival step 5 is not before the 1 pushes"},
+      {"wlb", {}, R"({"queues": [], "carry": [[0, 10.5, 0, 0, 0]]})", {}, "length must be"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[0, 5, 0, 0, 0], [1, 9, 0, 0, 0]]})",
+       {},
+       "not ordered longest first"},
+      {"wlb",
+       {.thresholds = {32}},
+       R"({"queues": [[[0, 5, 0, 0, 0]]], "carry": []})",
+       {},
+       "is in outlier queue 0, not its queue -1"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 1e300, "next_step": 1, "short_from": -1)",
+       "pushes must be an integer"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": -1, "next_step": 1, "short_from": -1)",
+       "pushes must be an integer"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 64, 0, 0, 0], [1, 64, 0, 0, 0]], "last_id": -1,
+        "next_piece": 0})",
+       {},
+       "buffer holds 128 tokens"},
+      {"fixed-greedy",
+       {.window = 2},
+       R"({"carry": [], "buffer": [[0, 5, 0, 0, 0]],
+        "buffered_steps": 0})",
+       {},
+       "before the window's first step 1"},
+      // short_from is a push index below `pushes` (or -1), as an integer.
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 1, "next_step": 1, "short_from": 1)",
+       "short_from must be an integer in [-1, 0]"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 1, "next_step": 1, "short_from": -2)",
+       "short_from must be an integer in [-1, 0]"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 1, "next_step": 1, "short_from": 0.5)",
+       "short_from must be an integer"},
+      // original-nextfit keeps original's state and its checks.
+      {"original-nextfit",
+       {},
+       R"({"buffer": [[0, 65, 0, 0, 0]], "last_id": -1, "next_piece": 0})",
+       {},
+       "length 65 is outside [1, 64]"},
+      {"original-nextfit",
+       {},
+       R"({"buffer": [[0, 64, 0, 0, 0], [1, 64, 0, 0, 0]], "last_id": -1, "next_piece": 0})",
+       {},
+       "buffer holds 128 tokens"},
+      {"original-nextfit",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 0, "next_piece": 2147483647})",
+       {},
+       "next_piece must be an integer in [0, 16777216]"},
+      // wlb-lookahead (K = 1; after one push it buffers one step, of arrival step 0).
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [[0, 65, 0, 0, 0]], "buffer": []})",
+       {},
+       "length 65 is outside [1, 64]"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [[0, 5, 0, 0, 0], [1, 9, 0, 0, 0]], "buffer": []})",
+       {},
+       "not ordered longest first"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, -5, 0, 0]]]})",
+       {},
+       "piece must be an integer in [0, 16777216]"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]], [[1, 10, 0, 0, 1]]]})",
+       {},
+       "more buffered steps than the look-ahead allows"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]]})",
+       R"("pushes": 3, "next_step": 1, "short_from": -1)",
+       "are not the last of the 3 pushes"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]]})",
+       R"("pushes": 0, "next_step": 0, "short_from": -1)",
+       "arrival step 0 is not before the 0 pushes"},
+      {"wlb-lookahead",
+       {.thresholds = {32}},
+       R"({"queues": [[[0, 5, 0, 0, 0]]], "carry": [], "buffer": []})",
+       {},
+       "queued: document 0 piece 0 of length 5 is outside [32, 64]"},
+  };
+  for (const Case& c : cases) {
+    auto packer = *MakePacker(c.packer, config, cost, c.options);
+    ASSERT_TRUE(packer->Push(Docs({30, 7}, 64)).ok());
+    const std::string before = packer->SaveState();
+    const std::string payload = absl::StrFormat(
+        R"({"config": %s, %s, "state": %s})", packer->ConfigJson().dump(),
+        c.counters.empty() ? R"("pushes": 1, "next_step": 1, "short_from": -1)" : c.counters,
+        c.state);
+    const absl::Status s = packer->RestoreState(BlobWithChecksum(payload));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.state;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.state;
+    EXPECT_EQ(packer->SaveState(), before) << c.state;
+  }
+  // Nesting is bounded before the payload is parsed or compared.
+  auto packer = *MakePacker("wlb", config, cost, {});
+  const std::string deep =
+      "{\"config\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_THAT(packer->RestoreState(BlobWithChecksum(deep)).message(),
+              HasSubstr("nests deeper than 64 levels"));
+}
+
+TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
+  // Restored states that the checks accept always flush: every held piece once, under the cap.
+  const PackerConfig config{.context = 64, .max_tokens = 80, .micro_batches = 2};
+  for (const std::string name :
+       {"original", "original-nextfit", "fixed-greedy", "wlb", "wlb-refine", "wlb-lookahead"}) {
+    auto packer =
+        *MakePacker(name, config, Quadratic(), {.window = 2, .thresholds = {32}, .lookahead = 1});
+    const std::string state =
+        name == "original" || name == "original-nextfit"
+            ? R"({"buffer": [[7, 64, 2, 128, 0], [9, 3, 0, 0, 1]], "last_id": 7, "next_piece": 3})"
+        : name == "fixed-greedy"
+            ? R"({"carry": [[7, 64, 2, 128, 0]], "buffer": [[9, 3, 0, 0, 1]], "buffered_steps": 1})"
+        : name == "wlb-lookahead"
+            ? R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [], "buffer": [[[9, 3, 0, 0, 1]]]})"
+            : R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [[9, 3, 0, 0, 1]]})";
+    const std::string payload = absl::StrFormat(
+        R"({"config": %s, "pushes": 2, "next_step": 1, "short_from": 1, "state": %s})",
+        packer->ConfigJson().dump(), state);
+    ASSERT_TRUE(packer->RestoreState(BlobWithChecksum(payload)).ok()) << name;
+    const std::vector<StepPlan> steps = packer->Flush();
+    EXPECT_TRUE(packer->Pending().empty());
+    int64_t tokens = 0;
+    for (const StepPlan& s : steps) {
+      ASSERT_EQ(s.micro_batches.size(), 2u);
+      for (const MicroBatch& mb : s.micro_batches) {
+        EXPECT_LE(mb.tokens, name.starts_with("wlb") ? 80 : 64);
+        tokens += mb.tokens;
+      }
+    }
+    EXPECT_EQ(tokens, 67) << name;
+  }
 }
 
 }  // namespace

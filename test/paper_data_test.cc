@@ -15,7 +15,7 @@ TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
   const CostModel cost = *CostModelFromPreset("llama2-7b");
   auto pieces = *MakeDocuments(*lengths, config.context);
-  auto arrivals = SplitIntoSteps(pieces, config.context * config.micro_batches);
+  auto arrivals = *SplitIntoSteps(pieces, config.context * config.micro_batches);
   ASSERT_GT(arrivals.size(), 700u);
 
   auto run = [&](const char* name, PackerOptions options) {

@@ -17,7 +17,7 @@ struct Sample {
     // The default distribution scaled to a 32K window (lengths / 4), 60 steps.
     std::vector<int64_t> lengths = SampleDefaultLengths(60 * 4 * 131072, 5);
     for (int64_t& l : lengths) l = std::max<int64_t>(1, l / 4);
-    arrivals = SplitIntoSteps(*MakeDocuments(lengths, config.context), 4 * config.context);
+    arrivals = *SplitIntoSteps(*MakeDocuments(lengths, config.context), 4 * config.context);
   }
 };
 

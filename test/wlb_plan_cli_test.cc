@@ -1,4 +1,6 @@
 // End-to-end tests of the wlb-plan binary: outputs, determinism and bad input.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -142,7 +144,8 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   }
   Result preset = RunPlan("--steps 5 --profile-cost table");
   EXPECT_NE(preset.exit_code, 0);
-  EXPECT_THAT(preset.err, HasSubstr("--profile-cost table needs a profile CSV"));
+  EXPECT_THAT(preset.err, HasSubstr("--profile-cost is not used by this run: it applies to a "
+                                    "profile CSV in --cost, and --cost is the preset 'llama2-7b'"));
   Result unknown = RunPlan("--steps 5 --profile-cost spline --cost " + profile);
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_THAT(unknown.err, HasSubstr("--profile-cost must be fit or table, got 'spline'"));
@@ -195,7 +198,7 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   absl::StatusOr<std::vector<Document>> docs =
       MakeDocuments(SampleDefaultLengths(8 * config.context * 4, 5), config.context);
   ASSERT_TRUE(docs.ok());
-  std::vector<std::vector<Document>> arrivals = SplitIntoSteps(*docs, config.context * 4);
+  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(*docs, config.context * 4);
   if (arrivals.size() > 8) arrivals.resize(8);
   const StepTimeModel model = *StepTimeModel::Create(
       *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 1}));
@@ -215,6 +218,21 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   EXPECT_THAT(table.out, HasSubstr("estimated speedup over Plain-4D"));
 }
 
+TEST(WlbPlan, NewerFlagsRunWhenTheyApply) {
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"--packer wlb-lookahead --lookahead 2 --steps 6", "packer wlb-lookahead"},
+      {"--packer original-nextfit --steps 6 --compare=false", "packer original-nextfit"},
+      {"--distribution heavy-tail --steps 6 --compare=false", "embedded heavy-tail distribution"},
+      {"--steps 4 --estimate 8,2,4,1 --sharding per-seq-ordered --gemm-tflops 400 --compare=false",
+       "with per-seq-ordered CP"},
+  };
+  for (const auto& [args, want] : runs) {
+    Result r = RunPlan(args);
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr(want)) << args;
+  }
+}
+
 struct BadCase {
   std::string args;
   std::string stdin_text;
@@ -226,7 +244,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--docs -", "5\n-3\n", "<stdin>:2: '-3' is not a positive integer"},
       {"--docs -", "5\n0\n", "<stdin>:2: '0'"},
       {"--docs -", "5\nabc\n", "'abc'"},
-      {"--micro-batches 0", "", "(N) must be >= 1, got 0"},
+      {"--micro-batches 0", "", "(N) must be in [1, 4096], got 0"},
       {"--max-tokens 1000", "", "S_max) 1000 is below the context window (S) 131072"},
       {"--cost gpt-9", "", "'gpt-9'"},
       {"--packer best-fit", "", "unknown packer 'best-fit'"},
@@ -236,7 +254,39 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--thresholds 70000,60000", "", "strictly increasing"},
       {"--format yaml", "", "'yaml'"},
       {"--window 0 --packer fixed-greedy", "", "got 0"},
-      {"--cp 0", "", "--cp must be a context-parallel size >= 1"},
+      {"--cp 0", "", "--cp must be a context-parallel size in [1, 4096]"},
+      // Limits: each of these used to crash, hang, overflow or plan nothing with exit 0.
+      {"--context 4611686018427387904 --thresholds none", "",
+       "context window (S) must be in [1, 16777216] tokens, got 4611686018427387904"},
+      {"--context 2305843009213693952", "", "got 2305843009213693952"},
+      {"--context 9223372036854775807", "", "got 9223372036854775807"},
+      {"--micro-batches 2147483647", "", "(N) must be in [1, 4096], got 2147483647"},
+      {"--packer fixed-greedy --window 2147483647", "", "window must be in [1, 4096] steps"},
+      {"--packer fixed-greedy --window 4096 --micro-batches 32", "", "over the limit of 65536"},
+      {"--steps 100000000000000000", "", "--steps must be in [0, 1048576]"},
+      {"--steps 1000000", "", "at most 65536 steps at this S and N"},
+      {"--cp 4097", "", "in [1, 4096]"},
+      {"--docs -", "9223372036854775807\n", "above the limit of 34359738368 tokens"},
+      {"--docs -", std::string(100000, '[') + std::string(100000, ']'), "a nested array"},
+      {"--docs -", "", "<stdin> holds no document lengths"},
+      {"--docs /tmp", "", "lengths file '/tmp' is a directory"},
+      // Messages: what S is too small for, flags a run does not use, unknown flags, positionals.
+      {"--context 3", "", "--context 3 is too small for 2 default outlier queues"},
+      {"--packer original --thresholds 5,3 --format json", "",
+       "--thresholds is not used by this run"},
+      {"--packer original --thresholds 5,3", "",
+       "--thresholds (used by the table's wlb comparison row): outlier thresholds must be"},
+      {"--packer wlb --window 3", "", "--window is not used by this run"},
+      {"--sharding per-doc", "", "--sharding is not used by this run"},
+      {"--thresholds none --queues 3", "", "give one of them"},
+      {"--docs - --seed 3", "5\n", "--seed is not used by this run"},
+      {"--steps 1 --steps 2", "", "--steps is given more than once"},
+      {"--contxt 5", "", "unknown flag '--contxt'"},
+      {"--context abc", "", "--context: 'abc' is not an integer"},
+      {"--context", "", "--context needs a value"},
+      {"stray.txt", "", "unexpected argument 'stray.txt'"},
+      {"--packer " + std::string(20000, 'x'), "", "(20000 bytes in all)"},
+      {"--docs -", "5\n" + std::string(1 << 20, '7') + "x\n", "(1048577 bytes in all)"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
       {"--cp 2 --kernel-profile /nonexistent/k.csv", "", "/nonexistent/k.csv"},
       {"--estimate 8,2,4", "", "'8,2,4' must be four integers TP,CP,PP,DP"},
@@ -244,15 +294,69 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,2", "", "needs --micro-batches = PP x DP = 8, got 4"},
       {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
       {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
-      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "gemm_tflops must be > 0"},
+      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in (0, 1000000]"},
+      // Main's newer flags follow the same rules: limits, and no flag the run would not use.
+      {"--estimate 8,2,4,1 --gemm-tflops 1e308", "", "got 1e+308"},
+      {"--estimate 8,2,4,4097", "", "'4097' is not an integer in [1, 4096]"},
+      {"--estimate " + std::string(100, '9'), "", "(100 bytes in all)"},
+      {"--estimate 8,2,4,1 --cost /nonexistent/profile.csv", "",
+       "--estimate needs a model shape: --cost must be a preset"},
+      {"--gemm-tflops 400", "", "--gemm-tflops is not used by this run"},
+      {"--lookahead 2", "", "--lookahead is not used by this run"},
+      {"--packer wlb-lookahead --lookahead 9", "", "look-ahead must be in [0, 8] steps, got 9"},
+      {"--packer wlb-lookahead --lookahead -1", "", "got -1"},
+      {"--packer original --tune", "", "--tune is not used by this run"},
+      {"--docs - --distribution heavy-tail", "5\n", "--distribution is not used by this run"},
+      {"--distribution zipf", "", "--distribution must be default or heavy-tail, got 'zipf'"},
+      {"--kernel-profile /nonexistent/k.csv", "", "--kernel-profile is not used by this run"},
   };
   for (const BadCase& c : cases) {
     Result r = RunPlan(c.args, c.stdin_text);
-    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_EQ(r.exit_code, 1) << c.args;
+    EXPECT_THAT(r.err, ::testing::StartsWith("wlb-plan: error: ")) << c.args;
+    EXPECT_LT(r.err.size(), 600u) << c.args;
     EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
     EXPECT_TRUE(r.out.empty()) << c.args;
   }
+}
+
+TEST(WlbPlan, OutWritesThroughSpecialFilesAndFollowsSymlinks) {
+  const std::string dir = ::testing::TempDir() + "/wlb_out_special";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // A symlink stays a symlink; its target gets the output.
+  const std::string target = dir + "/target.json", link = dir + "/link.json";
+  std::ofstream(target) << "old";
+  std::filesystem::create_symlink(target, link);
+  Result r = RunPlan("--steps 2 --format json --timing=false --out " + link);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(Slurp(target), RunPlan("--steps 2 --format json --timing=false").out);
+  // A FIFO stays a FIFO and its reader gets the output.
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string got = dir + "/from_fifo";
+  const std::string reader = "cat " + fifo + " > " + got + " &";
+  ASSERT_EQ(std::system(reader.c_str()), 0);
+  r = RunPlan("--steps 2 --format json --timing=false --out " + fifo);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  for (int i = 0; i < 100 && Slurp(got).size() < 10; ++i) {
+    std::system("sleep 0.05");
+  }
+  EXPECT_THAT(Slurp(got), HasSubstr("\"steps\""));
+  // /dev/stdout is written through (it used to be replaced via /dev/stdout.tmp, which fails for
+  // a user who cannot write /dev).
+  r = RunPlan("--steps 2 --format json --timing=false --out /dev/stdout");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"steps\""));
+  EXPECT_FALSE(std::filesystem::exists("/dev/stdout.tmp"));
+  // A directory is an error, and nothing is written.
+  r = RunPlan("--steps 2 --out " + dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("it is a directory"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,26 +1,30 @@
 // wlb-plan: plans packed micro-batches for a stream of documents and reports their balance.
-//
-//   wlb-plan                                   # 100 steps of the embedded default distribution
-//   wlb-plan --docs lengths.txt --packer wlb-refine --format json --out plan.json
-//   cat lengths.txt | wlb-plan --docs - --micro-batches 8 --thresholds 32768,65536
-//
-// See README.md ("wlb-plan") for every flag and the JSON schema. On any error wlb-plan prints one
-// line naming the problem, exits non-zero and writes no output file.
+// See wlb_plan.h, and README.md ("wlb-plan") for every flag and the JSON schema.
+#include "wlb_plan.h"
+
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -38,16 +42,18 @@ ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 
 ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
 ABSL_FLAG(std::string, packer, "wlb",
           "original, original-nextfit, fixed-greedy, wlb, wlb-refine or wlb-lookahead");
-ABSL_FLAG(int32_t, lookahead, 1, "wlb-lookahead: K, steps of prefetched arrivals it sees ahead");
+ABSL_FLAG(int32_t, lookahead, 1,
+          "wlb-lookahead: K in [0, 8], steps of prefetched arrivals it sees ahead");
 ABSL_FLAG(int32_t, window, 1, "fixed-greedy: steps packed together");
 ABSL_FLAG(std::string, thresholds, "",
-          "wlb/wlb-refine: comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'");
-ABSL_FLAG(int32_t, queues, -1,
-          "wlb/wlb-refine: number of outlier queues with default thresholds (default 2); "
-          "ignored when --thresholds is given");
+          "wlb/wlb-refine/wlb-lookahead: comma-separated outlier thresholds L_1<L_2<... in tokens, "
+          "or 'none'");
+ABSL_FLAG(int32_t, queues, 2,
+          "wlb/wlb-refine/wlb-lookahead: number of outlier queues with default thresholds "
+          "(instead of --thresholds)");
 ABSL_FLAG(bool, tune, false,
-          "wlb/wlb-refine: pick thresholds with the tuner on the planned stream itself, within "
-          "--delay_budget");
+          "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream "
+          "itself, within --delay_budget");
 ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
 ABSL_FLAG(std::string, cost, "llama2-7b",
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
@@ -60,12 +66,13 @@ ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
           "this many (0 = all)");
 ABSL_FLAG(int32_t, cp, -1,
-          "context-parallel size C >= 1: add CP shard plans to every micro-batch (omit for none)");
+          "context-parallel size C in [1, 4096]: add CP shard plans to every micro-batch (omit "
+          "for none)");
 ABSL_FLAG(std::string, sharding, "adaptive",
           "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
 ABSL_FLAG(std::string, kernel_profile, "",
-          "with --cp: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty = the "
-          "analytic default (tile 128)");
+          "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; "
+          "empty = the analytic default (tile 128)");
 ABSL_FLAG(std::string, estimate, "",
           "TP,CP,PP,DP: estimate step time with the 1F1B step-time model (wlb/sim) for this "
           "job, against Plain-4D (original packing, per-seq CP) on the same stream; needs a "
@@ -77,13 +84,23 @@ ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
 ABSL_FLAG(bool, compare, true, "table: also run original and wlb packing on the same stream");
 
+namespace wlb::cli {
 namespace {
 
-struct Options {
-  wlb::PackerConfig config;
-  std::string packer;
-  wlb::PackerOptions packer_options;
-};
+// wlb-plan's own flags (Abseil registers others, e.g. --flagfile, that wlb-plan does not offer).
+constexpr const char* kFlagNames[] = {
+    "docs",   "distribution", "context", "max_tokens", "micro_batches",  "packer",   "lookahead",
+    "window", "thresholds",   "queues",  "tune",       "delay_budget",   "cost",     "profile_cost",
+    "seed",   "steps",        "cp",      "sharding",   "kernel_profile", "estimate", "gemm_tflops",
+    "format", "out",          "timing",  "compare"};
+constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
+
+// The flags given on the command line (set by ParseArgs).
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string> given;
+  return given;
+}
+bool Given(const char* name) { return GivenFlags().count(name) > 0; }
 
 absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
   std::vector<int64_t> values;
@@ -92,7 +109,11 @@ absl::StatusOr<std::vector<int64_t>> ParseThresholds(const std::string& text) {
     int64_t v = 0;
     if (!absl::SimpleAtoi(part, &v)) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("--thresholds: '%s' is not an integer token count", std::string(part)));
+          absl::StrFormat("--thresholds: %s is not an integer token count", QuoteForMessage(part)));
+    }
+    if (values.size() >= static_cast<size_t>(kMaxOutlierQueues)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--thresholds: more than %d thresholds (one per outlier queue)", kMaxOutlierQueues));
     }
     values.push_back(v);
   }
@@ -109,27 +130,26 @@ double Median(std::vector<double> v) {
 
 struct Result {
   std::string packer;
-  wlb::PackRun run;
-  wlb::StreamSummary summary;
-  std::vector<wlb::Document> pending;
+  PackRun run;
+  StreamSummary summary;
+  std::vector<Document> pending;
 };
 
-absl::StatusOr<Result> Plan(const std::string& name, const wlb::PackerConfig& config,
-                            const wlb::DocumentCost& cost, const wlb::PackerOptions& options,
-                            const std::vector<std::vector<wlb::Document>>& arrivals) {
-  absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-      wlb::MakePacker(name, config, cost, options);
+absl::StatusOr<Result> Plan(const std::string& name, const PackerConfig& config,
+                            const DocumentCost& cost, const PackerOptions& options,
+                            const std::vector<std::vector<Document>>& arrivals) {
+  absl::StatusOr<std::unique_ptr<Packer>> packer = MakePacker(name, config, cost, options);
   if (!packer.ok()) return packer.status();
-  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
+  absl::StatusOr<PackRun> run = RunPacker(**packer, arrivals);
   if (!run.ok()) return run.status();
   Result r{.packer = name, .run = *std::move(run)};
-  r.summary = wlb::Summarize(r.run.steps, cost, config.max_tokens);
+  r.summary = Summarize(r.run.steps, cost, config.max_tokens);
   r.pending = (*packer)->Pending();
   return r;
 }
 
 std::string SummaryRow(const Result& r) {
-  const wlb::StreamSummary& s = r.summary;
+  const StreamSummary& s = r.summary;
   return absl::StrFormat(
       "| %-13s | %9.3f | %5.3f | %5.3f | %6.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n",
       r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
@@ -140,21 +160,21 @@ std::string SummaryRow(const Result& r) {
 // CP shard plans of every micro-batch of a run (empty when --cp is not given).
 struct CpPlans {
   int cp_size = 0;
-  std::vector<std::vector<wlb::ShardPlan>> plans;  // [step][micro-batch]
-  std::vector<std::vector<wlb::CpBalance>> balance;
-  wlb::CpSummary summary;  // over steady steps
+  std::vector<std::vector<ShardPlan>> plans;  // [step][micro-batch]
+  std::vector<std::vector<CpBalance>> balance;
+  CpSummary summary;  // over steady steps
 };
 
-absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy strategy,
-                               const wlb::KernelModel& model) {
+absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, ShardStrategy strategy,
+                               const KernelModel& model) {
   CpPlans cp{.cp_size = cp_size};
-  for (const wlb::StepPlan& step : r.run.steps) {
-    std::vector<wlb::ShardPlan>& plans = cp.plans.emplace_back();
-    std::vector<wlb::CpBalance>& balance = cp.balance.emplace_back();
-    for (const wlb::MicroBatch& mb : step.micro_batches) {
-      absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp_size, strategy, model);
+  for (const StepPlan& step : r.run.steps) {
+    std::vector<ShardPlan>& plans = cp.plans.emplace_back();
+    std::vector<CpBalance>& balance = cp.balance.emplace_back();
+    for (const MicroBatch& mb : step.micro_batches) {
+      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model);
       if (!plan.ok()) return plan.status();
-      balance.push_back(wlb::MeasureCpBalance(*plan, model));
+      balance.push_back(MeasureCpBalance(*plan, model));
       if (!step.drain) cp.summary.Add(*plan, balance.back());
       plans.push_back(*std::move(plan));
     }
@@ -164,19 +184,19 @@ absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, wlb::ShardStrategy 
 
 // --estimate: modelled step time of the planned stream and of Plain-4D on the same stream.
 struct Estimate {
-  wlb::ParallelSizes sizes;
+  ParallelSizes sizes;
   double seconds = 0.0;           // the chosen packer with --sharding
   double baseline_seconds = 0.0;  // original packing, per-seq CP
   int64_t steps = 0;
 };
 
-absl::StatusOr<Estimate> EstimateSteps(const wlb::StepTimeModel& model, wlb::ShardStrategy strategy,
+absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy strategy,
                                        const Result& planned, const Result& baseline) {
   Estimate e{.sizes = model.job().sizes, .steps = static_cast<int64_t>(planned.run.steps.size())};
   absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
   if (!t.ok()) return t.status();
   absl::StatusOr<double> b =
-      model.StreamSeconds(baseline.run.steps, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+      model.StreamSeconds(baseline.run.steps, {.candidates = {ShardStrategy::kPerSequence}});
   if (!b.ok()) return b.status();
   e.seconds = *t;
   e.baseline_seconds = *b;
@@ -190,28 +210,72 @@ constexpr char kSummaryHeader[] =
     "\n";
 
 // The per-step summary of the chosen packer, then its stream summary.
-std::string StepTable(const Result& r, const wlb::DocumentCost& cost, int64_t max_tokens) {
+std::string StepTable(const Result& r, const DocumentCost& cost, int64_t max_tokens) {
   std::string out =
       "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
       "cap bound | held back\n";
-  for (const wlb::StepPlan& s : r.run.steps) {
+  for (const StepPlan& s : r.run.steps) {
     int64_t docs = 0, tokens = 0, lo = INT64_MAX, hi = 0;
-    for (const wlb::MicroBatch& mb : s.micro_batches) {
+    for (const MicroBatch& mb : s.micro_batches) {
       docs += static_cast<int64_t>(mb.documents.size());
       tokens += mb.tokens;
       lo = std::min(lo, mb.tokens);
       hi = std::max(hi, mb.tokens);
     }
-    absl::StrAppendFormat(
-        &out, "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n", s.step,
-        s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
-        wlb::ImbalanceDegree(s.micro_batches), wlb::LowerBound(s.micro_batches, cost),
-        wlb::CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
+    absl::StrAppendFormat(&out,
+                          "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n",
+                          s.step, s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
+                          ImbalanceDegree(s.micro_batches), LowerBound(s.micro_batches, cost),
+                          CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
   }
   absl::StrAppend(&out,
                   "(* = drain step after the end of input, + = partial step planned from the "
                   "short last step of the input; both left out of the summary)\n");
   return out;
+}
+
+absl::Status CannotWrite(const std::string& path, const std::string& why) {
+  return absl::UnavailableError(
+      absl::StrFormat("cannot write output file %s: %s", QuoteForMessage(path, 256), why));
+}
+
+// Writes `text` to `path` in one go: an existing FIFO, character device (/dev/stdout) or other
+// special file is written through; a regular file (or a new one) is written as a sibling
+// temporary file and renamed over it, so a failed run never leaves a partial file. A symlink is
+// followed: its target is what gets written or replaced, the link stays.
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  const std::filesystem::file_status target = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(target) && !std::filesystem::is_regular_file(target)) {
+    if (std::filesystem::is_directory(target)) return CannotWrite(path, "it is a directory");
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) return CannotWrite(path, std::strerror(errno));
+    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !written) return CannotWrite(path, std::strerror(errno));
+    return absl::OkStatus();
+  }
+  std::filesystem::path real = path;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec))) {
+    real = std::filesystem::weakly_canonical(path, ec);
+    if (ec) return CannotWrite(path, "cannot resolve the symlink: " + ec.message());
+  }
+  // Write a sibling temporary file and rename it, so a failure never leaves a partial file.
+  const std::string tmp = real.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::filesystem::remove(tmp, ec);
+      return CannotWrite(path, "cannot create " + tmp);
+    }
+  }
+  std::filesystem::rename(tmp, real, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return CannotWrite(path, ec.message());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteOutput(const std::string& text) {
@@ -220,150 +284,319 @@ absl::Status WriteOutput(const std::string& text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return absl::OkStatus();
   }
-  // Write a sibling temporary file and rename it, so a failure never leaves a partial file.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      return absl::UnavailableError(absl::StrFormat("cannot write output file '%s'", path));
+  return WriteFile(path, text);
+}
+
+// "--flag applies to ..., not to this run": a flag the run would not use is an error, never
+// silently ignored.
+absl::Status Unused(std::string flag, const std::string& why) {
+  std::replace(flag.begin(), flag.end(), '_', '-');  // as the README spells flags
+  return absl::InvalidArgumentError(absl::StrFormat("--%s is not used by this run: %s", flag, why));
+}
+
+}  // namespace
+
+absl::Status ParseArgs(const std::vector<std::string>& args) {
+  GivenFlags().clear();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "unexpected argument %s (wlb-plan takes only flags; input goes in --docs)",
+          QuoteForMessage(arg)));
     }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return absl::UnavailableError(absl::StrFormat("cannot write output file '%s'", path));
+    const size_t dashes = arg[1] == '-' ? 2 : 1;
+    const size_t eq = arg.find('=');
+    std::string name = arg.substr(dashes, eq == std::string::npos ? eq : eq - dashes);
+    std::replace(name.begin(), name.end(), '-', '_');
+    std::optional<std::string> value;
+    if (eq != std::string::npos) value = arg.substr(eq + 1);
+    auto ours = [](const std::string& n) {
+      return std::find_if(std::begin(kFlagNames), std::end(kFlagNames),
+                          [&](const char* f) { return n == f; }) != std::end(kFlagNames);
+    };
+    absl::CommandLineFlag* flag = ours(name) ? absl::FindCommandLineFlag(name) : nullptr;
+    if (flag == nullptr && name.size() > 2 && name.compare(0, 2, "no") == 0 && !value &&
+        ours(name.substr(2))) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag != nullptr && flag->IsOfType<bool>()) {
+        name = name.substr(2);
+        value = "false";
+      } else {
+        flag = nullptr;
+      }
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown flag %s (README.md lists the flags; --help prints them)",
+                          QuoteForMessage(arg.substr(0, eq))));
+    }
+    if (!GivenFlags().insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("--%s is given more than once", name));
+    }
+    if (!value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", name));
+      }
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      const char* kind = flag->IsOfType<bool>()       ? "true or false"
+                         : flag->IsOfType<double>()   ? "a number"
+                         : flag->IsOfType<uint64_t>() ? "an integer in [0, 2^64)"
+                         : flag->IsOfType<int64_t>()  ? "an integer in [-2^63, 2^63)"
+                                                      : "an integer in [-2^31, 2^31)";
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--%s: %s is not %s", name, QuoteForMessage(*value), kind));
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status Run() {
-  wlb::PackerConfig config{.context = absl::GetFlag(FLAGS_context),
-                           .micro_batches = absl::GetFlag(FLAGS_micro_batches)};
+absl::StatusOr<Settings> SettingsFromFlags() {
+  Settings s;
+  s.config = {.context = absl::GetFlag(FLAGS_context),
+              .micro_batches = absl::GetFlag(FLAGS_micro_batches)};
   const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
   if (max_tokens < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--max_tokens must be >= 0 (0 = S + S/4), got %d", max_tokens));
+        absl::StrFormat("--max-tokens must be >= 0 (0 = S + S/4), got %d", max_tokens));
   }
-  config.max_tokens = max_tokens > 0 ? max_tokens : wlb::DefaultMaxTokens(config.context);
-  if (absl::Status s = wlb::ValidateConfig(config); !s.ok()) return s;
-  const std::string format = absl::GetFlag(FLAGS_format);
-  if (format != "table" && format != "json") {
+  s.config.max_tokens = max_tokens > 0 ? max_tokens : DefaultMaxTokens(s.config.context);
+  if (absl::Status st = ValidateConfig(s.config); !st.ok()) return st;
+  s.format = absl::GetFlag(FLAGS_format);
+  if (s.format != "table" && s.format != "json") {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--format must be table or json, got '%s'", format));
+        absl::StrFormat("--format must be table or json, got %s", QuoteForMessage(s.format)));
   }
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
-  if (steps < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("--steps must be >= 0, got %d", steps));
+  s.steps = absl::GetFlag(FLAGS_steps);
+  if (s.steps < 0 || s.steps > kMaxSteps) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--steps must be in [0, %d] (0 = all), got %d", kMaxSteps, s.steps));
   }
-  absl::StatusOr<wlb::ProfileFit> cost = wlb::ResolveCostModel(absl::GetFlag(FLAGS_cost));
+  const bool default_input = absl::GetFlag(FLAGS_docs).empty();
+  if (default_input) {
+    absl::StatusOr<int64_t> tokens = StreamTokensForSteps(s.config, s.steps > 0 ? s.steps : 100);
+    if (!tokens.ok()) return tokens.status();
+    const std::string distribution = absl::GetFlag(FLAGS_distribution);
+    if (distribution != "default" && distribution != "heavy-tail") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--distribution must be default or heavy-tail, got %s", QuoteForMessage(distribution)));
+    }
+  } else {
+    if (Given("seed")) {
+      return Unused("seed", "it seeds the sampled distribution, and --docs is given");
+    }
+    if (Given("distribution")) {
+      return Unused("distribution", "it picks the sampled distribution, and --docs is given");
+    }
+  }
+
+  // The cost model is resolved (and a profile read) in Run(); here only what the flags say.
+  const std::string cost_name = absl::GetFlag(FLAGS_cost);
+  const bool cost_is_preset = CostModelFromPreset(cost_name).ok();
+  if (const std::string pc = absl::GetFlag(FLAGS_profile_cost); pc != "fit" && pc != "table") {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--profile-cost must be fit or table, got %s", QuoteForMessage(pc)));
+  }
+  if (Given("profile_cost") && cost_is_preset) {
+    return Unused("profile-cost", absl::StrFormat("it applies to a profile CSV in --cost, and "
+                                                  "--cost is the preset %s",
+                                                  QuoteForMessage(cost_name)));
+  }
+
+  s.packer = absl::GetFlag(FLAGS_packer);
+  const bool wlb_family =
+      s.packer == "wlb" || s.packer == "wlb-refine" || s.packer == "wlb-lookahead";
+  const bool table_compares = s.format == "table" && absl::GetFlag(FLAGS_compare);
+  s.options.window = absl::GetFlag(FLAGS_window);
+  s.options.lookahead = absl::GetFlag(FLAGS_lookahead);
+  if (Given("lookahead") && s.packer != "wlb-lookahead") {
+    return Unused("lookahead", "it sets wlb-lookahead's K, and --packer is " + s.packer);
+  }
+  if (Given("window") && s.packer != "fixed-greedy") {
+    return Unused("window", "it sets fixed-greedy's window, and --packer is " + s.packer);
+  }
+  // Thresholds are used by wlb/wlb-refine/wlb-lookahead, and by the table's wlb comparison row.
+  const bool thresholds_used = wlb_family || table_compares;
+  if (!thresholds_used) {
+    for (const char* flag : {"thresholds", "queues"}) {
+      if (Given(flag)) {
+        return Unused(flag, "it sets wlb's outlier queues, and neither --packer (" + s.packer +
+                                ") nor a wlb comparison row (--format table --compare) uses them");
+      }
+    }
+  }
+  if (Given("thresholds") && Given("queues")) {
+    return absl::InvalidArgumentError(
+        "--thresholds and --queues both choose the outlier queues: give one of them");
+  }
+  if (const std::string thresholds = absl::GetFlag(FLAGS_thresholds); !thresholds.empty()) {
+    absl::StatusOr<std::vector<int64_t>> t = ParseThresholds(thresholds);
+    if (!t.ok()) return t.status();
+    if (absl::Status st = ValidateThresholds(*t, s.config.context); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--thresholds%s: %s", wlb_family ? "" : " (used by the table's wlb comparison row)",
+          st.message()));
+    }
+    s.options.thresholds = *std::move(t);
+  } else if (thresholds_used) {
+    const int queues = absl::GetFlag(FLAGS_queues);
+    if (queues < 0 || queues > kMaxOutlierQueues) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--queues must be in [0, %d], got %d", kMaxOutlierQueues, queues));
+    }
+    s.options.thresholds = DefaultThresholds(s.config.context, queues);
+    if (!ValidateThresholds(s.options.thresholds, s.config.context).ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--context %d is too small for %d default outlier queues (their thresholds would be "
+          "%s, not strictly increasing): give fewer --queues, --thresholds or a larger --context",
+          s.config.context, queues, absl::StrJoin(s.options.thresholds, ",")));
+    }
+  }
+  // Validate the packer and its options before reading any input.
+  if (auto p = MakePacker(s.packer, s.config, CostModel{}, s.options); !p.ok()) return p.status();
+  if (!wlb_family) {
+    for (const char* flag : {"tune", "delay_budget"}) {
+      if (Given(flag)) {
+        return Unused(flag, "--tune applies to wlb, wlb-refine and wlb-lookahead only");
+      }
+    }
+  } else if (Given("delay_budget") && !absl::GetFlag(FLAGS_tune)) {
+    return Unused("delay-budget", "it bounds --tune, which is not given");
+  }
+  const double budget = absl::GetFlag(FLAGS_delay_budget);
+  if (!(budget >= 0.0) || !std::isfinite(budget)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--delay-budget must be a finite number >= 0, got %g", budget));
+  }
+  const double gemm_tflops = absl::GetFlag(FLAGS_gemm_tflops);
+  if (!(gemm_tflops > 0.0) || gemm_tflops > kMaxGemmTflops) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--gemm-tflops must be in (0, %.0f] TFLOP/s per GPU, got %g", kMaxGemmTflops, gemm_tflops));
+  }
+  if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
+    absl::StatusOr<ParallelSizes> sizes = ParseParallelSizes(estimate);
+    if (!sizes.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--estimate: ", sizes.status().message()));
+    const int64_t pp_dp = int64_t{sizes->pp} * sizes->dp;
+    if (pp_dp != s.config.micro_batches) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--estimate %s needs --micro-batches = PP x DP = %d, got %d",
+                          QuoteForMessage(estimate), pp_dp, s.config.micro_batches));
+    }
+    if (Given("cp") && absl::GetFlag(FLAGS_cp) != sizes->cp) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--cp %d differs from the CP size %d of --estimate %s",
+                          absl::GetFlag(FLAGS_cp), sizes->cp, QuoteForMessage(estimate)));
+    }
+    if (!cost_is_preset) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--estimate needs a model shape: --cost must be a preset (llama2-7b, llama2-13b, "
+          "llama2-70b, wlb-550m), got %s",
+          QuoteForMessage(cost_name)));
+    }
+    s.estimate = *sizes;
+  } else if (Given("gemm_tflops")) {
+    return Unused("gemm-tflops", "it applies to --estimate, which is not given");
+  }
+  s.cp_size = absl::GetFlag(FLAGS_cp);
+  if (s.cp_size == -1 && !Given("cp")) {
+    for (const char* flag : {"sharding", "kernel_profile"}) {
+      if (Given(flag) && !s.estimate) {
+        return Unused(flag,
+                      "it applies to CP shard plans (--cp) and --estimate, and neither is "
+                      "given");
+      }
+    }
+  } else if (s.cp_size < 1 || s.cp_size > kMaxCpSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--cp must be a context-parallel size in [1, %d] (omit it for no shard plans), got %d",
+        kMaxCpSize, s.cp_size));
+  }
+  absl::StatusOr<ShardStrategy> strategy = ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
+  if (!strategy.ok()) return strategy.status();
+  s.strategy = *strategy;
+  if (Given("timing") && s.format != "json") {
+    return Unused("timing", "it applies to --format json");
+  }
+  if (Given("compare") && s.format != "table") {
+    return Unused("compare", "it applies to --format table");
+  }
+  return s;
+}
+
+namespace {
+
+absl::Status Run() {
+  absl::StatusOr<Settings> settings = SettingsFromFlags();
+  if (!settings.ok()) return settings.status();
+  const PackerConfig& config = settings->config;
+  const std::string& format = settings->format;
+  const std::string& packer = settings->packer;
+  PackerOptions options = settings->options;
+  const int64_t steps = settings->steps;
+  const int32_t cp_size = settings->cp_size;
+  absl::StatusOr<ProfileFit> cost = ResolveCostModel(absl::GetFlag(FLAGS_cost));
   if (!cost.ok()) return cost.status();
-  wlb::DocumentCost doc_cost = cost->model;
-  if (const std::string profile_cost = absl::GetFlag(FLAGS_profile_cost); profile_cost == "table") {
+  DocumentCost doc_cost = cost->model;
+  if (absl::GetFlag(FLAGS_profile_cost) == "table") {
     if (cost->model.unit != "ms") {
       return absl::InvalidArgumentError(
-          absl::StrFormat("--profile-cost table needs a profile CSV in --cost, got the preset '%s'",
-                          absl::GetFlag(FLAGS_cost)));
+          absl::StrFormat("--profile-cost table needs a profile CSV in --cost, got %s",
+                          QuoteForMessage(absl::GetFlag(FLAGS_cost))));
     }
-    absl::StatusOr<std::vector<wlb::ProfilePoint>> points =
-        wlb::ReadProfileCsv(absl::GetFlag(FLAGS_cost));
+    absl::StatusOr<std::vector<ProfilePoint>> points = ReadProfileCsv(absl::GetFlag(FLAGS_cost));
     if (!points.ok()) return points.status();
-    absl::StatusOr<wlb::TabulatedCost> table = wlb::TabulatedCost::Create(*points);
+    absl::StatusOr<TabulatedCost> table = TabulatedCost::Create(*points);
     if (!table.ok()) return table.status();
-    doc_cost = wlb::DocumentCost::From(
+    doc_cost = DocumentCost::From(
         *std::move(table), "ms",
         absl::StrFormat("tile-aware table of %d measured lengths from %s (128-token tiles, "
                         "log-log interpolation)",
-                        points->size(), absl::GetFlag(FLAGS_cost)));
-  } else if (profile_cost != "fit") {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--profile-cost must be fit or table, got '%s'", profile_cost));
+                        points->size(), absl::CHexEscape(absl::GetFlag(FLAGS_cost))));
   }
-
-  const std::string packer = absl::GetFlag(FLAGS_packer);
-  wlb::PackerOptions options{.window = absl::GetFlag(FLAGS_window),
-                             .lookahead = absl::GetFlag(FLAGS_lookahead)};
-  const std::string thresholds = absl::GetFlag(FLAGS_thresholds);
-  if (!thresholds.empty()) {
-    absl::StatusOr<std::vector<int64_t>> t = ParseThresholds(thresholds);
-    if (!t.ok()) return t.status();
-    options.thresholds = *t;
-  } else {
-    const int queues = absl::GetFlag(FLAGS_queues) < 0 ? 2 : absl::GetFlag(FLAGS_queues);
-    if (queues > 16) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--queues must be in [0, 16], got %d", queues));
-    }
-    options.thresholds = wlb::DefaultThresholds(config.context, queues);
-  }
-  // Validate the packer and its options before reading any input.
-  if (auto p = wlb::MakePacker(packer, config, doc_cost, options); !p.ok()) return p.status();
-  const int32_t cp_size = absl::GetFlag(FLAGS_cp);
-  if (cp_size == 0 || cp_size < -1) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--cp must be a context-parallel size >= 1 (omit it for no shard plans), got %d", cp_size));
-  }
-  absl::StatusOr<wlb::ShardStrategy> strategy =
-      wlb::ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
-  if (!strategy.ok()) return strategy.status();
-  wlb::KernelModel kernel_model = wlb::KernelModel::Default();
+  KernelModel kernel_model = KernelModel::Default();
   if (const std::string profile = absl::GetFlag(FLAGS_kernel_profile); !profile.empty()) {
-    absl::StatusOr<wlb::KernelModel> m = wlb::ReadKernelProfileCsv(profile);
+    absl::StatusOr<KernelModel> m = ReadKernelProfileCsv(profile);
     if (!m.ok()) return m.status();
     kernel_model = *std::move(m);
   }
 
-  std::optional<wlb::StepTimeModel> step_model;
-  if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
-    absl::StatusOr<wlb::ParallelSizes> sizes = wlb::ParseParallelSizes(estimate);
-    if (!sizes.ok()) return sizes.status();
-    if (static_cast<int64_t>(sizes->pp) * sizes->dp != config.micro_batches) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--estimate %s needs --micro-batches = PP x DP = %d, got %d", estimate,
-                          static_cast<int64_t>(sizes->pp) * sizes->dp, config.micro_batches));
-    }
-    if (cp_size > 0 && cp_size != sizes->cp) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--cp %d differs from the CP size %d of --estimate %s", cp_size, sizes->cp, estimate));
-    }
-    absl::StatusOr<wlb::TransformerShape> shape =
-        wlb::FindTransformerShape(absl::GetFlag(FLAGS_cost));
-    if (!shape.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--estimate needs a model shape: --cost must be a preset, got '%s' (%s)",
-                          absl::GetFlag(FLAGS_cost), shape.status().message()));
-    }
-    absl::StatusOr<wlb::PipelineJob> job =
-        wlb::MakePipelineJob(*shape, *sizes, absl::GetFlag(FLAGS_gemm_tflops));
+  std::optional<StepTimeModel> step_model;
+  if (settings->estimate) {
+    absl::StatusOr<TransformerShape> shape = FindTransformerShape(absl::GetFlag(FLAGS_cost));
+    if (!shape.ok()) return shape.status();
+    absl::StatusOr<PipelineJob> job =
+        MakePipelineJob(*shape, *settings->estimate, absl::GetFlag(FLAGS_gemm_tflops));
     if (!job.ok()) return job.status();
     if (!absl::GetFlag(FLAGS_kernel_profile).empty()) job->kernel = kernel_model;
-    absl::StatusOr<wlb::StepTimeModel> m = wlb::StepTimeModel::Create(*std::move(job));
+    absl::StatusOr<StepTimeModel> m = StepTimeModel::Create(*std::move(job));
     if (!m.ok()) return m.status();
     step_model = *std::move(m);
   }
 
-  absl::StatusOr<wlb::Input> input =
-      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
-                      .distribution = absl::GetFlag(FLAGS_distribution),
-                      .seed = absl::GetFlag(FLAGS_seed),
-                      .steps = steps},
-                     config.context, config.micro_batches);
+  absl::StatusOr<Input> input = LoadInput({.docs = absl::GetFlag(FLAGS_docs),
+                                           .distribution = absl::GetFlag(FLAGS_distribution),
+                                           .seed = absl::GetFlag(FLAGS_seed),
+                                           .steps = steps},
+                                          config.context, config.micro_batches);
   if (!input.ok()) return input.status();
-  const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
+  const std::vector<std::vector<Document>>& arrivals = input->steps;
 
   std::string tune_note;
   if (absl::GetFlag(FLAGS_tune)) {
     if (packer != "wlb" && packer != "wlb-refine" && packer != "wlb-lookahead") {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--tune applies to wlb, wlb-refine and wlb-lookahead, not '%s'", packer));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--tune applies to wlb, wlb-refine and wlb-lookahead, not %s", QuoteForMessage(packer)));
     }
-    absl::StatusOr<wlb::TunedThresholds> tuned =
-        wlb::TuneThresholds(arrivals, config, doc_cost,
-                            {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
+    absl::StatusOr<TunedThresholds> tuned =
+        TuneThresholds(arrivals, config, doc_cost,
+                       {.delay_budget = absl::GetFlag(FLAGS_delay_budget), .packer = packer});
     if (!tuned.ok()) return tuned.status();
     options.thresholds = tuned->thresholds;
     tune_note = absl::StrFormat(" (tuned over %d sets for mean delay <= %g)", tuned->evaluated,
@@ -374,7 +607,7 @@ absl::Status Run() {
   if (!main.ok()) return main.status();
   CpPlans cp;
   if (cp_size > 0) {
-    absl::StatusOr<CpPlans> planned = PlanCp(*main, cp_size, *strategy, kernel_model);
+    absl::StatusOr<CpPlans> planned = PlanCp(*main, cp_size, settings->strategy, kernel_model);
     if (!planned.ok()) return planned.status();
     cp = *std::move(planned);
   }
@@ -384,23 +617,23 @@ absl::Status Run() {
     absl::StatusOr<Result> baseline =
         packer == "original" ? main : Plan("original", config, doc_cost, options, arrivals);
     if (!baseline.ok()) return baseline.status();
-    absl::StatusOr<Estimate> e = EstimateSteps(*step_model, *strategy, *main, *baseline);
+    absl::StatusOr<Estimate> e = EstimateSteps(*step_model, settings->strategy, *main, *baseline);
     if (!e.ok()) return e.status();
     estimate = *e;
   }
 
   if (format == "json") {
-    nlohmann::json j = wlb::PlanToJson(main->run.steps, main->pending, doc_cost, config.max_tokens);
+    nlohmann::json j = PlanToJson(main->run.steps, main->pending, doc_cost, config.max_tokens);
     for (size_t s = 0; s < cp.plans.size(); ++s) {
       for (size_t m = 0; m < cp.plans[s].size(); ++m) {
         nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
-        mb.update(wlb::ShardPlanToJson(cp.plans[s][m]));
-        mb["cp_balance"] = wlb::CpBalanceToJson(cp.balance[s][m]);
+        mb.update(ShardPlanToJson(cp.plans[s][m]));
+        mb["cp_balance"] = CpBalanceToJson(cp.balance[s][m]);
       }
     }
-    nlohmann::json summary = wlb::SummaryToJson(main->summary);
+    nlohmann::json summary = SummaryToJson(main->summary);
     if (cp_size > 0) {
-      summary["cp"] = wlb::CpSummaryToJson(cp.summary);
+      summary["cp"] = CpSummaryToJson(cp.summary);
       summary["cp"]["cp_size"] = cp_size;
       summary["cp"]["sharding"] = absl::GetFlag(FLAGS_sharding);
     }
@@ -427,7 +660,7 @@ absl::Status Run() {
     summary["cost_model"] = doc_cost.description();
     summary["cost_unit"] = doc_cost.unit();
     summary["documents"] = input->lengths.size();
-    summary["tokens"] = wlb::TotalTokens(input->pieces);
+    summary["tokens"] = TotalTokens(input->pieces);
     if (absl::GetFlag(FLAGS_timing)) {
       summary["planning_ms_per_step_median"] = Median(main->run.plan_ms);
       double total = 0.0;
@@ -442,8 +675,8 @@ absl::Status Run() {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input->name, input->lengths.size(), Mega(wlb::TotalTokens(input->pieces)), arrivals.size(),
-      packer, config.context, config.max_tokens, config.micro_batches,
+      input->name, input->lengths.size(), Mega(TotalTokens(input->pieces)), arrivals.size(), packer,
+      config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), tune_note,
       options.window, doc_cost.description());
   std::string out = header + StepTable(*main, doc_cost, config.max_tokens);
@@ -467,7 +700,7 @@ absl::Status Run() {
     absl::StrAppend(&out, SummaryRow(*other));
   }
   if (cp_size > 0) {
-    const wlb::CpSummary& c = cp.summary;
+    const CpSummary& c = cp.summary;
     absl::StrAppendFormat(
         &out,
         "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d "
@@ -498,42 +731,30 @@ absl::Status Run() {
 
 }  // namespace
 
-// Abseil flag names cannot hold '-', so "--max-tokens=5" is accepted by rewriting it to
-// "--max_tokens=5" (only the name, never the value). "--docs -" becomes "--docs=-", which Abseil
-// would otherwise question as a value that looks like a flag.
-std::vector<std::string> NormalizeArgs(int argc, char** argv) {
-  std::vector<std::string> args;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.size() > 2 && a.compare(0, 2, "--") == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      std::replace(a.begin() + 2, a.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-      if (end == a.size() && i + 1 < argc && std::string(argv[i + 1]) == "-") {
-        a += "=-";
-        ++i;
-      }
-    }
-    args.push_back(std::move(a));
-  }
-  return args;
-}
-
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "plans balanced micro-batches for a document stream; see README.md for the flags");
-  std::vector<std::string> args = NormalizeArgs(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> rest =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "wlb-plan: error: unexpected argument '%s' (inputs go in --docs)\n",
-                 rest[1]);
-    return 2;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    std::string name = a.substr(
+        a.find_first_not_of('-') == std::string::npos ? a.size() : a.find_first_not_of('-'));
+    name = name.substr(0, name.find('='));
+    if (a.size() > 1 && a[0] == '-' &&
+        std::find(std::begin(kHelpFlags), std::end(kHelpFlags), name) != std::end(kHelpFlags)) {
+      absl::ParseCommandLine(argc, argv);  // prints the usage and exits
+    }
   }
-  if (absl::Status s = Run(); !s.ok()) {
-    std::fprintf(stderr, "wlb-plan: error: %s\n", std::string(s.message()).c_str());
+  absl::Status status = ParseArgs(args);
+  if (status.ok()) status = Run();
+  if (!status.ok()) {
+    std::string message(status.message());
+    std::replace(message.begin(), message.end(), '\n', ' ');  // always one line
+    std::fprintf(stderr, "wlb-plan: error: ");
+    std::fwrite(message.data(), 1, message.size(), stderr);
+    std::fprintf(stderr, "\n");
     return 1;
   }
   return 0;
 }
+
+}  // namespace wlb::cli

@@ -220,15 +220,16 @@ void DefColumns(Class& cls, Get get) {
 struct Step {
   wlb::StepPlan plan;
   std::shared_ptr<const wlb::CostModel> cost;
+  int64_t max_tokens = 0;  // the packer's S_max, for the cap-aware bound in to_json
   double imbalance = 1.0;
   double lower_bound = 1.0;
 };
 
 nb::list ToSteps(std::vector<wlb::StepPlan> plans,
-                 const std::shared_ptr<const wlb::CostModel>& cost) {
+                 const std::shared_ptr<const wlb::CostModel>& cost, int64_t max_tokens) {
   nb::list out;
   for (wlb::StepPlan& p : plans) {
-    Step s{.plan = std::move(p), .cost = cost};
+    Step s{.plan = std::move(p), .cost = cost, .max_tokens = max_tokens};
     s.imbalance = wlb::ImbalanceDegree(s.plan.micro_batches);
     s.lower_bound = wlb::LowerBound(s.plan.micro_batches, *cost);
     out.append(nb::cast(std::move(s)));
@@ -354,9 +355,17 @@ wlb::MicroBatch AsMicroBatch(nb::handle obj) {
   Documents* docs = nullptr;
   if (nb::try_cast(obj, docs) && docs != nullptr)
     return MicroBatchFromDocuments(docs->docs, nullptr);
-  return MicroBatchFromDocuments(PiecesOf(ToInt64(obj, "micro_batch lengths"), nullptr, 0,
-                                          std::numeric_limits<int64_t>::max()),
-                                 nullptr);
+  // Lengths of whole documents: one piece each, so none may be longer than a context window can be.
+  const std::vector<int64_t> lengths = ToInt64(obj, "micro_batch lengths");
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] > wlb::kMaxContext) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrFormat("micro_batch lengths: document %d has %d tokens, above the limit of %d "
+                          "(the largest context window)",
+                          i, lengths[i], wlb::kMaxContext)));
+    }
+  }
+  return MicroBatchFromDocuments(PiecesOf(lengths, nullptr, 0, wlb::kMaxContext), nullptr);
 }
 
 void CheckCostModel(const wlb::CostModel& m) {
@@ -375,7 +384,8 @@ wlb::KernelShape MakeKernelShape(int64_t heads, int64_t head_dim, int64_t tile_q
   return {.heads = heads, .head_dim = head_dim, .tile_q = tile_q, .tile_k = tile_k};
 }
 
-constexpr int64_t kMaxSampleTokens = int64_t{1} << 36;
+// Sampling stops at one input stream's limit (wlb/core/limits.hpp).
+constexpr int64_t kMaxSampleTokens = wlb::kMaxStreamTokens;
 
 }  // namespace
 
@@ -643,7 +653,8 @@ NB_MODULE(_wlb, m) {
           "held_back_tokens", [](const Step& s) { return s.plan.held_back_tokens; },
           nb::rv_policy::automatic)
       .def(
-          "to_json", [](const Step& s) { return wlb::StepToJson(s.plan, *s.cost).dump(); },
+          "to_json",
+          [](const Step& s) { return wlb::StepToJson(s.plan, *s.cost, s.max_tokens).dump(); },
           "The step as wlb-plan --format json writes it.");
 
   m.def(
@@ -659,12 +670,8 @@ NB_MODULE(_wlb, m) {
   m.def(
       "split_into_steps",
       [](const Documents& pieces, int64_t tokens_per_step) {
-        if (tokens_per_step < 1) {
-          Raise(absl::InvalidArgumentError(
-              absl::StrFormat("tokens_per_step must be >= 1, got %d", tokens_per_step)));
-        }
         std::vector<Documents> out;
-        for (auto& step : wlb::SplitIntoSteps(pieces.docs, tokens_per_step)) {
+        for (auto& step : Unwrap(wlb::SplitIntoSteps(pieces.docs, tokens_per_step))) {
           out.push_back(Documents{std::move(step)});
         }
         return out;
@@ -777,7 +784,8 @@ NB_MODULE(_wlb, m) {
               nb::gil_scoped_release release;
               ready = p.packer->Push(std::move(docs));
             }
-            nb::list steps = ToSteps(Unwrap(std::move(ready)), p.cost);
+            nb::list steps =
+                ToSteps(Unwrap(std::move(ready)), p.cost, p.packer->config().max_tokens);
             p.next_document_id = next_id;
             return steps;
           },
@@ -795,7 +803,7 @@ NB_MODULE(_wlb, m) {
               nb::gil_scoped_release release;
               plans = p.packer->Flush();
             }
-            return ToSteps(std::move(plans), p.cost);
+            return ToSteps(std::move(plans), p.cost, p.packer->config().max_tokens);
           },
           nb::sig("def flush(self) -> list[StepPlan]"),
           "Plans everything still held into final (drain) steps.")

@@ -57,7 +57,9 @@ def test_index_arrays_cover_every_token_once():
         strategy = STRATEGIES[trial % 4]
         plan = wlb.plan_shards(lengths, cp, strategy)
         assert plan.requested == strategy
-        assert plan.strategy in (["per-seq", "per-doc"] if strategy == "adaptive" else [strategy])
+        # adaptive picks among ordered per-sequence, per-document and hybrid (shard_plan.hpp)
+        adaptive = ["per-seq-ordered", "per-doc", "hybrid"]
+        assert plan.strategy in (adaptive if strategy == "adaptive" else [strategy])
         check_plan(plan, lengths)
 
 

@@ -130,7 +130,7 @@ TEST(MilpPacker, PacksAStreamLosingNothingAndNoWorseThanGreedy) {
   std::vector<int64_t> lengths;
   for (int i = 0; i < 30; ++i) lengths.push_back(1 + static_cast<int64_t>(rng() % 40));
   const std::vector<Document> pieces = *MakeDocuments(lengths, config.context);
-  const auto arrivals = SplitIntoSteps(pieces, config.micro_batches * config.context);
+  const auto arrivals = *SplitIntoSteps(pieces, config.micro_batches * config.context);
   auto packer = *MakeMilpPacker(config, Quadratic(), {.window = 2, .time_limit_s = 5.0});
   absl::StatusOr<PackRun> run = RunPacker(*packer, arrivals);
   ASSERT_TRUE(run.ok()) << run.status();

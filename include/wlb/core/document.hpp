@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "wlb/core/limits.hpp"
 
 namespace wlb {
 
@@ -49,35 +50,60 @@ inline absl::Status ValidateLength(int64_t length, std::string_view where) {
   return absl::OkStatus();
 }
 
-// Splits one document into pieces of at most `context` tokens and appends them to `out`.
+// Returns an error naming `context` unless it is in [1, kMaxContext].
+inline absl::Status ValidateContext(int64_t context) {
+  if (context < 1 || context > kMaxContext) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "context window (S) must be in [1, %d] tokens, got %d", kMaxContext, context));
+  }
+  return absl::OkStatus();
+}
+
+// Splits one document into pieces of at most `context` tokens and appends them to `out`. The
+// document must be at most kMaxStreamTokens long and `out` may hold at most kMaxPieces pieces
+// afterwards; beyond either, nothing is appended and the error names the limit.
 inline absl::Status AppendPieces(int64_t id, int64_t length, int64_t context,
                                  std::vector<Document>& out) {
-  if (context <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("context window must be > 0 tokens, got %d", context));
-  }
+  if (absl::Status s = ValidateContext(context); !s.ok()) return s;
   if (length <= 0) {  // format the message only when it is needed (this runs per document)
     return ValidateLength(length, absl::StrFormat("document %d", id));
   }
+  if (length > kMaxStreamTokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "document %d: length %d is above the limit of %d tokens", id, length, kMaxStreamTokens));
+  }
+  const int64_t pieces = (length - 1) / context + 1;
+  if (pieces > kMaxPieces - static_cast<int64_t>(out.size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "document %d: %d tokens split at S = %d make %d pieces, over the limit of %d pieces in "
+        "one stream (%d already)",
+        id, length, context, pieces, kMaxPieces, out.size()));
+  }
   int32_t piece = 0;
   for (int64_t offset = 0; offset < length; offset += context, ++piece) {
-    out.push_back(Document{.id = id,
-                           .length = std::min(context, length - offset),
-                           .piece = piece,
-                           .offset = offset});
+    out.push_back(Document{
+        .id = id, .length = std::min(context, length - offset), .piece = piece, .offset = offset});
   }
   return absl::OkStatus();
 }
 
 // Turns document lengths (ids = positions) into the loader's stream of pieces of <= context tokens.
+// The stream may hold at most kMaxStreamTokens tokens in kMaxPieces pieces.
 inline absl::StatusOr<std::vector<Document>> MakeDocuments(std::span<const int64_t> lengths,
                                                            int64_t context) {
   std::vector<Document> docs;
-  docs.reserve(lengths.size());
+  docs.reserve(std::min<size_t>(lengths.size(), static_cast<size_t>(kMaxPieces)));
+  int64_t total = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (absl::Status s = AppendPieces(static_cast<int64_t>(i), lengths[i], context, docs);
         !s.ok()) {
       return s;
+    }
+    total += lengths[i];  // both <= kMaxStreamTokens: no overflow
+    if (total > kMaxStreamTokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "documents 0..%d hold %d tokens, over the limit of %d tokens in one stream", i, total,
+          kMaxStreamTokens));
     }
   }
   return docs;

@@ -27,11 +27,12 @@
 #include <string_view>
 #include <vector>
 
+#include "Eigen/Dense"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "Eigen/Dense"
+#include "wlb/core/limits.hpp"
 
 namespace wlb {
 
@@ -126,8 +127,8 @@ inline absl::StatusOr<TransformerShape> FindTransformerShape(std::string_view na
     if (s.name == name) return s;
     known.push_back(s.name);
   }
-  return absl::NotFoundError(absl::StrFormat("unknown cost preset '%s' (known: %s)", name,
-                                             absl::StrJoin(known, ", ")));
+  return absl::NotFoundError(absl::StrFormat("unknown cost preset %s (known: %s)",
+                                             QuoteForMessage(name), absl::StrJoin(known, ", ")));
 }
 
 // The FLOP cost model of a named preset; an unknown name is an error listing the known ones.
@@ -160,9 +161,11 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
         "a cost fit needs at least 3 profile points (distinct lengths), got %d", points.size()));
   }
   for (const ProfilePoint& p : points) {
-    if (p.length <= 0 || !(p.ms > 0.0) || !std::isfinite(p.ms)) {
+    if (p.length <= 0 || p.length > kMaxContext || !(p.ms >= kMinProfileMs) ||
+        !(p.ms <= kMaxProfileMs)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "profile point (length %d, %g ms): length and latency must be positive", p.length, p.ms));
+          "profile point (length %d, %g ms): length must be in [1, %d] and latency in [%g, %g] ms",
+          p.length, p.ms, kMaxContext, kMinProfileMs, kMaxProfileMs));
     }
   }
   const Eigen::Index n = static_cast<Eigen::Index>(points.size());
@@ -211,8 +214,8 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
   }
   fit.rms_relative_error = std::sqrt(sum_sq / static_cast<double>(points.size()));
   fit.model.description = absl::StrFormat(
-      "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)",
-      best(0), best(1), best(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
+      "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)", best(0),
+      best(1), best(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
       points.size());
   return fit;
 }

@@ -16,13 +16,16 @@
 // summaries report it apart, so no document is dropped and every program sees the same steps.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
+#include "wlb/core/limits.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
 #include "wlb/pack/stream.hpp"
@@ -53,28 +56,35 @@ struct Input {
   std::vector<std::vector<Document>> steps;  // arrivals per step
 };
 
-// Reads `options.docs`, or samples the named distribution until `sample_tokens` tokens. Errors
-// name the file and line, or the unknown distribution.
+// Reads `options.docs`, or samples the named distribution until `sample_tokens` tokens (at most
+// kMaxStreamTokens). Errors name the file and line, or the unknown distribution; a file that holds
+// no lengths is an error (nothing to plan).
 inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
   Lengths out;
   if (!options.docs.empty()) {
     absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs);
     if (!read.ok()) return read.status();
-    out.name = options.docs == "-" ? "<stdin>" : options.docs;
+    if (read->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("lengths file %s holds no document lengths: nothing to plan",
+                          options.docs == "-" ? "<stdin>" : QuoteForMessage(options.docs, 256)));
+    }
+    out.name = options.docs == "-" ? "<stdin>" : absl::CHexEscape(options.docs);
     out.values = *std::move(read);
     return out;
   }
-  if (sample_tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("tokens to sample must be >= 0, got %d", sample_tokens));
+  if (sample_tokens < 0 || sample_tokens > kMaxStreamTokens) {
+    return absl::InvalidArgumentError(absl::StrFormat("tokens to sample must be in [0, %d], got %d",
+                                                      kMaxStreamTokens, sample_tokens));
   }
   if (options.distribution == "default") {
     out.values = SampleDefaultLengths(sample_tokens, options.seed);
   } else if (options.distribution == "heavy-tail") {
     out.values = SampleHeavyTailLengths(sample_tokens, options.seed);
   } else {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "unknown distribution '%s' (known: default, heavy-tail)", options.distribution));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unknown distribution %s (known: default, heavy-tail)",
+                        QuoteForMessage(options.distribution)));
   }
   out.name =
       absl::StrFormat("the embedded %s distribution (seed %d)", options.distribution, options.seed);
@@ -88,28 +98,32 @@ struct CutOptions {
 };
 
 // Scales (optionally), splits into pieces of <= `context` tokens and cuts steps of N x S tokens.
+// S, N and max_steps must be within wlb's limits (core/limits.hpp), and so must the stream
+// (MakeDocuments, SplitIntoSteps); errors name the value and the limit.
 inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
                                       int32_t micro_batches, const CutOptions& options = {}) {
-  if (context < 1 || micro_batches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("context window (S) and micro-batches (N) must be >= 1, got S = %d, N = %d",
-                        context, micro_batches));
-  }
-  if (context > INT64_MAX / micro_batches) {
+  if (absl::Status s = ValidateContext(context); !s.ok()) return s;
+  if (micro_batches < 1 || micro_batches > kMaxMicroBatches) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "a step of N x S = %d x %d tokens overflows a 64-bit count", micro_batches, context));
+        "micro-batches per step (N) must be in [1, %d], got %d", kMaxMicroBatches, micro_batches));
   }
-  if (options.max_steps < 0 || options.scale_from < 0) {
+  if (options.max_steps < 0 || options.max_steps > kMaxSteps) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_steps must be in [0, %d] (0 = all), got %d", kMaxSteps, options.max_steps));
+  }
+  if (options.scale_from < 0 || options.scale_from > kMaxStreamTokens) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("max_steps (got %d) and scale_from (got %d) must be >= 0",
-                        options.max_steps, options.scale_from));
+        absl::StrFormat("scale_from must be in [0, %d] (0 = no scaling), got %d", kMaxStreamTokens,
+                        options.scale_from));
   }
   Input input;
   input.name = lengths.name;
   input.lengths = lengths.values;
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {
-      // In double: l x S can overflow int64 for long documents and large windows.
+      // Lengths outside [1, kMaxStreamTokens] stay as they are, for MakeDocuments to reject; in
+      // range, l x S <= 2^59 fits, and double keeps the historical rounding.
+      if (l < 1 || l > kMaxStreamTokens) continue;
       l = std::max<int64_t>(
           1, static_cast<int64_t>(static_cast<double>(l) * static_cast<double>(context) /
                                   static_cast<double>(options.scale_from)));
@@ -118,7 +132,10 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
   absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
   if (!pieces.ok()) return pieces.status();
   input.pieces = *std::move(pieces);
-  input.steps = SplitIntoSteps(input.pieces, context * micro_batches);
+  absl::StatusOr<std::vector<std::vector<Document>>> steps =
+      SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
+  if (!steps.ok()) return steps.status();
+  input.steps = *std::move(steps);
   if (options.max_steps > 0 && static_cast<int64_t>(input.steps.size()) > options.max_steps) {
     input.steps.resize(static_cast<size_t>(options.max_steps));
   }
@@ -129,19 +146,25 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
 // sampled for exactly `options.steps` full steps (0 = 100).
 inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t context,
                                        int32_t micro_batches) {
-  if (options.steps < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("steps must be >= 0, got %d", options.steps));
+  if (options.steps < 0 || options.steps > kMaxSteps) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "steps must be in [0, %d] (0 = all, or 100 sampled), got %d", kMaxSteps, options.steps));
   }
   const bool sample = options.docs.empty();
   const int64_t steps = sample && options.steps == 0 ? 100 : options.steps;
   int64_t sample_tokens = 0;
   if (sample) {
-    if (context < 1 || micro_batches < 1 || context > INT64_MAX / micro_batches ||
-        context * micro_batches > INT64_MAX / steps) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "cannot sample %d steps of N x S = %d x %d tokens", steps, micro_batches, context));
+    if (absl::Status s = ValidateContext(context); !s.ok()) return s;
+    absl::StatusOr<int64_t> tokens = StreamTokensForSteps({.context = context,
+                                                           .max_tokens = DefaultMaxTokens(context),
+                                                           .micro_batches = micro_batches},
+                                                          steps);
+    if (!tokens.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cannot sample %d steps of N x S = %d x %d tokens: %s", steps,
+                          micro_batches, context, tokens.status().message()));
     }
-    sample_tokens = steps * micro_batches * context;
+    sample_tokens = *tokens;
   }
   absl::StatusOr<Lengths> lengths = LoadLengths(options, sample_tokens);
   if (!lengths.ok()) return lengths.status();

@@ -1,16 +1,14 @@
 // Reading document lengths: one integer per line, or a JSON array of integers.
 //
-//   absl::StatusOr<std::vector<int64_t>> lengths = wlb::ReadLengthsFile("docs.txt");  // "-" = stdin
-//   absl::StatusOr<std::vector<int64_t>> same = wlb::ParseLengths("[5, 19, 8]", "inline");
+//   absl::StatusOr<std::vector<int64_t>> lengths = wlb::ReadLengthsFile("docs.txt");  // "-" =
+//   stdin absl::StatusOr<std::vector<int64_t>> same = wlb::ParseLengths("[5, 19, 8]", "inline");
 //
 // Every length must be a positive integer; the first bad one is an error naming its line (text
-// format) or array index (JSON) and its value. Blank lines and lines starting with '#' are skipped.
+// format) or array index (JSON) and its value, escaped and cut short. Blank lines and lines
+// starting with '#' are skipped. JSON must be one flat array (nesting is rejected at once).
 #pragma once
 
 #include <cstdint>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,33 +16,107 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "wlb/core/limits.hpp"
+#include "wlb/io/read_file.hpp"
 
 namespace wlb {
 
-// Parses `text` (from `source`, used in messages) into document lengths.
+namespace detail {
+// Reads a flat JSON array of integers event by event: nothing is built or echoed whole, and the
+// first nested value, non-integer or non-positive element stops the parse (so input nested
+// 100,000 deep costs one event, not a recursion per level).
+class LengthsSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit LengthsSax(std::vector<int64_t>& lengths) : lengths_(lengths) {}
+
+  bool null() override { return Bad("null"); }
+  bool boolean(bool v) override { return Bad(v ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override {
+    if (v <= 0) return Bad(absl::StrFormat("%d", v));
+    return Add(v);
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (v == 0 || v > static_cast<number_unsigned_t>(INT64_MAX)) {
+      return Bad(absl::StrFormat("%d", v));
+    }
+    return Add(static_cast<int64_t>(v));
+  }
+  bool number_float(number_float_t, const string_t& text) override {
+    return Bad(QuoteForMessage(text));
+  }
+  bool string(string_t& v) override {
+    return Bad(absl::StrFormat("the string \"%s\"", absl::CHexEscape(v.substr(0, 64))));
+  }
+  bool binary(binary_t&) override { return Bad("binary data"); }
+  bool start_object(std::size_t) override { return Bad("an object"); }
+  bool key(string_t&) override { return false; }
+  bool end_object() override { return false; }
+  bool start_array(std::size_t) override {
+    if (depth_ > 0) return Bad("a nested array");
+    ++depth_;
+    return true;
+  }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception&) override {
+    if (error_.empty()) {
+      error_ = absl::StrFormat(
+          "not a valid JSON array of document lengths (syntax error at byte %d)", position);
+    }
+    return false;
+  }
+
+  // Empty when the array was read; else what went wrong.
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Add(int64_t v) {
+    if (depth_ != 1) return Bad(absl::StrFormat("%d", v));
+    if (static_cast<int64_t>(lengths_.size()) >= kMaxPieces) {
+      error_ =
+          absl::StrFormat("more than %d document lengths (the limit of one input)", kMaxPieces);
+      return false;
+    }
+    lengths_.push_back(v);
+    return true;
+  }
+  bool Bad(const std::string& what) {
+    if (depth_ != 1) {
+      error_ = "not a valid JSON array of document lengths (the top level must be one array)";
+    } else {
+      error_ = absl::StrFormat("element %d is %s, expected a positive integer length",
+                               lengths_.size(), what);
+    }
+    return false;
+  }
+
+  std::vector<int64_t>& lengths_;
+  int depth_ = 0;
+  std::string error_;
+};
+}  // namespace detail
+
+// Parses `text` (from `source`, used in messages) into document lengths. At most kMaxPieces
+// lengths; each length is only checked to be positive here (MakeDocuments bounds it).
 inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
                                                          absl::string_view source) {
   std::vector<int64_t> lengths;
   absl::string_view body = absl::StripLeadingAsciiWhitespace(text);
   if (!body.empty() && body.front() == '[') {
-    nlohmann::json array = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (array.is_discarded() || !array.is_array()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: not a valid JSON array of document lengths", source));
-    }
-    lengths.reserve(array.size());
-    for (size_t i = 0; i < array.size(); ++i) {
-      const nlohmann::json& v = array[i];
-      if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: element %d is %s, expected a positive integer length", source, i,
-                            v.dump()));
-      }
-      lengths.push_back(v.get<int64_t>());
+    detail::LengthsSax sax(lengths);
+    const bool ok = nlohmann::json::sax_parse(body, &sax);
+    if (!ok || !sax.error().empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s", source,
+          sax.error().empty() ? "not a valid JSON array of document lengths" : sax.error()));
     }
     return lengths;
   }
@@ -56,30 +128,25 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
     int64_t length = 0;
     if (!absl::SimpleAtoi(value, &length) || length <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: '%s' is not a positive integer length", source, line_number,
-                          value));
+          absl::StrFormat("%s:%d: %s is not a positive integer length", source, line_number,
+                          QuoteForMessage(value)));
+    }
+    if (static_cast<int64_t>(lengths.size()) >= kMaxPieces) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: more than %d document lengths (the limit of one input)", source,
+                          line_number, kMaxPieces));
     }
     lengths.push_back(length);
   }
   return lengths;
 }
 
-// Reads lengths from a file, or from standard input when `path` is "-".
+// Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
+// the checks on the file itself).
 inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
-  std::stringstream buffer;
-  if (path == "-") {
-    buffer << std::cin.rdbuf();
-    return ParseLengths(buffer.str(), "<stdin>");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrFormat("cannot open lengths file '%s'", path));
-  }
-  buffer << in.rdbuf();
-  if (in.bad()) {
-    return absl::DataLossError(absl::StrFormat("error while reading lengths file '%s'", path));
-  }
-  return ParseLengths(buffer.str(), path);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "lengths file");
+  if (!text.ok()) return text.status();
+  return ParseLengths(*text, path == "-" ? "<stdin>" : absl::CHexEscape(path));
 }
 
 }  // namespace wlb

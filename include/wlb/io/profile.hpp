@@ -12,9 +12,7 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,10 +20,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/io/read_file.hpp"
 
 namespace wlb {
 
@@ -53,9 +54,9 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
   const int ms_col = find_column({"duration_per_doc", "latency(ms)", "latency_ms", "ms"});
   if (length_col < 0 || ms_col < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: header '%s' needs a length column (L, seq_len, ctx_length, length, q_len) and a "
+        "%s: header %s needs a length column (L, seq_len, ctx_length, length, q_len) and a "
         "latency column (duration_per_doc, latency(ms), latency_ms, ms)",
-        source, lines[0]));
+        source, QuoteForMessage(lines[0], 200)));
   }
   const int filter_cols[] = {find_column({"cp"}), find_column({"tp"})};
   std::map<int64_t, std::pair<double, int>> by_length;  // length -> (sum ms, rows)
@@ -68,8 +69,8 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     bool keep = true;
     for (int col : filter_cols) {
       int64_t degree = 0;
-      if (col >= 0 && (!absl::SimpleAtoi(absl::StripAsciiWhitespace(cells[col]), &degree) ||
-                       degree != 1)) {
+      if (col >= 0 &&
+          (!absl::SimpleAtoi(absl::StripAsciiWhitespace(cells[col]), &degree) || degree != 1)) {
         keep = false;
       }
     }
@@ -78,13 +79,15 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     double ms = 0.0;
     absl::string_view length_text = absl::StripAsciiWhitespace(cells[length_col]);
     absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
-    if (!absl::SimpleAtoi(length_text, &length) || length <= 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: length '%s' is not a positive integer", source, li + 1, length_text));
+    if (!absl::SimpleAtoi(length_text, &length) || length <= 0 || length > kMaxContext) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: length %s is not an integer in [1, %d]", source, li + 1,
+                          QuoteForMessage(length_text), kMaxContext));
     }
-    if (!absl::SimpleAtod(ms_text, &ms) || !(ms > 0.0) || !std::isfinite(ms)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: latency '%s' is not a positive number", source, li + 1, ms_text));
+    if (!absl::SimpleAtod(ms_text, &ms) || !(ms >= kMinProfileMs) || !(ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: latency %s is not a number in [%g, %g] ms", source, li + 1,
+                          QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
     }
     auto& [sum, rows] = by_length[length];
     sum += ms;
@@ -103,11 +106,9 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
 
 // Reads a profile file.
 inline absl::StatusOr<std::vector<ProfilePoint>> ReadProfileCsv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open profile '%s'", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseProfileCsv(buffer.str(), path);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "profile");
+  if (!text.ok()) return text.status();
+  return ParseProfileCsv(*text, absl::CHexEscape(path));
 }
 
 // A `--cost` argument: a preset name (exact FLOP model, zero fit error) or the path of a profile
@@ -117,9 +118,9 @@ inline absl::StatusOr<ProfileFit> ResolveCostModel(const std::string& spec) {
   if (preset.ok()) return ProfileFit{.model = *std::move(preset)};
   std::error_code ec;
   if (!std::filesystem::is_regular_file(spec, ec)) {
-    return absl::NotFoundError(absl::StrFormat(
-        "--cost '%s' is neither a readable profile file nor a preset (%s)", spec,
-        preset.status().message()));
+    return absl::NotFoundError(
+        absl::StrFormat("--cost %s is neither a readable profile file nor a preset (%s)",
+                        QuoteForMessage(spec), preset.status().message()));
   }
   absl::StatusOr<std::vector<ProfilePoint>> points = ReadProfileCsv(spec);
   if (!points.ok()) return points.status();

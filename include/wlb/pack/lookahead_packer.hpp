@@ -104,6 +104,22 @@ class LookaheadPacker final : public Packer {
   }
 
  protected:
+  // After LoadStateJson's checks and Packer's generic ones: the carry is longest first (as
+  // PackUnderCap keeps it), and the buffered steps are the last ones pushed.
+  absl::Status ValidateState(int64_t pushes) const override {
+    if (!std::is_sorted(held_.carry.begin(), held_.carry.end(), LongerFirst)) {
+      return absl::InvalidArgumentError("carry-over is not ordered longest first");
+    }
+    const auto buffered = static_cast<int64_t>(buffer_.size());
+    const int64_t first = next_buffered_arrival(buffer_);
+    if (buffered > pushes || (first != INT64_MAX && first != pushes - buffered)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%d buffered steps from arrival step %d are not the last of the %d pushes so far",
+          buffered, first == INT64_MAX ? -1 : first, pushes));
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
     buffer_.push_back(std::move(arrivals));
     std::vector<StepPlan> steps;

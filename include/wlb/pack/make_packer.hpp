@@ -61,9 +61,16 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                             OriginalPacker::WholeDocuments::kYes);
   }
   if (name == "fixed-greedy") {
-    if (options.window < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("fixed-greedy window must be >= 1 step, got %d", options.window));
+    if (options.window < 1 || options.window > kMaxWindow) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "fixed-greedy window must be in [1, %d] steps, got %d", kMaxWindow, options.window));
+    }
+    if (int64_t{options.window} * config.micro_batches > kMaxWindowMicroBatches) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "fixed-greedy window W = %d times N = %d is %d micro-batches per window, over the limit "
+          "of %d",
+          options.window, config.micro_batches, int64_t{options.window} * config.micro_batches,
+          kMaxWindowMicroBatches));
     }
     return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
   }
@@ -86,8 +93,8 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
     return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds, rounds,
                                              options.lookahead);
   }
-  return absl::InvalidArgumentError(
-      absl::StrFormat("unknown packer '%s' (known: %s)", name, absl::StrJoin(kPackerNames, ", ")));
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
 }
 
 }  // namespace wlb

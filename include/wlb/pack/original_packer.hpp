@@ -34,14 +34,25 @@ class OriginalPacker final : public Packer {
   }
   void LoadStateJson(const nlohmann::json& j) override {
     std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
-    const int64_t last_id = j.at("last_id").get<int64_t>();
-    const int32_t next_piece = j.at("next_piece").get<int32_t>();
+    const int64_t last_id = detail::StateInteger(j.at("last_id"), -1, kMaxStateCounter, "last_id");
+    const auto next_piece =
+        static_cast<int32_t>(detail::StateInteger(j.at("next_piece"), 0, kMaxPieces, "next_piece"));
     buffer_ = std::move(buffer);
     last_id_ = last_id;
     next_piece_ = next_piece;
   }
 
  protected:
+  // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less.
+  absl::Status ValidateState(int64_t) const override {
+    if (TotalTokens(buffer_) >= config_.context * config_.micro_batches) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "buffer holds %d tokens, but a buffer of S x N = %d or more is always cut into steps",
+          TotalTokens(buffer_), config_.context * config_.micro_batches));
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
     buffer_.insert(buffer_.end(), arrivals.begin(), arrivals.end());
     std::vector<StepPlan> steps;

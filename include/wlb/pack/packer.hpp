@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "wlb/core/document.hpp"
+#include "wlb/core/limits.hpp"
 #include "wlb/cost/document_cost.hpp"
 
 namespace wlb {
@@ -49,19 +50,28 @@ inline uint64_t Fnv1a64(std::string_view bytes) {
 inline nlohmann::json DocumentState(const Document& d) {
   return nlohmann::json::array({d.id, d.length, d.piece, d.offset, d.arrival_step});
 }
+// An integer field of a state blob in [lo, hi]; anything else (a float, a string, out of range)
+// throws, so no value is ever narrowed or rounded silently.
+inline int64_t StateInteger(const nlohmann::json& v, int64_t lo, int64_t hi, const char* what) {
+  const bool fits =
+      v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX});
+  if (!fits || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    throw nlohmann::json::out_of_range::create(
+        401, absl::StrFormat("%s must be an integer in [%d, %d]", what, lo, hi), &v);
+  }
+  return v.get<int64_t>();
+}
 inline Document DocumentFromState(const nlohmann::json& j) {
   if (!j.is_array() || j.size() != 5) {
     throw nlohmann::json::type_error::create(302, "document entry is not a 5-element array", &j);
   }
-  Document d{.id = j[0].get<int64_t>(),
-             .length = j[1].get<int64_t>(),
-             .piece = j[2].get<int32_t>(),
-             .offset = j[3].get<int64_t>(),
-             .arrival_step = j[4].get<int64_t>()};
-  if (d.length <= 0 || d.id < 0 || d.offset < 0) {
-    throw nlohmann::json::out_of_range::create(401, "document entry out of range", &j);
-  }
-  return d;
+  // Ranges that keep every sum below 2^63; the packer checks length <= S and the rest against
+  // its configuration and counters after loading (Packer::ValidateRestored).
+  return Document{.id = StateInteger(j[0], 0, kMaxStateCounter, "document id"),
+                  .length = StateInteger(j[1], 1, kMaxContext, "document length"),
+                  .piece = static_cast<int32_t>(StateInteger(j[2], 0, kMaxPieces, "piece")),
+                  .offset = StateInteger(j[3], 0, kMaxStreamTokens, "offset"),
+                  .arrival_step = StateInteger(j[4], 0, kMaxStateCounter, "arrival step")};
 }
 inline nlohmann::json DocumentsState(const std::vector<Document>& docs) {
   nlohmann::json a = nlohmann::json::array();
@@ -74,9 +84,35 @@ inline void AddHeld(const std::vector<Document>& docs, HeldBack& held) {
   for (const Document& d : docs) held.tokens += d.length;
 }
 inline std::vector<Document> DocumentsFromState(const nlohmann::json& j) {
+  if (!j.is_array()) {
+    throw nlohmann::json::type_error::create(302, "document list is not an array", &j);
+  }
   std::vector<Document> docs;
   for (const nlohmann::json& e : j) docs.push_back(DocumentFromState(e));
   return docs;
+}
+// True when `text` nests JSON arrays/objects deeper than `max_depth` (brackets inside strings do
+// not count). Comparing or dumping a deeper value would recurse once per level.
+inline bool JsonNestedDeeperThan(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
 }
 }  // namespace detail
 
@@ -89,18 +125,25 @@ struct PackerConfig {
 
 // The default variable-length cap: S + S/4. Memory, not balance, sets S_max in practice (the paper
 // does not state its value); a quarter of headroom over the fixed-length window is wlb's default
-// everywhere (wlb-plan, the bench tables, the examples).
-inline int64_t DefaultMaxTokens(int64_t context) { return context + context / 4; }
+// everywhere (wlb-plan, the bench tables, the examples). Saturates instead of overflowing, so an
+// out-of-range S is reported by ValidateConfig as such.
+inline int64_t DefaultMaxTokens(int64_t context) {
+  if (context <= 0) return context;
+  return context + std::min(context / 4, INT64_MAX - context);
+}
 
-// Returns an error naming the bad value unless N >= 1, S >= 1 and S_max >= S.
+// Returns an error naming the bad value unless N is in [1, kMaxMicroBatches], S in
+// [1, kMaxContext] and S_max in [S, kMaxMaxTokens] (so S x N <= 2^36 and nothing overflows).
 inline absl::Status ValidateConfig(const PackerConfig& c) {
-  if (c.micro_batches < 1) {
+  if (c.micro_batches < 1 || c.micro_batches > kMaxMicroBatches) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("micro-batches per step (N) must be >= 1, got %d", c.micro_batches));
+        absl::StrFormat("micro-batches per step (N) must be in [1, %d], got %d", kMaxMicroBatches,
+                        c.micro_batches));
   }
-  if (c.context < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("context window (S) must be >= 1 token, got %d", c.context));
+  if (absl::Status s = ValidateContext(c.context); !s.ok()) return s;
+  if (c.max_tokens > kMaxMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max tokens per micro-batch (S_max) must be <= %d, got %d", kMaxMaxTokens, c.max_tokens));
   }
   if (c.max_tokens < c.context) {
     return absl::InvalidArgumentError(
@@ -207,8 +250,10 @@ class Packer {
     return absl::StrFormat("%s\n%016x\n%s", kStateMagic, detail::Fnv1a64(payload), payload);
   }
 
-  // Restores a blob from SaveState(). A corrupted blob, or one saved by a packer of another kind
-  // or configuration, is rejected with an error and leaves this packer unchanged.
+  // Restores a blob from SaveState(). A corrupted blob, one saved by a packer of another kind or
+  // configuration, or one whose content this packer could not have produced (a piece longer than
+  // S, a negative piece index, a duplicated piece, a counter out of range, ...) is rejected whole
+  // with an error and leaves this packer unchanged.
   absl::Status RestoreState(std::string_view blob) {
     const size_t first = blob.find('\n');
     const size_t second = first == std::string_view::npos ? first : blob.find('\n', first + 1);
@@ -222,7 +267,11 @@ class Packer {
     if (checksum != expected) {
       return absl::DataLossError(absl::StrFormat(
           "packer state: checksum %s does not match the payload (%s): the blob is corrupted",
-          checksum, expected));
+          QuoteForMessage(checksum), expected));
+    }
+    if (detail::JsonNestedDeeperThan(payload, kMaxJsonDepth)) {
+      return absl::DataLossError(
+          absl::StrFormat("packer state: payload nests deeper than %d levels", kMaxJsonDepth));
     }
     const nlohmann::json j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object() || !j.contains("config")) {
@@ -230,18 +279,22 @@ class Packer {
     }
     if (j["config"] != ConfigJson()) {
       return absl::FailedPreconditionError(
-          absl::StrFormat("packer state was saved by %s but this packer is %s", j["config"].dump(),
-                          ConfigJson().dump()));
+          absl::StrFormat("packer state was saved by %s but this packer is %s",
+                          QuoteForMessage(j["config"].dump(), 256), ConfigJson().dump()));
     }
+    const nlohmann::json previous = StateJson();
     try {
-      const int64_t pushes = j.at("pushes").get<int64_t>();
-      const int64_t next_step = j.at("next_step").get<int64_t>();
-      const int64_t short_from = j.at("short_from").get<int64_t>();
-      if (short_from < -1 || short_from >= pushes) {
-        return absl::DataLossError(absl::StrFormat(
-            "packer state: short_from %d is outside [-1, %d) (pushes)", short_from, pushes));
-      }
+      const int64_t pushes = detail::StateInteger(j.at("pushes"), 0, kMaxStateCounter, "pushes");
+      const int64_t next_step =
+          detail::StateInteger(j.at("next_step"), 0, kMaxStateCounter, "next_step");
+      // short_from is a push index (or -1: no short push yet), so it is below `pushes`.
+      const int64_t short_from =
+          detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
       LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
+      if (absl::Status s = ValidateRestored(pushes); !s.ok()) {
+        LoadStateJson(previous);  // the state this packer saved itself always loads
+        return absl::DataLossError(absl::StrFormat("packer state: %s", s.message()));
+      }
       pushes_ = pushes;
       next_step_ = next_step;
       short_from_ = short_from;
@@ -258,6 +311,39 @@ class Packer {
  protected:
   virtual std::vector<StepPlan> DoPush(std::vector<Document> arrivals) = 0;
   virtual std::vector<StepPlan> DoFlush() = 0;
+
+  // Packer-specific consistency of a just-loaded state (queue levels, orders, counters), checked
+  // after the generic checks of ValidateRestored(); `pushes` is the restored Push() count.
+  virtual absl::Status ValidateState(int64_t /*pushes*/) const { return absl::OkStatus(); }
+
+  // Checks a just-loaded state: every held piece has a length in [1, S], arrived before `pushes`,
+  // and no (document, piece) is held twice; then ValidateState(). These are what Flush() needs to
+  // end with plans that place every held piece exactly once.
+  absl::Status ValidateRestored(int64_t pushes) const {
+    std::vector<Document> pending = Pending();
+    for (const Document& d : pending) {
+      if (d.length < 1 || d.length > config_.context) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("document %d piece %d: length %d is outside [1, %d] (S)", d.id, d.piece,
+                            d.length, config_.context));
+      }
+      if (d.arrival_step >= pushes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d piece %d: arrival step %d is not before the %d pushes so far", d.id,
+            d.piece, d.arrival_step, pushes));
+      }
+    }
+    std::sort(pending.begin(), pending.end(), [](const Document& a, const Document& b) {
+      return std::pair(a.id, a.piece) < std::pair(b.id, b.piece);
+    });
+    for (size_t i = 1; i < pending.size(); ++i) {
+      if (pending[i].id == pending[i - 1].id && pending[i].piece == pending[i - 1].piece) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("document %d piece %d is held twice", pending[i].id, pending[i].piece));
+      }
+    }
+    return ValidateState(pushes);
+  }
 
   // Wraps micro-batches into the next step, recording what is still held back.
   StepPlan MakeStep(std::vector<MicroBatch> micro_batches) {

@@ -38,16 +38,39 @@ class WindowedPacker : public Packer {
   void LoadStateJson(const nlohmann::json& j) final {
     std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
     std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
-    const int buffered = j.at("buffered_steps").get<int>();
-    if (buffered < 0 || buffered >= window_) {
-      throw nlohmann::json::out_of_range::create(401, "buffered_steps out of range", &j);
-    }
+    const int buffered = static_cast<int>(
+        detail::StateInteger(j.at("buffered_steps"), 0, window_ - 1, "buffered_steps"));
     carry_ = std::move(carry);
     buffer_ = std::move(buffer);
     buffered_steps_ = buffered;
   }
 
  protected:
+  // The buffer holds exactly the arrivals of the last `buffered_steps` pushes; the carry arrived
+  // before them.
+  absl::Status ValidateState(int64_t pushes) const override {
+    const int64_t window_start = pushes - buffered_steps_;
+    if (window_start < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%d buffered steps but only %d pushes", buffered_steps_, pushes));
+    }
+    for (const Document& d : buffer_) {
+      if (d.arrival_step < window_start) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "buffered document %d piece %d arrived at step %d, before the window's first step %d",
+            d.id, d.piece, d.arrival_step, window_start));
+      }
+    }
+    for (const Document& d : carry_) {
+      if (d.arrival_step >= window_start) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "carried document %d piece %d arrived at step %d, inside the open window (from %d)",
+            d.id, d.piece, d.arrival_step, window_start));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Plans `steps` steps from `carry` (held from the last window, so placing it first bounds the
   // delay) and `fresh` (the window's arrivals), each sorted longest first. Returns steps x N
   // micro-batches in step order and appends every document it did not place to `leftover`.

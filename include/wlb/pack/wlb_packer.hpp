@@ -24,8 +24,12 @@
 
 namespace wlb {
 
-// Checks outlier thresholds: strictly increasing, each in [1, S].
+// Checks outlier thresholds: at most kMaxOutlierQueues, strictly increasing, each in [1, S].
 inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, int64_t context) {
+  if (thresholds.size() > static_cast<size_t>(kMaxOutlierQueues)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d outlier thresholds, at most %d are allowed", thresholds.size(), kMaxOutlierQueues));
+  }
   for (size_t i = 0; i < thresholds.size(); ++i) {
     if (thresholds[i] < 1 || thresholds[i] > context) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -155,6 +159,23 @@ class WlbPacker final : public Packer {
   }
 
  protected:
+  // Queue i holds only lengths of level i, and the carry is longest first (PackStep merges it).
+  absl::Status ValidateState(int64_t) const override {
+    for (size_t i = 0; i < queues_.size(); ++i) {
+      for (const Document& d : queues_[i]) {
+        if (QueueLevel(d.length) != static_cast<int>(i)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "document %d piece %d of %d tokens is in outlier queue %d, not its queue %d", d.id,
+              d.piece, d.length, i, QueueLevel(d.length)));
+        }
+      }
+    }
+    if (!std::is_sorted(carry_.begin(), carry_.end(), LongerFirst)) {
+      return absl::InvalidArgumentError("carry-over is not ordered longest first");
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
     std::vector<Document> fresh;
     fresh.reserve(arrivals.size());

@@ -38,10 +38,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <span>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,10 +47,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "wlb/core/limits.hpp"
+#include "wlb/io/read_file.hpp"
 
 namespace wlb {
 
@@ -120,14 +121,15 @@ class KernelModel {
     std::map<std::pair<int64_t, int64_t>, std::pair<double, int>> acc;
     for (size_t i = 0; i < points.size(); ++i) {
       const KernelProfilePoint& p = points[i];
-      if (p.q_len <= 0 || p.kv_len < p.q_len) {
+      if (p.q_len <= 0 || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "kernel profile point %d: need 0 < q_len <= kv_len, got q_len %d, kv_len %d", i,
-            p.q_len, p.kv_len));
+            "kernel profile point %d: need 0 < q_len <= kv_len <= %d, got q_len %d, kv_len %d", i,
+            kMaxContext, p.q_len, p.kv_len));
       }
-      if (!(p.ms > 0.0) || !std::isfinite(p.ms)) {
+      if (!(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("kernel profile point %d: ms must be > 0 and finite, got %g", i, p.ms));
+            absl::StrFormat("kernel profile point %d: ms must be in [%g, %g], got %g", i,
+                            kMinProfileMs, kMaxProfileMs, p.ms));
       }
       auto& [sum, n] = acc[{p.q_len, p.kv_len}];
       sum += p.ms;
@@ -219,7 +221,7 @@ class KernelModel {
 
   explicit KernelModel(const AnalyticKernelParams& p) : params_(p) {}
 
-  static int64_t CeilDiv(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+  static int64_t CeilDiv(int64_t a, int64_t b) { return a <= 0 ? 0 : a / b + (a % b != 0); }
 
   static absl::Status ValidateShape(const KernelShape& s) {
     for (auto [name, v] : {std::pair{"heads", s.heads}, std::pair{"head_dim", s.head_dim},
@@ -262,9 +264,9 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
     if (h == "ms") ms_col = static_cast<int>(i);
   }
   if (q_col < 0 || kv_col < 0 || ms_col < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s:%d: header '%s' must name the columns q_len, kv_len and ms", source,
-                        header_line + 1, absl::StripAsciiWhitespace(lines[header_line])));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s:%d: header %s must name the columns q_len, kv_len and ms", source, header_line + 1,
+        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200)));
   }
   std::vector<KernelProfilePoint> points;
   for (size_t li = header_line + 1; li < lines.size(); ++li) {
@@ -278,19 +280,21 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
     const absl::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
     const absl::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
     const absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
-    if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0) {
+    if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0 || p.q_len > kMaxContext) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: q_len '%s' is not a positive integer", source, li + 1, q_text));
+          absl::StrFormat("%s:%d: q_len %s is not an integer in [1, %d]", source, li + 1,
+                          QuoteForMessage(q_text), kMaxContext));
     }
-    if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len) {
+    if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: kv_len '%s' is not an integer >= q_len %d (causal segments see at least their "
-          "own queries)",
-          source, li + 1, kv_text, p.q_len));
+          "%s:%d: kv_len %s is not an integer in [q_len %d, %d] (causal segments see at least "
+          "their own queries)",
+          source, li + 1, QuoteForMessage(kv_text), p.q_len, kMaxContext));
     }
-    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms > 0.0) || !std::isfinite(p.ms)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: ms '%s' is not a positive finite number", source, li + 1, ms_text));
+    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: ms %s is not a number in [%g, %g]", source, li + 1,
+                          QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
     }
     points.push_back(p);
   }
@@ -310,11 +314,9 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
 inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(const std::string& path,
                                                         const KernelShape& shape = {},
                                                         double segment_overhead_ms = 0.0) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open kernel profile '%s'", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return ParseKernelProfileCsv(buffer.str(), path, shape, segment_overhead_ms);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
+  if (!text.ok()) return text.status();
+  return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms);
 }
 
 }  // namespace wlb

@@ -46,6 +46,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "wlb/core/document.hpp"
+#include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/pack/packer.hpp"
 #include "wlb/shard/kernel_model.hpp"
@@ -174,14 +175,15 @@ inline absl::StatusOr<ParallelSizes> ParseParallelSizes(std::string_view text) {
   ParallelSizes p;
   int* fields[] = {&p.tp, &p.cp, &p.pp, &p.dp};
   if (parts.size() != 4) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "parallel sizes '%s' must be four integers TP,CP,PP,DP (e.g. 8,2,4,1)", text));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("parallel sizes %s must be four integers TP,CP,PP,DP (e.g. 8,2,4,1)",
+                        QuoteForMessage(text)));
   }
   for (size_t i = 0; i < 4; ++i) {
     if (!absl::SimpleAtoi(parts[i], fields[i]) || *fields[i] < 1 || *fields[i] > kMaxPipelineSize) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("parallel sizes '%s': '%s' is not an integer in [1, %d]", text,
-                          std::string(parts[i]), kMaxPipelineSize));
+          absl::StrFormat("parallel sizes %s: %s is not an integer in [1, %d]",
+                          QuoteForMessage(text), QuoteForMessage(parts[i]), kMaxPipelineSize));
     }
   }
   return p;
