@@ -112,7 +112,7 @@ absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::str
             QuoteForMessage(f[5 + i])));
       }
     }
-    for (absl::string_view d : absl::StrSplit(f[10], ';')) {
+    for (absl::string_view d : absl::StrSplit(f[10], ';', absl::SkipEmpty())) {  // "": empty
       int64_t length = 0;
       if (!absl::SimpleAtoi(d, &length) || length < 1 || length > kMaxContext) {
         return absl::InvalidArgumentError(absl::StrFormat(

@@ -28,7 +28,7 @@ struct MicroBatchMeasurement {
   std::string method;            // packer label, e.g. "fixed-greedy-w8" (no comma)
   int64_t step = 0;              // step of the stream
   int64_t index = 0;             // micro-batch within the step
-  std::vector<int64_t> lengths;  // its documents, in order
+  std::vector<int64_t> lengths;  // its documents, in order (none: an empty micro-batch, 0 ms)
   double predicted = 0.0;        // FLOP-model cost W (the packer's cost model)
   double forward_ms = 0.0;       // measured, one layer
   double backward_ms = 0.0;      // measured, one layer (0: forward only)
