@@ -117,21 +117,21 @@ int Fail(const absl::Status& s) {
 
 int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
-  std::string out_dir, preset = "llama2-7b", docs, packers_flag =
-      "original,fixed-greedy-w1,fixed-greedy-w8,wlb,wlb-refine,wlb-lookahead",
+  std::string out_dir,
+      preset = "llama2-7b", docs,
+      packers_flag = "original,fixed-greedy-w1,fixed-greedy-w8,wlb,wlb-refine,wlb-lookahead",
       kernel_name = "flash", cp_flag = "2,4";
   int64_t tp = 8, context = 131072, pp = 4, dp = 1, cp_job = 2, seed = 1, steps = 3, skip = 2,
           warmup = 1, iters = 3, sweep = 1, cp_steps = 1, backward = 1;
-  const bool ok = flags.Str("out", &out_dir) && flags.Str("preset", &preset) &&
-                  flags.Int("tp", &tp) && flags.Int("context", &context) &&
-                  flags.Int("pp", &pp) && flags.Int("dp", &dp) && flags.Int("cp_job", &cp_job) &&
-                  flags.Str("docs", &docs) && flags.Int("seed", &seed) &&
-                  flags.Int("steps", &steps) && flags.Int("skip", &skip) &&
-                  flags.Str("packers", &packers_flag) && flags.Str("kernel", &kernel_name) &&
-                  flags.Int("warmup", &warmup) && flags.Int("iters", &iters) &&
-                  flags.Int("sweep", &sweep) && flags.Str("cp", &cp_flag) &&
-                  flags.Int("cp_steps", &cp_steps) && flags.Int("backward", &backward) &&
-                  flags.AllUsed();
+  const bool ok =
+      flags.Str("out", &out_dir) && flags.Str("preset", &preset) && flags.Int("tp", &tp) &&
+      flags.Int("context", &context) && flags.Int("pp", &pp) && flags.Int("dp", &dp) &&
+      flags.Int("cp_job", &cp_job) && flags.Str("docs", &docs) && flags.Int("seed", &seed) &&
+      flags.Int("steps", &steps) && flags.Int("skip", &skip) &&
+      flags.Str("packers", &packers_flag) && flags.Str("kernel", &kernel_name) &&
+      flags.Int("warmup", &warmup) && flags.Int("iters", &iters) && flags.Int("sweep", &sweep) &&
+      flags.Str("cp", &cp_flag) && flags.Int("cp_steps", &cp_steps) &&
+      flags.Int("backward", &backward) && flags.AllUsed();
   if (!ok || out_dir.empty() || steps < 1 || skip < 0 || iters < 1 || warmup < 0 || pp < 1 ||
       dp < 1 || cp_job < 1 || cp_steps < 0) {
     std::fprintf(stderr,
@@ -183,9 +183,9 @@ int main(int argc, char** argv) {
     absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, input->steps, /*flush=*/false);
     if (!run.ok()) return Fail(run.status());
     if (static_cast<int64_t>(run->steps.size()) < skip + steps) {
-      return Fail(absl::OutOfRangeError(absl::StrFormat(
-          "packer %s planned %d steps from %d arrival steps; --skip + --steps = %d", p.label,
-          run->steps.size(), arrival_steps, skip + steps)));
+      return Fail(absl::OutOfRangeError(
+          absl::StrFormat("packer %s planned %d steps from %d arrival steps; --skip + --steps = %d",
+                          p.label, run->steps.size(), arrival_steps, skip + steps)));
     }
     plans[p.label].assign(run->steps.begin() + skip, run->steps.begin() + skip + steps);
     std::printf("planned %s: steps %ld..%ld, FLOP-model imbalance of step %ld %.3f\n",
@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
       "%s; %s; layer %s (hidden %d, heads %d/%d x %d, ffn %d); engine %s; input %s; S %d, "
       "S_max %d, N %d; command: %s",
       bench::DeviceName(), "measured by wlb_cuda_layer_bench", shape->name, shape->hidden,
-      shape->heads, shape->kv_heads, shape->head_dim, shape->ffn, kernel_name, input->name,
-      context, config.max_tokens, config.micro_batches, flags.command());
+      shape->heads, shape->kv_heads, shape->head_dim, shape->ffn, kernel_name, input->name, context,
+      config.max_tokens, config.micro_batches, flags.command());
   Say("# layer_bench: " + provenance);
 
   // ---- per micro-batch measurements, every packer ----
@@ -217,15 +217,17 @@ int main(int argc, char** argv) {
       const int64_t s = skip + static_cast<int64_t>(k);
       for (size_t i = 0; i < step.micro_batches.size(); ++i) {
         const wlb::MicroBatch& mb = step.micro_batches[i];
-        MicroBatchMeasurement m{.method = p.label, .step = s, .index = static_cast<int64_t>(i),
-                                .lengths = LengthsOf(mb), .predicted = mb.cost};
+        MicroBatchMeasurement m{.method = p.label,
+                                .step = s,
+                                .index = static_cast<int64_t>(i),
+                                .lengths = LengthsOf(mb),
+                                .predicted = mb.cost};
         if (!m.lengths.empty()) {
           absl::StatusOr<PackedDocuments> packed = PackDocuments(m.lengths);
           if (!packed.ok()) return Fail(packed.status());
           if (absl::Status st = (*layer)->Plan(*packed); !st.ok()) return Fail(st);
-          absl::StatusOr<LayerTimes> t =
-              TimeLayer(**layer, options.backward, static_cast<int>(warmup),
-                        static_cast<int>(iters));
+          absl::StatusOr<LayerTimes> t = TimeLayer(
+              **layer, options.backward, static_cast<int>(warmup), static_cast<int>(iters));
           if (!t.ok()) return Fail(t.status());
           m.forward_ms = t->forward_ms;
           m.backward_ms = t->backward_ms;
@@ -233,8 +235,8 @@ int main(int argc, char** argv) {
           m.attention_backward_ms = t->attention_backward_ms;
         }
         std::printf("%s step %ld mb %zu: %ld tokens, %zu docs, fwd %.3f ms, bwd %.3f ms\n",
-                    p.label.c_str(), long(s), i, long(m.tokens()), m.lengths.size(),
-                    m.forward_ms, m.backward_ms);
+                    p.label.c_str(), long(s), i, long(m.tokens()), m.lengths.size(), m.forward_ms,
+                    m.backward_ms);
         rows.push_back(std::move(m));
       }
     }
@@ -244,14 +246,15 @@ int main(int argc, char** argv) {
   // ---- Table 2 ----
   absl::StatusOr<std::vector<ImbalanceRow>> table = ImbalanceTable(rows);
   if (!table.ok()) return Fail(table.status());
-  Say(absl::StrFormat("\nTable 2, measured (steps %d..%d, %d micro-batches each; paper 7B-128K: "
+  Say(
+      absl::StrFormat("\nTable 2, measured (steps %d..%d, %d micro-batches each; paper 7B-128K: "
                       "original 1.44, fixed-greedy w1 1.41 / w8 1.08, WLB 2 queues 1.05):\n",
                       skip, skip + steps - 1, config.micro_batches));
   Say("| packer | FLOP model | measured fwd | measured fwd+bwd |");
   Say("|---|---|---|---|");
   for (const ImbalanceRow& r : *table) {
-    Say(absl::StrFormat("| %s | %.3f | %.3f | %.3f |", r.method, r.flop_model,
-                        r.measured_forward, r.measured_forward_backward));
+    Say(absl::StrFormat("| %s | %.3f | %.3f | %.3f |", r.method, r.flop_model, r.measured_forward,
+                        r.measured_forward_backward));
   }
 
   // ---- fitted cost model from single-document timings; prediction errors ----
@@ -262,8 +265,8 @@ int main(int argc, char** argv) {
     for (int64_t d = 128; d <= config.max_tokens; d = std::min(d * 2, config.max_tokens)) {
       absl::StatusOr<PackedDocuments> one = PackDocuments({d});
       if (absl::Status st = (*layer)->Plan(*one); !st.ok()) return Fail(st);
-      absl::StatusOr<LayerTimes> t = TimeLayer(**layer, false, static_cast<int>(warmup),
-                                               static_cast<int>(iters));
+      absl::StatusOr<LayerTimes> t =
+          TimeLayer(**layer, false, static_cast<int>(warmup), static_cast<int>(iters));
       if (!t.ok()) return Fail(t.status());
       points.push_back({d, t->forward_ms});
       if (d == config.max_tokens) break;
@@ -275,7 +278,8 @@ int main(int argc, char** argv) {
     if (!csv.ok()) return Fail(csv.status());
     std::ofstream(out_dir + "/layer_profile.csv") << *csv;
     Say("\nFitted to single-document forward times (layer_profile.csv; wlb-plan --cost reads "
-        "it): " + fit->model.description);
+        "it): " +
+        fit->model.description);
   }
   for (const MicroBatchMeasurement& m : rows) {
     if (m.lengths.empty()) continue;
@@ -305,8 +309,8 @@ int main(int argc, char** argv) {
   if (plans.count("original") && plans.count("wlb") && options.backward) {
     absl::StatusOr<double> base = MeasuredSecondsPerToken(RowsOf(rows, "original"), sizes,
                                                           static_cast<int>(model_shape->layers));
-    absl::StatusOr<double> wlb_s = MeasuredSecondsPerToken(RowsOf(rows, "wlb"), sizes,
-                                                           static_cast<int>(model_shape->layers));
+    absl::StatusOr<double> wlb_s =
+        MeasuredSecondsPerToken(RowsOf(rows, "wlb"), sizes, static_cast<int>(model_shape->layers));
     if (!base.ok() || !wlb_s.ok()) return Fail(base.ok() ? wlb_s.status() : base.status());
     Say(absl::StrFormat(
         "\nSpeedup of WLB over Plain-4D from measured layer times (1F1B, PP %d, DP %d, %d "
@@ -324,7 +328,8 @@ int main(int argc, char** argv) {
       absl::StatusOr<double> mb = ModelSecondsPerToken(RowsOf(rows, "original"), *model, per_seq);
       absl::StatusOr<double> mw = ModelSecondsPerToken(RowsOf(rows, "wlb"), *model, adaptive);
       if (!mb.ok() || !mw.ok()) return Fail(mb.ok() ? mw.status() : mb.status());
-      Say(absl::StrFormat("model-only estimate on the same steps, CP %d (original per-seq vs "
+      Say(
+          absl::StrFormat("model-only estimate on the same steps, CP %d (original per-seq vs "
                           "wlb adaptive): %.3fx",
                           c, *mb / *mw));
     }
@@ -336,8 +341,8 @@ int main(int argc, char** argv) {
                                     .num_kv_heads = static_cast<int>(shape->kv_heads),
                                     .head_dim = static_cast<int>(shape->head_dim),
                                     .kernel = *kernel};
-  absl::StatusOr<wlb::KernelModel> kernel_model = wlb::KernelModel::Analytic(
-      {.shape = {.heads = shape->heads, .head_dim = shape->head_dim}});
+  absl::StatusOr<wlb::KernelModel> kernel_model =
+      wlb::KernelModel::Analytic({.shape = {.heads = shape->heads, .head_dim = shape->head_dim}});
   if (!kernel_model.ok()) return Fail(kernel_model.status());
   const size_t nq = static_cast<size_t>(config.max_tokens * shape->q_width());
   const size_t nk = static_cast<size_t>(config.max_tokens * shape->kv_width());
@@ -349,8 +354,8 @@ int main(int argc, char** argv) {
                       o = bench::EmptyDevice(nq), dq = bench::EmptyDevice(nq),
                       dk = bench::EmptyDevice(nk), dv = bench::EmptyDevice(nk);
     if (!q || !k || !v || !dout || !o || !dq || !dk || !dv) return 1;
-    const PackedCpTensors t{q.get(), k.get(), v.get(), dout.get(), o.get(), dq.get(), dk.get(),
-                            dv.get()};
+    const PackedCpTensors t{q.get(), k.get(),  v.get(),  dout.get(),
+                            o.get(), dq.get(), dk.get(), dv.get()};
     for (const MicroBatchMeasurement& m : rows) {
       if (m.lengths.empty() || m.step >= skip + cp_steps ||
           (m.method != "original" && m.method != "wlb")) {
@@ -359,8 +364,8 @@ int main(int argc, char** argv) {
       const wlb::MicroBatch& mb =
           plans[m.method][static_cast<size_t>(m.step - skip)].micro_batches[m.index];
       // The layer's non-attention time, shared evenly by the ranks (each holds tokens / C).
-      const double linear_ms = (m.forward_ms - m.attention_forward_ms + m.backward_ms -
-                                m.attention_backward_ms) / c;
+      const double linear_ms =
+          (m.forward_ms - m.attention_forward_ms + m.backward_ms - m.attention_backward_ms) / c;
       for (wlb::ShardStrategy s :
            {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument,
             wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kPerSequenceOrdered}) {
@@ -380,7 +385,10 @@ int main(int argc, char** argv) {
             per_rank[static_cast<size_t>(x.rank)].push_back(x.forward_ms + x.backward_ms);
           }
         }
-        CpMeasurement cm{.method = m.method, .step = m.step, .index = m.index, .cp = c,
+        CpMeasurement cm{.method = m.method,
+                         .step = m.step,
+                         .index = m.index,
+                         .cp = c,
                          .strategy = std::string(wlb::ShardStrategyName(s))};
         for (const auto& r : per_rank) cm.rank_ms.push_back(Median(r) + linear_ms);
         cp_rows.push_back(std::move(cm));
@@ -391,8 +399,8 @@ int main(int argc, char** argv) {
     std::ofstream cp_csv(out_dir + "/cp.csv");
     cp_csv << "# " << provenance << "\nmethod,step,index,cp,strategy,rank_ms\n";
     for (const CpMeasurement& m : cp_rows) {
-      cp_csv << absl::StrFormat("%s,%d,%d,%d,%s,%s\n", m.method, m.step, m.index, m.cp,
-                                m.strategy, absl::StrJoin(m.rank_ms, ";"));
+      cp_csv << absl::StrFormat("%s,%d,%d,%d,%s,%s\n", m.method, m.step, m.index, m.cp, m.strategy,
+                                absl::StrJoin(m.rank_ms, ";"));
     }
     absl::StatusOr<std::vector<CpRow>> cp_table = CpTable(cp_rows);
     if (!cp_table.ok()) return Fail(cp_table.status());

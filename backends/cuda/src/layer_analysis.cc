@@ -63,7 +63,7 @@ std::string MeasurementsCsv(std::span<const MicroBatchMeasurement> rows,
 }
 
 absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::string_view text,
-                                                                         std::string_view source) {
+                                                                        std::string_view source) {
   std::vector<MicroBatchMeasurement> rows;
   bool header_seen = false;
   int line_no = 0;
@@ -75,8 +75,8 @@ absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::str
     if (line.empty() || absl::StartsWith(line, "#")) continue;
     if (!header_seen) {
       if (line != kHeader) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s:%d: header must be \"%s\"", src, line_no, kHeader));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: header must be \"%s\"", src, line_no, kHeader));
       }
       header_seen = true;
       continue;
@@ -93,9 +93,9 @@ absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::str
         {"step", &m.step}, {"index", &m.index}, {"tokens", &tokens}, {"documents", &documents}};
     for (size_t i = 0; i < 4; ++i) {
       if (!absl::SimpleAtoi(f[1 + i], ints[i].second) || *ints[i].second < 0) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s:%d: %s %s is not an integer >= 0", src, line_no, ints[i].first,
-            QuoteForMessage(f[1 + i])));
+        return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s %s is not an integer >= 0",
+                                                          src, line_no, ints[i].first,
+                                                          QuoteForMessage(f[1 + i])));
       }
     }
     const std::pair<const char*, double*> reals[] = {
@@ -107,24 +107,24 @@ absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::str
     for (size_t i = 0; i < 5; ++i) {
       if (!absl::SimpleAtod(f[5 + i], reals[i].second) || !(*reals[i].second >= 0.0) ||
           !std::isfinite(*reals[i].second)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s:%d: %s %s is not a finite number >= 0", src, line_no, reals[i].first,
-            QuoteForMessage(f[5 + i])));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: %s %s is not a finite number >= 0", src, line_no,
+                            reals[i].first, QuoteForMessage(f[5 + i])));
       }
     }
     for (absl::string_view d : absl::StrSplit(f[10], ';', absl::SkipEmpty())) {  // "": empty
       int64_t length = 0;
       if (!absl::SimpleAtoi(d, &length) || length < 1 || length > kMaxContext) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s:%d: document length %s is not an integer in [1, %d]", src, line_no,
-            QuoteForMessage(d), kMaxContext));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: document length %s is not an integer in [1, %d]", src, line_no,
+                            QuoteForMessage(d), kMaxContext));
       }
       m.lengths.push_back(length);
     }
     if (static_cast<int64_t>(m.lengths.size()) != documents || m.tokens() != tokens) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %d documents of %d tokens listed, the row says %d documents of %d tokens",
-          src, line_no, m.lengths.size(), m.tokens(), documents, tokens));
+          "%s:%d: %d documents of %d tokens listed, the row says %d documents of %d tokens", src,
+          line_no, m.lengths.size(), m.tokens(), documents, tokens));
     }
     rows.push_back(std::move(m));
   }
@@ -191,9 +191,9 @@ absl::StatusOr<PredictionError> ComparePredictions(std::span<const double> predi
   for (size_t i = 0; i < predicted.size(); ++i) {
     for (double v : {predicted[i], measured[i]}) {
       if (!(v > 0.0) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "point %d: prediction %g and measurement %g must be > 0 and finite", i, predicted[i],
-            measured[i]));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("point %d: prediction %g and measurement %g must be > 0 and finite", i,
+                            predicted[i], measured[i]));
       }
     }
     const double r = predicted[i] / measured[i];
@@ -267,8 +267,8 @@ absl::StatusOr<double> ModelSecondsPerToken(std::span<const MicroBatchMeasuremen
     for (const MicroBatchMeasurement* m : mbs) {
       MicroBatch mb;
       for (int64_t d : m->lengths) {
-        mb.documents.push_back(Document{.id = static_cast<int64_t>(mb.documents.size()),
-                                        .length = d});
+        mb.documents.push_back(
+            Document{.id = static_cast<int64_t>(mb.documents.size()), .length = d});
       }
       mb.tokens = m->tokens();
       mb.cost = m->predicted;
@@ -290,15 +290,15 @@ absl::StatusOr<std::vector<CpRow>> CpTable(std::span<const CpMeasurement> rows) 
   std::map<int, std::vector<std::string>> order;  // strategies in order of first appearance
   for (const CpMeasurement& m : rows) {
     if (m.rank_ms.empty() || static_cast<int>(m.rank_ms.size()) != m.cp) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s step %d micro-batch %d: %d rank times for C = %d", m.strategy, m.step, m.index,
-          m.rank_ms.size(), m.cp));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s step %d micro-batch %d: %d rank times for C = %d", m.strategy, m.step,
+                          m.index, m.rank_ms.size(), m.cp));
     }
     for (double v : m.rank_ms) {
       if (!(v >= 0.0) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s step %d micro-batch %d: rank time %g must be >= 0 and finite", m.strategy, m.step,
-            m.index, v));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s step %d micro-batch %d: rank time %g must be >= 0 and finite",
+                            m.strategy, m.step, m.index, v));
       }
     }
     auto& strategies = order[m.cp];
@@ -317,9 +317,9 @@ absl::StatusOr<std::vector<CpRow>> CpTable(std::span<const CpMeasurement> rows) 
     std::map<Key, double> oracle;
     for (const auto& [name, mbs] : strategies) {
       if (mbs.size() != keys.size()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "C = %d: strategy %s measured %d micro-batches, the others %d", cp, name, mbs.size(),
-            keys.size()));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("C = %d: strategy %s measured %d micro-batches, the others %d", cp,
+                            name, mbs.size(), keys.size()));
       }
       if (name == "adaptive") continue;
       for (const auto& [key, v] : mbs) {

@@ -47,7 +47,8 @@ __global__ void RmsNormBackwardKernel(const __nv_bfloat16* x, const __nv_bfloat1
     const int64_t base = r * width;
     float dot = 0.f;
     for (int64_t j = threadIdx.x; j < width; j += kThreads) {
-      dot += __bfloat162float(dy[base + j]) * __bfloat162float(g[j]) * __bfloat162float(x[base + j]);
+      dot +=
+          __bfloat162float(dy[base + j]) * __bfloat162float(g[j]) * __bfloat162float(x[base + j]);
     }
     const float total = BlockSum(temp).Sum(dot);
     if (threadIdx.x == 0) row_dot = total;
@@ -127,19 +128,19 @@ unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / k
 
 }  // namespace
 
-cudaError_t LaunchRmsNormForward(const __nv_bfloat16* x, const __nv_bfloat16* g,
-                                 __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width,
-                                 float eps, cudaStream_t stream) {
+cudaError_t LaunchRmsNormForward(const __nv_bfloat16* x, const __nv_bfloat16* g, __nv_bfloat16* y,
+                                 float* rstd, int64_t rows, int64_t width, float eps,
+                                 cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, y, rstd,
-                                                                            width, eps);
+  RmsNormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, g, y, rstd, width,
+                                                                             eps);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRmsNormBackward(const __nv_bfloat16* x, const __nv_bfloat16* g,
-                                  const float* rstd, const __nv_bfloat16* dy,
-                                  const __nv_bfloat16* residual, __nv_bfloat16* dx, float* dg,
-                                  int64_t rows, int64_t width, cudaStream_t stream) {
+cudaError_t LaunchRmsNormBackward(const __nv_bfloat16* x, const __nv_bfloat16* g, const float* rstd,
+                                  const __nv_bfloat16* dy, const __nv_bfloat16* residual,
+                                  __nv_bfloat16* dx, float* dg, int64_t rows, int64_t width,
+                                  cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>(rows, 1024);
   const int64_t per_block = (rows + blocks - 1) / blocks;
@@ -149,9 +150,8 @@ cudaError_t LaunchRmsNormBackward(const __nv_bfloat16* x, const __nv_bfloat16* g
         RmsNormBackwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  RmsNormBackwardKernel<<<static_cast<unsigned>((rows + per_block - 1) / per_block), kThreads,
-                          smem, stream>>>(x, g, rstd, dy, residual, dx, dg, rows, width,
-                                          per_block);
+  RmsNormBackwardKernel<<<static_cast<unsigned>((rows + per_block - 1) / per_block), kThreads, smem,
+                          stream>>>(x, g, rstd, dy, residual, dx, dg, rows, width, per_block);
   return cudaGetLastError();
 }
 

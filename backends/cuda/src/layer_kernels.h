@@ -15,15 +15,15 @@ namespace wlb::cuda::detail {
 inline constexpr int64_t kMaxNormWidth = 12288;
 
 // y = x / rms(x) * g per row of `width`; rstd[r] = 1 / rms(x_r).
-cudaError_t LaunchRmsNormForward(const __nv_bfloat16* x, const __nv_bfloat16* g,
-                                 __nv_bfloat16* y, float* rstd, int64_t rows, int64_t width,
-                                 float eps, cudaStream_t stream);
+cudaError_t LaunchRmsNormForward(const __nv_bfloat16* x, const __nv_bfloat16* g, __nv_bfloat16* y,
+                                 float* rstd, int64_t rows, int64_t width, float eps,
+                                 cudaStream_t stream);
 
 // dx = residual + d(RMSNorm)/dx^T dy; dg (fp32, zeroed by the caller) += sum over rows.
-cudaError_t LaunchRmsNormBackward(const __nv_bfloat16* x, const __nv_bfloat16* g,
-                                  const float* rstd, const __nv_bfloat16* dy,
-                                  const __nv_bfloat16* residual, __nv_bfloat16* dx, float* dg,
-                                  int64_t rows, int64_t width, cudaStream_t stream);
+cudaError_t LaunchRmsNormBackward(const __nv_bfloat16* x, const __nv_bfloat16* g, const float* rstd,
+                                  const __nv_bfloat16* dy, const __nv_bfloat16* residual,
+                                  __nv_bfloat16* dx, float* dg, int64_t rows, int64_t width,
+                                  cudaStream_t stream);
 
 // In place on (tokens, heads, head_dim): rotates pairs (j, j + head_dim/2) by
 // positions[token] * theta^(-2j/head_dim); `inverse` rotates back (the backward).

@@ -91,8 +91,8 @@ void Rope(Vec& t, const PackedDocuments& mb, int64_t heads, int64_t d, double th
   const int64_t half = d / 2;
   for (int64_t tok = 0; tok < mb.tokens(); ++tok) {
     for (int64_t j = 0; j < half; ++j) {
-      const double angle =
-          mb.positions[tok] * std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+      const double angle = mb.positions[tok] *
+                           std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(d));
       const double c = std::cos(angle), s = sign * std::sin(angle);
       for (int64_t h = 0; h < heads; ++h) {
         double& a = t[(tok * heads + h) * d + j];
@@ -114,7 +114,8 @@ Vec Probabilities(const Vec& q, const Vec& k, const LayerShape& s, int64_t i, in
   double mx = -INFINITY;
   for (int64_t j = doc_begin; j <= i; ++j) {
     double dot = 0.0;
-    for (int64_t e = 0; e < d; ++e) dot += q[(i * s.heads + h) * d + e] * k[(j * s.kv_heads + kvh) * d + e];
+    for (int64_t e = 0; e < d; ++e)
+      dot += q[(i * s.heads + h) * d + e] * k[(j * s.kv_heads + kvh) * d + e];
     p[j - doc_begin] = dot * scale;
     mx = std::max(mx, p[j - doc_begin]);
   }

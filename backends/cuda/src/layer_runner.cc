@@ -18,10 +18,9 @@
   do {                                                                                     \
     const cublasStatus_t wlb_cublas_status_ = (expr);                                      \
     if (wlb_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
-      return absl::InternalError(absl::StrFormat("%s failed: %s (%s) at %s:%d", #expr,     \
-                                                 cublasLtGetStatusName(wlb_cublas_status_), \
-                                                 cublasLtGetStatusString(wlb_cublas_status_), \
-                                                 __FILE__, __LINE__));                     \
+      return absl::InternalError(absl::StrFormat(                                          \
+          "%s failed: %s (%s) at %s:%d", #expr, cublasLtGetStatusName(wlb_cublas_status_), \
+          cublasLtGetStatusString(wlb_cublas_status_), __FILE__, __LINE__));               \
     }                                                                                      \
   } while (false)
 
@@ -43,17 +42,17 @@ class Gemm {
     WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&g.desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A
     const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B
-    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        g.desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
-    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        g.desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+    WLB_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+    WLB_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
     // Stored column-major shapes: B (inner, cols) row-major is (cols, inner) column-major.
-    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-        &g.lt_a_, CUDA_R_16BF, trans_b ? inner : cols, trans_b ? cols : inner,
-        trans_b ? inner : cols));
-    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-        &g.lt_b_, CUDA_R_16BF, trans_a ? rows : inner, trans_a ? inner : rows,
-        trans_a ? rows : inner));
+    WLB_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&g.lt_a_, CUDA_R_16BF, trans_b ? inner : cols,
+                                   trans_b ? cols : inner, trans_b ? inner : cols));
+    WLB_CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&g.lt_b_, CUDA_R_16BF, trans_a ? rows : inner,
+                                   trans_a ? inner : rows, trans_a ? rows : inner));
     WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&g.lt_d_, CUDA_R_16BF, cols, rows, cols));
     cublasLtMatmulPreference_t pref = nullptr;
     WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
@@ -63,15 +62,15 @@ class Gemm {
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
-      st = cublasLtMatmulAlgoGetHeuristic(handle, g.desc_, g.lt_a_, g.lt_b_, g.lt_d_, g.lt_d_,
-                                          pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(handle, g.desc_, g.lt_a_, g.lt_b_, g.lt_d_, g.lt_d_, pref,
+                                          1, &result, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     WLB_CUBLAS_RETURN_IF_ERROR(st);
     if (found == 0) {
-      return absl::NotFoundError(absl::StrFormat(
-          "cuBLASLt has no bf16 algorithm for a (%d x %d) . (%d x %d) GEMM", rows, inner, inner,
-          cols));
+      return absl::NotFoundError(
+          absl::StrFormat("cuBLASLt has no bf16 algorithm for a (%d x %d) . (%d x %d) GEMM", rows,
+                          inner, inner, cols));
     }
     g.algo_ = result.algo;
     return g;
@@ -112,10 +111,26 @@ class Gemm {
   bool add_c_ = false;
 };
 
-// Every GEMM of the layer, in the order they run.
+// Every GEMM of the layer, in the order they run: forward kQ..kDown, backward kDWd..kDaV.
 enum GemmId {
-  kQ, kK, kV, kOut, kGateUp, kDown,                         // forward
-  kDWd, kDs, kDWgu, kDb, kDWo, kDo, kDWq, kDWk, kDWv, kDaQ, kDaK, kDaV,  // backward
+  kQ,
+  kK,
+  kV,
+  kOut,
+  kGateUp,
+  kDown,
+  kDWd,
+  kDs,
+  kDWgu,
+  kDb,
+  kDWo,
+  kDo,
+  kDWq,
+  kDWk,
+  kDWv,
+  kDaQ,
+  kDaK,
+  kDaV,
   kGemmCount
 };
 
@@ -145,9 +160,8 @@ struct LayerRunner::State {
   // Activations (capacity rows) and gradients.
   bf16 *x = nullptr, *a = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *h = nullptr, *b = nullptr, *gu = nullptr, *s = nullptr, *y = nullptr;
-  bf16 *dy = nullptr, *ds = nullptr, *dgu = nullptr, *db = nullptr, *dh = nullptr,
-       *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr, *da = nullptr,
-       *dx = nullptr;
+  bf16 *dy = nullptr, *ds = nullptr, *dgu = nullptr, *db = nullptr, *dh = nullptr, *dout = nullptr,
+       *dq = nullptr, *dk = nullptr, *dv = nullptr, *da = nullptr, *dx = nullptr;
   float *rstd1 = nullptr, *rstd2 = nullptr, *lse = nullptr;
   int32_t* positions = nullptr;
   void* workspace = nullptr;
@@ -169,8 +183,8 @@ struct LayerRunner::State {
   template <typename T>
   absl::Status Alloc(T*& p, int64_t count) {
     void* raw = nullptr;
-    WLB_CUDA_RETURN_IF_ERROR(cudaMalloc(&raw, static_cast<size_t>(std::max<int64_t>(count, 1)) *
-                                                  sizeof(T)));
+    WLB_CUDA_RETURN_IF_ERROR(
+        cudaMalloc(&raw, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
     allocations.push_back(raw);
     p = static_cast<T*>(raw);
     return absl::OkStatus();
@@ -185,11 +199,13 @@ absl::StatusOr<int64_t> LayerRunner::DeviceBytes(const LayerShape& s, int64_t ca
                                                  bool backward) {
   if (absl::Status st = ValidateLayerShape(s); !st.ok()) return st;
   // Widths (bf16 columns) of the activations, then of the gradients, each `capacity` rows.
-  const int64_t fwd_width =
-      5 * s.hidden + 2 * s.q_width() + 2 * s.kv_width() + 3 * s.ffn;  // x a h b y, q o, k v, gu s
-  const int64_t bwd_width = 5 * s.hidden + 2 * s.q_width() + 2 * s.kv_width() + 3 * s.ffn;
+  // x a h b y dy, q o, k v, gu s.
+  const int64_t fwd_width = 6 * s.hidden + 2 * s.q_width() + 2 * s.kv_width() + 3 * s.ffn;
+  // db dh da dx, dout dq, dk dv, ds dgu.
+  const int64_t bwd_width = 4 * s.hidden + 2 * s.q_width() + 2 * s.kv_width() + 3 * s.ffn;
   const int64_t weights = 2 * s.hidden + s.hidden * (s.q_width() + 2 * s.kv_width()) +
                           s.q_width() * s.hidden + 3 * s.hidden * s.ffn;
+  // bf16 activations, fp32 rstd1/rstd2 and LSE, int32 position.
   int64_t act = 0, per_row = 2 * (fwd_width + (backward ? bwd_width : 0)) + 8 + 4 * s.heads + 4;
   if (absl::Status st = MulChecked(capacity, per_row, "activation bytes", act); !st.ok()) {
     return st;
@@ -205,9 +221,9 @@ absl::StatusOr<std::unique_ptr<LayerRunner>> LayerRunner::Create(const LayerShap
                                                                  cudaStream_t stream) {
   if (absl::Status st = ValidateLayerShape(s); !st.ok()) return st;
   if (s.hidden > detail::kMaxNormWidth) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layer shape '%s': hidden %d is over the RMSNorm kernels' limit of %d", s.name, s.hidden,
-        detail::kMaxNormWidth));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer shape '%s': hidden %d is over the RMSNorm kernels' limit of %d",
+                        s.name, s.hidden, detail::kMaxNormWidth));
   }
   if (absl::Status st = ValidateLayerParams(s, params); !st.ok()) return st;
   if (capacity < 1 || capacity > std::numeric_limits<int32_t>::max()) {
@@ -220,9 +236,9 @@ absl::StatusOr<std::unique_ptr<LayerRunner>> LayerRunner::Create(const LayerShap
   size_t free_bytes = 0, total_bytes = 0;
   WLB_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (*bytes > static_cast<int64_t>(free_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "layer '%s' at %d tokens needs %d bytes of device memory, %d are free", s.name, capacity,
-        *bytes, free_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("layer '%s' at %d tokens needs %d bytes of device memory, %d are free",
+                        s.name, capacity, *bytes, free_bytes));
   }
   auto st = std::make_unique<State>();
   st->options = options;
@@ -234,28 +250,29 @@ absl::StatusOr<std::unique_ptr<LayerRunner>> LayerRunner::Create(const LayerShap
   const int64_t c = capacity, hidden = s.hidden;
   // Weights: converted to bf16 on the host (the values are bf16-representable) and uploaded.
   const std::pair<bf16**, const std::vector<double>*> weights[] = {
-      {&st->norm1, &params.norm1}, {&st->wq, &params.wq},   {&st->wk, &params.wk},
-      {&st->wv, &params.wv},       {&st->wo, &params.wo},   {&st->norm2, &params.norm2},
+      {&st->norm1, &params.norm1}, {&st->wq, &params.wq}, {&st->wk, &params.wk},
+      {&st->wv, &params.wv},       {&st->wo, &params.wo}, {&st->norm2, &params.norm2},
       {&st->wgu, &params.wgu},     {&st->wd, &params.wd}};
   for (const auto& [ptr, values] : weights) {
     std::vector<bf16> host(values->size());
-    for (size_t i = 0; i < host.size(); ++i) host[i] = __float2bfloat16(static_cast<float>((*values)[i]));
+    for (size_t i = 0; i < host.size(); ++i)
+      host[i] = __float2bfloat16(static_cast<float>((*values)[i]));
     if (absl::Status e = st->Alloc(*ptr, static_cast<int64_t>(host.size())); !e.ok()) return e;
     WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ptr, host.data(), host.size() * sizeof(bf16),
                                              cudaMemcpyHostToDevice, stream));
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // `host` dies here
   }
   std::vector<std::pair<bf16**, int64_t>> buffers = {
-      {&st->x, c * hidden},       {&st->a, c * hidden},      {&st->q, c * s.q_width()},
+      {&st->x, c * hidden},       {&st->a, c * hidden},       {&st->q, c * s.q_width()},
       {&st->k, c * s.kv_width()}, {&st->v, c * s.kv_width()}, {&st->o, c * s.q_width()},
-      {&st->h, c * hidden},       {&st->b, c * hidden},      {&st->gu, c * 2 * s.ffn},
-      {&st->s, c * s.ffn},        {&st->y, c * hidden},      {&st->dy, c * hidden}};
+      {&st->h, c * hidden},       {&st->b, c * hidden},       {&st->gu, c * 2 * s.ffn},
+      {&st->s, c * s.ffn},        {&st->y, c * hidden},       {&st->dy, c * hidden}};
   if (options.backward) {
     const std::vector<std::pair<bf16**, int64_t>> grads = {
-        {&st->ds, c * s.ffn},        {&st->dgu, c * 2 * s.ffn},     {&st->db, c * hidden},
-        {&st->dh, c * hidden},       {&st->dout, c * s.q_width()},  {&st->dq, c * s.q_width()},
-        {&st->dk, c * s.kv_width()}, {&st->dv, c * s.kv_width()},   {&st->da, c * hidden},
-        {&st->dx, c * hidden},       {&st->dwq, params.wq.size()},  {&st->dwk, params.wk.size()},
+        {&st->ds, c * s.ffn},         {&st->dgu, c * 2 * s.ffn},    {&st->db, c * hidden},
+        {&st->dh, c * hidden},        {&st->dout, c * s.q_width()}, {&st->dq, c * s.q_width()},
+        {&st->dk, c * s.kv_width()},  {&st->dv, c * s.kv_width()},  {&st->da, c * hidden},
+        {&st->dx, c * hidden},        {&st->dwq, params.wq.size()}, {&st->dwk, params.wk.size()},
         {&st->dwv, params.wv.size()}, {&st->dwo, params.wo.size()}, {&st->dwgu, params.wgu.size()},
         {&st->dwd, params.wd.size()}};
     buffers.insert(buffers.end(), grads.begin(), grads.end());
@@ -328,7 +345,8 @@ absl::Status LayerRunner::Plan(const PackedDocuments& batch) {
   p.num_kv_heads = static_cast<int>(s.kv_heads);
   p.head_dim = static_cast<int>(s.head_dim);
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p, st.options.attention, st.stream);
+  absl::StatusOr<VarlenAttention> attn =
+      VarlenAttention::Create(p, st.options.attention, st.stream);
   if (!attn.ok()) return attn.status();
   WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(st.positions, batch.positions.data(),
                                            batch.positions.size() * sizeof(int32_t),
@@ -336,24 +354,24 @@ absl::Status LayerRunner::Plan(const PackedDocuments& batch) {
   const int64_t hidden = s.hidden, qw = s.q_width(), kw = s.kv_width(), f = s.ffn;
   // (rows, cols, inner, trans_a, trans_b, add_c) per GemmId.
   const std::array<std::tuple<int64_t, int64_t, int64_t, bool, bool, bool>, kGemmCount> shapes = {{
-      {t, qw, hidden, false, false, false},       // q = a Wq
-      {t, kw, hidden, false, false, false},       // k = a Wk
-      {t, kw, hidden, false, false, false},       // v = a Wv
-      {t, hidden, qw, false, false, true},        // h = x + o Wo
-      {t, 2 * f, hidden, false, false, false},    // gu = b Wgu
-      {t, hidden, f, false, false, true},         // y = h + s Wd
-      {f, hidden, t, true, false, false},         // dWd = s^T dy
-      {t, f, hidden, false, true, false},         // ds = dy Wd^T
-      {hidden, 2 * f, t, true, false, false},     // dWgu = b^T dgu
-      {t, hidden, 2 * f, false, true, false},     // db = dgu Wgu^T
-      {qw, hidden, t, true, false, false},        // dWo = o^T dh
-      {t, qw, hidden, false, true, false},        // dout = dh Wo^T
-      {hidden, qw, t, true, false, false},        // dWq = a^T dq
-      {hidden, kw, t, true, false, false},        // dWk = a^T dk
-      {hidden, kw, t, true, false, false},        // dWv = a^T dv
-      {t, hidden, qw, false, true, false},        // da = dq Wq^T
-      {t, hidden, kw, false, true, true},         // da += dk Wk^T
-      {t, hidden, kw, false, true, true},         // da += dv Wv^T
+      {t, qw, hidden, false, false, false},     // q = a Wq
+      {t, kw, hidden, false, false, false},     // k = a Wk
+      {t, kw, hidden, false, false, false},     // v = a Wv
+      {t, hidden, qw, false, false, true},      // h = x + o Wo
+      {t, 2 * f, hidden, false, false, false},  // gu = b Wgu
+      {t, hidden, f, false, false, true},       // y = h + s Wd
+      {f, hidden, t, true, false, false},       // dWd = s^T dy
+      {t, f, hidden, false, true, false},       // ds = dy Wd^T
+      {hidden, 2 * f, t, true, false, false},   // dWgu = b^T dgu
+      {t, hidden, 2 * f, false, true, false},   // db = dgu Wgu^T
+      {qw, hidden, t, true, false, false},      // dWo = o^T dh
+      {t, qw, hidden, false, true, false},      // dout = dh Wo^T
+      {hidden, qw, t, true, false, false},      // dWq = a^T dq
+      {hidden, kw, t, true, false, false},      // dWk = a^T dk
+      {hidden, kw, t, true, false, false},      // dWv = a^T dv
+      {t, hidden, qw, false, true, false},      // da = dq Wq^T
+      {t, hidden, kw, false, true, true},       // da += dk Wk^T
+      {t, hidden, kw, false, true, true},       // da += dv Wv^T
   }};
   const int count = st.options.backward ? kGemmCount : kDWd;
   for (int i = 0; i < count; ++i) {
@@ -473,9 +491,10 @@ absl::StatusOr<LayerTimes> LayerRunner::Times() {
     return static_cast<double>(v);
   };
   LayerTimes times;
-  const std::pair<double*, std::pair<int, int>> spans[] = {
-      {&times.forward_ms, {0, 3}}, {&times.attention_forward_ms, {1, 2}},
-      {&times.backward_ms, {4, 7}}, {&times.attention_backward_ms, {5, 6}}};
+  const std::pair<double*, std::pair<int, int>> spans[] = {{&times.forward_ms, {0, 3}},
+                                                           {&times.attention_forward_ms, {1, 2}},
+                                                           {&times.backward_ms, {4, 7}},
+                                                           {&times.attention_backward_ms, {5, 6}}};
   for (const auto& [out, span] : spans) {
     if (span.first >= 4 && !st.backward_ran) break;
     absl::StatusOr<double> v = ms(span.first, span.second);
@@ -521,12 +540,9 @@ absl::StatusOr<LayerGradients> LayerRunner::DownloadGradients() {
   LayerGradients g;
   LayerParams& w = g.dparams;
   const std::pair<std::vector<double>*, std::pair<const bf16*, int64_t>> tensors[] = {
-      {&g.dx, {st.dx, st.tokens * s.hidden}},
-      {&w.wq, {st.dwq, s.hidden * s.q_width()}},
-      {&w.wk, {st.dwk, s.hidden * s.kv_width()}},
-      {&w.wv, {st.dwv, s.hidden * s.kv_width()}},
-      {&w.wo, {st.dwo, s.q_width() * s.hidden}},
-      {&w.wgu, {st.dwgu, s.hidden * 2 * s.ffn}},
+      {&g.dx, {st.dx, st.tokens * s.hidden}},     {&w.wq, {st.dwq, s.hidden * s.q_width()}},
+      {&w.wk, {st.dwk, s.hidden * s.kv_width()}}, {&w.wv, {st.dwv, s.hidden * s.kv_width()}},
+      {&w.wo, {st.dwo, s.q_width() * s.hidden}},  {&w.wgu, {st.dwgu, s.hidden * 2 * s.ffn}},
       {&w.wd, {st.dwd, s.ffn * s.hidden}}};
   for (const auto& [out, src] : tensors) {
     absl::StatusOr<std::vector<double>> v = Download(src.first, src.second, st.stream);

@@ -22,14 +22,13 @@ absl::Status ValidateLayerShape(const LayerShape& s) {
     }
   }
   if (s.heads % s.kv_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("layer shape '%s': kv_heads (%d) must divide heads (%d)", s.name,
-                        s.kv_heads, s.heads));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layer shape '%s': kv_heads (%d) must divide heads (%d)", s.name, s.kv_heads, s.heads));
   }
   if (s.head_dim % 2 != 0 || s.head_dim > 256) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layer shape '%s': head_dim must be even and <= 256 (RoPE pairs), got %d", s.name,
-        s.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer shape '%s': head_dim must be even and <= 256 (RoPE pairs), got %d",
+                        s.name, s.head_dim));
   }
   if (!(s.rope_theta > 1.0) || !std::isfinite(s.rope_theta)) {
     return absl::InvalidArgumentError(absl::StrFormat(

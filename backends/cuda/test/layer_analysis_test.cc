@@ -80,8 +80,13 @@ TEST(LayerAnalysisTest, ImbalanceTableOfKnownSteps) {
   const double flop[2][2] = {{1, 3}, {2, 2}}, fwd[2][2] = {{2, 2}, {1, 3}};
   for (int s = 0; s < 2; ++s) {
     for (int i = 0; i < 2; ++i) {
-      rows.push_back({.method = "m", .step = s, .index = i, .lengths = {10}, .predicted = flop[s][i],
-                      .forward_ms = fwd[s][i], .backward_ms = 2 * fwd[s][i]});
+      rows.push_back({.method = "m",
+                      .step = s,
+                      .index = i,
+                      .lengths = {10},
+                      .predicted = flop[s][i],
+                      .forward_ms = fwd[s][i],
+                      .backward_ms = 2 * fwd[s][i]});
     }
   }
   absl::StatusOr<std::vector<ImbalanceRow>> t = ImbalanceTable(rows);
@@ -131,8 +136,11 @@ TEST(LayerAnalysisTest, PredictionErrorOfNoisyMeasurements) {
   absl::StatusOr<PredictionError> raw = ComparePredictions(p, m, false);
   ASSERT_TRUE(raw.ok());
   EXPECT_NEAR(raw->mean_relative, 0.5, 0.03);  // off by 2x without a scale
-  EXPECT_THAT(ComparePredictions(p, std::vector<double>{1.0}, true).status().message(), HasSubstr("500 predictions"));
-  EXPECT_THAT(ComparePredictions(std::vector<double>{1.0}, std::vector<double>{0.0}, true).status().message(),
+  EXPECT_THAT(ComparePredictions(p, std::vector<double>{1.0}, true).status().message(),
+              HasSubstr("500 predictions"));
+  EXPECT_THAT(ComparePredictions(std::vector<double>{1.0}, std::vector<double>{0.0}, true)
+                  .status()
+                  .message(),
               HasSubstr("point 0: prediction 1 and measurement 0"));
 }
 
@@ -205,10 +213,13 @@ TEST(LayerAnalysisTest, BalancedStepsAreFasterPerToken) {
   // Two steps of 4 micro-batches with the same total time; the balanced one finishes first.
   std::vector<MicroBatchMeasurement> skewed, even;
   for (int i = 0; i < 4; ++i) {
-    skewed.push_back({.method = "original", .index = i, .lengths = {100},
-                      .forward_ms = i == 0 ? 7.0 : 1.0, .backward_ms = i == 0 ? 14.0 : 2.0});
-    even.push_back({.method = "wlb", .index = i, .lengths = {100}, .forward_ms = 2.5,
-                    .backward_ms = 5.0});
+    skewed.push_back({.method = "original",
+                      .index = i,
+                      .lengths = {100},
+                      .forward_ms = i == 0 ? 7.0 : 1.0,
+                      .backward_ms = i == 0 ? 14.0 : 2.0});
+    even.push_back(
+        {.method = "wlb", .index = i, .lengths = {100}, .forward_ms = 2.5, .backward_ms = 5.0});
   }
   absl::StatusOr<double> a = MeasuredSecondsPerToken(skewed, {8, 1, 4, 1}, 32);
   absl::StatusOr<double> b = MeasuredSecondsPerToken(even, {8, 1, 4, 1}, 32);
@@ -237,11 +248,14 @@ TEST(LayerAnalysisTest, CpTableAgainstTheOracle) {
   EXPECT_DOUBLE_EQ((*t)[1].vs_oracle, 1.2);
   EXPECT_DOUBLE_EQ((*t)[2].total_ms, 6.0);
   rows.push_back({"wlb", 0, 2, 2, "per-seq", {1, 1}});
-  EXPECT_THAT(CpTable(rows).status().message(), HasSubstr("measured 2 micro-batches, the others 3"));
-  EXPECT_THAT(CpTable(std::vector<CpMeasurement>{{"wlb", 0, 0, 4, "per-seq", {1, 1}}}).status().message(),
-              HasSubstr("2 rank times for C = 4"));
-  EXPECT_THAT(CpTable(std::vector<CpMeasurement>{{"wlb", 0, 0, 1, "per-seq", {-1}}}).status().message(),
-              HasSubstr("rank time -1"));
+  EXPECT_THAT(CpTable(rows).status().message(),
+              HasSubstr("measured 2 micro-batches, the others 3"));
+  EXPECT_THAT(
+      CpTable(std::vector<CpMeasurement>{{"wlb", 0, 0, 4, "per-seq", {1, 1}}}).status().message(),
+      HasSubstr("2 rank times for C = 4"));
+  EXPECT_THAT(
+      CpTable(std::vector<CpMeasurement>{{"wlb", 0, 0, 1, "per-seq", {-1}}}).status().message(),
+      HasSubstr("rank time -1"));
 }
 
 }  // namespace

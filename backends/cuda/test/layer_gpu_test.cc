@@ -59,8 +59,9 @@ void CheckAgainstReference(const LayerShape& shape, const std::vector<int64_t>& 
   const LayerParams& g = got->dparams;
   const LayerParams& r = want->dparams;
   const std::pair<const char*, std::pair<const std::vector<double>*, const std::vector<double>*>>
-      grads[] = {{"norm1", {&g.norm1, &r.norm1}}, {"wq", {&g.wq, &r.wq}}, {"wk", {&g.wk, &r.wk}},
-                 {"wv", {&g.wv, &r.wv}},          {"wo", {&g.wo, &r.wo}}, {"norm2", {&g.norm2, &r.norm2}},
+      grads[] = {{"norm1", {&g.norm1, &r.norm1}}, {"wq", {&g.wq, &r.wq}},
+                 {"wk", {&g.wk, &r.wk}},          {"wv", {&g.wv, &r.wv}},
+                 {"wo", {&g.wo, &r.wo}},          {"norm2", {&g.norm2, &r.norm2}},
                  {"wgu", {&g.wgu, &r.wgu}},       {"wd", {&g.wd, &r.wd}}};
   for (const auto& [name, pair] : grads) {
     EXPECT_LT(RelativeError(*pair.first, *pair.second, kRmsFloor), 3e-2) << name;
@@ -75,8 +76,12 @@ void CheckAgainstReference(const LayerShape& shape, const std::vector<int64_t>& 
 TEST_P(LayerGpu, MatchesFloat64ReferenceOnRandomMicroBatches) {
   std::mt19937_64 rng(21);
   for (int trial = 0; trial < 6; ++trial) {
-    LayerShape s{.name = "small", .hidden = 256, .heads = 4, .kv_heads = trial % 2 ? 2 : 4,
-                 .head_dim = trial % 3 == 2 ? 128 : 64, .ffn = 384};
+    LayerShape s{.name = "small",
+                 .hidden = 256,
+                 .heads = 4,
+                 .kv_heads = trial % 2 ? 2 : 4,
+                 .head_dim = trial % 3 == 2 ? 128 : 64,
+                 .ffn = 384};
     std::uniform_int_distribution<int64_t> len(1, 200);
     std::vector<int64_t> lengths(1 + trial % 4);
     for (int64_t& l : lengths) l = len(rng);
@@ -94,8 +99,8 @@ INSTANTIATE_TEST_SUITE_P(Engines, LayerGpu,
                          ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kReference));
 
 TEST_F(LayerGpu, RejectsRunOrderAndCapacityErrors) {
-  LayerShape s{.name = "small", .hidden = 128, .heads = 2, .kv_heads = 2, .head_dim = 64,
-               .ffn = 64};
+  LayerShape s{
+      .name = "small", .hidden = 128, .heads = 2, .kv_heads = 2, .head_dim = 64, .ffn = 64};
   auto runner = LayerRunner::Create(s, RandomLayerParams(s, 1), 100, {});
   ASSERT_TRUE(runner.ok()) << runner.status();
   EXPECT_EQ((*runner)->Forward().code(), absl::StatusCode::kFailedPrecondition);

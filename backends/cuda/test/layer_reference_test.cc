@@ -20,8 +20,14 @@ namespace {
 using ::testing::HasSubstr;
 
 LayerShape Tiny(int64_t heads, int64_t kv_heads) {
-  return {.name = "tiny", .hidden = 12, .heads = heads, .kv_heads = kv_heads, .head_dim = 4,
-          .ffn = 10, .rope_theta = 10000.0, .norm_eps = 1e-5};
+  return {.name = "tiny",
+          .hidden = 12,
+          .heads = heads,
+          .kv_heads = kv_heads,
+          .head_dim = 4,
+          .ffn = 10,
+          .rope_theta = 10000.0,
+          .norm_eps = 1e-5};
 }
 
 double Loss(const LayerShape& s, const LayerParams& w, const PackedDocuments& mb,
@@ -48,8 +54,7 @@ void ExpectMatchesFiniteDifferences(const char* name, std::vector<double>& param
     const double down = loss();
     param[i] = saved;
     const double fd = (up - down) / (2 * h);
-    EXPECT_NEAR(analytic[i], fd, 1e-6 * std::max(1.0, std::abs(fd)))
-        << name << "[" << i << "]";
+    EXPECT_NEAR(analytic[i], fd, 1e-6 * std::max(1.0, std::abs(fd))) << name << "[" << i << "]";
   }
 }
 

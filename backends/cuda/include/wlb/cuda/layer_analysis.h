@@ -45,7 +45,7 @@ std::string MeasurementsCsv(std::span<const MicroBatchMeasurement> rows,
 // (field count, a number that does not parse, negative or non-finite times, no documents, a
 // length <= 0).
 absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::string_view text,
-                                                                         std::string_view source);
+                                                                        std::string_view source);
 
 // Table 2: per method (in order of first appearance), the mean over steps of max / mean
 // micro-batch cost within the step, under the FLOP model and as measured.

@@ -26,12 +26,12 @@
 namespace wlb::cuda {
 
 struct LayerShape {
-  std::string name;        // e.g. "llama2-7b/tp8"
-  int64_t hidden = 0;      // model width (RMSNorm and residual width; not split by TP)
-  int64_t heads = 0;       // query heads on this GPU
-  int64_t kv_heads = 0;    // KV heads on this GPU; divides heads
-  int64_t head_dim = 0;    // even (RoPE rotates pairs)
-  int64_t ffn = 0;         // MLP columns on this GPU
+  std::string name;      // e.g. "llama2-7b/tp8"
+  int64_t hidden = 0;    // model width (RMSNorm and residual width; not split by TP)
+  int64_t heads = 0;     // query heads on this GPU
+  int64_t kv_heads = 0;  // KV heads on this GPU; divides heads
+  int64_t head_dim = 0;  // even (RoPE rotates pairs)
+  int64_t ffn = 0;       // MLP columns on this GPU
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
 
