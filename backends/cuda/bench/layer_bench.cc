@@ -19,7 +19,8 @@
 // batch on one GPU (no CP split); the CP section shards the same micro-batches' attention over
 // C emulated ranks (LocalCommunicator, ranks isolated) and charges each rank the layer's
 // measured non-attention time / C. Files in --out: measurements.csv, layer_profile.csv (the
-// fitted profile's points), cp.csv, summary.md (everything printed).
+// fitted profile's points), predictions.csv (per micro-batch measured and predicted forward ms,
+// for backends/cuda/scripts/plot_layer.py), cp.csv, summary.md (everything printed).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -292,15 +293,27 @@ int main(int argc, char** argv) {
   if (!flop_error.ok()) return Fail(flop_error.status());
   Say(absl::StrFormat(
       "\nPrediction error of micro-batch forward ms over %d micro-batches: FLOP model (best "
-      "scale, %.1f TFLOP/s-equivalent) mean %.1f%%, max %.1f%%",
-      flop_error->points, 1e-9 / flop_error->scale, 100 * flop_error->mean_relative,
-      100 * flop_error->max_relative));
+      "scale: %.1f TFLOP/s per GPU on one layer's slice) mean %.1f%%, max %.1f%%",
+      flop_error->points, 1e-9 / flop_error->scale / (model_shape->layers * tp),
+      100 * flop_error->mean_relative, 100 * flop_error->max_relative));
   if (fit.ok()) {
     absl::StatusOr<PredictionError> fit_error =
         ComparePredictions(predicted_fit, measured_fwd, /*fit_scale=*/false);
     if (!fit_error.ok()) return Fail(fit_error.status());
     Say(absl::StrFormat("fitted model (from single documents, as is) mean %.1f%%, max %.1f%%",
                         100 * fit_error->mean_relative, 100 * fit_error->max_relative));
+  }
+  {  // Per micro-batch measured vs predicted, for the plot (scripts/plot_layer.py).
+    std::ofstream csv(out_dir + "/predictions.csv");
+    csv << "method,step,index,tokens,measured_fwd_ms,flop_model_ms,fitted_ms\n";
+    size_t k = 0;
+    for (const MicroBatchMeasurement& m : rows) {
+      if (m.lengths.empty()) continue;
+      csv << absl::StrFormat("%s,%d,%d,%d,%.6f,%.6f,%s\n", m.method, m.step, m.index, m.tokens(),
+                             m.forward_ms, flop_error->scale * m.predicted,
+                             fit.ok() ? absl::StrFormat("%.6f", predicted_fit[k]) : "");
+      ++k;
+    }
   }
 
   // ---- measured times through the 1F1B model: WLB vs Plain-4D ----
