@@ -96,7 +96,8 @@ TEST_P(LayerGpu, MatchesFloat64ReferenceAt7bTp8Shape) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, LayerGpu,
-                         ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kReference));
+                         ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kReference),
+                         [](const auto& info) { return AttentionKernelName(info.param); });
 
 TEST_F(LayerGpu, RejectsRunOrderAndCapacityErrors) {
   LayerShape s{
