@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "gemm_layout.h"
 #include "layer_kernels.h"
 #include "wlb/cuda/cuda_status.h"
 
@@ -27,12 +28,14 @@
 namespace wlb::cuda {
 namespace {
 
+using detail::ColumnMajorGemm;
+using detail::RowMajorGemm;
 using bf16 = __nv_bfloat16;
 constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
 // Row-major D (rows, cols) = op(A) (rows, inner) . op(B) (inner, cols) [+ C], bf16 in and out,
-// fp32 accumulation. cuBLASLt is column-major, so it computes D^T = op(B)^T op(A)^T on the same
-// memory. Descriptors and the algorithm are chosen once (at Plan), so Run only launches.
+// fp32 accumulation, through cuBLASLt's column-major view (gemm_layout.h). Descriptors and the
+// algorithm are chosen once (at Plan), so Run only launches.
 class Gemm {
  public:
   static absl::StatusOr<Gemm> Create(cublasLtHandle_t handle, int64_t rows, int64_t cols,
@@ -40,20 +43,19 @@ class Gemm {
     Gemm g;
     g.add_c_ = add_c;
     WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&g.desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A
-    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B
+    const ColumnMajorGemm c = RowMajorGemm(rows, cols, inner, trans_a, trans_b);
+    const cublasOperation_t op_first = c.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = c.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
+    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                              &op_first, sizeof(op_first)));
+    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                              &op_second, sizeof(op_second)));
     WLB_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+        cublasLtMatrixLayoutCreate(&g.lt_a_, CUDA_R_16BF, c.first_rows, c.first_cols, c.first_ld));
+    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&g.lt_b_, CUDA_R_16BF, c.second_rows,
+                                                          c.second_cols, c.second_ld));
     WLB_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(g.desc_, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
-    // Stored column-major shapes: B (inner, cols) row-major is (cols, inner) column-major.
-    WLB_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&g.lt_a_, CUDA_R_16BF, trans_b ? inner : cols,
-                                   trans_b ? cols : inner, trans_b ? inner : cols));
-    WLB_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&g.lt_b_, CUDA_R_16BF, trans_a ? rows : inner,
-                                   trans_a ? inner : rows, trans_a ? rows : inner));
-    WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&g.lt_d_, CUDA_R_16BF, cols, rows, cols));
+        cublasLtMatrixLayoutCreate(&g.lt_d_, CUDA_R_16BF, c.out_rows, c.out_cols, c.out_ld));
     cublasLtMatmulPreference_t pref = nullptr;
     WLB_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kGemmWorkspaceBytes;
