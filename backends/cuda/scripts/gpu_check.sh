@@ -260,7 +260,7 @@ stage_layer() {
   check_binaries || return 1
   local l="${work}/layer" rc=0 logs=() docs=() kernel="${WLB_LAYER_KERNEL:-flash}"
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && docs=(--docs="${dev}/data/doc_lengths_wlbllm_like.json")
-  for t in layer_reference_test layer_gemm_test layer_analysis_test layer_gpu_test; do
+  for t in layer_reference_test layer_runner_host_test layer_analysis_test layer_gpu_test; do
     "${dev}/bin/wlb_cuda_${t}" --gtest_list_tests >"${l}/${t}.list" 2>&1
     run layer "${t}" 150 "${dev}/bin/wlb_cuda_${t}" || rc=1
     logs+=("$([[ ${t} == layer_gpu_test ]] && echo gpu || echo cpu)=${l}/${t}.log=${l}/${t}.list")

@@ -40,7 +40,7 @@ done
 tests=(wlb_cuda_attention_problem_test wlb_cuda_attention_plan_test wlb_cuda_cpu_reference_test
        wlb_cuda_tensor_validation_test wlb_cuda_cp_maps_test wlb_cuda_communicator_test
        wlb_cuda_attention_gpu_test wlb_cuda_cp_gpu_test wlb_cuda_layer_reference_test
-       wlb_cuda_layer_gemm_test wlb_cuda_layer_analysis_test wlb_cuda_layer_gpu_test)
+       wlb_cuda_layer_runner_host_test wlb_cuda_layer_analysis_test wlb_cuda_layer_gpu_test)
 benches=(wlb_cuda_attention_bench wlb_cuda_kernel_profiler wlb_cuda_cp_bench wlb_cuda_layer_bench)
 examples=(wlb_cuda_cp_end_to_end)
 

@@ -1,13 +1,16 @@
-// The layer runner's row-major → cuBLASLt column-major GEMM mapping (src/gemm_layout.h), checked
-// on the CPU: a column-major GEMM emulated by hand with cuBLASLt's semantics (D = op(A) op(B),
-// shapes and leading dimensions from the layouts) on the memory of row-major operands must give
-// the row-major product, for every transpose combination the layer uses and random sizes.
+// The layer runner's host side on the CPU: its row-major → cuBLASLt column-major GEMM mapping
+// (src/gemm_layout.h) against a column-major GEMM emulated by hand with cuBLASLt's semantics
+// (D = op(A) op(B), shapes and leading dimensions from the layouts) on the memory of row-major
+// operands, for every transpose combination and random sizes; its memory estimate; and the
+// errors Create reports before touching a device.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
 #include "src/gemm_layout.h"
+#include "wlb/cuda/layer_runner.h"
 
 namespace wlb::cuda::detail {
 namespace {
@@ -63,6 +66,48 @@ TEST(RowMajorGemm, ColumnMajorEmulationGivesTheRowMajorProduct) {
           << " trans_b " << trans_b << " element " << i;
     }
   }
+}
+
+TEST(LayerRunnerHost, DeviceBytesCountsEveryBufferAndRejectsOverflow) {
+  const LayerShape s{
+      .name = "t", .hidden = 64, .heads = 2, .kv_heads = 1, .head_dim = 32, .ffn = 96};
+  // Per token: bf16 forward x a h b y dy (6 x 64) q o (2 x 64) k v (2 x 32) gu s (3 x 96), fp32
+  // rstd1 rstd2, fp32 LSE per head, int32 position; weights once; 32 MiB GEMM workspace.
+  const int64_t fwd_row = 2 * (6 * 64 + 2 * 64 + 2 * 32 + 3 * 96) + 8 + 4 * 2 + 4;
+  const int64_t bwd_row = 2 * (4 * 64 + 2 * 64 + 2 * 32 + 3 * 96);
+  const int64_t weights = 2 * 64 + 64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 96;
+  absl::StatusOr<int64_t> fwd = LayerRunner::DeviceBytes(s, 1000, false);
+  absl::StatusOr<int64_t> both = LayerRunner::DeviceBytes(s, 1000, true);
+  ASSERT_TRUE(fwd.ok() && both.ok());
+  EXPECT_EQ(*fwd, 1000 * fwd_row + 2 * weights + 8 * 64 + (int64_t{32} << 20));
+  EXPECT_EQ(*both, 1000 * (fwd_row + bwd_row) + 4 * weights + 8 * 64 + (int64_t{32} << 20));
+  const LayerShape wide{.name = "w",
+                        .hidden = 1 << 20,
+                        .heads = 1 << 20,
+                        .kv_heads = 1 << 20,
+                        .head_dim = 256,
+                        .ffn = 1 << 20};
+  EXPECT_THAT(LayerRunner::DeviceBytes(wide, int64_t{1} << 40, true).status().message(),
+              ::testing::HasSubstr("overflows 64 bits"));
+}
+
+TEST(LayerRunnerHost, CreateRejectsBadArgumentsBeforeTheDevice) {
+  LayerShape s{.name = "t", .hidden = 64, .heads = 2, .kv_heads = 1, .head_dim = 32, .ffn = 96};
+  const LayerParams w = RandomLayerParams(s, 1);
+  EXPECT_THAT(LayerRunner::Create(s, w, 0, {}).status().message(),
+              ::testing::HasSubstr("capacity must be in [1, 2^31) tokens, got 0"));
+  LayerParams short_w = w;
+  short_w.wo.pop_back();
+  EXPECT_THAT(LayerRunner::Create(s, short_w, 10, {}).status().message(),
+              ::testing::HasSubstr("wo has 4095 values, the shape needs 4096"));
+  LayerShape wide = s;
+  wide.hidden = 16384;
+  EXPECT_THAT(LayerRunner::Create(wide, RandomLayerParams(wide, 1), 10, {}).status().message(),
+              ::testing::HasSubstr("hidden 16384 is over the RMSNorm kernels' limit of 12288"));
+  s.kv_heads = 2;
+  s.heads = 3;
+  EXPECT_THAT(LayerRunner::Create(s, w, 10, {}).status().message(),
+              ::testing::HasSubstr("kv_heads (2) must divide heads (3)"));
 }
 
 }  // namespace
