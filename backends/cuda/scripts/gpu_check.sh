@@ -14,6 +14,10 @@
 #              where they are)
 #   cp         kernel profile table (q_len,kv_len,ms), CP benchmark at C = 2, 4, 8 with it and
 #              with the analytic model, the end-to-end example
+#   layer      the decoder layer: its CPU tests, the GPU runner against the float64 reference
+#              (and memcheck on small shapes), then layer_bench at 7B-128K (Table 2 from measured
+#              latency, fitted profile, measured 1F1B speedup, CP at C = 2 and 4); 550M-64K too
+#              when WLB_LAYER_KERNEL names an engine that takes head_dim 96 (not flash)
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
 # The whole call shares one time budget, WLB_GPU_BUDGET_S (default 480 s): each binary's timeout
@@ -38,8 +42,8 @@ stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || { sed -n '2,27p' "$0"; exit 2; }
 for s in "${stages[@]}"; do
   case "${s}" in
-    tests|sanitizer|bench|ncu|cp|build) ;;
-    *) echo "gpu_check.sh: unknown stage '${s}' (allowed: tests sanitizer bench ncu cp build)" >&2
+    tests|sanitizer|bench|ncu|cp|layer|build) ;;
+    *) echo "gpu_check.sh: unknown stage '${s}' (allowed: tests sanitizer bench ncu cp layer build)" >&2
        exit 2 ;;
   esac
 done
@@ -55,11 +59,18 @@ allowed_skips=()
 
 # ---- environment: carried libraries first, then the pip NCCL, then the machine's own ----
 nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="${dev}/lib${nccl_lib:+:${nccl_lib}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+# cuBLASLt (the layer runner's GEMMs) is not carried (hundreds of MiB): the toolkit's, else pip's.
+cublas_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so.* 2>/dev/null | head -1)" 2>/dev/null)
+if [[ -z "${cublas_lib}" || "${cublas_lib}" == "." ]]; then
+  nvidia_dir=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+  cublas_lib=$( [[ -n "${nvidia_dir}" ]] && dirname "$(find "${nvidia_dir}" -name 'libcublasLt.so.*' | head -1)" 2>/dev/null || true)
+  [[ "${cublas_lib}" == "." ]] && cublas_lib=""
+fi
+export LD_LIBRARY_PATH="${dev}/lib${nccl_lib:+:${nccl_lib}}${cublas_lib:+:${cublas_lib}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
 export PATH="${PATH}:/usr/local/cuda/bin"
 say "# gpu_check $(date -u +%FT%TZ): stages ${stages[*]}, budget ${budget} s"
 gpu_count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1) x ${gpu_count}; pip NCCL lib: ${nccl_lib:-none}"
+say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1) x ${gpu_count}; pip NCCL lib: ${nccl_lib:-none}; cuBLASLt lib: ${cublas_lib:-none}"
 nvidia-smi >"${work}/nvidia-smi.txt" 2>&1 || true
 
 # run STAGE NAME CAP_S CMD...: runs CMD with a timeout of min(CAP_S, what is left - 15 s),
@@ -242,6 +253,40 @@ stage_cp() {
   tail -1 "${c}/cp_bench_analytic_c4.log" >>"${summary}"
   run cp cp_end_to_end 120 "${dev}/bin/wlb_cuda_cp_end_to_end" "${lengths[@]}" || rc=1
   tail -3 "${c}/cp_end_to_end.log" >>"${summary}"
+  return ${rc}
+}
+
+stage_layer() {
+  check_binaries || return 1
+  local l="${work}/layer" rc=0 logs=() docs=() kernel="${WLB_LAYER_KERNEL:-flash}"
+  [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && docs=(--docs="${dev}/data/doc_lengths_wlbllm_like.json")
+  for t in layer_reference_test layer_runner_host_test layer_analysis_test layer_gpu_test; do
+    "${dev}/bin/wlb_cuda_${t}" --gtest_list_tests >"${l}/${t}.list" 2>&1
+    run layer "${t}" 150 "${dev}/bin/wlb_cuda_${t}" || rc=1
+    logs+=("$([[ ${t} == layer_gpu_test ]] && echo gpu || echo cpu)=${l}/${t}.log=${l}/${t}.list")
+  done
+  python3 "${repo}/backends/cuda/scripts/gtest_report.py" "${logs[@]}" >"${l}/report.md" || rc=1
+  cat "${l}/report.md" >>"${summary}"
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -n "${sanitizer}" ]]; then
+    run layer memcheck 90 "${sanitizer}" --tool memcheck --error-exitcode 9 --print-limit 20 \
+      "${dev}/bin/wlb_cuda_layer_gpu_test" --gtest_filter='*RandomMicroBatches/flash:*RejectsRunOrder*' || rc=1
+    say "layer memcheck: $(grep -E 'ERROR SUMMARY' "${l}/memcheck.log" | tail -1)"
+  else
+    say "layer memcheck: NOT RUN (compute-sanitizer not found)"
+  fi
+  run layer bench_7b_128k 300 "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/7b-128k" \
+    --kernel="${kernel}" "${docs[@]}" || rc=1
+  cat "${l}/7b-128k/summary.md" >>"${summary}" 2>/dev/null
+  if [[ "${kernel}" != flash ]]; then
+    run layer bench_550m_64k 150 "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/550m-64k" \
+      --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 --kernel="${kernel}" "${docs[@]}" \
+      --cp=2 || rc=1
+    cat "${l}/550m-64k/summary.md" >>"${summary}" 2>/dev/null
+  else
+    say "layer bench_550m_64k: NOT RUN (wlb-550m has head_dim 96; flash takes 64 or 128: set WLB_LAYER_KERNEL to an engine that takes 96)"
+  fi
   return ${rc}
 }
 

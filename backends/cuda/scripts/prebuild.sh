@@ -11,7 +11,9 @@
 #   lib/      every shared library they load that the GPU machine lacks (Abseil's .so's); not
 #             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver) or
 #             libnccl.so.2 (the machine's pip nvidia-nccl-cu13; gpu_check.sh puts it on
-#             LD_LIBRARY_PATH). cudart is linked statically; nothing here uses cuDNN.
+#             LD_LIBRARY_PATH), libcublasLt/libcublas (the layer runner's GEMMs; the machine's
+#             CUDA toolkit or pip wheel, found by gpu_check.sh). cudart is linked statically;
+#             nothing here uses cuDNN.
 #   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
 #             enter the repository; the attention benchmark's WLB-LLM-like mix)
 #   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
@@ -37,8 +39,9 @@ done
 
 tests=(wlb_cuda_attention_problem_test wlb_cuda_attention_plan_test wlb_cuda_cpu_reference_test
        wlb_cuda_tensor_validation_test wlb_cuda_cp_maps_test wlb_cuda_communicator_test
-       wlb_cuda_attention_gpu_test wlb_cuda_cp_gpu_test)
-benches=(wlb_cuda_attention_bench wlb_cuda_kernel_profiler wlb_cuda_cp_bench)
+       wlb_cuda_attention_gpu_test wlb_cuda_cp_gpu_test wlb_cuda_layer_reference_test
+       wlb_cuda_layer_runner_host_test wlb_cuda_layer_analysis_test wlb_cuda_layer_gpu_test)
+benches=(wlb_cuda_attention_bench wlb_cuda_kernel_profiler wlb_cuda_cp_bench wlb_cuda_layer_bench)
 examples=(wlb_cuda_cp_end_to_end)
 
 mkdir -p "${build}"
@@ -71,7 +74,7 @@ for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/
 [[ -f "${build}/ptxas.txt" ]] && cp "${build}/ptxas.txt" "${out}/ptxas.txt"
 
 # Libraries the GPU machine has (its system, its driver, its pip NCCL): everything else is copied.
-provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl)\.so'
+provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcublasLt|libcublas)\.so'
 {
   echo "# wlb::cuda prebuilt binaries, made by backends/cuda/scripts/prebuild.sh"
   echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"

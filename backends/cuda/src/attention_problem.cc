@@ -1,8 +1,11 @@
 #include "wlb/cuda/attention_problem.h"
 
 #include <cmath>
+#include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace wlb::cuda {
 namespace {
@@ -102,6 +105,27 @@ int64_t VisiblePairs(const AttentionProblem& p) {
 
 double ForwardFlops(const AttentionProblem& p) {
   return 4.0 * p.head_dim * p.num_heads * static_cast<double>(VisiblePairs(p));
+}
+
+const char* AttentionKernelName(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kFlash:
+      return "flash";
+    case AttentionKernel::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
+  std::vector<std::string> known;
+  for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kReference}) {
+    if (name == AttentionKernelName(k)) return k;
+    known.push_back(AttentionKernelName(k));
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("unknown attention kernel '%s' (known: %s)",
+                                                    absl::CHexEscape(name),
+                                                    absl::StrJoin(known, ", ")));
 }
 
 }  // namespace wlb::cuda

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "wlb/cuda/attention_tiles.h"
 
 namespace wlb::cuda {
@@ -31,6 +33,12 @@ enum class AttentionKernel {
   kFlash,      // tiled tensor-core kernel; head_dim 64 or 128
   kReference,  // one thread per row, fp32 accumulation; any head_dim up to kMaxReferenceHeadDim
 };
+
+// "flash" or "reference": the name a --kernel flag spells.
+const char* AttentionKernelName(AttentionKernel kernel);
+
+// The engine a --kernel flag names; InvalidArgument naming the value and the known names.
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
 
 // One varlen attention call's shape; see the file comment for the semantics.
 struct AttentionProblem {
