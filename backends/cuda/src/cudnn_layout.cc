@@ -32,9 +32,9 @@ CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
     c.batch = CudnnBucket(batch);
     c.max_seqlen_q = CudnnBucket(max_q, kCudnnMinSeqBucket);
     c.max_seqlen_k = CudnnBucket(max_k, kCudnnMinSeqBucket);
-    c.total_q = CudnnBucket(p.total_q());
-    c.total_k = CudnnBucket(p.total_k());
   }
+  c.total_q = CudnnBucket(p.total_q());
+  c.total_k = CudnnBucket(p.total_k());
   c.num_heads = p.num_heads;
   c.num_kv_heads = p.num_kv_heads;
   c.head_dim = p.head_dim;
