@@ -44,8 +44,8 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(std::string_view name) {
        {AttentionKernel::kFlash, AttentionKernel::kReference, AttentionKernel::kCudnn}) {
     if (name == AttentionKernelName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown attention kernel '%s'; allowed: flash, reference, cudnn", name));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown attention kernel '%s'; allowed: flash, reference, cudnn", name));
 }
 
 absl::Status ValidateProblem(const AttentionProblem& p, AttentionKernel kernel) {

@@ -36,8 +36,8 @@ namespace detail {
 
 class CudnnAttention {};
 
-absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
-    const AttentionProblem&, bool, cudaStream_t) {
+absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(const AttentionProblem&,
+                                                                           bool, cudaStream_t) {
   return CudnnRuntimeVersion().status();
 }
 
@@ -69,8 +69,20 @@ std::string VersionString(int64_t v) {
 
 // Tensor uids of the graphs (the variant pack's keys).
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV,
-  kSeqLenQ, kSeqLenK, kQOffsets, kKvOffsets, kStatsOffsets,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqLenQ,
+  kSeqLenK,
+  kQOffsets,
+  kKvOffsets,
+  kStatsOffsets,
 };
 
 // One handle and one graph cache per device: a handle is bound to its device, and the plans
@@ -101,9 +113,9 @@ absl::Status CudnnCall(cudnnStatus_t s, const char* what) {
 // capability codes) become Unimplemented, everything else Internal.
 absl::Status FrontendStatus(fe::error_t e, const char* step, const std::string& asked) {
   if (e.is_good()) return absl::OkStatus();
-  const std::string msg = absl::StrFormat("cuDNN (%s) refused %s at %s: %s",
-                                          VersionString(cudnnGetVersion()), asked, step,
-                                          e.get_message());
+  const std::string msg =
+      absl::StrFormat("cuDNN (%s) refused %s at %s: %s", VersionString(cudnnGetVersion()), asked,
+                      step, e.get_message());
   if (e.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED ||
       e.get_code() == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED ||
       e.get_code() == fe::error_code_t::HEURISTIC_QUERY_FAILED) {
@@ -145,8 +157,7 @@ TensorPtr Int32Column(fe::graph::Graph& g, const char* name, Uid uid, int64_t n)
 
 // Builds the forward or backward graph of class `c` through `handle`.
 absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeClass& c,
-                                                             bool backward,
-                                                             cudnnHandle_t handle) {
+                                                             bool backward, cudnnHandle_t handle) {
   const std::string asked = absl::StrFormat("the %s SDPA graph for shape class {%s}",
                                             backward ? "backward" : "forward", c.ToString());
   auto graph = std::make_shared<fe::graph::Graph>();
@@ -215,9 +226,9 @@ absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeCla
         !s.ok()) {
       return s;
     }
-    if (auto s = FrontendStatus(
-            g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-            "create_execution_plans", asked);
+    if (auto s =
+            FrontendStatus(g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+                           "create_execution_plans", asked);
         !s.ok()) {
       return s;
     }
@@ -226,8 +237,8 @@ absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeCla
     }
     if (auto s = FrontendStatus(g.build_plans(handle), "build_plans", asked); !s.ok()) return s;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrFormat("cuDNN frontend threw building %s: %s", asked,
-                                               e.what()));
+    return absl::InternalError(
+        absl::StrFormat("cuDNN frontend threw building %s: %s", asked, e.what()));
   }
   return graph;
 }
@@ -268,8 +279,10 @@ class CudnnAttention {
 
   // The variant pack entries every graph reads.
   std::unordered_map<int64_t, void*> CommonPack() const {
-    return {{kSeqLenQ, seq_len_q.get()},   {kSeqLenK, seq_len_k.get()},
-            {kQOffsets, q_offsets.get()},  {kKvOffsets, kv_offsets.get()},
+    return {{kSeqLenQ, seq_len_q.get()},
+            {kSeqLenK, seq_len_k.get()},
+            {kQOffsets, q_offsets.get()},
+            {kKvOffsets, kv_offsets.get()},
             {kStatsOffsets, stats_offsets.get()}};
   }
 
@@ -328,11 +341,10 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
     }
   }
   const CudnnRaggedLayout& l = engine->layout;
-  for (auto [dst, src] : {std::pair{&engine->seq_len_q, &l.seq_len_q},
-                          std::pair{&engine->seq_len_k, &l.seq_len_k},
-                          std::pair{&engine->q_offsets, &l.q_offsets},
-                          std::pair{&engine->kv_offsets, &l.kv_offsets},
-                          std::pair{&engine->stats_offsets, &l.stats_offsets}}) {
+  for (auto [dst, src] :
+       {std::pair{&engine->seq_len_q, &l.seq_len_q}, std::pair{&engine->seq_len_k, &l.seq_len_k},
+        std::pair{&engine->q_offsets, &l.q_offsets}, std::pair{&engine->kv_offsets, &l.kv_offsets},
+        std::pair{&engine->stats_offsets, &l.stats_offsets}}) {
     auto d = Upload(*src, stream);
     if (!d.ok()) return d.status();
     *dst = *std::move(d);
@@ -377,8 +389,7 @@ absl::Status CudnnForward(const CudnnAttention& e, const ForwardTensors& t, cuda
   return absl::OkStatus();
 }
 
-absl::Status CudnnBackward(const CudnnAttention& e, const BackwardTensors& t,
-                           cudaStream_t stream) {
+absl::Status CudnnBackward(const CudnnAttention& e, const BackwardTensors& t, cudaStream_t stream) {
   if (!e.backward) {
     return absl::FailedPreconditionError("the cudnn engine was planned without backward");
   }

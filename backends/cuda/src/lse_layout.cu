@@ -25,8 +25,7 @@ __global__ void ConvertLse(const float* __restrict__ from, float* __restrict__ t
 }
 
 template <bool kToLse>
-cudaError_t Launch(const float* from, float* to, int heads, int64_t total_q,
-                   cudaStream_t stream) {
+cudaError_t Launch(const float* from, float* to, int heads, int64_t total_q, cudaStream_t stream) {
   const int64_t n = int64_t(heads) * total_q;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = (n + kThreads - 1) / kThreads;

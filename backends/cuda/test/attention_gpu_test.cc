@@ -4,9 +4,10 @@
 // the reference kernel and cudnn against flash; one 128K document (too long for the reference
 // kernel's one thread per row, and for the whole CPU reference) against the float64 CPU
 // reference on sampled rows. The flash kernels run in both block orders; the cudnn engine runs
-// wherever it is compiled in (CudnnEngineAvailable skips with the reason otherwise). Inputs are fresh random values each run
-// (the seed is printed on failure), outputs are poisoned with NaN before each run so unwritten
-// elements show, and NaN never passes. Skips with a reason when no CUDA device is present.
+// wherever it is compiled in (CudnnEngineAvailable skips with the reason otherwise). Inputs are
+// fresh random values each run (the seed is printed on failure), outputs are poisoned with NaN
+// before each run so unwritten elements show, and NaN never passes. Skips with a reason when no
+// CUDA device is present.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -336,8 +337,8 @@ void CheckSampledRows(const AttentionProblem& p, const Inputs& in, const Results
       SampleRows(n, {0, 1, 31, 32, 63, 64, 65, 65536, n - 64, n - 63}, 24, rng);
   absl::StatusOr<CpuRows> fr = CpuAttentionForwardRows(p, in.q, in.k, in.v, qrows);
   ASSERT_TRUE(fr.ok()) << fr.status();
-  absl::StatusOr<CpuRows> br = CpuAttentionBackwardRows(p, in.q, in.k, in.v, r.out, in.dout,
-                                                        r.lse, qrows, krows);
+  absl::StatusOr<CpuRows> br =
+      CpuAttentionBackwardRows(p, in.q, in.k, in.v, r.out, in.dout, r.lse, qrows, krows);
   ASSERT_TRUE(br.ok()) << br.status();
   const size_t hd = size_t(p.num_heads) * p.head_dim, kvd = size_t(p.num_kv_heads) * p.head_dim;
   std::vector<float> lse_rows;  // (rows, heads), as CpuRows lays it out

@@ -200,11 +200,10 @@ TEST_F(CpGpuTest, CudnnEveryStrategyMatchesSingleDevice) {
     if (HasFatalFailure()) return;
     MakeFixture(tokens, 128, seed++, f, AttentionKernel::kCudnn);
     if (HasFatalFailure()) return;
-    for (auto [got, ref, rel, name] :
-         {std::tuple{&f.ref_out, &flash.ref_out, kOutRelL2, "out"},
-          std::tuple{&f.ref_dq, &flash.ref_dq, kGradRelL2, "dq"},
-          std::tuple{&f.ref_dk, &flash.ref_dk, kGradRelL2, "dk"},
-          std::tuple{&f.ref_dv, &flash.ref_dv, kGradRelL2, "dv"}}) {
+    for (auto [got, ref, rel, name] : {std::tuple{&f.ref_out, &flash.ref_out, kOutRelL2, "out"},
+                                       std::tuple{&f.ref_dq, &flash.ref_dq, kGradRelL2, "dq"},
+                                       std::tuple{&f.ref_dk, &flash.ref_dk, kGradRelL2, "dk"},
+                                       std::tuple{&f.ref_dv, &flash.ref_dv, kGradRelL2, "dv"}}) {
       const Errors e = Compare(*got, *ref);
       EXPECT_EQ(e.nan, 0u) << name << " cudnn vs flash, " << tokens << " tokens";
       EXPECT_LE(e.rel_l2, rel) << name << " cudnn vs flash, " << tokens << " tokens";

@@ -46,7 +46,7 @@ TEST(CudnnShapeClass, WorkedExample) {
   EXPECT_EQ(c.batch, 4);  // 3 segments with queries
   EXPECT_EQ(c.max_seqlen_q, 256);
   EXPECT_EQ(c.max_seqlen_k, 1024);
-  EXPECT_EQ(c.total_q, 256);  // 198
+  EXPECT_EQ(c.total_q, 256);   // 198
   EXPECT_EQ(c.total_k, 2048);  // 1355
   EXPECT_EQ(c.num_heads, 8);
   EXPECT_EQ(c.num_kv_heads, 2);
@@ -94,12 +94,11 @@ TEST(CudnnShapeClass, KeysIdentifyClassesOverRandomProblems) {
       EXPECT_EQ(c.batch, 0);
       continue;
     }
-    for (auto [bucket, need, floor] :
-         {std::tuple{c.batch, batch, int64_t{1}},
-          std::tuple{c.max_seqlen_q, max_q, kCudnnMinSeqBucket},
-          std::tuple{c.max_seqlen_k, max_k, kCudnnMinSeqBucket},
-          std::tuple{c.total_q, int64_t{p.total_q()}, int64_t{1}},
-          std::tuple{c.total_k, int64_t{p.total_k()}, int64_t{1}}}) {
+    for (auto [bucket, need, floor] : {std::tuple{c.batch, batch, int64_t{1}},
+                                       std::tuple{c.max_seqlen_q, max_q, kCudnnMinSeqBucket},
+                                       std::tuple{c.max_seqlen_k, max_k, kCudnnMinSeqBucket},
+                                       std::tuple{c.total_q, int64_t{p.total_q()}, int64_t{1}},
+                                       std::tuple{c.total_k, int64_t{p.total_k()}, int64_t{1}}}) {
       EXPECT_GE(bucket, std::max(need, floor));
       EXPECT_EQ(bucket & (bucket - 1), 0) << bucket << " is not a power of two";
       EXPECT_TRUE(bucket == floor || bucket / 2 < need) << bucket << " for " << need;
@@ -240,8 +239,8 @@ TEST(CudnnRaggedLayout, OffsetsBeyondInt32AreOutOfRange) {
 
 TEST(LseLayout, ConversionMovesEveryElementAndRoundTrips) {
   std::mt19937_64 rng(3);
-  for (auto [heads, tokens] : {std::pair{1, 1}, std::pair{4, 3}, std::pair{32, 1000},
-                               std::pair{7, 0}}) {
+  for (auto [heads, tokens] :
+       {std::pair{1, 1}, std::pair{4, 3}, std::pair{32, 1000}, std::pair{7, 0}}) {
     std::vector<float> stats(size_t(heads) * tokens);
     for (float& x : stats) x = std::uniform_real_distribution<float>(-50, 50)(rng);
     std::vector<float> lse(stats.size(), -1.0f), back(stats.size(), -1.0f);
@@ -299,7 +298,8 @@ TEST(CudnnEngine, RuntimeVersionMatchesTheBuild) {
 // Without a device (this machine), Create reports a Status, never crashes; with one it plans.
 TEST(CudnnEngine, CreateWithoutDeviceIsAStatus) {
   const AttentionProblem p = DocumentsProblem({100, 30}, 4, 2, 128);
-  absl::StatusOr<VarlenAttention> a = VarlenAttention::Create(p, {.kernel = AttentionKernel::kCudnn});
+  absl::StatusOr<VarlenAttention> a =
+      VarlenAttention::Create(p, {.kernel = AttentionKernel::kCudnn});
   if (!CudnnEngineCompiledIn()) {
     ExpectError(a.status(), absl::StatusCode::kFailedPrecondition, "built without");
   } else if (!CudaDeviceAvailable().ok()) {

@@ -45,7 +45,8 @@ struct CudnnShapeClass {
   float softmax_scale = 0.0f;
 
   friend bool operator==(const CudnnShapeClass&, const CudnnShapeClass&) = default;
-  // A stable, readable key ("b4 sq256 sk512 tq1024 tk2048 h32 hk8 d128 causal scale=0x1.6a09e6p-4").
+  // A stable, readable key ("b4 sq256 sk512 tq1024 tk2048 h32 hk8 d128 causal
+  // scale=0x1.6a09e6p-4").
   std::string ToString() const;
 };
 
@@ -64,7 +65,7 @@ CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& problem);
 // the end of the packed tensors. Offsets count elements: Q and O (total_q, heads, head_dim),
 // K and V (total_k, kv_heads, head_dim), the statistics (total_q, heads).
 struct CudnnRaggedLayout {
-  std::vector<int32_t> segments;  // problem segment of each slot with queries
+  std::vector<int32_t> segments;       // problem segment of each slot with queries
   std::vector<int32_t> seq_len_q;      // shape.batch
   std::vector<int32_t> seq_len_k;      // shape.batch
   std::vector<int32_t> q_offsets;      // shape.batch + 1

@@ -2,7 +2,8 @@
 // head-major LSE (heads, total_q); plain code shared by the device conversion kernels and the
 // host conversion (cudnn_layout.h), so both move the same element to the same place.
 //
-//   wlb::cuda::LsePair p = wlb::cuda::LseLayoutPair(i, heads, total_q);  // stats[p.stats] <-> lse[p.lse]
+//   wlb::cuda::LsePair p = wlb::cuda::LseLayoutPair(i, heads, total_q);  // stats[p.stats] <->
+//   lse[p.lse]
 #ifndef WLB_CUDA_LSE_LAYOUT_H_
 #define WLB_CUDA_LSE_LAYOUT_H_
 
