@@ -119,6 +119,7 @@ stage_build() {
   LD_LIBRARY_PATH="${deps_lib}:${LD_LIBRARY_PATH}" run build prebuild 420 \
     "${repo}/backends/cuda/scripts/prebuild.sh" --build /tmp/wlb-build --out "${built}" -- \
     -DCMAKE_PREFIX_PATH="${repo}/.deps/root/usr" -DCMAKE_CXX_FLAGS="-include cstdint" \
+    -DWLB_CUDNN_FRONTEND_INCLUDE_DIR="${repo}/.deps/cudnn-frontend/include" \
     || return 1
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && cp "${dev}/data/doc_lengths_wlbllm_like.json" "${built}/data/"
   [[ -f "${repo}/.deps/doc_lengths_wlbllm_like.json" ]] && cp "${repo}/.deps/doc_lengths_wlbllm_like.json" "${built}/data/"
