@@ -27,6 +27,7 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -60,7 +61,8 @@ struct Flags {
 // --kernels: engine names (wlb::cuda::ParseAttentionKernel); cudnn only when compiled in.
 bool ParseKernels(const std::string& list, std::vector<wlb::cuda::AttentionKernel>* kernels) {
   for (absl::string_view name : absl::StrSplit(list, ',')) {
-    absl::StatusOr<wlb::cuda::AttentionKernel> k = wlb::cuda::ParseAttentionKernel(name);
+    absl::StatusOr<wlb::cuda::AttentionKernel> k =
+        wlb::cuda::ParseAttentionKernel(std::string_view(name.data(), name.size()));
     if (!k.ok()) {
       std::fprintf(stderr, "--kernels: %s\n", k.status().ToString().c_str());
       return false;
