@@ -7,7 +7,7 @@
 #   backends/cuda/scripts/prebuild.sh [--build DIR] [--out DIR] [-- extra cmake args]
 #
 # Defaults: --build <repo>/build-device, --out <repo>/.device. The folder holds
-#   bin/      the binaries (run directly: ctest's absolute paths do not travel)
+#   bin/      the binaries, stripped (run directly: ctest's absolute paths do not travel)
 #   lib/      every shared library they load that the GPU machine lacks (Abseil's .so's); not
 #             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver),
 #             libnccl.so.2, libcudnn.so.9 or libnvrtc.so.13 (the machine's pip nvidia-nccl-cu13,
@@ -77,6 +77,10 @@ for t in "${tests[@]}"; do cp "${build}/backends/cuda/test/${t}" "${out}/bin/"; 
 for t in "${benches[@]}"; do cp "${build}/backends/cuda/bench/${t}" "${out}/bin/"; done
 for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/bin/"; done
 [[ -f "${build}/ptxas.txt" ]] && cp "${build}/ptxas.txt" "${out}/ptxas.txt"
+# The static symbol tables are not needed to run (and the cudnn engine's frontend code made them
+# large): stripping keeps the folder inside its budget. Dynamic symbols and the kernels' -lineinfo
+# (in the fatbins) stay.
+strip --strip-unneeded "${out}"/bin/*
 
 # Libraries the GPU machine has (its system, its driver, its pip NCCL): everything else is copied.
 provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcudnn|libnvrtc)\.so'
@@ -85,7 +89,7 @@ provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread
   echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "date $(date -u +%FT%TZ) on $(hostname)"
   echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
-  echo "CUDA architectures 90 (sm_90), Release; cudart static"
+  echo "CUDA architectures 90 (sm_90), Release; cudart static; binaries stripped (--strip-unneeded)"
 } >"${out}/MANIFEST"
 missing=0
 for bin in "${out}"/bin/*; do
