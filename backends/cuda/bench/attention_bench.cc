@@ -1,18 +1,22 @@
-// Times the flash varlen attention kernels and prints TFLOP/s (useful FLOPs: causal pairs counted
-// per document; backward = 2.5 x forward) as a table and as JSON lines.
+// Times the varlen attention engines (wlb's flash kernels, cuDNN's fused attention) and prints
+// TFLOP/s (useful FLOPs: causal pairs counted per document; backward = 2.5 x forward) as a table
+// and as JSON lines.
 //
 //   wlb_cuda_attention_bench [--tokens=131072] [--heads=16] [--kv_heads=16] [--head_dim=128]
 //       [--warmup=3] [--iters=10] [--mix=PATH] [--mix_offset=0] [--dump_mix=PATH]
 //       [--json=PATH] [--configs=512,2048,8192,16384,mix]
-//       [--block_orders=heaviest_first,head_major]
+//       [--kernels=flash,cudnn] [--block_orders=heaviest_first,head_major]
 //
+// --kernels lists the engines to time, one after the other on the same buffers (flash, cudnn,
+// reference; default flash,cudnn, or flash alone when the cudnn engine is compiled out).
 // Configurations: uniform documents of 512, 2K, 8K and 16K tokens filling --tokens, and "mix": a
 // --tokens micro-batch of consecutive documents from the WLB-LLM-like length file (--mix,
 // default ../shared/data/doc_lengths_wlbllm_like.json), cut at the end to fit; when the file is
 // absent, a seeded sample (97% uniform in 1..6250, 3% log-uniform up to 128K) stands in, and the
 // JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side. Each
-// configuration is timed in every --block_orders order (wlb::cuda::BlockOrder), one after the
-// other on the same buffers, so their ratio comes from one run.
+// configuration is timed with every --kernels engine, flash in every --block_orders order
+// (wlb::cuda::BlockOrder), one after the other on the same buffers, so their ratios come from
+// one run.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -23,6 +27,8 @@
 #include <iterator>
 #include <random>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -49,7 +55,27 @@ struct Flags {
   std::string json;
   std::string configs = "512,2048,8192,16384,mix";
   std::string block_orders = "heaviest_first,head_major";
+  std::string kernels = wlb::cuda::CudnnEngineCompiledIn() ? "flash,cudnn" : "flash";
 };
+
+// --kernels: engine names (wlb::cuda::ParseAttentionKernel); cudnn only when compiled in.
+bool ParseKernels(const std::string& list, std::vector<wlb::cuda::AttentionKernel>* kernels) {
+  for (absl::string_view name : absl::StrSplit(list, ',')) {
+    absl::StatusOr<wlb::cuda::AttentionKernel> k =
+        wlb::cuda::ParseAttentionKernel(std::string_view(name.data(), name.size()));
+    if (!k.ok()) {
+      std::fprintf(stderr, "--kernels: %s\n", k.status().ToString().c_str());
+      return false;
+    }
+    if (*k == wlb::cuda::AttentionKernel::kCudnn && !wlb::cuda::CudnnEngineCompiledIn()) {
+      std::fprintf(stderr, "--kernels=cudnn: %s\n",
+                   wlb::cuda::CudnnRuntimeVersion().status().ToString().c_str());
+      return false;
+    }
+    kernels->push_back(*k);
+  }
+  return !kernels->empty();
+}
 
 // --block_orders names, in BlockOrder's order.
 constexpr std::pair<const char*, wlb::cuda::BlockOrder> kOrderNames[] = {
@@ -94,6 +120,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "json") f->json = value;
     else if (name == "configs") f->configs = value;
     else if (name == "block_orders") f->block_orders = value;
+    else if (name == "kernels")
+      f->kernels = value;
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "bad flag '%s'\n", arg.c_str());
@@ -186,6 +214,8 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &flags)) return 2;
   std::vector<std::pair<const char*, wlb::cuda::BlockOrder>> orders;
   if (!ParseBlockOrders(flags.block_orders, &orders)) return 2;
+  std::vector<wlb::cuda::AttentionKernel> kernels;
+  if (!ParseKernels(flags.kernels, &kernels)) return 2;
   if (absl::Status s = wlb::cuda::CudaDeviceAvailable(); !s.ok()) {
     std::fprintf(stderr, "no usable CUDA device, nothing measured: %s\n", s.ToString().c_str());
     return 3;
@@ -211,8 +241,8 @@ int main(int argc, char** argv) {
 
   std::ofstream json_out;
   if (!flags.json.empty()) json_out.open(flags.json);
-  std::printf("%-8s %-14s %6s %9s %10s %10s %10s %10s\n", "config", "block_order", "docs", "tokens",
-              "fwd_ms", "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
+  std::printf("%-8s %-9s %-14s %6s %9s %10s %10s %10s %10s\n", "config", "kernel", "block_order",
+              "docs", "tokens", "fwd_ms", "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
   for (const std::string& config :
        std::vector<std::string>(absl::StrSplit(flags.configs, ','))) {
     std::vector<int32_t> lengths;
@@ -268,9 +298,20 @@ int main(int argc, char** argv) {
     b.dk = {dk, tq, hk, d};
     b.dv = {dv, tq, hk, d};
 
-    for (const auto& [order_name, order] : orders) {
+    // Every engine; flash in every block order (the others have none: "-").
+    std::vector<std::tuple<wlb::cuda::AttentionKernel, const char*, wlb::cuda::BlockOrder>> runs;
+    for (wlb::cuda::AttentionKernel kernel : kernels) {
+      if (kernel != wlb::cuda::AttentionKernel::kFlash) {
+        runs.push_back({kernel, "-", wlb::cuda::BlockOrder::kHeaviestFirst});
+        continue;
+      }
+      for (const auto& [order_name, order] : orders) runs.push_back({kernel, order_name, order});
+    }
+    for (const auto& [kernel, order_name, order] : runs) {
       wlb::cuda::AttentionOptions options;
+      options.kernel = kernel;
       options.block_order = order;
+      const char* kernel_name = wlb::cuda::AttentionKernelName(kernel);
       absl::StatusOr<wlb::cuda::VarlenAttention> attn =
           wlb::cuda::VarlenAttention::Create(p, options);
       CHECK_OK(attn.status());
@@ -282,10 +323,11 @@ int main(int argc, char** argv) {
       const double flops = wlb::cuda::ForwardFlops(p);
       const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
       const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
-      std::printf("%-8s %-14s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(), order_name,
-                  lengths.size(), static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms,
-                  bwd_tflops);
-      nlohmann::json row = {{"impl", "wlb_flash"},
+      std::printf("%-8s %-9s %-14s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(),
+                  kernel_name, order_name, lengths.size(), static_cast<long long>(tq), fwd_ms,
+                  fwd_tflops, bwd_ms, bwd_tflops);
+      nlohmann::json row = {{"impl", std::string("wlb_") + kernel_name},
+                            {"kernel", kernel_name},
                             {"config", config},
                             {"block_order", order_name},
                             {"docs", lengths.size()},

@@ -4,7 +4,7 @@
 //
 //   wlb_cuda_cp_bench [--tokens=131072] [--cp=4] [--micro_batches=8] [--heads=32]
 //       [--kv_heads=8] [--head_dim=128] [--warmup=2] [--iters=5] [--seed=1]
-//       [--profile=PATH] [--json=PATH]
+//       [--profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
 //
 // All C ranks are emulated on one GPU (LocalCommunicator) and their kernels run one at a time
 // (CpExecutorOptions::isolate_ranks), so each rank's time is its own; the step waits for the
@@ -85,12 +85,13 @@ int main(int argc, char** argv) {
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
   std::string profile, json;
-  const bool ok = flags.Int("tokens", &tokens) && flags.Int("cp", &cp) &&
-                  flags.Int("micro_batches", &mbs) && flags.Int("heads", &heads) &&
-                  flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) &&
-                  flags.Int("warmup", &warmup) && flags.Int("iters", &iters) &&
-                  flags.Int("seed", &seed) && flags.Str("profile", &profile) &&
-                  flags.Str("json", &json) && flags.AllUsed();
+  AttentionKernel kernel = AttentionKernel::kFlash;
+  const bool ok = flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) &&
+                  flags.Int("cp", &cp) && flags.Int("micro_batches", &mbs) &&
+                  flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
+                  flags.Int("head_dim", &dim) && flags.Int("warmup", &warmup) &&
+                  flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
+                  flags.Str("profile", &profile) && flags.Str("json", &json) && flags.AllUsed();
   if (!ok || tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
@@ -106,8 +107,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!bench::RequireDevice(argv[0])) return 3;
-  const CpAttentionConfig config{.num_heads = int(heads), .num_kv_heads = int(kv_heads),
-                                 .head_dim = int(dim)};
+  const CpAttentionConfig config{.num_heads = int(heads),
+                                 .num_kv_heads = int(kv_heads),
+                                 .head_dim = int(dim),
+                                 .kernel = kernel};
   absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(int(cp));
   if (!comm.ok()) {
     std::fprintf(stderr, "%s\n", comm.status().ToString().c_str());
@@ -121,9 +124,10 @@ int main(int argc, char** argv) {
   if (!q || !k || !v || !dout || !out || !dq || !dk || !dv) return 1;
   const PackedCpTensors t{q.get(), k.get(), v.get(), dout.get(),
                           out.get(), dq.get(), dk.get(), dv.get()};
-  std::printf("%s | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, model %s\n",
-              bench::DeviceName().c_str(), long(tokens), long(cp), long(heads), long(kv_heads),
-              long(dim), profile.empty() ? "analytic default" : profile.c_str());
+  std::printf("%s | %s kernel | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, model %s\n",
+              bench::DeviceName().c_str(), AttentionKernelName(kernel), long(tokens), long(cp),
+              long(heads), long(kv_heads), long(dim),
+              profile.empty() ? "analytic default" : profile.c_str());
   std::map<std::string, double> total;  // strategy -> sum over micro-batches of max-rank ms
   double err_sum = 0, err_max_rank_sum = 0;
   int err_n = 0, err_max_n = 0;
@@ -168,10 +172,10 @@ int main(int argc, char** argv) {
                   r->imbalance, fwd.c_str(), bwd.c_str());
       if (js.is_open()) {
         js << absl::StrFormat(
-            "{\"mb\":%d,\"strategy\":\"%s\",\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],"
-            "\"bwd_ms\":[%s]}\n",
-            i, std::string(wlb::ShardStrategyName(s)), r->max_ms, r->imbalance,
-            absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(fwd), {{" ", ","}}),
+            "{\"kernel\":\"%s\",\"mb\":%d,\"strategy\":\"%s\",\"max_ms\":%.4f,"
+            "\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s]}\n",
+            AttentionKernelName(kernel), i, std::string(wlb::ShardStrategyName(s)), r->max_ms,
+            r->imbalance, absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(fwd), {{" ", ","}}),
             absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(bwd), {{" ", ","}}));
       }
     }

@@ -16,7 +16,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "wlb/cuda/attention_problem.h"
 #include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/varlen_attention.h"
 
 namespace wlb::cuda::bench {
 
@@ -40,6 +42,22 @@ class Flags {
     return absl::SimpleAtoi(s, v); }); }
   bool Str(const char* name, std::string* v) {
     return Parse(name, [&](const std::string& s) { *v = s; return true; });
+  }
+  // An attention engine by name (flash, reference, cudnn); cudnn only when compiled in.
+  bool Kernel(const char* name, AttentionKernel* v) {
+    return Parse(name, [&](const std::string& s) {
+      absl::StatusOr<AttentionKernel> k = ParseAttentionKernel(s);
+      if (!k.ok()) {
+        std::fprintf(stderr, "%s\n", k.status().ToString().c_str());
+        return false;
+      }
+      if (*k == AttentionKernel::kCudnn && !CudnnEngineCompiledIn()) {
+        std::fprintf(stderr, "%s\n", CudnnRuntimeVersion().status().ToString().c_str());
+        return false;
+      }
+      *v = *k;
+      return true;
+    });
   }
   // True when every flag given was read; prints the strays.
   bool AllUsed() const {

@@ -1,9 +1,11 @@
-// Kernel profiler: times the flash varlen kernel on single causal segments over a grid of
-// (q_len, kv_len) and writes the profile CSV that wlb::KernelModel reads
-// (include/wlb/shard/kernel_model.hpp: columns q_len, kv_len, ms; others ignored).
+// Kernel profiler: times a varlen attention engine (--kernel: flash, the default, or cudnn) on
+// single causal segments over a grid of (q_len, kv_len) and writes the profile CSV that
+// wlb::KernelModel reads (include/wlb/shard/kernel_model.hpp: columns q_len, kv_len, ms; others
+// ignored). Each engine gets its own table: tile padding and per-call overhead differ.
 //
-//   wlb_cuda_kernel_profiler --out=h200_profile.csv [--heads=32] [--kv_heads=32]
-//       [--head_dim=128] [--max_q=32768] [--max_kv=131072] [--warmup=3] [--iters=10]
+//   wlb_cuda_kernel_profiler --out=h200_profile.csv [--kernel=flash] [--heads=32]
+//       [--kv_heads=32] [--head_dim=128] [--max_q=32768] [--max_kv=131072] [--warmup=3]
+//       [--iters=10]
 //
 // A segment of q_len queries whose keys are the first kv_len tokens of its document (queries
 // [kv_len - q_len, kv_len)) is exactly what a CP rank runs. ms is the forward time of one call
@@ -34,8 +36,9 @@ struct Point {
   double fwd_ms, bwd_ms;
 };
 
-absl::StatusOr<Point> Measure(int64_t q, int64_t kv, int heads, int kv_heads, int dim,
-                              int warmup, int iters, const bench::DeviceBf16* in) {
+absl::StatusOr<Point> Measure(AttentionKernel kernel, int64_t q, int64_t kv, int heads,
+                              int kv_heads, int dim, int warmup, int iters,
+                              const bench::DeviceBf16* in) {
   AttentionProblem p;
   p.cu_seqlens_q = {0, static_cast<int32_t>(q)};
   p.cu_seqlens_k = {0, static_cast<int32_t>(kv)};
@@ -45,7 +48,7 @@ absl::StatusOr<Point> Measure(int64_t q, int64_t kv, int heads, int kv_heads, in
   p.num_kv_heads = kv_heads;
   p.head_dim = dim;
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(dim));
-  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p);
+  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p, {.kernel = kernel});
   if (!attn.ok()) return attn.status();
   // in: q, k, v, dout, out, dq, dk, dv (sized for the largest shape), then fp32 lse.
   auto b = [&](int i) { return in[i].get(); };
@@ -85,15 +88,18 @@ absl::StatusOr<Point> Measure(int64_t q, int64_t kv, int heads, int kv_heads, in
 int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
   std::string out;
+  AttentionKernel kernel = AttentionKernel::kFlash;
   int64_t heads = 32, kv_heads = 32, dim = 128, max_q = 32768, max_kv = 131072, warmup = 3,
           iters = 10;
-  bool ok = flags.Str("out", &out) && flags.Int("heads", &heads) &&
-            flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) &&
-            flags.Int("max_q", &max_q) && flags.Int("max_kv", &max_kv) &&
-            flags.Int("warmup", &warmup) && flags.Int("iters", &iters) && flags.AllUsed();
+  bool ok = flags.Str("out", &out) && flags.Kernel("kernel", &kernel) &&
+            flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
+            flags.Int("head_dim", &dim) && flags.Int("max_q", &max_q) &&
+            flags.Int("max_kv", &max_kv) && flags.Int("warmup", &warmup) &&
+            flags.Int("iters", &iters) && flags.AllUsed();
   if (!ok || out.empty() || max_q < 1 || max_kv < max_q || iters < 1) {
     std::fprintf(stderr,
-                 "usage: %s --out=PATH [--heads=32] [--kv_heads=32] [--head_dim=128] "
+                 "usage: %s --out=PATH [--kernel=flash|cudnn|reference] [--heads=32] "
+                 "[--kv_heads=32] [--head_dim=128] "
                  "[--max_q=32768] [--max_kv=131072] [--warmup=3] [--iters=10] (max_kv >= max_q)\n",
                  argv[0]);
     return 2;
@@ -121,8 +127,8 @@ int main(int argc, char** argv) {
     for (int64_t kv = q; kv < max_kv; kv *= 2) kvs.push_back(kv);
     kvs.push_back(max_kv);
     for (int64_t kv : kvs) {
-      absl::StatusOr<Point> p = Measure(q, kv, int(heads), int(kv_heads), int(dim), int(warmup),
-                                        int(iters), in.data());
+      absl::StatusOr<Point> p = Measure(kernel, q, kv, int(heads), int(kv_heads), int(dim),
+                                        int(warmup), int(iters), in.data());
       if (!p.ok()) {
         std::fprintf(stderr, "q_len %ld kv_len %ld: %s\n", long(q), long(kv),
                      p.status().ToString().c_str());
@@ -140,7 +146,8 @@ int main(int argc, char** argv) {
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   const std::string note = absl::StrReplaceAll(
-      absl::StrFormat("measured %s on %s: %s", date, bench::DeviceName(), flags.command()),
+      absl::StrFormat("%s kernel measured %s on %s: %s", AttentionKernelName(kernel), date,
+                      bench::DeviceName(), flags.command()),
       {{",", ";"}});
   {
     std::ofstream f(out);

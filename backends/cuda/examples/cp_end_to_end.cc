@@ -3,7 +3,7 @@
 // per-rank times and measured balance.
 //
 //   cp_end_to_end [--lengths=FILE] [--context=65536] [--micro_batches=2] [--cp=4]
-//       [--heads=8] [--kv_heads=2] [--head_dim=128]
+//       [--heads=8] [--kv_heads=2] [--head_dim=128] [--kernel=flash|cudnn|reference]
 //
 // --lengths reads document lengths (JSON array or one per line, wlb::ReadLengthsFile); without
 // it the embedded WLB-LLM-like distribution is sampled. Exit status 0 only when every
@@ -47,9 +47,11 @@ int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
   std::string lengths_file;
   int64_t context = 65536, n = 2, cp = 4, heads = 8, kv_heads = 2, dim = 128;
-  if (!(flags.Str("lengths", &lengths_file) && flags.Int("context", &context) &&
-        flags.Int("micro_batches", &n) && flags.Int("cp", &cp) && flags.Int("heads", &heads) &&
-        flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) && flags.AllUsed())) {
+  AttentionKernel kernel = AttentionKernel::kFlash;
+  if (!(flags.Kernel("kernel", &kernel) && flags.Str("lengths", &lengths_file) &&
+        flags.Int("context", &context) && flags.Int("micro_batches", &n) && flags.Int("cp", &cp) &&
+        flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
+        flags.Int("head_dim", &dim) && flags.AllUsed())) {
     return 2;
   }
   if (!bench::RequireDevice(argv[0])) return 3;
@@ -78,8 +80,10 @@ int main(int argc, char** argv) {
   shape.heads = heads;
   shape.head_dim = dim;
   const wlb::KernelModel model = *wlb::KernelModel::Analytic({.shape = shape});
-  const CpAttentionConfig config{
-      .num_heads = int(heads), .num_kv_heads = int(kv_heads), .head_dim = int(dim)};
+  const CpAttentionConfig config{.num_heads = int(heads),
+                                 .num_kv_heads = int(kv_heads),
+                                 .head_dim = int(dim),
+                                 .kernel = kernel};
   absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(int(cp));
   if (!comm.ok()) return std::fprintf(stderr, "%s\n", comm.status().ToString().c_str()), 1;
 
@@ -114,7 +118,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     // 5. Single-device reference over the whole packed micro-batch.
-    absl::StatusOr<VarlenAttention> whole = VarlenAttention::Create(*WholeBatchProblem(mb, config));
+    absl::StatusOr<VarlenAttention> whole =
+        VarlenAttention::Create(*WholeBatchProblem(mb, config), {.kernel = kernel});
     if (!whole.ok()) return std::fprintf(stderr, "%s\n", whole.status().ToString().c_str()), 1;
     const int64_t t = mb.tokens;
     auto* lse_f = reinterpret_cast<float*>(lse.get());

@@ -7,13 +7,14 @@
 #   backends/cuda/scripts/prebuild.sh [--build DIR] [--out DIR] [-- extra cmake args]
 #
 # Defaults: --build <repo>/build-device, --out <repo>/.device. The folder holds
-#   bin/      the binaries (run directly: ctest's absolute paths do not travel)
+#   bin/      the binaries, stripped (run directly: ctest's absolute paths do not travel)
 #   lib/      every shared library they load that the GPU machine lacks (Abseil's .so's); not
-#             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver) or
-#             libnccl.so.2 (the machine's pip nvidia-nccl-cu13; gpu_check.sh puts it on
-#             LD_LIBRARY_PATH), libcublasLt/libcublas (the layer runner's GEMMs; the machine's
-#             CUDA toolkit or pip wheel, found by gpu_check.sh). cudart is linked statically;
-#             nothing here uses cuDNN.
+#             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver),
+#             libnccl.so.2, libcudnn.so.9, libnvrtc.so.13 (the machine's pip nvidia-nccl-cu13,
+#             nvidia-cudnn-cu13 and CUDA 13 runtime wheels of PyTorch) and libcublasLt/libcublas
+#             (the layer runner's GEMMs; the machine's CUDA toolkit or pip wheel); gpu_check.sh puts
+#             them on LD_LIBRARY_PATH. cudart is linked statically. The cuDNN frontend is
+#             header-only: compiled into the binaries, nothing of it is carried.
 #   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
 #             enter the repository; the attention benchmark's WLB-LLM-like mix)
 #   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
@@ -38,7 +39,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 tests=(wlb_cuda_attention_problem_test wlb_cuda_attention_plan_test wlb_cuda_cpu_reference_test
-       wlb_cuda_tensor_validation_test wlb_cuda_cp_maps_test wlb_cuda_communicator_test
+       wlb_cuda_tensor_validation_test wlb_cuda_cudnn_layout_test wlb_cuda_cp_maps_test
+       wlb_cuda_communicator_test
        wlb_cuda_attention_gpu_test wlb_cuda_cp_gpu_test wlb_cuda_layer_reference_test
        wlb_cuda_layer_runner_host_test wlb_cuda_layer_analysis_test wlb_cuda_layer_gpu_test)
 benches=(wlb_cuda_attention_bench wlb_cuda_kernel_profiler wlb_cuda_cp_bench wlb_cuda_layer_bench)
@@ -53,7 +55,12 @@ cmake -S "${repo}" -B "${build}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DWLB_CUDA_BUILD_EXAMPLES=ON -DWLB_CUDA_ARCHITECTURES=90 -DWLB_CUDA_PTXAS_VERBOSE=ON \
   "${extra[@]}" >"${build}/configure.log" 2>&1 \
   || { tail -30 "${build}/configure.log"; echo "prebuild.sh: configure failed" >&2; exit 1; }
-grep -E "NCCL|CUDA compiler" "${build}/configure.log" || true
+grep -E "NCCL|cuDNN|CUDA compiler" "${build}/configure.log" || true
+if ! grep -q "building the cudnn attention engine" "${build}/configure.log"; then
+  echo "prebuild.sh: the cudnn attention engine is not built (see ${build}/configure.log); run" \
+       "scripts/install_deps.sh for the cuDNN frontend headers" >&2
+  exit 1
+fi
 if ! cmake --build "${build}" --parallel "$(nproc)" --target "${tests[@]}" "${benches[@]}" \
     "${examples[@]}" >"${build}/build.log" 2>&1; then
   tail -40 "${build}/build.log"
@@ -72,15 +79,19 @@ for t in "${tests[@]}"; do cp "${build}/backends/cuda/test/${t}" "${out}/bin/"; 
 for t in "${benches[@]}"; do cp "${build}/backends/cuda/bench/${t}" "${out}/bin/"; done
 for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/bin/"; done
 [[ -f "${build}/ptxas.txt" ]] && cp "${build}/ptxas.txt" "${out}/ptxas.txt"
+# The static symbol tables are not needed to run (and the cudnn engine's frontend code made them
+# large): stripping keeps the folder inside its budget. Dynamic symbols and the kernels' -lineinfo
+# (in the fatbins) stay.
+strip --strip-unneeded "${out}"/bin/*
 
 # Libraries the GPU machine has (its system, its driver, its pip NCCL): everything else is copied.
-provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcublasLt|libcublas)\.so'
+provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcudnn|libnvrtc|libcublasLt|libcublas)\.so'
 {
   echo "# wlb::cuda prebuilt binaries, made by backends/cuda/scripts/prebuild.sh"
   echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "date $(date -u +%FT%TZ) on $(hostname)"
   echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
-  echo "CUDA architectures 90 (sm_90), Release; cudart static"
+  echo "CUDA architectures 90 (sm_90), Release; cudart static; binaries stripped (--strip-unneeded)"
 } >"${out}/MANIFEST"
 missing=0
 for bin in "${out}"/bin/*; do

@@ -27,4 +27,13 @@ rm -rf "${deps}/debs" "${deps}/root/usr/share/doc" "${deps}/root/usr/share/linti
 # ignored .deps lets the GPU benchmark use the real mix (gpu_check.sh falls back to a seeded one).
 mix="${repo}/../shared/data/doc_lengths_wlbllm_like.json"
 if [[ -f "${mix}" ]]; then cp "${mix}" "${deps}/doc_lengths_wlbllm_like.json"; fi
+# The cuDNN frontend headers (scripts/install_deps.sh installs them here), for the cudnn engine;
+# the GPU machine has cuDNN itself from PyTorch's pip packages.
+if [[ -d "${repo}/.cudnn-frontend/include" ]]; then
+  mkdir -p "${deps}/cudnn-frontend"
+  cp -r "${repo}/.cudnn-frontend/include" "${deps}/cudnn-frontend/"
+else
+  echo "prepare_device_deps.sh: no ${repo}/.cudnn-frontend (run scripts/install_deps.sh)" >&2
+  exit 1
+fi
 du -sh "${deps}"

@@ -3,9 +3,7 @@
 #include <cmath>
 #include <string>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 
 namespace wlb::cuda {
 namespace {
@@ -30,6 +28,27 @@ absl::Status CheckCuSeqlens(const std::vector<int32_t>& cu, const char* name) {
 
 }  // namespace
 
+const char* AttentionKernelName(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::kFlash:
+      return "flash";
+    case AttentionKernel::kReference:
+      return "reference";
+    case AttentionKernel::kCudnn:
+      return "cudnn";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(std::string_view name) {
+  for (AttentionKernel k :
+       {AttentionKernel::kFlash, AttentionKernel::kReference, AttentionKernel::kCudnn}) {
+    if (name == AttentionKernelName(k)) return k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown attention kernel '%s'; allowed: flash, reference, cudnn", name));
+}
+
 absl::Status ValidateProblem(const AttentionProblem& p, AttentionKernel kernel) {
   if (p.num_heads <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat("num_heads = %d; must be > 0", p.num_heads));
@@ -42,10 +61,11 @@ absl::Status ValidateProblem(const AttentionProblem& p, AttentionKernel kernel) 
     return absl::InvalidArgumentError(absl::StrFormat(
         "num_kv_heads = %d does not divide num_heads = %d", p.num_kv_heads, p.num_heads));
   }
-  if (kernel == AttentionKernel::kFlash) {
+  if (kernel == AttentionKernel::kFlash || kernel == AttentionKernel::kCudnn) {
     if (p.head_dim != 64 && p.head_dim != 128) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "head_dim = %d is not supported by the flash kernel; allowed: 64, 128", p.head_dim));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("head_dim = %d is not supported by the %s kernel; allowed: 64, 128",
+                          p.head_dim, AttentionKernelName(kernel)));
     }
   } else if (p.head_dim < 1 || p.head_dim > kMaxReferenceHeadDim) {
     return absl::InvalidArgumentError(
@@ -105,27 +125,6 @@ int64_t VisiblePairs(const AttentionProblem& p) {
 
 double ForwardFlops(const AttentionProblem& p) {
   return 4.0 * p.head_dim * p.num_heads * static_cast<double>(VisiblePairs(p));
-}
-
-const char* AttentionKernelName(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::kFlash:
-      return "flash";
-    case AttentionKernel::kReference:
-      return "reference";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name) {
-  std::vector<std::string> known;
-  for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kReference}) {
-    if (name == AttentionKernelName(k)) return k;
-    known.push_back(AttentionKernelName(k));
-  }
-  return absl::InvalidArgumentError(absl::StrFormat("unknown attention kernel '%s' (known: %s)",
-                                                    absl::CHexEscape(name),
-                                                    absl::StrJoin(known, ", ")));
 }
 
 }  // namespace wlb::cuda

@@ -65,6 +65,12 @@ cudaError_t LaunchFlashBackward(const BackwardLaunch& a, BlockOrder order, cudaS
 cudaError_t LaunchReferenceForward(const ForwardLaunch& a, cudaStream_t stream);
 cudaError_t LaunchReferenceBackward(const BackwardLaunch& a, cudaStream_t stream);
 
+// The cudnn engine's statistics layout: (total_q, heads) <-> (heads, total_q), fp32, lse_layout.h.
+cudaError_t LaunchStatsToLse(const float* stats, float* lse, int heads, int64_t total_q,
+                             cudaStream_t stream);
+cudaError_t LaunchLseToStats(const float* lse, float* stats, int heads, int64_t total_q,
+                             cudaStream_t stream);
+
 }  // namespace wlb::cuda::detail
 
 #endif  // WLB_CUDA_SRC_KERNELS_H_

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "src/cudnn_attention.h"
 #include "src/kernels.h"
 #include "wlb/cuda/cuda_status.h"
 
@@ -144,6 +145,15 @@ absl::StatusOr<VarlenAttention> VarlenAttention::Create(const AttentionProblem& 
   VarlenAttention a;
   a.problem_ = problem;
   a.options_ = options;
+  if (options.kernel == AttentionKernel::kCudnn) {
+    if (auto v = CudnnRuntimeVersion(); !v.ok()) return v.status();
+    if (problem.total_q() > 0) {
+      auto engine = detail::CreateCudnnAttention(problem, options.backward, stream);
+      if (!engine.ok()) return engine.status();
+      a.cudnn_ = *std::move(engine);
+    }
+    return a;
+  }
   if (options.kernel == AttentionKernel::kFlash) {
     a.forward_tiles_ = BuildForwardTiles(problem, detail::kFwdBlockM, options.block_order);
     a.backward_tiles_ = BuildBackwardTiles(problem, detail::kBwdBlockN, options.block_order);
@@ -200,6 +210,7 @@ detail::LaunchShape VarlenAttention::Shape() const {
 absl::Status VarlenAttention::Forward(const ForwardTensors& t, cudaStream_t stream) const {
   if (absl::Status s = ValidateForwardTensors(problem_, t); !s.ok()) return s;
   if (problem_.total_q() == 0) return absl::OkStatus();
+  if (cudnn_) return detail::CudnnForward(*cudnn_, t, stream);
   detail::ForwardLaunch l{};
   l.q = t.q.data;
   l.k = t.k.data;
@@ -232,6 +243,7 @@ absl::Status VarlenAttention::Backward(const BackwardTensors& t, cudaStream_t st
     }
     return absl::OkStatus();
   }
+  if (cudnn_) return detail::CudnnBackward(*cudnn_, t, stream);
   detail::BackwardLaunch l{};
   l.q = t.q.data;
   l.k = t.k.data;

@@ -1,11 +1,13 @@
-// Device correctness of the flash and reference kernels, forward and backward.
+// Device correctness of the flash, cudnn and reference kernels, forward and backward.
 //
 // Small shapes are checked against the float64 CPU reference; a 16K-token WLB-like mix against
-// the reference kernel; one 128K document (too long for the reference kernel's one thread per
-// row, and for the whole CPU reference) against the float64 CPU reference on sampled rows. The
-// flash kernels run in both block orders. Inputs are fresh random values each run
-// (the seed is printed on failure), outputs are poisoned with NaN before each run so unwritten
-// elements show, and NaN never passes. Skips with a reason when no CUDA device is present.
+// the reference kernel and cudnn against flash; one 128K document (too long for the reference
+// kernel's one thread per row, and for the whole CPU reference) against the float64 CPU
+// reference on sampled rows. The flash kernels run in both block orders; the cudnn engine runs
+// wherever it is compiled in (CudnnEngineAvailable skips with the reason otherwise). Inputs are
+// fresh random values each run (the seed is printed on failure), outputs are poisoned with NaN
+// before each run so unwritten elements show, and NaN never passes. Skips with a reason when no
+// CUDA device is present.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@
 #include "test/test_util.h"
 #include "wlb/cuda/cpu_reference.h"
 #include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/cudnn_layout.h"
 #include "wlb/cuda/varlen_attention.h"
 
 namespace wlb::cuda {
@@ -203,7 +206,13 @@ constexpr KernelVariant kVariants[] = {
     {AttentionKernel::kFlash, BlockOrder::kHeaviestFirst, "flash kernel, heaviest-first blocks"},
     {AttentionKernel::kFlash, BlockOrder::kHeadMajor, "flash kernel, head-major blocks"},
     {AttentionKernel::kReference, BlockOrder::kHeaviestFirst, "reference kernel"},
+    {AttentionKernel::kCudnn, BlockOrder::kHeaviestFirst, "cudnn engine"},
 };
+
+// Whether `kernel` is part of this build (the cudnn engine may be compiled out).
+bool Built(AttentionKernel kernel) {
+  return kernel != AttentionKernel::kCudnn || CudnnEngineCompiledIn();
+}
 
 // Every kernel variant against the float64 CPU reference.
 void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
@@ -213,6 +222,7 @@ void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
   absl::StatusOr<CpuGradients> g = CpuAttentionBackward(p, in.q, in.k, in.v, in.dout);
   ASSERT_TRUE(g.ok()) << g.status();
   for (const KernelVariant& variant : kVariants) {
+    if (!Built(variant.kernel)) continue;
     SCOPED_TRACE(variant.name);
     Results r;
     RunOnDevice(p, variant.kernel, in, /*backward=*/true, &r, variant.order);
@@ -275,19 +285,20 @@ TEST_F(AttentionGpu, RandomSegmentsMatchCpuFloat64Reference) {
   }
 }
 
-// Flash against the reference kernel where the CPU reference would be too slow.
-void CheckAgainstReferenceKernel(const AttentionProblem& p, std::mt19937_64& rng) {
+// `kernel` against `baseline` where the CPU reference would be too slow.
+void CheckAgainstKernel(const AttentionProblem& p, std::mt19937_64& rng, AttentionKernel kernel,
+                        AttentionKernel baseline) {
   const Inputs in = RandomInputs(p, rng);
-  Results flash, ref;
-  RunOnDevice(p, AttentionKernel::kFlash, in, true, &flash);
+  Results got, ref;
+  RunOnDevice(p, kernel, in, true, &got);
   if (::testing::Test::HasFatalFailure()) return;
-  RunOnDevice(p, AttentionKernel::kReference, in, true, &ref);
+  RunOnDevice(p, baseline, in, true, &ref);
   if (::testing::Test::HasFatalFailure()) return;
-  ExpectClose(flash.out, ref.out, kOutTol, "out");
-  ExpectClose(flash.lse, ref.lse, kLseTol, "lse");
-  ExpectClose(flash.dq, ref.dq, kGradTol, "dq");
-  ExpectClose(flash.dk, ref.dk, kGradTol, "dk");
-  ExpectClose(flash.dv, ref.dv, kGradTol, "dv");
+  ExpectClose(got.out, ref.out, kOutTol, "out");
+  ExpectClose(got.lse, ref.lse, kLseTol, "lse");
+  ExpectClose(got.dq, ref.dq, kGradTol, "dq");
+  ExpectClose(got.dk, ref.dk, kGradTol, "dk");
+  ExpectClose(got.dv, ref.dv, kGradTol, "dv");
 }
 
 // `rows` rows of `x`, a (rows, row_size) array laid out row-major.
@@ -314,12 +325,37 @@ std::vector<int64_t> SampleRows(int64_t total, std::initializer_list<int64_t> ed
   return rows;
 }
 
+// `r` (a kernel's results on `in`) against the float64 CPU reference on sampled rows. Forward
+// rows are exact float64; backward rows take the kernel's out and LSE as given, as the backward
+// kernels do (the forward rows check those).
+void CheckSampledRows(const AttentionProblem& p, const Inputs& in, const Results& r,
+                      std::mt19937_64& rng) {
+  const int64_t n = p.total_q();
+  const std::vector<int64_t> qrows =
+      SampleRows(n, {0, 1, 127, 128, 129, 4095, 65535, 65536}, 24, rng);
+  const std::vector<int64_t> krows =
+      SampleRows(n, {0, 1, 31, 32, 63, 64, 65, 65536, n - 64, n - 63}, 24, rng);
+  absl::StatusOr<CpuRows> fr = CpuAttentionForwardRows(p, in.q, in.k, in.v, qrows);
+  ASSERT_TRUE(fr.ok()) << fr.status();
+  absl::StatusOr<CpuRows> br =
+      CpuAttentionBackwardRows(p, in.q, in.k, in.v, r.out, in.dout, r.lse, qrows, krows);
+  ASSERT_TRUE(br.ok()) << br.status();
+  const size_t hd = size_t(p.num_heads) * p.head_dim, kvd = size_t(p.num_kv_heads) * p.head_dim;
+  std::vector<float> lse_rows;  // (rows, heads), as CpuRows lays it out
+  for (int64_t row : qrows) {
+    for (int h = 0; h < p.num_heads; ++h) lse_rows.push_back(r.lse[h * n + row]);
+  }
+  ExpectClose(Rows(r.out, qrows, hd), fr->out, kOutTol, "out (sampled rows)");
+  ExpectClose(lse_rows, fr->lse, kLseTol, "lse (sampled rows)");
+  ExpectClose(Rows(r.dq, qrows, hd), br->dq, kGradTol, "dq (sampled rows)");
+  ExpectClose(Rows(r.dk, krows, kvd), br->dk, kGradTol, "dk (sampled rows)");
+  ExpectClose(Rows(r.dv, krows, kvd), br->dv, kGradTol, "dv (sampled rows)");
+}
+
 // One 128K document, flash in both block orders, against the float64 CPU reference on sampled
 // rows (the whole reference is ~10^12 multiply-adds, and the reference kernel's thread per row
-// keeps its accumulators in local memory: hours at this length). Forward rows are exact float64;
-// backward rows take the kernel's out and LSE as given, as the backward kernel does (the forward
-// rows check those). The two orders run the same blocks, so out, LSE, dK and dV agree bit for bit
-// (dQ sums with atomics).
+// keeps its accumulators in local memory: hours at this length). The two orders run the same
+// blocks, so out, LSE, dK and dV agree bit for bit (dQ sums with atomics).
 TEST_F(AttentionGpu, OneDocumentOf128KMatchesCpuReferenceOnSampledRows) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   const AttentionProblem p = DocumentsProblem({131072}, 2, 1, 128);
@@ -336,26 +372,26 @@ TEST_F(AttentionGpu, OneDocumentOf128KMatchesCpuReferenceOnSampledRows) {
   EXPECT_EQ(std::memcmp(heaviest.dv.data(), head_major.dv.data(), heaviest.dv.size() * 4), 0);
   EXPECT_LE(RelativeError(heaviest.dq, head_major.dq), 1e-3);
 
-  const int64_t n = p.total_q();
-  const std::vector<int64_t> qrows =
-      SampleRows(n, {0, 1, 127, 128, 129, 4095, 65535, 65536}, 24, rng_);
-  const std::vector<int64_t> krows =
-      SampleRows(n, {0, 1, 31, 32, 63, 64, 65, 65536, n - 64, n - 63}, 24, rng_);
-  absl::StatusOr<CpuRows> fr = CpuAttentionForwardRows(p, in.q, in.k, in.v, qrows);
-  ASSERT_TRUE(fr.ok()) << fr.status();
-  absl::StatusOr<CpuRows> br = CpuAttentionBackwardRows(p, in.q, in.k, in.v, heaviest.out, in.dout,
-                                                        heaviest.lse, qrows, krows);
-  ASSERT_TRUE(br.ok()) << br.status();
-  const size_t hd = size_t(p.num_heads) * p.head_dim, kvd = size_t(p.num_kv_heads) * p.head_dim;
-  std::vector<float> lse_rows;  // (rows, heads), as CpuRows lays it out
-  for (int64_t r : qrows) {
-    for (int h = 0; h < p.num_heads; ++h) lse_rows.push_back(heaviest.lse[h * n + r]);
-  }
-  ExpectClose(Rows(heaviest.out, qrows, hd), fr->out, kOutTol, "out (sampled rows)");
-  ExpectClose(lse_rows, fr->lse, kLseTol, "lse (sampled rows)");
-  ExpectClose(Rows(heaviest.dq, qrows, hd), br->dq, kGradTol, "dq (sampled rows)");
-  ExpectClose(Rows(heaviest.dk, krows, kvd), br->dk, kGradTol, "dk (sampled rows)");
-  ExpectClose(Rows(heaviest.dv, krows, kvd), br->dv, kGradTol, "dv (sampled rows)");
+  CheckSampledRows(p, in, heaviest, rng_);
+}
+
+// The cudnn engine on the same 128K document, against the float64 rows and against flash.
+TEST_F(AttentionGpu, CudnnOneDocumentOf128KMatchesCpuReferenceAndFlash) {
+  if (!CudnnEngineCompiledIn()) GTEST_SKIP() << CudnnRuntimeVersion().status();
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const AttentionProblem p = DocumentsProblem({131072}, 2, 1, 128);
+  const Inputs in = RandomInputs(p, rng_);
+  Results cudnn, flash;
+  RunOnDevice(p, AttentionKernel::kCudnn, in, true, &cudnn);
+  if (HasFatalFailure()) return;
+  CheckSampledRows(p, in, cudnn, rng_);
+  RunOnDevice(p, AttentionKernel::kFlash, in, true, &flash);
+  if (HasFatalFailure()) return;
+  ExpectClose(cudnn.out, flash.out, kOutTol, "out vs flash");
+  ExpectClose(cudnn.lse, flash.lse, kLseTol, "lse vs flash");
+  ExpectClose(cudnn.dq, flash.dq, kGradTol, "dq vs flash");
+  ExpectClose(cudnn.dk, flash.dk, kGradTol, "dk vs flash");
+  ExpectClose(cudnn.dv, flash.dv, kGradTol, "dv vs flash");
 }
 
 TEST_F(AttentionGpu, WlbLikeMixOf16KMatchesReferenceKernel) {
@@ -372,9 +408,26 @@ TEST_F(AttentionGpu, WlbLikeMixOf16KMatchesReferenceKernel) {
   for (int d : {64, 128}) {
     const AttentionProblem p = DocumentsProblem(lengths, 4, 2, d);
     SCOPED_TRACE(Describe(p));
-    CheckAgainstReferenceKernel(p, rng_);
+    CheckAgainstKernel(p, rng_, AttentionKernel::kFlash, AttentionKernel::kReference);
     if (HasFatalFailure()) return;
+    if (CudnnEngineCompiledIn()) {
+      SCOPED_TRACE("cudnn vs flash");
+      CheckAgainstKernel(p, rng_, AttentionKernel::kCudnn, AttentionKernel::kFlash);
+      if (HasFatalFailure()) return;
+    }
   }
+}
+
+// The engine is compiled in, the loaded cuDNN is new enough, and a plan builds on this device.
+TEST_F(AttentionGpu, CudnnEngineAvailable) {
+  if (!CudnnEngineCompiledIn()) GTEST_SKIP() << CudnnRuntimeVersion().status();
+  absl::StatusOr<int64_t> version = CudnnRuntimeVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  std::printf("cuDNN runtime version %lld\n", static_cast<long long>(*version));
+  EXPECT_GE(*version, kMinCudnnVersion);
+  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(
+      DocumentsProblem({300, 17}, 8, 2, 128), {.kernel = AttentionKernel::kCudnn});
+  EXPECT_TRUE(attn.ok()) << attn.status();
 }
 
 TEST_F(AttentionGpu, FlashIsDeterministic) {

@@ -82,19 +82,6 @@ TEST(ValidateProblem, RejectsSoftmaxScale) {
   ExpectInvalid(p, AttentionKernel::kFlash, "softmax_scale = nan");
 }
 
-TEST(AttentionKernelName, ParsesEveryNameItPrints) {
-  for (AttentionKernel k : {AttentionKernel::kFlash, AttentionKernel::kReference}) {
-    absl::StatusOr<AttentionKernel> back = ParseAttentionKernel(AttentionKernelName(k));
-    ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(*back, k);
-  }
-  const absl::Status bad = ParseAttentionKernel("flash2").status();
-  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("unknown attention kernel 'flash2' (known: flash, reference)"),
-            absl::string_view::npos)
-      << bad;
-}
-
 TEST(VisiblePairs, CountsCausalBottomRightAndFull) {
   // Whole document of 4: 1 + 2 + 3 + 4.
   EXPECT_EQ(VisiblePairs(DocumentsProblem({4}, 1, 1, 64)), 10);

@@ -1,6 +1,8 @@
 // CP execution on the GPU (label gpu): for WLB-LLM-like micro-batches of 16K..128K tokens,
 // C in {2, 4, 8} and every sharding strategy, CP attention (LocalCommunicator, flash kernel)
 // equals single-device flash attention over the whole packed micro-batch, forward and backward;
+// the same on the cudnn engine (16K and 128K, where it is compiled in), whose single-device
+// result also matches flash's;
 // plus the collectives against host sums and the NCCL communicator over every visible GPU.
 // Skips with the reason when no CUDA device is present.
 #include <cuda_bf16.h>
@@ -93,9 +95,11 @@ struct Fixture {
   std::vector<float> ref_out, ref_dq, ref_dk, ref_dv;
 };
 
-void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f) {
+void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f,
+                 AttentionKernel kernel = AttentionKernel::kFlash) {
   f.mb = WlbLikeMicroBatch(tokens, seed);
-  f.config = {.num_heads = 4, .num_kv_heads = 2, .head_dim = head_dim};  // GQA groups of 2
+  // GQA groups of 2.
+  f.config = {.num_heads = 4, .num_kv_heads = 2, .head_dim = head_dim, .kernel = kernel};
   f.nq = size_t(tokens) * 4 * head_dim;
   f.nk = size_t(tokens) * 2 * head_dim;
   std::mt19937_64 rng(seed);
@@ -113,7 +117,7 @@ void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f) {
   }
   absl::StatusOr<AttentionProblem> whole = WholeBatchProblem(f.mb, f.config);
   ASSERT_TRUE(whole.ok()) << whole.status();
-  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(*whole);
+  absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(*whole, {.kernel = kernel});
   ASSERT_TRUE(attn.ok()) << attn.status();
   Dev lse_raw(size_t(4) * tokens * 2);  // fp32 (heads, tokens): 2 bf16-sized slots per float
   const int64_t h = 4, kh = 2, d = head_dim;
@@ -161,23 +165,50 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm) {
   }
 }
 
-TEST_F(CpGpuTest, EveryStrategyMatchesSingleDevice) {
+// Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result.
+void CheckEveryStrategy(Fixture& f) {
   const ShardStrategy strategies[] = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
                                       ShardStrategy::kAdaptive, ShardStrategy::kHybrid};
+  for (int cp : {2, 4, 8}) {
+    absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    for (ShardStrategy s : strategies) {
+      absl::StatusOr<ShardPlan> plan = PlanShards(f.mb, cp, s, KernelModel::Default());
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      CheckCp(f, *plan, **comm);
+    }
+  }
+}
+
+TEST_F(CpGpuTest, EveryStrategyMatchesSingleDevice) {
   uint64_t seed = 11;
   for (int64_t tokens : {16384, 32768, 65536, 131072}) {
     Fixture f;
     MakeFixture(tokens, 128, seed++, f);
     if (HasFatalFailure()) return;
-    for (int cp : {2, 4, 8}) {
-      absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      for (ShardStrategy s : strategies) {
-        absl::StatusOr<ShardPlan> plan = PlanShards(f.mb, cp, s, KernelModel::Default());
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        CheckCp(f, *plan, **comm);
-      }
+    CheckEveryStrategy(f);
+  }
+}
+
+// The cudnn engine: CP on cudnn vs single-device cudnn, and single-device cudnn vs flash.
+TEST_F(CpGpuTest, CudnnEveryStrategyMatchesSingleDevice) {
+  if (!CudnnEngineCompiledIn()) GTEST_SKIP() << CudnnRuntimeVersion().status();
+  uint64_t seed = 21;
+  for (int64_t tokens : {16384, 131072}) {
+    Fixture flash, f;
+    MakeFixture(tokens, 128, seed, flash);
+    if (HasFatalFailure()) return;
+    MakeFixture(tokens, 128, seed++, f, AttentionKernel::kCudnn);
+    if (HasFatalFailure()) return;
+    for (auto [got, ref, rel, name] : {std::tuple{&f.ref_out, &flash.ref_out, kOutRelL2, "out"},
+                                       std::tuple{&f.ref_dq, &flash.ref_dq, kGradRelL2, "dq"},
+                                       std::tuple{&f.ref_dk, &flash.ref_dk, kGradRelL2, "dk"},
+                                       std::tuple{&f.ref_dv, &flash.ref_dv, kGradRelL2, "dv"}}) {
+      const Errors e = Compare(*got, *ref);
+      EXPECT_EQ(e.nan, 0u) << name << " cudnn vs flash, " << tokens << " tokens";
+      EXPECT_LE(e.rel_l2, rel) << name << " cudnn vs flash, " << tokens << " tokens";
     }
+    CheckEveryStrategy(f);
   }
 }
 

@@ -1,6 +1,6 @@
 // The GPU layer runner (layer_runner.h) against the float64 layer reference (layer_reference.h):
 // forward output, input gradient and every weight gradient on small packed micro-batches (a few
-// documents, a few hundred tokens), with the flash and the reference attention engines, MHA and
+// documents, a few hundred tokens), with the flash, cudnn and reference attention engines, MHA and
 // GQA, head_dim 64 and 128, the 7B TP = 8 slice; plus run-order and capacity errors. Skips with
 // the reason when no CUDA device is present.
 //
@@ -31,6 +31,12 @@ class LayerGpu : public ::testing::TestWithParam<AttentionKernel> {
     if (!s.ok()) GTEST_SKIP() << "no usable CUDA device: " << s;
   }
 };
+
+// The cudnn engine may be compiled out of this build (no cuDNN or frontend headers).
+#define WLB_SKIP_UNLESS_COMPILED_IN(kernel)                              \
+  if ((kernel) == AttentionKernel::kCudnn && !CudnnEngineCompiledIn()) { \
+    GTEST_SKIP() << "the cudnn engine is compiled out of this build";   \
+  }
 
 void CheckAgainstReference(const LayerShape& shape, const std::vector<int64_t>& lengths,
                            AttentionKernel kernel, uint64_t seed) {
@@ -74,6 +80,7 @@ void CheckAgainstReference(const LayerShape& shape, const std::vector<int64_t>& 
 }
 
 TEST_P(LayerGpu, MatchesFloat64ReferenceOnRandomMicroBatches) {
+  WLB_SKIP_UNLESS_COMPILED_IN(GetParam());
   std::mt19937_64 rng(21);
   for (int trial = 0; trial < 6; ++trial) {
     LayerShape s{.name = "small",
@@ -90,13 +97,15 @@ TEST_P(LayerGpu, MatchesFloat64ReferenceOnRandomMicroBatches) {
 }
 
 TEST_P(LayerGpu, MatchesFloat64ReferenceAt7bTp8Shape) {
+  WLB_SKIP_UNLESS_COMPILED_IN(GetParam());
   absl::StatusOr<LayerShape> s = LayerShapeFromPreset("llama2-7b", 8);
   ASSERT_TRUE(s.ok());
   CheckAgainstReference(*s, {129, 64, 1, 90}, GetParam(), 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, LayerGpu,
-                         ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kReference),
+                         ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kCudnn,
+                                           AttentionKernel::kReference),
                          [](const auto& info) { return AttentionKernelName(info.param); });
 
 TEST_F(LayerGpu, RejectsRunOrderAndCapacityErrors) {

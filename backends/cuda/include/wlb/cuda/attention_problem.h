@@ -19,11 +19,11 @@
 #define WLB_CUDA_ATTENTION_PROBLEM_H_
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "wlb/cuda/attention_tiles.h"
 
 namespace wlb::cuda {
@@ -32,13 +32,15 @@ namespace wlb::cuda {
 enum class AttentionKernel {
   kFlash,      // tiled tensor-core kernel; head_dim 64 or 128
   kReference,  // one thread per row, fp32 accumulation; any head_dim up to kMaxReferenceHeadDim
+  kCudnn,      // cuDNN fused attention (cudnn-frontend SDPA graphs); head_dim 64 or 128
 };
 
-// "flash" or "reference": the name a --kernel flag spells.
+// The kernel's name as the command-line flags spell it: "flash", "reference", "cudnn".
 const char* AttentionKernelName(AttentionKernel kernel);
 
-// The engine a --kernel flag names; InvalidArgument naming the value and the known names.
-absl::StatusOr<AttentionKernel> ParseAttentionKernel(absl::string_view name);
+// The kernel a name spells ("flash", "reference" or "cudnn"); InvalidArgument naming `name` and
+// the allowed names otherwise.
+absl::StatusOr<AttentionKernel> ParseAttentionKernel(std::string_view name);
 
 // One varlen attention call's shape; see the file comment for the semantics.
 struct AttentionProblem {
@@ -61,10 +63,10 @@ struct AttentionProblem {
 
 // OK when `problem` is a valid input for `kernel`; otherwise InvalidArgument naming the bad
 // value and what is allowed. Checks: head counts positive, num_kv_heads divides num_heads,
-// head_dim (64 or 128 for kFlash, 1..kMaxReferenceHeadDim for kReference), equal-size cu_seqlens
-// starting at 0 and non-decreasing, max lengths covering every segment, softmax_scale finite and
-// positive, every non-empty causal segment having at least as many keys as queries (so every
-// query sees a key), and every non-empty non-causal segment having a key.
+// head_dim (64 or 128 for kFlash and kCudnn, 1..kMaxReferenceHeadDim for kReference), equal-size
+// cu_seqlens starting at 0 and non-decreasing, max lengths covering every segment, softmax_scale
+// finite and positive, every non-empty causal segment having at least as many keys as queries (so
+// every query sees a key), and every non-empty non-causal segment having a key.
 absl::Status ValidateProblem(const AttentionProblem& problem, AttentionKernel kernel);
 
 // Pairs (query, key) that the mask lets through, summed over segments (one head).

@@ -36,6 +36,7 @@
 namespace wlb::cuda {
 namespace detail {
 struct LaunchShape;
+class CudnnAttention;
 }  // namespace detail
 
 // A contiguous (tokens, heads, head_dim) bf16 tensor in device memory.
@@ -72,12 +73,22 @@ struct BackwardTensors {
 };
 
 struct AttentionOptions {
+  // kFlash (wlb's own kernels), kCudnn (cuDNN fused attention, the fast path; see
+  // CudnnEngineCompiledIn) or kReference (plain, slow, any head_dim).
   AttentionKernel kernel = AttentionKernel::kFlash;
   bool backward = true;  // allocate the backward workspace (fp32 dQ, 4 * total_q * heads * dim B)
   // Flash kernels: how blocks map to (tile, head); see attention_tiles.h. Same results, only the
   // schedule (and so the L2 reuse of K/V) differs.
   BlockOrder block_order = BlockOrder::kHeaviestFirst;
 };
+
+// Whether this build has the cudnn engine (cuDNN >= 9.6 and the cuDNN frontend headers were
+// found at configure time). Without it, Create with AttentionKernel::kCudnn is FailedPrecondition.
+bool CudnnEngineCompiledIn();
+
+// The loaded cuDNN library's version (cudnnGetVersion(), e.g. 91900 for 9.19.0); needs no device.
+// FailedPrecondition when the engine is compiled out.
+absl::StatusOr<int64_t> CudnnRuntimeVersion();
 
 // Checks shapes against `problem`, non-null 16-byte-aligned pointers and the no-overlap rules;
 // InvalidArgument naming the tensor and the bad value otherwise. Runs on the host only.
@@ -87,7 +98,10 @@ absl::Status ValidateBackwardTensors(const AttentionProblem& problem, const Back
 class VarlenAttention {
  public:
   // Validates `problem` for options.kernel, builds the work lists and uploads them (and
-  // allocates the backward workspace) on `stream`.
+  // allocates the backward workspace) on `stream`. kCudnn builds (or reuses, per shape class and
+  // device) the cuDNN graphs and sizes their workspaces here, so Forward/Backward only execute;
+  // it fails with a Status naming the configuration and cuDNN's reason when cuDNN refuses it,
+  // the versions when the loaded cuDNN is older than 9.6, or the CUDA error without a device.
   static absl::StatusOr<VarlenAttention> Create(const AttentionProblem& problem,
                                                 const AttentionOptions& options = {},
                                                 cudaStream_t stream = nullptr);
@@ -123,6 +137,7 @@ class VarlenAttention {
   bool zero_dkv_ = false;  // some keys belong to segments without queries: their grads are zero
   DevicePtr cu_seqlens_q_, cu_seqlens_k_, forward_tiles_dev_, backward_tiles_dev_;
   DevicePtr dq_accum_, dot_do_o_;
+  std::shared_ptr<const detail::CudnnAttention> cudnn_;  // kCudnn with at least one query
 };
 
 }  // namespace wlb::cuda
