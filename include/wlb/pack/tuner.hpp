@@ -25,7 +25,7 @@ struct TunerOptions {
   int max_levels = 3;               // most outlier queues to consider
   double delay_budget = 1.0;        // max mean token delay, in steps
   std::vector<int64_t> candidates;  // threshold values to draw from; empty = fractions of S
-  std::string packer = "wlb";       // "wlb" or "wlb-refine"
+  std::string packer = "wlb";       // "wlb", "wlb-refine" or "wlb-lookahead"
 };
 
 struct TunedThresholds {
@@ -60,7 +60,12 @@ inline absl::StatusOr<TunedThresholds> TuneThresholds(
   absl::Status error = absl::OkStatus();
   std::vector<int64_t> current;
   auto evaluate = [&]() {
-    auto packer = MakePacker(options.packer, config, cost, {.thresholds = current});
+    // wlb-lookahead is given the budget too: it spends at most that much delay.
+    auto packer = MakePacker(options.packer, config, cost,
+                             {.thresholds = current,
+                              .delay_budget = options.packer == "wlb-lookahead"
+                                                  ? options.delay_budget
+                                                  : std::numeric_limits<double>::infinity()});
     if (!packer.ok()) {
       error = packer.status();
       return;
@@ -77,8 +82,7 @@ inline absl::StatusOr<TunedThresholds> TuneThresholds(
         !have_best || s.imbalance_mean < best.imbalance_mean - 1e-12 ||
         (s.imbalance_mean <= best.imbalance_mean + 1e-12 &&
          (s.delay.mean < best.delay_mean - 1e-12 ||
-          (s.delay.mean <= best.delay_mean + 1e-12 &&
-           current.size() < best.thresholds.size())));
+          (s.delay.mean <= best.delay_mean + 1e-12 && current.size() < best.thresholds.size())));
     if (better) {
       best.thresholds = current;
       best.imbalance_mean = s.imbalance_mean;
