@@ -299,11 +299,13 @@ class LookaheadPacker final : public Packer {
     return mbs;
   }
 
+  // Whether `c` releases any queued outlier.
   static bool ReleasesAny(const Candidate& c) {
     for (const auto& r : c.release)
       if (!r.empty()) return true;
     return false;
   }
+  // Every queued outlier, no arrival held back.
   static Candidate ReleaseAll(const Holding& held) {
     Candidate all{.release = std::vector<std::vector<size_t>>(held.queues.size())};
     for (size_t l = 0; l < held.queues.size(); ++l) {
@@ -355,11 +357,7 @@ class LookaheadPacker final : public Packer {
     }
     // Release every queued outlier: mid-size ones can balance a long one (two 70K documents in
     // one micro-batch weigh about as much as one 120K document with 40K of short ones).
-    Candidate all = wlb;
-    for (size_t l = 0; l < held.queues.size(); ++l) {
-      all.release[l].resize(held.queues[l].size());
-      for (size_t i = 0; i < held.queues[l].size(); ++i) all.release[l][i] = i;
-    }
+    const Candidate all = ReleaseAll(held);
     out.push_back(all);
     // A level that releases takes the whole level below with it.
     for (size_t l = 1; l < held.queues.size(); ++l) {
@@ -491,8 +489,10 @@ class LookaheadPacker final : public Packer {
     return a;
   }
 
-  // The summed imbalance of the step under `c` and the buffered steps after it (planned with
-  // wlb's rule), from real packings (as wlb-refine packs) of every step.
+  // The summed imbalance of the step under `c` and the buffered steps after it, from real
+  // packings (as wlb-refine packs) of every step. Each buffered step takes wlb's release or, when
+  // wlb releases a level, every queued outlier, whichever balances better: the step that must
+  // take a long outlier is best filled with the other long ones, so holding them for it pays.
   double ScoreByPacking(const Candidate& c, const Holding& base,
                         const std::vector<Document>& fresh) const {
     Holding held = base;

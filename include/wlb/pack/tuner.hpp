@@ -6,10 +6,12 @@
 //   // best->thresholds, best->imbalance_mean, best->delay_mean
 //
 // Every set of up to `max_levels` strictly increasing thresholds drawn from `candidates` (default
-// S/16, S/8, 3S/16, S/4, 3S/8, S/2, 5S/8, 3S/4) is run with the WLB packer over the sample; the
+// S/16, S/8, 3S/16, S/4, 3S/8, S/2, 5S/8, 3S/4) is run with the chosen packer over the sample; the
 // one with the lowest mean imbalance whose mean token delay stays within the budget wins (ties:
 // lower delay, then fewer levels). No queues at all is always a candidate; when no candidate meets
-// the budget the tuner says so with an error.
+// the budget the tuner says so with an error. With packer "wlb-lookahead" each set runs with the
+// budget as the packer's own delay budget, so sets that cost wlb more delay than the budget can
+// still fit it (at tight budgets on heavy tails wlb-refine can only pick no queues).
 #pragma once
 
 #include <functional>
