@@ -27,7 +27,8 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
           {"wlb-refine", {.thresholds = {context / 2 + 1}, .refine_rounds = 3}},
           {"wlb-lookahead", {.thresholds = two}},
           {"wlb-lookahead", {.thresholds = {std::max<int64_t>(1, context / 2)}, .lookahead = 2}},
-          {"wlb-lookahead", {.thresholds = two, .refine_rounds = 3, .lookahead = 0}}};
+          {"wlb-lookahead", {.thresholds = two, .refine_rounds = 3, .lookahead = 0}},
+          {"wlb-lookahead", {.thresholds = two, .delay_budget = 0.3}}};
 }
 
 struct Stream {

@@ -325,6 +325,13 @@ TEST(MakePacker, RejectsABadLookahead) {
               HasSubstr("look-ahead must be in [0, 8] steps, got -1"));
   EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = 9}).status().message(),
               HasSubstr("got 9"));
+  EXPECT_THAT(
+      MakePacker("wlb-lookahead", {}, Quadratic(), {.delay_budget = -0.5}).status().message(),
+      HasSubstr("delay budget must be >= 0 steps, got -0.5"));
+  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.delay_budget = std::nan("")})
+                  .status()
+                  .message(),
+              HasSubstr("got nan"));
 }
 
 TEST(PackerConfig, EverySizeHasADocumentedUpperBound) {
@@ -492,39 +499,63 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
       // wlb-lookahead (K = 1; after one push it buffers one step, of arrival step 0).
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [[0, 65, 0, 0, 0]], "buffer": []})",
+       R"({"queues": [], "carry": [[0, 65, 0, 0, 0]], "buffer": [], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "length 65 is outside [1, 64]"},
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [[0, 5, 0, 0, 0], [1, 9, 0, 0, 0]], "buffer": []})",
+       R"({"queues": [], "carry": [[0, 5, 0, 0, 0], [1, 9, 0, 0, 0]], "buffer": [], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "not ordered longest first"},
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [], "buffer": [[[0, 10, -5, 0, 0]]]})",
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, -5, 0, 0]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "piece must be an integer in [0, 16777216]"},
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]], [[1, 10, 0, 0, 1]]]})",
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]], [[1, 10, 0, 0, 1]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "more buffered steps than the look-ahead allows"},
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]]})",
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        R"("pushes": 3, "next_step": 1, "short_from": -1)",
        "are not the last of the 3 pushes"},
       {"wlb-lookahead",
        {},
-       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]]})",
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        R"("pushes": 0, "next_step": 0, "short_from": -1)",
        "arrival step 0 is not before the 0 pushes"},
       {"wlb-lookahead",
        {.thresholds = {32}},
-       R"({"queues": [[[0, 5, 0, 0, 0]]], "carry": [], "buffer": []})",
+       R"({"queues": [[[0, 5, 0, 0, 0]]], "carry": [], "buffer": [], "wlb_delay": {"queues": [[]], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "queued: document 0 piece 0 of length 5 is outside [32, 64]"},
+      {"wlb-lookahead",
+       {.thresholds = {32}},
+       R"({"queues": [[]], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [[[0, 20]]], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       {},
+       "wlb_delay queued length must be an integer in [32, 64]"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [], "carry": [[0, 0]], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       {},
+       "wlb_delay carried tokens must be an integer in [1, "},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [], "carry": [[5, 10]], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       R"("pushes": 1, "next_step": 1, "short_from": -1)",
+       "wlb_delay: 10 carried tokens arrived at step 5, not before step 1"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [], "carry": [], "token_steps": "lots", "wlb_token_steps": 0, "tokens": 0}})",
+       {},
+       "wlb_delay totals must be numbers in [0, "},
   };
   for (const Case& c : cases) {
     auto packer = *MakePacker(c.packer, config, cost, c.options);
@@ -560,7 +591,8 @@ TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
         : name == "fixed-greedy"
             ? R"({"carry": [[7, 64, 2, 128, 0]], "buffer": [[9, 3, 0, 0, 1]], "buffered_steps": 1})"
         : name == "wlb-lookahead"
-            ? R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [], "buffer": [[[9, 3, 0, 0, 1]]]})"
+            ? R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [], "buffer": [[[9, 3, 0, 0, 1]]],
+                  "wlb_delay": {"queues": [[[0, 64]]], "carry": [[0, 5]], "token_steps": 12.5, "wlb_token_steps": 40, "tokens": 64}})"
             : R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [[9, 3, 0, 0, 1]]})";
     const std::string payload = absl::StrFormat(
         R"({"config": %s, "pushes": 2, "next_step": 1, "short_from": 1, "state": %s})",

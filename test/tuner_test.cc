@@ -46,6 +46,34 @@ TEST(TuneThresholds, TighterBudgetNeverLowersDelay) {
   EXPECT_LE(loose.imbalance_mean, tight.imbalance_mean);
 }
 
+// wlb-lookahead is tuned with the budget as its own delay budget: the same brute force, with the
+// packer each budget makes.
+TEST(TuneThresholds, LookaheadNoSetOfItsGridWithinTheBudgetIsBetter) {
+  Sample s;
+  const std::vector<int64_t> grid = {4096, 8192, 16384, 24576};
+  for (double budget : {0.1, 0.25, 1.0}) {
+    auto tuned = TuneThresholds(
+        s.arrivals, s.config, s.cost,
+        {.max_levels = 2, .delay_budget = budget, .candidates = grid, .packer = "wlb-lookahead"});
+    ASSERT_TRUE(tuned.ok()) << tuned.status();
+    EXPECT_LE(tuned->delay_mean, budget);
+    for (int mask = 0; mask < (1 << grid.size()); ++mask) {
+      std::vector<int64_t> t;
+      for (size_t i = 0; i < grid.size(); ++i) {
+        if (mask & (1 << i)) t.push_back(grid[i]);
+      }
+      if (t.size() > 2) continue;
+      auto packer =
+          *MakePacker("wlb-lookahead", s.config, s.cost, {.thresholds = t, .delay_budget = budget});
+      const StreamSummary summary = Summarize(RunPacker(*packer, s.arrivals)->steps, s.cost);
+      if (summary.delay.mean > budget) continue;
+      EXPECT_LE(tuned->imbalance_mean, summary.imbalance_mean + 1e-12)
+          << "budget " << budget << ": {" << absl::StrJoin(t, ",") << "} has "
+          << summary.imbalance_mean << " at delay " << summary.delay.mean;
+    }
+  }
+}
+
 // Every threshold set of the grid, by brute force, against what the tuner returns: nothing within
 // the budget may have a lower steady-step mean.
 TEST(TuneThresholds, NoSetOfItsGridWithinTheBudgetIsBetter) {

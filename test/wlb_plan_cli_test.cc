@@ -306,6 +306,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--packer wlb-lookahead --lookahead 9", "", "look-ahead must be in [0, 8] steps, got 9"},
       {"--packer wlb-lookahead --lookahead -1", "", "got -1"},
       {"--packer original --tune", "", "--tune is not used by this run"},
+      {"--packer wlb-refine --delay-budget 0.5", "", "it bounds --tune and wlb-lookahead"},
+      {"--packer wlb-lookahead --delay-budget -1", "", "--delay-budget must be a finite number"},
       {"--docs - --distribution heavy-tail", "5\n", "--distribution is not used by this run"},
       {"--distribution zipf", "", "--distribution must be default or heavy-tail, got 'zipf'"},
       {"--kernel-profile /nonexistent/k.csv", "", "--kernel-profile is not used by this run"},

@@ -54,7 +54,9 @@ ABSL_FLAG(int32_t, queues, 2,
 ABSL_FLAG(bool, tune, false,
           "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream "
           "itself, within --delay_budget");
-ABSL_FLAG(double, delay_budget, 1.0, "--tune: max mean token delay in steps");
+ABSL_FLAG(double, delay_budget, 1.0,
+          "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
+          "beyond wlb's delay, 1 with --tune)");
 ABSL_FLAG(std::string, cost, "llama2-7b",
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
           "of length -> latency to fit");
@@ -466,13 +468,17 @@ absl::StatusOr<Settings> SettingsFromFlags() {
         return Unused(flag, "--tune applies to wlb, wlb-refine and wlb-lookahead only");
       }
     }
-  } else if (Given("delay_budget") && !absl::GetFlag(FLAGS_tune)) {
-    return Unused("delay-budget", "it bounds --tune, which is not given");
+  } else if (Given("delay_budget") && !absl::GetFlag(FLAGS_tune) && s.packer != "wlb-lookahead") {
+    return Unused("delay-budget", "it bounds --tune and wlb-lookahead, and neither is used");
   }
   const double budget = absl::GetFlag(FLAGS_delay_budget);
   if (!(budget >= 0.0) || !std::isfinite(budget)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--delay-budget must be a finite number >= 0, got %g", budget));
+  }
+  // wlb-lookahead spends at most the budget (and the tuner tunes it so).
+  if (s.packer == "wlb-lookahead" && (Given("delay_budget") || absl::GetFlag(FLAGS_tune))) {
+    s.options.delay_budget = budget;
   }
   const double gemm_tflops = absl::GetFlag(FLAGS_gemm_tflops);
   if (!(gemm_tflops > 0.0) || gemm_tflops > kMaxGemmTflops) {

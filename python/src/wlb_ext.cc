@@ -723,7 +723,7 @@ NB_MODULE(_wlb, m) {
              std::optional<int64_t> max_tokens, int32_t micro_batches,
              std::variant<wlb::CostModel, std::string> cost,
              std::optional<std::vector<int64_t>> thresholds, int queues, int window,
-             int refine_rounds, int lookahead) {
+             int refine_rounds, int lookahead, std::optional<double> delay_budget) {
             wlb::PackerConfig config{.context = context,
                                      .max_tokens = max_tokens.value_or(
                                          context > 0 ? wlb::DefaultMaxTokens(context) : context),
@@ -744,7 +744,8 @@ NB_MODULE(_wlb, m) {
                                   ? *thresholds
                                   : wlb::DefaultThresholds(std::max<int64_t>(context, 1), queues),
                 .refine_rounds = refine_rounds,
-                .lookahead = lookahead};
+                .lookahead = lookahead,
+                .delay_budget = delay_budget.value_or(std::numeric_limits<double>::infinity())};
             std::unique_ptr<wlb::Packer> packer =
                 Unwrap(wlb::MakePacker(name, config, model, options));
             new (self) PyPacker{.packer = std::move(packer),
@@ -754,10 +755,12 @@ NB_MODULE(_wlb, m) {
           "name"_a = "wlb", nb::kw_only(), "context"_a = 131072, "max_tokens"_a = nb::none(),
           "micro_batches"_a = 4, "cost"_a = "llama2-7b", "thresholds"_a = nb::none(),
           "queues"_a = 2, "window"_a = 1, "refine_rounds"_a = 0, "lookahead"_a = 1,
+          "delay_budget"_a = nb::none(),
           "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
           "None = default thresholds for `queues` queues, [] = no queues; cost is a preset name, "
           "a profile CSV path or a CostModel; lookahead = K prefetched steps (wlb-lookahead: "
-          "push() returns a step's plan K pushes later, flush() returns the rest).")
+          "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
+          "wlb-lookahead's most mean token delay in steps (None: within wlb's).")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

@@ -71,6 +71,10 @@ def test_unknown_packer_and_window():
         wlb.Packer("best")
     with pytest.raises(ValueError, match=r"fixed-greedy window must be in \[1, 4096\] steps, got 0"):
         wlb.Packer("fixed-greedy", window=0)
+    with pytest.raises(ValueError, match="wlb-lookahead delay budget must be >= 0 steps, got -1"):
+        wlb.Packer("wlb-lookahead", delay_budget=-1.0)
+    budgeted = wlb.Packer("wlb-lookahead", delay_budget=0.25)  # a budget in range is taken
+    assert budgeted.flush() == []
 
 
 def test_piece_longer_than_context_is_rejected(packer):

@@ -7,6 +7,7 @@
 // steps).
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,9 @@ struct PackerOptions {
   int refine_rounds = 0;            // wlb-refine, wlb-lookahead: max refinement changes per
                                     // step; 0 = 4N
   int lookahead = 1;                // wlb-lookahead: K, steps of arrivals seen ahead (>= 0)
+  // wlb-lookahead: the most mean token delay in steps (>= 0) it may spend; it also stays within
+  // wlb's delay on the same stream (0.9 of it). Infinity: wlb's bound alone.
+  double delay_budget = std::numeric_limits<double>::infinity();
 };
 
 inline constexpr const char* kPackerNames[] = {"original", "original-nextfit", "fixed-greedy",
@@ -90,8 +94,12 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
       return absl::InvalidArgumentError(absl::StrFormat(
           "look-ahead must be in [0, %d] steps, got %d", kMaxLookahead, options.lookahead));
     }
+    if (!(options.delay_budget >= 0.0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "wlb-lookahead delay budget must be >= 0 steps, got %g", options.delay_budget));
+    }
     return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds, rounds,
-                                             options.lookahead);
+                                             options.lookahead, options.delay_budget);
   }
   return absl::InvalidArgumentError(absl::StrFormat(
       "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));

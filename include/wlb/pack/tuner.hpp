@@ -6,10 +6,12 @@
 //   // best->thresholds, best->imbalance_mean, best->delay_mean
 //
 // Every set of up to `max_levels` strictly increasing thresholds drawn from `candidates` (default
-// S/16, S/8, 3S/16, S/4, 3S/8, S/2, 5S/8, 3S/4) is run with the WLB packer over the sample; the
+// S/16, S/8, 3S/16, S/4, 3S/8, S/2, 5S/8, 3S/4) is run with the chosen packer over the sample; the
 // one with the lowest mean imbalance whose mean token delay stays within the budget wins (ties:
 // lower delay, then fewer levels). No queues at all is always a candidate; when no candidate meets
-// the budget the tuner says so with an error.
+// the budget the tuner says so with an error. With packer "wlb-lookahead" each set runs with the
+// budget as the packer's own delay budget, so sets that cost wlb more delay than the budget can
+// still fit it (at tight budgets on heavy tails wlb-refine can only pick no queues).
 #pragma once
 
 #include <functional>
@@ -25,7 +27,7 @@ struct TunerOptions {
   int max_levels = 3;               // most outlier queues to consider
   double delay_budget = 1.0;        // max mean token delay, in steps
   std::vector<int64_t> candidates;  // threshold values to draw from; empty = fractions of S
-  std::string packer = "wlb";       // "wlb" or "wlb-refine"
+  std::string packer = "wlb";       // "wlb", "wlb-refine" or "wlb-lookahead"
 };
 
 struct TunedThresholds {
@@ -60,7 +62,12 @@ inline absl::StatusOr<TunedThresholds> TuneThresholds(
   absl::Status error = absl::OkStatus();
   std::vector<int64_t> current;
   auto evaluate = [&]() {
-    auto packer = MakePacker(options.packer, config, cost, {.thresholds = current});
+    // wlb-lookahead is given the budget too: it spends at most that much delay.
+    auto packer = MakePacker(options.packer, config, cost,
+                             {.thresholds = current,
+                              .delay_budget = options.packer == "wlb-lookahead"
+                                                  ? options.delay_budget
+                                                  : std::numeric_limits<double>::infinity()});
     if (!packer.ok()) {
       error = packer.status();
       return;
@@ -77,8 +84,7 @@ inline absl::StatusOr<TunedThresholds> TuneThresholds(
         !have_best || s.imbalance_mean < best.imbalance_mean - 1e-12 ||
         (s.imbalance_mean <= best.imbalance_mean + 1e-12 &&
          (s.delay.mean < best.delay_mean - 1e-12 ||
-          (s.delay.mean <= best.delay_mean + 1e-12 &&
-           current.size() < best.thresholds.size())));
+          (s.delay.mean <= best.delay_mean + 1e-12 && current.size() < best.thresholds.size())));
     if (better) {
       best.thresholds = current;
       best.imbalance_mean = s.imbalance_mean;

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <queue>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -54,7 +53,8 @@ namespace detail {
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
                                             const std::vector<Document>& carry,
                                             std::vector<Document> fresh, const PackerConfig& config,
-                                            const DocumentCost& cost, std::vector<Document>& carry_out,
+                                            const DocumentCost& cost,
+                                            std::vector<Document>& carry_out,
                                             bool fresh_sorted = false) {
   SortLongestFirst(released);
   if (!fresh_sorted) SortLongestFirst(fresh);
@@ -63,38 +63,47 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
   // doubling at a time was a tenth of the packing time at N = 64.
   const size_t share = (released.size() + carry.size() + fresh.size()) / mbs.size();
   for (MicroBatch& mb : mbs) mb.documents.reserve(share + share / 4 + 4);
-  // The least-W micro-batch comes from a min-heap of (cost, index) with lazy deletion (an entry
-  // is stale once its micro-batch got heavier): O(log N) per document instead of a scan of N.
-  // The fewest-tokens one comes from a second such heap over token counts; its top also rejects
-  // a document that fits nowhere in O(1).
+  // The least-W micro-batch is the top of a min-heap of (cost, index), one entry per micro-batch:
+  // a document nearly always goes there, and the top then sifts down in O(log N). Only when it
+  // does not fit there is the fewest-tokens micro-batch needed, found by a scan (it fits in the
+  // lightest, so in the emptiest too, whenever it fits anywhere).
   using Entry = std::pair<double, size_t>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> lightest;
-  using TokenEntry = std::pair<int64_t, size_t>;
-  std::priority_queue<TokenEntry, std::vector<TokenEntry>, std::greater<TokenEntry>> emptiest;
-  for (size_t b = 0; b < mbs.size(); ++b) {
-    lightest.push({0.0, b});
-    emptiest.push({0, b});
-  }
+  const auto heavier = std::greater<Entry>();
+  std::vector<Entry> lightest(mbs.size());
+  for (size_t b = 0; b < mbs.size(); ++b) lightest[b] = {0.0, b};  // sorted: already a heap
+  auto emptiest = [&mbs] {
+    size_t e = 0;
+    for (size_t b = 1; b < mbs.size(); ++b) {
+      if (mbs[b].tokens < mbs[e].tokens) e = b;
+    }
+    return e;
+  };
   const size_t first_carried = carry_out.size();
   size_t carried_runs[3] = {0, 0, 0};
   int run = 0;
   const std::vector<Document>* groups[] = {&released, &carry, &fresh};
   for (const std::vector<Document>* group : groups) {
     for (const Document& d : *group) {
-      while (emptiest.top().first != mbs[emptiest.top().second].tokens) emptiest.pop();
-      if (emptiest.top().first + d.length > config.max_tokens) {
-        carry_out.push_back(d);  // not even the emptiest micro-batch has room
-        continue;
+      size_t target = lightest.front().second;
+      if (mbs[target].tokens + d.length > config.max_tokens) {
+        target = emptiest();
+        if (mbs[target].tokens + d.length > config.max_tokens) {
+          carry_out.push_back(d);  // not even the emptiest micro-batch has room
+          continue;
+        }
       }
-      while (lightest.top().first != mbs[lightest.top().second].cost) lightest.pop();
-      size_t target = lightest.top().second;
-      if (mbs[target].tokens + d.length > config.max_tokens) target = emptiest.top().second;
       MicroBatch& mb = mbs[target];
       mb.documents.push_back(d);
       mb.tokens += d.length;
       mb.cost += cost(d.length);
-      lightest.push({mb.cost, target});
-      emptiest.push({mb.tokens, target});
+      if (target == lightest.front().second) {
+        std::pop_heap(lightest.begin(), lightest.end(), heavier);
+        lightest.back().first = mb.cost;
+        std::push_heap(lightest.begin(), lightest.end(), heavier);
+      } else {
+        for (size_t b = 0; b < mbs.size(); ++b) lightest[b] = {mbs[b].cost, b};
+        std::make_heap(lightest.begin(), lightest.end(), heavier);
+      }
     }
     carried_runs[run++] = carry_out.size();
   }
