@@ -8,13 +8,16 @@
 #
 # Defaults: --build <repo>/build-device, --out <repo>/.device. The folder holds
 #   bin/      the binaries, stripped (run directly: ctest's absolute paths do not travel)
-#   lib/      every shared library they load that the GPU machine lacks (Abseil's .so's); not
+#   lib/      every shared library they load that the GPU machine lacks: libwlb_cuda.so (built
+#             shared here, so the kernels and the cuDNN frontend are carried once, not once per
+#             binary), libcudart.so.13 (the toolkit's, which the shared build uses) and Abseil's
+#             .so's; not
 #             libc/libstdc++/libgcc_s/libm (the machine's own), libcuda (the driver),
 #             libnccl.so.2, libcudnn.so.9, libnvrtc.so.13 (the machine's pip nvidia-nccl-cu13,
 #             nvidia-cudnn-cu13 and CUDA 13 runtime wheels of PyTorch) and libcublasLt/libcublas
 #             (the layer runner's GEMMs; the machine's CUDA toolkit or pip wheel); gpu_check.sh puts
-#             them on LD_LIBRARY_PATH. cudart is linked statically. The cuDNN frontend is
-#             header-only: compiled into the binaries, nothing of it is carried.
+#             them on LD_LIBRARY_PATH. The cuDNN frontend is header-only: compiled into
+#             libwlb_cuda.so, nothing else of it is carried.
 #   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
 #             enter the repository; the attention benchmark's WLB-LLM-like mix)
 #   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
@@ -51,7 +54,7 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "${repo}" -B "${build}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF -DWLB_BUILD_TOOLS=OFF \
-  -DWLB_BUILD_CUDA=ON -DWLB_CUDA_BUILD_TESTS=ON -DWLB_CUDA_BUILD_BENCH=ON \
+  -DWLB_BUILD_CUDA=ON -DWLB_CUDA_SHARED=ON -DWLB_CUDA_BUILD_TESTS=ON -DWLB_CUDA_BUILD_BENCH=ON \
   -DWLB_CUDA_BUILD_EXAMPLES=ON -DWLB_CUDA_ARCHITECTURES=90 -DWLB_CUDA_PTXAS_VERBOSE=ON \
   "${extra[@]}" >"${build}/configure.log" 2>&1 \
   || { tail -30 "${build}/configure.log"; echo "prebuild.sh: configure failed" >&2; exit 1; }
@@ -91,7 +94,7 @@ provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread
   echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"
   echo "date $(date -u +%FT%TZ) on $(hostname)"
   echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
-  echo "CUDA architectures 90 (sm_90), Release; cudart static; binaries stripped (--strip-unneeded)"
+  echo "CUDA architectures 90 (sm_90), Release; wlb::cuda and cudart shared (carried in lib/); binaries and libwlb_cuda stripped (--strip-unneeded)"
 } >"${out}/MANIFEST"
 missing=0
 for bin in "${out}"/bin/*; do
@@ -112,6 +115,12 @@ for bin in "${out}"/bin/*; do
   done < <(ldd "${bin}")
 done
 [[ ${missing} -eq 0 ]] || exit 1
+# The library holding the kernels and the cuDNN frontend: stripped like the binaries, and its own
+# GLIBC/GLIBCXX needs recorded.
+strip --strip-unneeded "${out}"/lib/libwlb_cuda.so*
+for lib in "${out}"/lib/libwlb_cuda.so*; do
+  echo "$(basename "${lib}"): $(objdump -T "${lib}" | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1), $(objdump -T "${lib}" | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1)" >>"${out}/MANIFEST"
+done
 
 mix="${repo}/../shared/data/doc_lengths_wlbllm_like.json"
 if [[ -f "${mix}" ]]; then cp "${mix}" "${out}/data/"; fi
