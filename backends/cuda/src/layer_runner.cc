@@ -191,6 +191,11 @@ struct LayerRunner::State {
     p = static_cast<T*>(raw);
     return absl::OkStatus();
   }
+
+  // One of the planned GEMMs on this runner's handle, workspace and stream.
+  absl::Status RunGemm(GemmId id, const bf16* a, const bf16* b, const bf16* c, bf16* d) const {
+    return gemms[id].Run(handle, a, b, c, d, workspace, stream);
+  }
 };
 
 LayerRunner::LayerRunner(std::unique_ptr<State> state, LayerShape shape)
@@ -394,15 +399,12 @@ absl::Status LayerRunner::Forward() {
   if (!st.attention) return absl::FailedPreconditionError("LayerRunner::Forward before Plan");
   const int64_t t = st.tokens;
   const float eps = static_cast<float>(s.norm_eps);
-  auto gemm = [&](GemmId id, const bf16* a, const bf16* b, const bf16* c, bf16* d) {
-    return st.gemms[id].Run(st.handle, a, b, c, d, st.workspace, st.stream);
-  };
   WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events[0], st.stream));
   WLB_CUDA_RETURN_IF_ERROR(
       detail::LaunchRmsNormForward(st.x, st.norm1, st.a, st.rstd1, t, s.hidden, eps, st.stream));
-  if (absl::Status e = gemm(kQ, st.a, st.wq, nullptr, st.q); !e.ok()) return e;
-  if (absl::Status e = gemm(kK, st.a, st.wk, nullptr, st.k); !e.ok()) return e;
-  if (absl::Status e = gemm(kV, st.a, st.wv, nullptr, st.v); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kQ, st.a, st.wq, nullptr, st.q); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kK, st.a, st.wk, nullptr, st.k); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kV, st.a, st.wv, nullptr, st.v); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchRope(st.q, st.positions, t, s.heads, s.head_dim,
                                               s.rope_theta, false, st.stream));
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchRope(st.k, st.positions, t, s.kv_heads, s.head_dim,
@@ -416,12 +418,12 @@ absl::Status LayerRunner::Forward() {
   ft.lse = {st.lse, s.heads, t};
   if (absl::Status e = st.attention->Forward(ft, st.stream); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events[2], st.stream));
-  if (absl::Status e = gemm(kOut, st.o, st.wo, st.x, st.h); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kOut, st.o, st.wo, st.x, st.h); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(
       detail::LaunchRmsNormForward(st.h, st.norm2, st.b, st.rstd2, t, s.hidden, eps, st.stream));
-  if (absl::Status e = gemm(kGateUp, st.b, st.wgu, nullptr, st.gu); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kGateUp, st.b, st.wgu, nullptr, st.gu); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchSwiGluForward(st.gu, st.s, t, s.ffn, st.stream));
-  if (absl::Status e = gemm(kDown, st.s, st.wd, st.h, st.y); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDown, st.s, st.wd, st.h, st.y); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events[3], st.stream));
   st.forward_ran = true;
   st.backward_ran = false;
@@ -438,20 +440,17 @@ absl::Status LayerRunner::Backward() {
     return absl::FailedPreconditionError("LayerRunner::Backward needs a Forward since the Plan");
   }
   const int64_t t = st.tokens, hidden = s.hidden;
-  auto gemm = [&](GemmId id, const bf16* a, const bf16* b, const bf16* c, bf16* d) {
-    return st.gemms[id].Run(st.handle, a, b, c, d, st.workspace, st.stream);
-  };
   WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events[4], st.stream));
-  if (absl::Status e = gemm(kDWd, st.s, st.dy, nullptr, st.dwd); !e.ok()) return e;
-  if (absl::Status e = gemm(kDs, st.dy, st.wd, nullptr, st.ds); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWd, st.s, st.dy, nullptr, st.dwd); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDs, st.dy, st.wd, nullptr, st.ds); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchSwiGluBackward(st.gu, st.ds, st.dgu, t, s.ffn, st.stream));
-  if (absl::Status e = gemm(kDWgu, st.b, st.dgu, nullptr, st.dwgu); !e.ok()) return e;
-  if (absl::Status e = gemm(kDb, st.dgu, st.wgu, nullptr, st.db); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWgu, st.b, st.dgu, nullptr, st.dwgu); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDb, st.dgu, st.wgu, nullptr, st.db); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.dnorm2, 0, hidden * sizeof(float), st.stream));
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchRmsNormBackward(st.h, st.norm2, st.rstd2, st.db, st.dy,
                                                          st.dh, st.dnorm2, t, hidden, st.stream));
-  if (absl::Status e = gemm(kDWo, st.o, st.dh, nullptr, st.dwo); !e.ok()) return e;
-  if (absl::Status e = gemm(kDo, st.dh, st.wo, nullptr, st.dout); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWo, st.o, st.dh, nullptr, st.dwo); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDo, st.dh, st.wo, nullptr, st.dout); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(st.events[5], st.stream));
   BackwardTensors bt;
   bt.q = {st.q, t, s.heads, s.head_dim};
@@ -469,12 +468,12 @@ absl::Status LayerRunner::Backward() {
                                               s.rope_theta, true, st.stream));
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchRope(st.dk, st.positions, t, s.kv_heads, s.head_dim,
                                               s.rope_theta, true, st.stream));
-  if (absl::Status e = gemm(kDWq, st.a, st.dq, nullptr, st.dwq); !e.ok()) return e;
-  if (absl::Status e = gemm(kDWk, st.a, st.dk, nullptr, st.dwk); !e.ok()) return e;
-  if (absl::Status e = gemm(kDWv, st.a, st.dv, nullptr, st.dwv); !e.ok()) return e;
-  if (absl::Status e = gemm(kDaQ, st.dq, st.wq, nullptr, st.da); !e.ok()) return e;
-  if (absl::Status e = gemm(kDaK, st.dk, st.wk, st.da, st.da); !e.ok()) return e;
-  if (absl::Status e = gemm(kDaV, st.dv, st.wv, st.da, st.da); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWq, st.a, st.dq, nullptr, st.dwq); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWk, st.a, st.dk, nullptr, st.dwk); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDWv, st.a, st.dv, nullptr, st.dwv); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDaQ, st.dq, st.wq, nullptr, st.da); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDaK, st.dk, st.wk, st.da, st.da); !e.ok()) return e;
+  if (absl::Status e = st.RunGemm(kDaV, st.dv, st.wv, st.da, st.da); !e.ok()) return e;
   WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(st.dnorm1, 0, hidden * sizeof(float), st.stream));
   WLB_CUDA_RETURN_IF_ERROR(detail::LaunchRmsNormBackward(st.x, st.norm1, st.rstd1, st.da, st.dh,
                                                          st.dx, st.dnorm1, t, hidden, st.stream));
