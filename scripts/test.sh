@@ -2,9 +2,9 @@
 # Set-up + tests in one command: installs dependencies, builds everything (the CUDA backend too
 # when nvcc is found) and runs the whole ctest suite, then lists the tests that skipped and why
 # (GPU tests without a GPU, data tests without ../shared/data), then installs the Python package
-# into build/pyenv and runs pytest. Then two more builds of the planning library's tests (no CUDA,
-# bench or solver): one with clang++, one with AddressSanitizer and UndefinedBehaviorSanitizer,
-# which also replays the fuzz corpora (fuzz/corpus).
+# into build/pyenv (with PyTorch and the other test dependencies) and runs pytest. Then two more
+# builds of the planning library's tests (no CUDA, bench or solver): one with clang++, one with
+# AddressSanitizer and UndefinedBehaviorSanitizer, which also replays the fuzz corpora (fuzz/corpus).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -20,11 +20,10 @@ scripts/skipped_tests.py build
 
 echo "== Python package (pip install . into build/pyenv), pytest" >&2
 # pytest runs over the real extension (it also runs build/tools/wlb-plan and
-# build/test/packer_state_tool).
-python3 -m venv build/pyenv
-build/pyenv/bin/pip install --quiet --disable-pip-version-check \
-  "scikit-build-core>=0.10" "nanobind>=2.2" "numpy>=1.21" "pytest>=7"
-build/pyenv/bin/pip install --quiet --disable-pip-version-check --no-build-isolation .
+# build/test/packer_state_tool); PyTorch, pyarrow and hypothesis come from
+# python/requirements-test.txt, installed once per machine (scripts/python_env.sh), so the
+# torch and data-format tests run here instead of skipping.
+scripts/python_env.sh build
 pytest_status=0
 WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests -q -rs || pytest_status=$?
 if [ "$pytest_status" -eq 5 ]; then

@@ -1,21 +1,16 @@
-"""PyTorch data loading with wlb packing (torch is imported here only, never by ``import wlb``).
+"""``PackedDataset``: one item per training step, the step's N packed micro-batches.
 
-``PackedDataset`` turns a map-style dataset of token sequences into one item per training step:
-the step's N packed micro-batches, each with the documents' tokens concatenated (``input_ids``),
-positions restarting at 0 per document piece (``position_ids``) and ``cu_seqlens`` (int32), as
-FlashAttention's varlen functions and PyTorch take them. Its ``state_dict()`` /
-``load_state_dict()`` resume exactly where iteration stopped (torchdata's StatefulDataLoader
-calls them on the dataset), so a restart neither loses nor repeats a document.
+Each micro-batch holds the documents' tokens concatenated (``input_ids``), positions restarting at
+0 per document piece (``position_ids``) and ``cu_seqlens`` (int32), as FlashAttention's varlen
+functions and PyTorch take them. ``state_dict()`` / ``load_state_dict()`` resume exactly where
+iteration stopped (torchdata's StatefulDataLoader calls them on the dataset), so a restart neither
+loses nor repeats a document.
 
     ds = PackedDataset(token_sequences, packer=wlb.Packer("wlb", context=8192, micro_batches=4))
     loader = torch.utils.data.DataLoader(ds, batch_size=None)
     for step in loader:
         for mb in step["micro_batches"]:
             model(mb["input_ids"], position_ids=mb["position_ids"], cu_seqlens=mb["cu_seqlens"])
-
-The CP helpers apply a ``wlb.plan_shards`` plan to packed tensors: ``cp_slice`` gives a rank its
-rows, ``cp_pad`` pads them to the plan's ``rank_capacity`` for an all-gather, and ``cp_keys``
-picks the rank's key rows from the all-gathered K/V, in the order of its ``cu_seqlens_k``.
 """
 
 from __future__ import annotations
@@ -27,19 +22,11 @@ import numpy as np
 
 import wlb
 
-try:
-    import torch
-    from torch.utils.data import IterableDataset as _IterableDataset
-except ImportError:  # wlb works without torch; only this module's classes need it.
-    torch = None
-    _IterableDataset = object
+from ._common import require_torch, torch
+
+_IterableDataset = torch.utils.data.IterableDataset if torch is not None else object
 
 _STATE_VERSION = 1
-
-
-def _require_torch() -> None:
-    if torch is None:
-        raise ImportError("wlb.torch needs PyTorch (pip install torch); wlb itself does not")
 
 
 class PackedDataset(_IterableDataset):
@@ -57,7 +44,7 @@ class PackedDataset(_IterableDataset):
     """
 
     def __init__(self, dataset: Sequence[Any], packer: Optional[wlb.Packer] = None, **packer_args):
-        _require_torch()
+        require_torch()
         if packer is not None and packer_args:
             raise TypeError("give either a wlb.Packer or the arguments to build one, not both")
         self.dataset = dataset
@@ -202,56 +189,3 @@ class PackedDataset(_IterableDataset):
             "imbalance": step.imbalance,
             "micro_batches": micro_batches,
         }
-
-
-def cp_slice(packed: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int = 0) -> "torch.Tensor":
-    """The rows of a packed micro-batch tensor that CP rank ``rank`` holds, in its local order."""
-    _require_torch()
-    _check_rows(packed, plan.tokens, dim, "packed")
-    index = torch.from_numpy(plan[rank].token_indices).to(packed.device)
-    return packed.index_select(dim, index)
-
-
-def cp_pad(local: "torch.Tensor", plan: wlb.ShardPlan, dim: int = 0) -> "torch.Tensor":
-    """Pads a rank's rows with zeros to ``plan.rank_capacity`` (equal sizes for all_gather)."""
-    _require_torch()
-    missing = plan.rank_capacity - local.shape[dim]
-    if missing < 0:
-        raise ValueError(
-            f"local tensor has {local.shape[dim]} rows along dim {dim}, more than rank_capacity "
-            f"{plan.rank_capacity}"
-        )
-    shape = list(local.shape)
-    shape[dim] = missing
-    return torch.cat([local, local.new_zeros(shape)], dim=dim)
-
-
-def cp_keys(gathered: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int = 0) -> "torch.Tensor":
-    """Rank ``rank``'s key rows from the all-gathered tensor (cp_size x rank_capacity rows,
-    rank-major), in the order of its ``cu_seqlens_k``."""
-    _require_torch()
-    _check_rows(gathered, plan.cp_size * plan.rank_capacity, dim, "gathered")
-    index = torch.from_numpy(plan[rank].key_rows).to(gathered.device)
-    return gathered.index_select(dim, index)
-
-
-def cp_varlen_args(plan: wlb.ShardPlan, rank: int, device: Any = "cpu") -> Dict[str, Any]:
-    """Rank ``rank``'s varlen attention arguments: cu_seqlens_q/k (int32 tensors) and max lengths."""
-    _require_torch()
-    r = plan[rank]
-    return {
-        "cu_seqlens_q": torch.from_numpy(r.cu_seqlens_q).to(device),
-        "cu_seqlens_k": torch.from_numpy(r.cu_seqlens_k).to(device),
-        "max_seqlen_q": r.max_seqlen_q,
-        "max_seqlen_k": r.max_seqlen_k,
-    }
-
-
-def _check_rows(t: "torch.Tensor", rows: int, dim: int, what: str) -> None:
-    if t.dim() == 0 or t.shape[dim] != rows:
-        raise ValueError(
-            f"{what} tensor needs {rows} rows along dim {dim}, got shape {tuple(t.shape)}"
-        )
-
-
-__all__ = ["PackedDataset", "cp_keys", "cp_pad", "cp_slice", "cp_varlen_args"]
