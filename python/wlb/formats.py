@@ -134,11 +134,11 @@ class ArrowTokens(_TokenSource):
         table = _read_table(source)
         if column not in table.column_names:
             raise KeyError(f"no column {column!r}; the table has {table.column_names}")
-        self._load(table)
-        kind = self._tokens.type
+        kind = table.schema.field(column).type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
                 kind.value_type):
             raise TypeError(f"column {column!r} must hold lists of integer token ids, got {kind}")
+        self._load(table)
         lengths = pa.compute.list_value_length(self._tokens)
         if lengths.null_count:
             first = int(np.flatnonzero(lengths.is_null().to_numpy(zero_copy_only=False))[0])
