@@ -218,6 +218,39 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   EXPECT_THAT(table.out, HasSubstr("estimated speedup over Plain-4D"));
 }
 
+// --dp-assign sums the library's DP assignment (and round-robin) over the planned steps.
+TEST(WlbPlan, DpAssignIsTheLibrarysAssignment) {
+  Result r = RunPlan(
+      "--steps 6 --seed 5 --micro-batches 8 --format json --timing=false --estimate 8,2,4,2 "
+      "--dp-assign");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out)["summary"]["estimate"]["dp_assign"];
+  const PackerConfig config{
+      .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 8};
+  absl::StatusOr<std::vector<Document>> docs =
+      MakeDocuments(SampleDefaultLengths(6 * config.context * 8, 5), config.context);
+  ASSERT_TRUE(docs.ok());
+  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(*docs, config.context * 8);
+  if (arrivals.size() > 6) arrivals.resize(6);
+  const StepTimeModel model = *StepTimeModel::Create(
+      *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 2}));
+  auto packer = *MakePacker("wlb", config, *CostModelFromPreset("llama2-7b"),
+                            {.thresholds = DefaultThresholds(131072, 2)});
+  const PackRun run = *RunPacker(*packer, arrivals);
+  double assigned = 0.0, round_robin = 0.0;
+  for (const StepPlan& step : run.steps) {
+    const DpAssignment a = *AssignStepDpRanks(model, step, {});
+    assigned += a.step_seconds;
+    round_robin += a.round_robin_seconds;
+  }
+  EXPECT_NEAR(e["seconds"].get<double>(), assigned, 1e-9 * assigned);
+  EXPECT_NEAR(e["round_robin_seconds"].get<double>(), round_robin, 1e-9 * round_robin);
+  EXPECT_LE(assigned, round_robin);
+  Result table = RunPlan("--steps 4 --micro-batches 8 --estimate 8,2,4,2 --dp-assign");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("DP assignment by the 1F1B model (--dp-assign)"));
+}
+
 TEST(WlbPlan, NewerFlagsRunWhenTheyApply) {
   const std::vector<std::pair<std::string, std::string>> runs = {
       {"--packer wlb-lookahead --lookahead 2 --steps 6", "packer wlb-lookahead"},
@@ -293,6 +326,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,x", "", "'x' is not an integer"},
       {"--estimate 8,2,4,2", "", "needs --micro-batches = PP x DP = 8, got 4"},
       {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
+      {"--dp-assign", "", "--dp-assign is not used by this run"},
       {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
       {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in (0, 1000000]"},
       // Main's newer flags follow the same rules: limits, and no flag the run would not use.
