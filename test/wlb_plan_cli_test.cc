@@ -182,6 +182,17 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
   EXPECT_THAT(table.out, HasSubstr("CP imbalance (max/mean over ranks) in causal pairs"));
 }
 
+// The first `steps` steps wlb-plan plans from the default distribution with --seed `seed`.
+std::vector<std::vector<Document>> SampledSteps(const PackerConfig& config, int64_t steps,
+                                               uint64_t seed) {
+  const int64_t per_step = config.context * config.micro_batches;
+  std::vector<std::vector<Document>> arrivals =
+      *SplitIntoSteps(*MakeDocuments(SampleDefaultLengths(steps * per_step, seed), config.context),
+                      per_step);
+  if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(static_cast<size_t>(steps));
+  return arrivals;
+}
+
 // --estimate reports what the library's step-time model computes for the same stream.
 TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   Result r = RunPlan(
@@ -195,11 +206,7 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   const PackerConfig config{
       .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 4};
   const CostModel cost = *CostModelFromPreset("llama2-7b");
-  absl::StatusOr<std::vector<Document>> docs =
-      MakeDocuments(SampleDefaultLengths(8 * config.context * 4, 5), config.context);
-  ASSERT_TRUE(docs.ok());
-  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(*docs, config.context * 4);
-  if (arrivals.size() > 8) arrivals.resize(8);
+  const std::vector<std::vector<Document>> arrivals = SampledSteps(config, 8, 5);
   const StepTimeModel model = *StepTimeModel::Create(
       *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 1}));
   const auto seconds = [&](const std::string& name, ShardStrategy s) {
@@ -227,11 +234,7 @@ TEST(WlbPlan, DpAssignIsTheLibrarysAssignment) {
   const nlohmann::json e = nlohmann::json::parse(r.out)["summary"]["estimate"]["dp_assign"];
   const PackerConfig config{
       .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 8};
-  absl::StatusOr<std::vector<Document>> docs =
-      MakeDocuments(SampleDefaultLengths(6 * config.context * 8, 5), config.context);
-  ASSERT_TRUE(docs.ok());
-  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(*docs, config.context * 8);
-  if (arrivals.size() > 6) arrivals.resize(6);
+  const std::vector<std::vector<Document>> arrivals = SampledSteps(config, 6, 5);
   const StepTimeModel model = *StepTimeModel::Create(
       *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 2}));
   auto packer = *MakePacker("wlb", config, *CostModelFromPreset("llama2-7b"),
