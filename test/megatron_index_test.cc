@@ -3,10 +3,11 @@
 // damaged field rejected with a message naming it.
 #include "wlb/io/megatron_index.hpp"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 #include <random>
 #include <string>
 #include <vector>
@@ -68,19 +69,18 @@ TEST(MegatronIndexTest, ReadsRandomIndexes) {
     EXPECT_EQ(index->document_indices, starts);
     ASSERT_EQ(index->sequence_pointers.size(), lengths.size());
     if (!lengths.empty()) {
-      EXPECT_EQ(index->sequence_pointers.back() + lengths.back() * index->item_size,
-                [&] {
-                  int64_t total = 0;
-                  for (int32_t n : lengths) total += n;
-                  return total * index->item_size;
-                }());
+      EXPECT_EQ(index->sequence_pointers.back() + lengths.back() * index->item_size, [&] {
+        int64_t total = 0;
+        for (int32_t n : lengths) total += n;
+        return total * index->item_size;
+      }());
     }
   }
 }
 
 TEST(MegatronIndexTest, ReadLengthsFileReadsIdxFiles) {
-  const std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("wlb_megatron_" + std::to_string(::getpid()) + ".idx");
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("wlb_megatron_" + std::to_string(::getpid()) + ".idx");
   {
     std::ofstream f(path, std::ios::binary);
     const std::string bytes = IndexBytes({5, 19, 8}, {0, 2, 3});

@@ -184,11 +184,10 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
 
 // The first `steps` steps wlb-plan plans from the default distribution with --seed `seed`.
 std::vector<std::vector<Document>> SampledSteps(const PackerConfig& config, int64_t steps,
-                                               uint64_t seed) {
+                                                uint64_t seed) {
   const int64_t per_step = config.context * config.micro_batches;
-  std::vector<std::vector<Document>> arrivals =
-      *SplitIntoSteps(*MakeDocuments(SampleDefaultLengths(steps * per_step, seed), config.context),
-                      per_step);
+  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(
+      *MakeDocuments(SampleDefaultLengths(steps * per_step, seed), config.context), per_step);
   if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(static_cast<size_t>(steps));
   return arrivals;
 }

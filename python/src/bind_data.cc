@@ -28,7 +28,7 @@ template <typename T>
 T OrRaise(absl::StatusOr<T> value) {
   if (value.ok()) return *std::move(value);
   const absl::StatusCode code = value.status().code();
-  PyObject* type = code == absl::StatusCode::kNotFound     ? PyExc_FileNotFoundError
+  PyObject* type = code == absl::StatusCode::kNotFound          ? PyExc_FileNotFoundError
                    : code == absl::StatusCode::kInvalidArgument ? PyExc_ValueError
                                                                 : PyExc_OSError;
   PyErr_SetString(type, std::string(value.status().message()).c_str());
@@ -46,8 +46,7 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> Int64Array(std::vector<int64_t> val
 void BindData(nb::module_& m) {
   m.def(
       "assign_dp_ranks",
-      [](const std::vector<double>& forward, const std::vector<double>& backward, int pp,
-         int dp) {
+      [](const std::vector<double>& forward, const std::vector<double>& backward, int pp, int dp) {
         if (forward.size() != backward.size()) {
           OrRaise<int>(absl::InvalidArgumentError(
               absl::StrFormat("forward has %d micro-batches but backward has %d", forward.size(),
@@ -74,8 +73,8 @@ void BindData(nb::module_& m) {
       "'round_robin_seconds' (micro-batch k on rank k % dp)}.");
   m.def(
       "micro_batch_stage_times",
-      [](const std::vector<std::vector<int64_t>>& micro_batches, const std::string& model,
-         int tp, int cp, int pp, int dp, double gemm_tflops, const std::string& sharding) {
+      [](const std::vector<std::vector<int64_t>>& micro_batches, const std::string& model, int tp,
+         int cp, int pp, int dp, double gemm_tflops, const std::string& sharding) {
         const wlb::TransformerShape shape = OrRaise(wlb::FindTransformerShape(model));
         wlb::PipelineJob job = OrRaise(
             wlb::MakePipelineJob(shape, {.tp = tp, .cp = cp, .pp = pp, .dp = dp}, gemm_tflops));
@@ -86,12 +85,12 @@ void BindData(nb::module_& m) {
           wlb::MicroBatch mb;
           for (int64_t length : micro_batches[k]) {
             if (length < 1 || length > wlb::kMaxMaxTokens) {
-              OrRaise<int>(absl::InvalidArgumentError(absl::StrFormat(
-                  "micro-batch %d: document length %d is outside [1, %d]", k, length,
-                  wlb::kMaxMaxTokens)));
+              OrRaise<int>(absl::InvalidArgumentError(
+                  absl::StrFormat("micro-batch %d: document length %d is outside [1, %d]", k,
+                                  length, wlb::kMaxMaxTokens)));
             }
-            mb.documents.push_back({.id = static_cast<int64_t>(mb.documents.size()),
-                                    .length = length});
+            mb.documents.push_back(
+                {.id = static_cast<int64_t>(mb.documents.size()), .length = length});
             mb.tokens += length;
           }
           const wlb::StageTimes t =
@@ -101,8 +100,8 @@ void BindData(nb::module_& m) {
         }
         return std::make_pair(forward, backward);
       },
-      "micro_batches"_a, nb::kw_only(), "model"_a = "llama2-7b", "tp"_a = 1, "cp"_a = 1,
-      "pp"_a = 1, "dp"_a = 1, "gemm_tflops"_a = 500.0, "sharding"_a = "adaptive",
+      "micro_batches"_a, nb::kw_only(), "model"_a = "llama2-7b", "tp"_a = 1, "cp"_a = 1, "pp"_a = 1,
+      "dp"_a = 1, "gemm_tflops"_a = 500.0, "sharding"_a = "adaptive",
       "Per-stage (forward, backward) seconds of each micro-batch (a list of document lengths) "
       "under the 1F1B step-time model of a (TP, CP, PP, DP) job of a preset shape.");
   m.def(

@@ -57,8 +57,8 @@ inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
         absl::StrFormat("Megatron index %s: %s", QuoteForMessage(name, 256), what));
   };
   if (bytes.size() < kHeader) {
-    return error(absl::StrFormat("truncated: %d bytes, the header alone is %d", bytes.size(),
-                                 kHeader));
+    return error(
+        absl::StrFormat("truncated: %d bytes, the header alone is %d", bytes.size(), kHeader));
   }
   if (bytes.substr(0, 9) != kMegatronIndexMagic) {
     return error(absl::StrFormat("wrong magic %s (expected MMIDIDX\\x00\\x00)",
@@ -86,9 +86,8 @@ inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
     return error(absl::StrFormat("%d sequences, more than the limit of %d", sequences, kMaxPieces));
   }
   if (documents < 1 || documents > static_cast<uint64_t>(kMaxPieces) + 1) {
-    return error(absl::StrFormat(
-        "document count %d must be in [1, %d] (the indices start with 0)", documents,
-        kMaxPieces + 1));
+    return error(absl::StrFormat("document count %d must be in [1, %d] (the indices start with 0)",
+                                 documents, kMaxPieces + 1));
   }
   // Counts are bounded above, so these sizes cannot overflow.
   const size_t expected = kHeader + sequences * (4 + 8) + documents * 8;
@@ -98,8 +97,8 @@ inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
   }
   if (bytes.size() != expected && bytes.size() != expected + sequences) {
     return error(absl::StrFormat(
-        "%d bytes: %d sequences and %d documents need %d (or %d with sequence modes)",
-        bytes.size(), sequences, documents, expected, expected + sequences));
+        "%d bytes: %d sequences and %d documents need %d (or %d with sequence modes)", bytes.size(),
+        sequences, documents, expected, expected + sequences));
   }
   const size_t n = static_cast<size_t>(sequences);
   index.sequence_lengths.resize(n);

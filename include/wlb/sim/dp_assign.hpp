@@ -123,16 +123,14 @@ inline absl::StatusOr<DpAssignment> AssignDpRanks(std::span<const StageTimes> ti
   std::vector<std::vector<int>> round_robin(ranks);
   for (int k = 0; k < m; ++k) round_robin[static_cast<size_t>(k % dp)].push_back(k);
   for (const std::vector<int>& r : round_robin) {
-    out.round_robin_seconds =
-        std::max(out.round_robin_seconds, detail::RankMakespan(times, r, pp));
+    out.round_robin_seconds = std::max(out.round_robin_seconds, detail::RankMakespan(times, r, pp));
   }
 
   // Longest processing time first onto the least-loaded rank with a free slot.
   std::vector<int> by_work(static_cast<size_t>(m));
   std::iota(by_work.begin(), by_work.end(), 0);
-  std::stable_sort(by_work.begin(), by_work.end(), [&](int a, int b) {
-    return detail::Work(times[a]) > detail::Work(times[b]);
-  });
+  std::stable_sort(by_work.begin(), by_work.end(),
+                   [&](int a, int b) { return detail::Work(times[a]) > detail::Work(times[b]); });
   std::vector<std::vector<int>> greedy(ranks);
   std::vector<double> load(ranks, 0.0);
   for (int k : by_work) {

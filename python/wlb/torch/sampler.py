@@ -16,7 +16,8 @@ yields its PP micro-batches in that order.
 
 A yielded batch is a list of ``(document, offset, length)`` pieces (documents longer than S are cut
 into pieces of at most S tokens). An epoch is the documents in a seeded random order (``shuffle``),
-arriving N x S tokens per step as ``wlb.split_into_steps`` cuts them.
+arriving N x S tokens per step as ``wlb.split_into_steps`` cuts them; call ``set_epoch(e)`` before
+each epoch (as with ``DistributedSampler``), or every iteration replays the same order.
 
 Resume. ``state_dict()`` / ``load_state_dict()`` (torchdata's ``StatefulDataLoader`` calls them,
 workers or not) restore exactly: same PP and DP continue right after the last micro-batch given.
