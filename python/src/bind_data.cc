@@ -23,14 +23,17 @@ using namespace nb::literals;
 
 namespace {
 
-// A missing file is FileNotFoundError, an unreadable one OSError, any bad value ValueError.
+// Any bad value is ValueError; reading a file (`file`), a missing one is FileNotFoundError and
+// an unreadable one OSError.
 template <typename T>
-T OrRaise(absl::StatusOr<T> value) {
+T OrRaise(absl::StatusOr<T> value, bool file = false) {
   if (value.ok()) return *std::move(value);
   const absl::StatusCode code = value.status().code();
-  PyObject* type = code == absl::StatusCode::kNotFound          ? PyExc_FileNotFoundError
-                   : code == absl::StatusCode::kInvalidArgument ? PyExc_ValueError
-                                                                : PyExc_OSError;
+  PyObject* type = PyExc_ValueError;
+  if (file && code == absl::StatusCode::kNotFound) type = PyExc_FileNotFoundError;
+  if (file && code != absl::StatusCode::kNotFound && code != absl::StatusCode::kInvalidArgument) {
+    type = PyExc_OSError;
+  }
   PyErr_SetString(type, std::string(value.status().message()).c_str());
   throw nb::python_error();
 }
@@ -107,7 +110,7 @@ void BindData(nb::module_& m) {
   m.def(
       "read_megatron_index",
       [](const std::string& path) {
-        wlb::MegatronIndex index = OrRaise(wlb::ReadMegatronIndex(path));
+        wlb::MegatronIndex index = OrRaise(wlb::ReadMegatronIndex(path), /*file=*/true);
         nb::dict d;
         d["dtype_code"] = index.dtype_code;
         d["item_size"] = index.item_size;

@@ -139,6 +139,23 @@ def test_round_robin_assignment_and_bad_arguments():
         PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT).load_state_dict({})
 
 
+def test_dp_assignment_bindings():
+    a = wlb.assign_dp_ranks([10, 1, 10, 1], [20, 2, 20, 2], 2, 2)
+    assert a["round_robin_seconds"] == 90.0  # both heavy micro-batches on rank 0
+    assert a["step_seconds"] < 90.0 and sorted(map(len, a["ranks"])) == [2, 2]
+    assert [sorted(k % 2 for k in r) for r in a["ranks"]] == [[0, 1], [0, 1]]
+    with pytest.raises(ValueError, match="forward has 1 micro-batches but backward has 2"):
+        wlb.assign_dp_ranks([1.0], [1.0, 2.0], 1, 1)
+    with pytest.raises(ValueError, match="3 micro-batches cannot be split evenly over DP = 2"):
+        wlb.assign_dp_ranks([1.0] * 3, [1.0] * 3, 1, 2)
+    with pytest.raises(ValueError, match="micro-batch 1: document length 0"):
+        wlb.micro_batch_stage_times([[5], [0]])
+    with pytest.raises(ValueError, match="unknown cost preset 'gpt-9'"):
+        wlb.micro_batch_stage_times([[5]], model="gpt-9")
+    forward, backward = wlb.micro_batch_stage_times([[4096], [4096, 4096], []], pp=2)
+    assert forward[1] > forward[0] > 0 and forward[2] == 0.0 and backward[0] > forward[0]
+
+
 # ---- resume ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -223,6 +240,8 @@ def test_megatron_indexed_dataset(tmp_path):
         tokens = np.concatenate([docs[d][o:o + n] for d, o, n in pieces])
         assert batch["input_ids"].tolist() == tokens.tolist()
 
+    with pytest.raises(FileNotFoundError, match="cannot open Megatron index"):
+        MegatronTokens(str(tmp_path / "missing"))
     write_megatron(prefix, docs, dtype=np.int32, code=4)
     assert MegatronTokens(prefix)[3].tolist() == docs[3].tolist()
     for kwargs, message in (({"magic": b"MMIDIDX\x00\x01"}, "wrong magic"),
