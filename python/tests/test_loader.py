@@ -6,12 +6,14 @@ PyTorch, torchdata and pyarrow are test dependencies (scripts/python_env.sh): no
 import json
 import os
 import struct
+import subprocess
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import binary
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import wlb
@@ -261,6 +263,21 @@ def test_megatron_indexed_dataset(tmp_path):
         MegatronTokens(prefix)
 
 
+def test_wlb_plan_reads_megatron_index(tmp_path):
+    exe = binary("tools/wlb-plan")
+    lengths, docs = corpus(8, count=120)
+    write_megatron(str(tmp_path / "c"), docs)
+    out = subprocess.run([str(exe), f"--docs={tmp_path / 'c.idx'}", f"--context={CONTEXT}",
+                          "--micro-batches=4", "--format=json", "--timing=false"],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    summary = json.loads(out)["summary"]
+    assert summary["documents"] == 120 and summary["tokens"] == int(lengths.sum())
+    (tmp_path / "bad.idx").write_bytes(b"MMIDIDX\x00\x00" + struct.pack("<Q", 3) + bytes(17))
+    done = subprocess.run([str(exe), f"--docs={tmp_path / 'bad.idx'}"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "unsupported version 3" in done.stderr
+
+
 def test_arrow_parquet_jsonl_and_dataset_like(tmp_path):
     lengths, docs = corpus(7, count=50)
     table = pa.table({"input_ids": pa.array([d.tolist() for d in docs], pa.list_(pa.int32())),
@@ -301,5 +318,9 @@ def test_arrow_parquet_jsonl_and_dataset_like(tmp_path):
         f.write('{"length": 3}\n{"length": 0}\n')
     with pytest.raises(ValueError, match="line 2 has length 0"):
         jsonl_lengths(tmp_path / "bad.jsonl")
+    shuffled = DatasetLike()
+    shuffled._indices = pa.table({"indices": pa.array([1, 0], pa.uint64())})
+    with pytest.raises(ValueError, match="indices mapping"):
+        ArrowTokens(shuffled)
     with pytest.raises(ValueError, match="cannot tell the format"):
         ArrowTokens(str(tmp_path / "c.txt"))

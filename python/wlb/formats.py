@@ -102,6 +102,9 @@ def _read_table(source: Any):
         return source
     data = getattr(source, "data", None)  # datasets.Dataset: .data is a datasets.table.Table
     if data is not None:
+        if getattr(source, "_indices", None) is not None:  # rows are data.take(indices)
+            raise ValueError("this Dataset has an indices mapping (after select, shuffle, ...) that "
+                             "its .data table does not apply; call .flatten_indices() first")
         table = getattr(data, "table", data)
         if isinstance(table, pa.Table):
             return table
