@@ -125,6 +125,16 @@ TEST(AssignDpRanksTest, PlannedStepThroughTheModel) {
   EXPECT_GT(steps, 0);
 }
 
+TEST(AssignDpRanksTest, LargeStepsStayWithinTheSearchBudget) {
+  std::mt19937_64 rng(3);
+  const std::vector<StageTimes> times = RandomTimes(rng, 512);
+  absl::StatusOr<DpAssignment> a = AssignDpRanks(times, /*pp=*/64, /*dp=*/4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_LE(a->step_seconds, a->round_robin_seconds);
+  EXPECT_DOUBLE_EQ(a->step_seconds, SlowestRank(times, *a, 64));
+  for (const std::vector<int>& rank : a->ranks) EXPECT_EQ(rank.size(), 128u);
+}
+
 TEST(AssignDpRanksTest, BadInputsAreErrorsNamingTheValue) {
   const std::vector<StageTimes> times(6, StageTimes{1, 2});
   EXPECT_THAT(AssignDpRanks(times, 0, 2).status().message(), HasSubstr("got PP 0"));

@@ -18,7 +18,8 @@
 // the run order inside a rank is the best 1F1B makespan over ascending, descending and
 // index order, improved by adjacent swaps (a 1F1B pipeline's warm-up and drain expose the first
 // and last micro-batches). Round-robin, reordered the same way, is a candidate too, so the result
-// is never slower than round-robin under the model.
+// is never slower than round-robin under the model. The optional search stops after
+// kDpSearchBudget simulated stage operations (only huge PP x M reach it).
 #pragma once
 
 #include <algorithm>
@@ -54,9 +55,18 @@ inline double RankMakespan(std::span<const StageTimes> times, const std::vector<
 
 inline double Work(const StageTimes& t) { return t.forward + t.backward; }
 
-// Reorders `order` (one rank's micro-batches) to a short 1F1B makespan; returns it.
+// Stage operations the optional search (adjacent-swap polishing, swaps between ranks) may
+// simulate per assignment: a bound on time for huge PP x M, never reached at usual sizes, and a
+// count, not a clock, so results stay deterministic.
+inline constexpr int64_t kDpSearchBudget = int64_t{1} << 26;
+
+// Cost of one simulation of `m` micro-batches on `pp` stages, in stage operations.
+inline int64_t SimulationCost(size_t m, int pp) { return 2 * static_cast<int64_t>(m) * pp; }
+
+// Reorders `order` (one rank's micro-batches) to a short 1F1B makespan; returns it. With a
+// `polish_budget`, adjacent swaps improve the best of the three orders while the budget lasts.
 inline double OrderRank(std::span<const StageTimes> times, std::vector<int>& order, int pp,
-                        bool polish) {
+                        int64_t* polish_budget) {
   std::vector<int> by_index = order;
   std::sort(by_index.begin(), by_index.end());
   std::vector<int> ascending = by_index;
@@ -72,10 +82,11 @@ inline double OrderRank(std::span<const StageTimes> times, std::vector<int>& ord
     if (t < best) best = t, order = *candidate;
   }
   // Adjacent swaps while they help (at most 8 passes); each accepted swap lowers the makespan.
-  bool improved = polish;
+  bool improved = polish_budget != nullptr;
   for (int pass = 0; improved && pass < 8; ++pass) {
     improved = false;
-    for (size_t i = 0; i + 1 < order.size(); ++i) {
+    for (size_t i = 0; i + 1 < order.size() && *polish_budget > 0; ++i) {
+      *polish_budget -= SimulationCost(order.size(), pp);
       std::swap(order[i], order[i + 1]);
       const double t = RankMakespan(times, order, pp);
       if (t < best) {
@@ -91,9 +102,9 @@ inline double OrderRank(std::span<const StageTimes> times, std::vector<int>& ord
 
 // Orders every rank (polished) and returns the slowest rank's makespan.
 inline double OrderAll(std::span<const StageTimes> times, std::vector<std::vector<int>>& ranks,
-                       int pp) {
+                       int pp, int64_t& budget) {
   double slowest = 0.0;
-  for (std::vector<int>& r : ranks) slowest = std::max(slowest, OrderRank(times, r, pp, true));
+  for (std::vector<int>& r : ranks) slowest = std::max(slowest, OrderRank(times, r, pp, &budget));
   return slowest;
 }
 
@@ -145,19 +156,22 @@ inline absl::StatusOr<DpAssignment> AssignDpRanks(std::span<const StageTimes> ti
   // Swaps between the slowest rank and another while the pair's slower makespan drops.
   std::vector<double> span(ranks);
   for (size_t r = 0; r < ranks; ++r) {
-    span[r] = detail::OrderRank(times, greedy[r], pp, false);
+    span[r] = detail::OrderRank(times, greedy[r], pp, nullptr);
   }
-  for (int round = 0; round < 4 * m; ++round) {
+  int64_t budget = detail::kDpSearchBudget;
+  const int64_t attempt_cost = 6 * detail::SimulationCost(per_rank, pp);  // 3 orders x 2 ranks
+  for (int round = 0; round < 4 * m && budget > 0; ++round) {
     const size_t a = static_cast<size_t>(std::max_element(span.begin(), span.end()) - span.begin());
     bool swapped = false;
     for (size_t b = 0; b < ranks && !swapped; ++b) {
       if (b == a) continue;
       for (size_t i = 0; i < greedy[a].size() && !swapped; ++i) {
-        for (size_t j = 0; j < greedy[b].size() && !swapped; ++j) {
+        for (size_t j = 0; j < greedy[b].size() && !swapped && budget > 0; ++j) {
+          budget -= attempt_cost;
           std::vector<int> ra = greedy[a], rb = greedy[b];
           std::swap(ra[i], rb[j]);
-          const double ta = detail::OrderRank(times, ra, pp, false);
-          const double tb = detail::OrderRank(times, rb, pp, false);
+          const double ta = detail::OrderRank(times, ra, pp, nullptr);
+          const double tb = detail::OrderRank(times, rb, pp, nullptr);
           if (std::max(ta, tb) < span[a]) {
             greedy[a] = std::move(ra), greedy[b] = std::move(rb);
             span[a] = ta, span[b] = tb;
@@ -169,8 +183,11 @@ inline absl::StatusOr<DpAssignment> AssignDpRanks(std::span<const StageTimes> ti
     if (!swapped) break;
   }
 
-  const double greedy_seconds = detail::OrderAll(times, greedy, pp);
-  const double reordered_rr_seconds = detail::OrderAll(times, round_robin, pp);
+  // Both candidates get the same polishing budget, so round-robin is never polished less.
+  int64_t greedy_budget = std::max<int64_t>(budget, detail::kDpSearchBudget / 2);
+  int64_t round_robin_budget = greedy_budget;
+  const double greedy_seconds = detail::OrderAll(times, greedy, pp, greedy_budget);
+  const double reordered_rr_seconds = detail::OrderAll(times, round_robin, pp, round_robin_budget);
   if (greedy_seconds <= reordered_rr_seconds) {
     out.ranks = std::move(greedy);
     out.step_seconds = greedy_seconds;
