@@ -137,6 +137,12 @@ def test_round_robin_assignment_and_bad_arguments():
     with pytest.raises(ValueError, match="PP 4; this sampler has context 512 and PP 2"):
         PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT).load_state_dict(
             PackedBatchSampler(lengths, pp=4, dp=1, rank=0, context=CONTEXT).state_dict())
+    with pytest.raises(ValueError, match="'seed': 3.*'seed': 0"):
+        PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT).load_state_dict(
+            PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT, seed=3).state_dict())
+    with pytest.raises(ValueError, match="'documents': 239"):
+        PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT).load_state_dict(
+            PackedBatchSampler(lengths[1:], pp=2, dp=1, rank=0, context=CONTEXT).state_dict())
     with pytest.raises(ValueError, match="version 1"):
         PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT).load_state_dict({})
 

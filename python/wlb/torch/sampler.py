@@ -100,6 +100,11 @@ class PackedBatchSampler:
         self._state: Dict[str, Any] = self._start_state(self.epoch)
         self._live: Optional[Dict[str, Any]] = None
 
+    def _corpus(self) -> Dict[str, Any]:
+        """What a state must agree on to resume: the documents, their order and the packer."""
+        return {"documents": len(self.lengths), "tokens": int(self.lengths.sum()),
+                "seed": self.seed, "shuffle": self.shuffle, "packer": self._packer_args["name"]}
+
     @property
     def micro_batches(self) -> int:
         return self.pp * self.dp
@@ -112,7 +117,8 @@ class PackedBatchSampler:
 
     def _start_state(self, epoch: int) -> Dict[str, Any]:
         return {"version": _STATE_VERSION, "epoch": epoch, "pp": self.pp, "dp": self.dp,
-                "context": self._packer_args["context"], "steps": 0, "packer": None,
+                "context": self._packer_args["context"], "corpus": self._corpus(), "steps": 0,
+                "packer": None,
                 "consumed": 0, "queued": _join([]), "step_in_push": 0, "micro_batch": 0}
 
     # ---- planning -----------------------------------------------------------------------------
@@ -192,7 +198,7 @@ class PackedBatchSampler:
         done = given == per_rank  # this rank finished the step (every rank has, in lockstep)
         self._state = {
             "version": _STATE_VERSION, "epoch": live["epoch"], "pp": self.pp, "dp": self.dp,
-            "context": self._packer_args["context"],
+            "context": self._packer_args["context"], "corpus": self._corpus(),
             "steps": live["steps"] + (1 if done else 0),
             # Exact resume (same PP, DP): redo the push, skip what was given.
             "packer": live["before"]["packer"], "consumed": live["before"]["consumed"],
@@ -226,6 +232,9 @@ class PackedBatchSampler:
             raise ValueError(f"the state was saved with context {state['context']} and PP "
                              f"{state['pp']}; this sampler has context "
                              f"{self._packer_args['context']} and PP {self.pp} (only DP may change)")
+        if state.get("corpus") != self._corpus():
+            raise ValueError(f"the state was saved for {state.get('corpus')}; this sampler has "
+                             f"{self._corpus()}")
         state = copy.deepcopy(state)
         if state["dp"] != self.dp and "elastic_queued" in state:
             state.update(packer=None, consumed=state["elastic_consumed"],
