@@ -308,6 +308,11 @@ def test_arrow_parquet_jsonl_and_dataset_like(tmp_path):
         assert tokens.lengths.tolist() == lengths.tolist(), source
         assert all(tokens[i].tolist() == docs[i].tolist() for i in (0, 17, 49)), source
     assert jsonl_lengths(tmp_path / "c.jsonl").tolist() == lengths.tolist()
+    rechunked = pa.concat_tables([table.slice(3, 10), table.slice(20, 15)])  # sliced chunks
+    tokens = ArrowTokens(rechunked)
+    expected = docs[3:13] + docs[20:35]
+    assert tokens.lengths.tolist() == [len(d) for d in expected]
+    assert all(tokens[i].tolist() == expected[i].tolist() for i in range(len(expected)))
 
     parquet = ArrowTokens(tmp_path / "c.parquet")  # reopened in the workers
     batches = list(loader(parquet, PackedBatchSampler(parquet.lengths, pp=1, dp=1, rank=0,

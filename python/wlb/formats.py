@@ -141,30 +141,35 @@ class ArrowTokens(_TokenSource):
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
                 kind.value_type):
             raise TypeError(f"column {column!r} must hold lists of integer token ids, got {kind}")
-        self._load(table)
-        lengths = pa.compute.list_value_length(self._tokens)
+        column_data = table.column(column)
+        lengths = pa.compute.list_value_length(column_data)
         if lengths.null_count:
             first = int(np.flatnonzero(lengths.is_null().to_numpy(zero_copy_only=False))[0])
             raise ValueError(f"column {column!r}: document {first} is null")
         self.lengths = lengths.to_numpy().astype(np.int64)
+        self._load(table)
 
     def _load(self, table) -> None:
-        self._tokens = table.column(self.column).combine_chunks()
-        self._offsets = self._tokens.offsets.to_numpy()
-        self._values = self._tokens.values.to_numpy(zero_copy_only=False)
+        # Chunk by chunk, zero-copy where Arrow allows (a memory-mapped file stays mapped).
+        chunks = table.column(self.column).chunks
+        self._chunk_rows = np.cumsum([0] + [len(c) for c in chunks]).astype(np.int64)
+        self._offsets = [c.offsets.to_numpy() for c in chunks]  # the chunk's slice applied
+        self._values = [c.values.to_numpy(zero_copy_only=False) for c in chunks]
 
     def __getstate__(self):
         state = dict(self.__dict__)
         if self._path is not None:  # workers reread the file (memory-mapped where it can be)
-            for key in ("_tokens", "_offsets", "_values"):
+            for key in ("_chunk_rows", "_offsets", "_values"):
                 state[key] = None
         return state
 
     def _tokens_of(self, index: int) -> np.ndarray:
         if self._values is None:
             self._load(_read_table(self._path))
-        start, end = int(self._offsets[index]), int(self._offsets[index + 1])
-        return self._values[start:end].astype(np.int64, copy=False)
+        chunk = int(np.searchsorted(self._chunk_rows, index, side="right")) - 1
+        row = index - int(self._chunk_rows[chunk])
+        offsets = self._offsets[chunk]
+        return self._values[chunk][offsets[row]:offsets[row + 1]].astype(np.int64, copy=False)
 
 
 def jsonl_lengths(path: str, field: str = "length") -> np.ndarray:
