@@ -3,7 +3,8 @@
 Each source gives ``lengths`` (int64 numpy array, one entry per document, read without a Python
 loop per document) and ``source[i]`` (document i's token ids, a 1-D numpy array), so it drops into
 ``wlb.torch.PackedBatchSampler(source.lengths, ...)`` and a ``DataLoader(source, ...)``. Sources
-reopen their files lazily in each DataLoader worker (pickling carries the path, not the data).
+reopen their files lazily in each DataLoader worker when pickled to it (spawn: the path travels,
+not the data; fork shares the parent's memory).
 
 - ``MegatronTokens(prefix)``: a Megatron-LM indexed dataset ``prefix.idx`` / ``prefix.bin``; the
   ``.idx`` is parsed by the C++ reader (``wlb.read_megatron_index``, the same one behind
