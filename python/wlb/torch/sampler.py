@@ -95,6 +95,8 @@ class PackedBatchSampler:
         packer_args.setdefault("cost", model)
         self._packer_args = dict(packer_args, name=packer, context=context, micro_batches=pp * dp)
         wlb.Packer(**self._packer_args)  # bad packer arguments fail here, not in the loader
+        self._corpus_key = {"documents": len(self.lengths), "tokens": int(self.lengths.sum()),
+                            "seed": seed, "shuffle": shuffle, "packer": packer}
         self.epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
         self._state: Dict[str, Any] = self._start_state(self.epoch)
@@ -102,8 +104,7 @@ class PackedBatchSampler:
 
     def _corpus(self) -> Dict[str, Any]:
         """What a state must agree on to resume: the documents, their order and the packer."""
-        return {"documents": len(self.lengths), "tokens": int(self.lengths.sum()),
-                "seed": self.seed, "shuffle": self.shuffle, "packer": self._packer_args["name"]}
+        return dict(self._corpus_key)
 
     @property
     def micro_batches(self) -> int:
