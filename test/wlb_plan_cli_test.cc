@@ -182,6 +182,16 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
   EXPECT_THAT(table.out, HasSubstr("CP imbalance (max/mean over ranks) in causal pairs"));
 }
 
+// The first `steps` steps wlb-plan plans from the default distribution with --seed `seed`.
+std::vector<std::vector<Document>> SampledSteps(const PackerConfig& config, int64_t steps,
+                                                uint64_t seed) {
+  const int64_t per_step = config.context * config.micro_batches;
+  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(
+      *MakeDocuments(SampleDefaultLengths(steps * per_step, seed), config.context), per_step);
+  if (static_cast<int64_t>(arrivals.size()) > steps) arrivals.resize(static_cast<size_t>(steps));
+  return arrivals;
+}
+
 // --estimate reports what the library's step-time model computes for the same stream.
 TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   Result r = RunPlan(
@@ -195,11 +205,7 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   const PackerConfig config{
       .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 4};
   const CostModel cost = *CostModelFromPreset("llama2-7b");
-  absl::StatusOr<std::vector<Document>> docs =
-      MakeDocuments(SampleDefaultLengths(8 * config.context * 4, 5), config.context);
-  ASSERT_TRUE(docs.ok());
-  std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(*docs, config.context * 4);
-  if (arrivals.size() > 8) arrivals.resize(8);
+  const std::vector<std::vector<Document>> arrivals = SampledSteps(config, 8, 5);
   const StepTimeModel model = *StepTimeModel::Create(
       *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 1}));
   const auto seconds = [&](const std::string& name, ShardStrategy s) {
@@ -216,6 +222,35 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
   Result table = RunPlan("--steps 4 --estimate 8,2,4,1");
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("estimated speedup over Plain-4D"));
+}
+
+// --dp-assign sums the library's DP assignment (and round-robin) over the planned steps.
+TEST(WlbPlan, DpAssignIsTheLibrarysAssignment) {
+  Result r = RunPlan(
+      "--steps 6 --seed 5 --micro-batches 8 --format json --timing=false --estimate 8,2,4,2 "
+      "--dp-assign");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json e = nlohmann::json::parse(r.out)["summary"]["estimate"]["dp_assign"];
+  const PackerConfig config{
+      .context = 131072, .max_tokens = DefaultMaxTokens(131072), .micro_batches = 8};
+  const std::vector<std::vector<Document>> arrivals = SampledSteps(config, 6, 5);
+  const StepTimeModel model = *StepTimeModel::Create(
+      *MakePipelineJob(*FindTransformerShape("llama2-7b"), {.tp = 8, .cp = 2, .pp = 4, .dp = 2}));
+  auto packer = *MakePacker("wlb", config, *CostModelFromPreset("llama2-7b"),
+                            {.thresholds = DefaultThresholds(131072, 2)});
+  const PackRun run = *RunPacker(*packer, arrivals);
+  double assigned = 0.0, round_robin = 0.0;
+  for (const StepPlan& step : run.steps) {
+    const DpAssignment a = *AssignStepDpRanks(model, step, {});
+    assigned += a.step_seconds;
+    round_robin += a.round_robin_seconds;
+  }
+  EXPECT_NEAR(e["seconds"].get<double>(), assigned, 1e-9 * assigned);
+  EXPECT_NEAR(e["round_robin_seconds"].get<double>(), round_robin, 1e-9 * round_robin);
+  EXPECT_LE(assigned, round_robin);
+  Result table = RunPlan("--steps 4 --micro-batches 8 --estimate 8,2,4,2 --dp-assign");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("DP assignment by the 1F1B model (--dp-assign)"));
 }
 
 TEST(WlbPlan, NewerFlagsRunWhenTheyApply) {
@@ -293,6 +328,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,x", "", "'x' is not an integer"},
       {"--estimate 8,2,4,2", "", "needs --micro-batches = PP x DP = 8, got 4"},
       {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
+      {"--dp-assign", "", "--dp-assign is not used by this run"},
       {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
       {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in (0, 1000000]"},
       // Main's newer flags follow the same rules: limits, and no flag the run would not use.

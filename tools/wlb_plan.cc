@@ -81,6 +81,9 @@ ABSL_FLAG(std::string, estimate, "",
           "preset --cost and --micro-batches = PP x DP; CP shards with --sharding");
 ABSL_FLAG(double, gemm_tflops, 500.0,
           "--estimate: achieved GEMM TFLOP/s per GPU for the linear part (> 0)");
+ABSL_FLAG(bool, dp_assign, false,
+          "with --estimate: also place each step's micro-batches on the DP ranks by the 1F1B "
+          "model (wlb/sim/dp_assign.hpp) and report the step time against round-robin");
 ABSL_FLAG(std::string, format, "table", "table or json");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
@@ -94,7 +97,7 @@ constexpr const char* kFlagNames[] = {
     "docs",   "distribution", "context", "max_tokens", "micro_batches",  "packer",   "lookahead",
     "window", "thresholds",   "queues",  "tune",       "delay_budget",   "cost",     "profile_cost",
     "seed",   "steps",        "cp",      "sharding",   "kernel_profile", "estimate", "gemm_tflops",
-    "format", "out",          "timing",  "compare"};
+    "format", "out",          "timing",  "compare",    "dp_assign"};
 constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
 
 // The flags given on the command line (set by ParseArgs).
@@ -190,6 +193,10 @@ struct Estimate {
   double seconds = 0.0;           // the chosen packer with --sharding
   double baseline_seconds = 0.0;  // original packing, per-seq CP
   int64_t steps = 0;
+  // --dp-assign: the chosen packer's steps with micro-batches placed on DP ranks by the model,
+  // and with micro-batch k on rank k % DP.
+  std::optional<double> dp_assigned_seconds;
+  double dp_round_robin_seconds = 0.0;
 };
 
 absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy strategy,
@@ -202,6 +209,15 @@ absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy
   if (!b.ok()) return b.status();
   e.seconds = *t;
   e.baseline_seconds = *b;
+  if (absl::GetFlag(FLAGS_dp_assign)) {
+    e.dp_assigned_seconds = 0.0;
+    for (const StepPlan& step : planned.run.steps) {
+      absl::StatusOr<DpAssignment> a = AssignStepDpRanks(model, step, {.candidates = {strategy}});
+      if (!a.ok()) return a.status();
+      *e.dp_assigned_seconds += a->step_seconds;
+      e.dp_round_robin_seconds += a->round_robin_seconds;
+    }
+  }
   return e;
 }
 
@@ -509,6 +525,8 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     s.estimate = *sizes;
   } else if (Given("gemm_tflops")) {
     return Unused("gemm-tflops", "it applies to --estimate, which is not given");
+  } else if (absl::GetFlag(FLAGS_dp_assign)) {
+    return Unused("dp-assign", "it applies to --estimate, which is not given");
   }
   s.cp_size = absl::GetFlag(FLAGS_cp);
   if (s.cp_size == -1 && !Given("cp")) {
@@ -656,6 +674,12 @@ absl::Status Run() {
           {"baseline_seconds", estimate->baseline_seconds},
           {"speedup", estimate->baseline_seconds / estimate->seconds},
       };
+      if (estimate->dp_assigned_seconds) {
+        summary["estimate"]["dp_assign"] = {
+            {"seconds", *estimate->dp_assigned_seconds},
+            {"round_robin_seconds", estimate->dp_round_robin_seconds},
+            {"speedup", estimate->dp_round_robin_seconds / *estimate->dp_assigned_seconds}};
+      }
     }
     summary["packer"] = packer;
     summary["context"] = config.context;
@@ -731,6 +755,15 @@ absl::Status Run() {
         absl::GetFlag(FLAGS_gemm_tflops), packer, absl::GetFlag(FLAGS_sharding),
         e.seconds / static_cast<double>(std::max<int64_t>(1, e.steps)), e.seconds,
         e.baseline_seconds, e.baseline_seconds / e.seconds);
+    if (e.dp_assigned_seconds) {
+      absl::StrAppendFormat(
+          &out,
+          "DP assignment by the 1F1B model (--dp-assign): %.3f s per step, %.1f s in all; "
+          "round-robin (micro-batch k on DP rank k %% DP): %.1f s in all; speedup %.3fx\n",
+          *e.dp_assigned_seconds / static_cast<double>(std::max<int64_t>(1, e.steps)),
+          *e.dp_assigned_seconds, e.dp_round_robin_seconds,
+          e.dp_round_robin_seconds / *e.dp_assigned_seconds);
+    }
   }
   return WriteOutput(out);
 }

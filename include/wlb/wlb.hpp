@@ -9,6 +9,7 @@
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/input.hpp"
 #include "wlb/io/lengths.hpp"
+#include "wlb/io/megatron_index.hpp"
 #include "wlb/io/plan_json.hpp"
 #include "wlb/io/profile.hpp"
 #include "wlb/metrics/imbalance.hpp"
@@ -27,4 +28,5 @@
 #include "wlb/shard/shard_maps.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/sim/dp_assign.hpp"
 #include "wlb/sim/step_time.hpp"

@@ -29,6 +29,8 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+void BindData(nb::module_& m);  // bind_data.cc
+
 namespace {
 
 // ---- errors -------------------------------------------------------------------------------
@@ -1073,4 +1075,6 @@ NB_MODULE(_wlb, m) {
               "ShardPlan"),
       "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: "
       "per-seq, per-doc, adaptive or hybrid.");
+
+  BindData(m);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "wlb/core/limits.hpp"
+#include "wlb/io/megatron_index.hpp"
 #include "wlb/io/read_file.hpp"
 
 namespace wlb {
@@ -142,8 +144,14 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
 }
 
 // Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
-// the checks on the file itself).
+// the checks on the file itself). A path ending in ".idx" is a Megatron-LM index: its sequence
+// lengths (megatron_index.hpp).
 inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
+  if (path.size() > 4 && path.ends_with(".idx")) {
+    absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path);
+    if (!index.ok()) return index.status();
+    return std::move(index->sequence_lengths);
+  }
   absl::StatusOr<std::string> text = ReadInputFile(path, "lengths file");
   if (!text.ok()) return text.status();
   return ParseLengths(*text, path == "-" ? "<stdin>" : absl::CHexEscape(path));

@@ -1,0 +1,193 @@
+"""Token corpora on disk: document lengths for planning, token ids for the collate function.
+
+Each source gives ``lengths`` (int64 numpy array, one entry per document, read without a Python
+loop per document) and ``source[i]`` (document i's token ids, a 1-D numpy array), so it drops into
+``wlb.torch.PackedBatchSampler(source.lengths, ...)`` and a ``DataLoader(source, ...)``. Sources
+reopen their files lazily in each DataLoader worker when pickled to it (spawn: the path travels,
+not the data; fork shares the parent's memory).
+
+- ``MegatronTokens(prefix)``: a Megatron-LM indexed dataset ``prefix.idx`` / ``prefix.bin``; the
+  ``.idx`` is parsed by the C++ reader (``wlb.read_megatron_index``, the same one behind
+  ``wlb-plan --docs corpus.idx``), tokens are read from the ``.bin`` through ``numpy.memmap``.
+  One Megatron sequence is one document.
+- ``ArrowTokens(source, column="input_ids")``: a list-of-integers column of a ``pyarrow.Table``,
+  a Parquet file, an Arrow IPC file or stream (``.arrow``, as Hugging Face ``datasets`` caches
+  them), a JSON-lines file (``.jsonl`` / ``.json``, read by ``pyarrow.json``), or a Hugging Face
+  ``datasets.Dataset``-like object through its ``.data`` Arrow table (``datasets`` itself is not
+  imported). Lengths come from ``pyarrow.compute.list_value_length``.
+- ``jsonl_lengths(path, field="length")``: lengths only, from an integer field of JSON lines.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+import wlb
+
+# Megatron DType codes (megatron/core/datasets/indexed_dataset.py) as numpy dtypes.
+_MEGATRON_DTYPES = {
+    1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
+    7: np.float32, 8: np.uint16,
+}
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.ipc
+        import pyarrow.json
+        import pyarrow.parquet
+    except ImportError as e:  # pragma: no cover - pyarrow is a test and training dependency
+        raise ImportError("Arrow, Parquet and JSON-lines corpora need pyarrow (pip install "
+                          "pyarrow)") from e
+    return pyarrow
+
+
+class _TokenSource:
+    """What every source shares: ``lengths`` and bounds-checked ``source[i]``."""
+
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < len(self.lengths):
+            raise IndexError(f"document {index} is outside [0, {len(self.lengths)})")
+        return self._tokens_of(int(index))
+
+    def _tokens_of(self, index: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class MegatronTokens(_TokenSource):
+    """A Megatron-LM indexed dataset: ``prefix.idx`` (lengths) and ``prefix.bin`` (tokens)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = os.fspath(prefix)
+        index = wlb.read_megatron_index(self.prefix + ".idx")
+        code = index["dtype_code"]
+        if code not in (1, 2, 3, 4, 5, 8):
+            raise ValueError(f"Megatron index {self.prefix}.idx: dtype code {code} holds floats, "
+                             "not token ids")
+        self.dtype = np.dtype(_MEGATRON_DTYPES[code])
+        self.lengths = index["sequence_lengths"]
+        self.pointers = index["sequence_pointers"]
+        self.document_indices = index["document_indices"]
+        expected = int(self.lengths.sum()) * self.dtype.itemsize
+        size = os.path.getsize(self.prefix + ".bin")  # FileNotFoundError names the path
+        if size != expected:
+            raise ValueError(f"Megatron data {self.prefix}.bin has {size} bytes, its index "
+                             f"describes {expected}")
+        self._tokens: Optional[np.memmap] = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_tokens"] = None  # each worker maps the file itself
+        return state
+
+    def _tokens_of(self, index: int) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.prefix + ".bin", dtype=self.dtype, mode="r")
+        start = int(self.pointers[index]) // self.dtype.itemsize
+        return np.asarray(self._tokens[start:start + int(self.lengths[index])], dtype=np.int64)
+
+
+def _read_table(source: Any):
+    pa = _pyarrow()
+    if isinstance(source, pa.Table):
+        return source
+    data = getattr(source, "data", None)  # datasets.Dataset: .data is a datasets.table.Table
+    if data is not None:
+        if getattr(source, "_indices", None) is not None:  # rows are data.take(indices)
+            raise ValueError("this Dataset has an indices mapping (after select, shuffle, ...) that "
+                             "its .data table does not apply; call .flatten_indices() first")
+        table = getattr(data, "table", data)
+        if isinstance(table, pa.Table):
+            return table
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"expected a pyarrow.Table, a Dataset with an Arrow .data table or a file "
+                        f"path, got {type(source).__name__}")
+    path = os.fspath(source)
+    if path.endswith(".parquet"):
+        return pa.parquet.read_table(path, memory_map=True)
+    if path.endswith((".jsonl", ".json")):
+        return pa.json.read_json(path)
+    if path.endswith((".arrow", ".feather", ".ipc")):
+        with pa.memory_map(path) as f:
+            try:
+                return pa.ipc.open_file(f).read_all()
+            except pa.ArrowInvalid:  # Hugging Face caches are IPC streams
+                f.seek(0)
+                return pa.ipc.open_stream(f).read_all()
+    raise ValueError(f"cannot tell the format of {path!r}: expected .parquet, .arrow, .feather, "
+                     ".ipc, .jsonl or .json")
+
+
+class ArrowTokens(_TokenSource):
+    """Token ids in a list-of-integers column of an Arrow table (see the module docstring)."""
+
+    def __init__(self, source: Any, column: str = "input_ids"):
+        pa = _pyarrow()
+        self._path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+        self.column = column
+        table = _read_table(source)
+        if column not in table.column_names:
+            raise KeyError(f"no column {column!r}; the table has {table.column_names}")
+        kind = table.schema.field(column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+                kind.value_type):
+            raise TypeError(f"column {column!r} must hold lists of integer token ids, got {kind}")
+        column_data = table.column(column)
+        lengths = pa.compute.list_value_length(column_data)
+        if lengths.null_count:
+            first = int(np.flatnonzero(lengths.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"column {column!r}: document {first} is null")
+        self.lengths = lengths.to_numpy().astype(np.int64)
+        self._load(table)
+
+    def _load(self, table) -> None:
+        # Chunk by chunk, zero-copy where Arrow allows (a memory-mapped file stays mapped).
+        chunks = table.column(self.column).chunks
+        self._chunk_rows = np.cumsum([0] + [len(c) for c in chunks]).astype(np.int64)
+        self._offsets = [c.offsets.to_numpy() for c in chunks]  # the chunk's slice applied
+        self._values = [c.values.to_numpy(zero_copy_only=False) for c in chunks]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if self._path is not None:  # workers reread the file (memory-mapped where it can be)
+            for key in ("_chunk_rows", "_offsets", "_values"):
+                state[key] = None
+        return state
+
+    def _tokens_of(self, index: int) -> np.ndarray:
+        if self._values is None:
+            self._load(_read_table(self._path))
+        chunk = int(np.searchsorted(self._chunk_rows, index, side="right")) - 1
+        row = index - int(self._chunk_rows[chunk])
+        offsets = self._offsets[chunk]
+        return self._values[chunk][offsets[row]:offsets[row + 1]].astype(np.int64, copy=False)
+
+
+def jsonl_lengths(path: str, field: str = "length") -> np.ndarray:
+    """Document lengths from an integer field of a JSON-lines file (int64 array)."""
+    pa = _pyarrow()
+    table = pa.json.read_json(os.fspath(path))
+    if field not in table.column_names:
+        raise KeyError(f"{path}: no field {field!r}; the lines have {table.column_names}")
+    values = table.column(field)
+    if not pa.types.is_integer(values.type):
+        raise TypeError(f"{path}: field {field!r} must be an integer length, got {values.type}")
+    if values.null_count:
+        raise ValueError(f"{path}: field {field!r} is missing or null on {values.null_count} "
+                         "lines")
+    lengths = values.to_numpy().astype(np.int64)
+    bad = np.flatnonzero(lengths < 1)
+    if bad.size:
+        raise ValueError(f"{path}: line {int(bad[0]) + 1} has length {int(lengths[bad[0]])}; "
+                         "lengths must be >= 1")
+    return lengths

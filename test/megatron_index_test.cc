@@ -1,0 +1,125 @@
+// Tests of include/wlb/io/megatron_index.hpp: index files written here byte by byte in the
+// layout of Megatron-LM's _IndexWriter, read back (also through ReadLengthsFile), and every
+// damaged field rejected with a message naming it.
+#include "wlb/io/megatron_index.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "wlb/io/lengths.hpp"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+
+void PutLe(std::string& out, uint64_t v, int width) {
+  for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// An index for sequences of `lengths` with `dtype_code`, documents starting at `starts`.
+std::string IndexBytes(const std::vector<int32_t>& lengths, const std::vector<int64_t>& starts,
+                       int dtype_code = 8) {
+  std::string out(kMegatronIndexMagic);
+  PutLe(out, 1, 8);
+  PutLe(out, static_cast<uint64_t>(dtype_code), 1);
+  PutLe(out, lengths.size(), 8);
+  PutLe(out, starts.size(), 8);
+  for (int32_t n : lengths) PutLe(out, static_cast<uint32_t>(n), 4);
+  int64_t pointer = 0;
+  for (int32_t n : lengths) {
+    PutLe(out, static_cast<uint64_t>(pointer), 8);
+    pointer += int64_t{n} * MegatronItemSize(dtype_code);
+  }
+  for (int64_t s : starts) PutLe(out, static_cast<uint64_t>(s), 8);
+  return out;
+}
+
+std::string Error(const std::string& bytes) {
+  absl::StatusOr<MegatronIndex> index = ParseMegatronIndex(bytes, "t.idx");
+  return index.ok() ? "ok" : std::string(index.status().message());
+}
+
+TEST(MegatronIndexTest, ReadsRandomIndexes) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int dtype = 1 + static_cast<int>(rng() % 8);
+    std::vector<int32_t> lengths(rng() % 50);
+    for (int32_t& n : lengths) n = 1 + static_cast<int32_t>(rng() % 100000);
+    std::vector<int64_t> starts = {0};
+    for (size_t k = 1; k < lengths.size(); ++k) {
+      if (rng() % 3 == 0) starts.push_back(static_cast<int64_t>(k));
+    }
+    starts.push_back(static_cast<int64_t>(lengths.size()));
+    std::string bytes = IndexBytes(lengths, starts, dtype);
+    if (trial % 2 == 1) bytes.append(lengths.size(), '\0');  // multimodal sequence modes
+    absl::StatusOr<MegatronIndex> index = ParseMegatronIndex(bytes, "t.idx");
+    ASSERT_TRUE(index.ok()) << index.status();
+    EXPECT_EQ(index->dtype_code, dtype);
+    EXPECT_EQ(index->item_size, MegatronItemSize(dtype));
+    EXPECT_EQ(index->sequence_lengths, std::vector<int64_t>(lengths.begin(), lengths.end()));
+    EXPECT_EQ(index->document_indices, starts);
+    ASSERT_EQ(index->sequence_pointers.size(), lengths.size());
+    if (!lengths.empty()) {
+      EXPECT_EQ(index->sequence_pointers.back() + lengths.back() * index->item_size, [&] {
+        int64_t total = 0;
+        for (int32_t n : lengths) total += n;
+        return total * index->item_size;
+      }());
+    }
+  }
+}
+
+TEST(MegatronIndexTest, ReadLengthsFileReadsIdxFiles) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("wlb_megatron_" + std::to_string(::getpid()) + ".idx");
+  {
+    std::ofstream f(path, std::ios::binary);
+    const std::string bytes = IndexBytes({5, 19, 8}, {0, 2, 3});
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  absl::StatusOr<std::vector<int64_t>> lengths = ReadLengthsFile(path.string());
+  ASSERT_TRUE(lengths.ok()) << lengths.status();
+  EXPECT_EQ(*lengths, (std::vector<int64_t>{5, 19, 8}));
+  std::filesystem::remove(path);
+  EXPECT_THAT(ReadLengthsFile(path.string()).status().message(), HasSubstr("cannot open"));
+}
+
+TEST(MegatronIndexTest, DamagedFilesAreErrorsNamingTheField) {
+  const std::string good = IndexBytes({5, 19, 8}, {0, 2, 3});
+  EXPECT_EQ(Error(good), "ok");
+  EXPECT_THAT(Error(good.substr(0, 20)), HasSubstr("truncated: 20 bytes"));
+  EXPECT_THAT(Error(good.substr(0, good.size() - 1)), HasSubstr("truncated"));
+  EXPECT_THAT(Error(good + "xy"), HasSubstr("need 94 (or 97 with sequence modes)"));
+  std::string bad = good;
+  bad[0] = 'X';
+  EXPECT_THAT(Error(bad), HasSubstr("wrong magic"));
+  bad = good;
+  bad[9] = 2;
+  EXPECT_THAT(Error(bad), HasSubstr("unsupported version 2"));
+  bad = good;
+  bad[17] = 9;
+  EXPECT_THAT(Error(bad), HasSubstr("unknown dtype code 9"));
+  bad = good;
+  bad[25] = 0x7f;  // sequence count ~ 2^63
+  EXPECT_THAT(Error(bad), HasSubstr("more than the limit"));
+  EXPECT_THAT(Error(IndexBytes({5, 0, 8}, {0, 3})), HasSubstr("sequence 1 has length 0"));
+  EXPECT_THAT(Error(IndexBytes({5, 19}, {0, 2, 1})), HasSubstr("document index 2 is 1"));
+  EXPECT_THAT(Error(IndexBytes({5, 19}, {1, 2})), HasSubstr("document index 0 is 1"));
+  EXPECT_THAT(Error(IndexBytes({5, 19}, {0, 1})), HasSubstr("last document index is 1"));
+  EXPECT_THAT(Error(IndexBytes({5, 19}, {})), HasSubstr("document count 0 must be in [1, "));
+  bad = IndexBytes({5, 19}, {0, 2});
+  bad[34 + 8 + 8] = 3;  // second pointer (uint16 tokens: 10 expected)
+  EXPECT_THAT(Error(bad), HasSubstr("sequence 1 starts at byte 3 of the .bin, expected 10"));
+}
+
+}  // namespace
+}  // namespace wlb
