@@ -209,3 +209,33 @@ def test_cp_attention_needs_a_process_group():
     q = torch.zeros(4, 1, 2, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="initialised torch.distributed"):
         cp_attention(q, q, q, plan)
+
+
+def test_train_cp_example_matches_one_process_training():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples/python/train_cp.py"), "--ranks", "4", "--steps",
+         "2", "--context", "256", "--documents", "150", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for strategy in STRATEGIES:
+        assert f"\n{strategy}: CP 4, 2 steps" in done.stdout
+    worst = float(done.stdout.rsplit("(losses and gradients): ", 1)[1].split()[0])
+    assert worst <= 1e-6
+    assert done.stdout.count("| 3 |") == len(STRATEGIES)  # a row for the last rank per strategy
+
+
+def test_train_cp_example_rejects_bad_arguments():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "examples/python/train_cp.py"),
+                           "--strategies", "per-seq,zigzag"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "zigzag" in done.stderr

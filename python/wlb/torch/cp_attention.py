@@ -25,6 +25,7 @@ with bad inputs makes every rank raise instead of leaving the others waiting in 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -136,14 +137,16 @@ def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
 
 def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: wlb.ShardPlan,
                  group: Any = None, *, scale: Optional[float] = None,
-                 backend: Optional[str] = None,
-                 agree_on_errors: bool = True) -> Tuple["torch.Tensor", "torch.Tensor"]:
+                 backend: Optional[str] = None, agree_on_errors: bool = True,
+                 timings: Optional[Dict[str, float]] = None) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """This rank's attention output (T_q, H_q, D) and log-sum-exp (H_q, T_q) under ``plan``.
 
     ``group``: the CP process group (None: the default group); its size must be
     ``plan.cp_size`` and this process's rank in it selects ``plan[rank]``. ``backend``: None picks
     by device and dtype (``wlb.torch.attention.select_backend``), or "math" / "varlen".
-    Differentiable in q, k, v.
+    ``timings``: if a dict, the forward's wall seconds are added to its "gather_s" (all-gather and
+    key selection) and "attention_s" (this rank's varlen attention) keys (CUDA is synchronised
+    for it). Differentiable in q, k, v.
     """
     require_torch()
     if not isinstance(plan, wlb.ShardPlan):
@@ -170,9 +173,33 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     if problem is not None:
         raise ValueError(f"cp_attention on rank {rank}: {problem}")
     rp = _rank_plan(plan, rank, q.device)
+    clock = _Clock(timings, q.device)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
-    return varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
-                                   scale=scale, backend=chosen)
+    clock.lap("gather_s")
+    out, lse = varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
+                                       scale=scale, backend=chosen)
+    clock.lap("attention_s")
+    return out, lse
+
+
+class _Clock:
+    """Adds wall seconds between laps to a dict (nothing when the dict is None)."""
+
+    def __init__(self, timings: Optional[Dict[str, float]], device):
+        self.timings, self.cuda = timings, torch.device(device).type == "cuda"
+        self.last = self._now() if timings is not None else 0.0
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, key: str) -> None:
+        if self.timings is None:
+            return
+        now = self._now()
+        self.timings[key] = self.timings.get(key, 0.0) + now - self.last
+        self.last = now
 
 
 class CPAttention(torch.nn.Module if torch is not None else object):
