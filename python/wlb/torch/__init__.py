@@ -7,12 +7,30 @@
   and pack its micro-batches in DataLoader workers.
 - ``cp_slice``, ``cp_pad``, ``cp_keys``, ``cp_varlen_args`` (``wlb.torch.cp``): a CP shard plan
   applied to packed tensors.
+- ``cp_attention``, ``CPAttention`` (``wlb.torch.cp_attention``): differentiable context-parallel
+  attention that executes a shard plan over ``torch.distributed``; ``varlen_causal_attention``
+  (``wlb.torch.attention``): its per-rank varlen attention backends.
 """
 
+from .attention import varlen_causal_attention
 from .collate import PackedCollate, PackedPieces
 from .cp import cp_keys, cp_pad, cp_slice, cp_varlen_args
+from .cp_attention import CommVolume, CPAttention, comm_volume, cp_attention
 from .dataset import PackedDataset
 from .sampler import PackedBatchSampler
 
-__all__ = ["PackedBatchSampler", "PackedCollate", "PackedDataset", "PackedPieces", "cp_keys",
-           "cp_pad", "cp_slice", "cp_varlen_args"]
+__all__ = [
+    "CPAttention",
+    "CommVolume",
+    "PackedBatchSampler",
+    "PackedCollate",
+    "PackedDataset",
+    "PackedPieces",
+    "comm_volume",
+    "cp_attention",
+    "cp_keys",
+    "cp_pad",
+    "cp_slice",
+    "cp_varlen_args",
+    "varlen_causal_attention",
+]

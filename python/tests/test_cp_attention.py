@@ -1,0 +1,241 @@
+"""wlb.torch.cp_attention: CP attention over gloo ranks equals single-process attention.
+
+Multi-process cases run in one spawn per world size (2, 4, 8 ranks): random packed micro-batches
+from every packer, every strategy, GQA and edge cases, float64, output and dQ/dK/dV to 1e-10.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import wlb
+
+torch = pytest.importorskip("torch")
+
+from cp_workers import case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E402
+from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
+from wlb.torch.cp_attention import comm_volume  # noqa: E402
+
+STRATEGIES = ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid"]
+CI = os.environ.get("CI") == "true"
+
+
+def dense_reference(q, k, v, lengths):
+    """Plain causal attention per document over the whole packed micro-batch (autograd)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    doc = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
+    pos = torch.arange(q.shape[0])
+    allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    group = q.shape[1] // k.shape[1]
+    kk = k.repeat_interleave(group, dim=1)
+    vv = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,mhd->hnm", q, kk) / np.sqrt(q.shape[2])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hnm,mhd->nhd", torch.softmax(scores, dim=-1), vv)
+    del starts
+    return out, lse
+
+
+def micro_batches(rng, count):
+    """Lengths of packed micro-batches from every packer on random small streams."""
+    found = []
+    names = wlb.packer_names()
+    while len(found) < count:
+        name = names[len(found) % len(names)]
+        context = int(rng.integers(16, 160))
+        lengths = np.where(rng.random(40) < 0.15, rng.integers(context // 2, 2 * context, 40),
+                           rng.integers(1, max(2, context // 5), 40))
+        packer = wlb.Packer(name, context=context, micro_batches=int(rng.integers(1, 4)))
+        steps = packer.push(lengths) + packer.flush()
+        mbs = [mb.lengths for step in steps for mb in step.micro_batches if mb.lengths.size]
+        found.append((name, mbs[int(rng.integers(0, len(mbs)))].tolist()))
+    return found
+
+
+def cases_for(world, seed, count):
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i, (packer, lengths) in enumerate(micro_batches(rng, count)):
+        q_heads, kv_heads = [(2, 2), (8, 2), (4, 1), (3, 3)][i % 4]
+        cases.append({"packer": packer, "lengths": lengths, "strategy": STRATEGIES[i % 5],
+                      "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
+                      "kv_heads": kv_heads, "head_dim": int(rng.choice([4, 8]))})
+    # Edge cases: documents shorter than C (ranks with no queries), one document of S tokens,
+    # a single token.
+    for strategy in STRATEGIES:
+        for lengths in ([1], [world - 1 or 1, 1, 2], [int(rng.integers(60, 200))]):
+            cases.append({"packer": "edge", "lengths": lengths, "strategy": strategy,
+                          "seed": int(rng.integers(1 << 30)), "q_heads": 8, "kv_heads": 2,
+                          "head_dim": 4})
+    return cases
+
+
+def check_against_reference(world, cases, results):
+    empty_rank_seen = False
+    for c, case in enumerate(cases):
+        lengths = np.asarray(case["lengths"])
+        q, k, v, d_out = case_tensors(case, int(lengths.sum()))
+        q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+        ref_out, ref_lse = dense_reference(q, k, v, lengths)
+        (ref_out * d_out).sum().backward()
+        got = {name: torch.zeros_like(t) for name, t in
+               (("out", ref_out), ("dq", q), ("dk", k), ("dv", v))}
+        got_lse = torch.zeros_like(ref_lse)
+        covered = np.zeros(int(lengths.sum()), dtype=np.int64)
+        for r in range(world):
+            part = results[r][c]
+            rows = torch.from_numpy(part["rows"])
+            empty_rank_seen |= rows.numel() == 0
+            covered[part["rows"]] += 1
+            for name in got:
+                got[name][rows] = part[name]
+            got_lse[:, rows] = part["lse"]
+        where = f"world {world}, case {c} ({case['packer']}, {case['strategy']}, {lengths.tolist()})"
+        assert np.all(covered == 1), f"{where}: a row held twice or by no rank"
+        for name, ref in (("out", ref_out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            assert torch.allclose(got[name], ref.detach(), atol=1e-10, rtol=0), f"{where}: {name}"
+        assert torch.allclose(got_lse, ref_lse.detach(), atol=1e-10, rtol=0), f"{where}: lse"
+    assert empty_rank_seen, "no case gave a rank with no queries"
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_cp_attention_equals_single_process_attention(world):
+    count = {2: 24, 4: 16, 8: 10}[world] if CI else {2: 60, 4: 40, 8: 25}[world]
+    cases = cases_for(world, seed=world, count=count)
+    results = spawn(world, run_cases, cases)
+    check_against_reference(world, cases, results)
+    strategies = {r["strategy"] for res in results for r in res}
+    assert {"per-seq", "per-doc", "hybrid"} <= strategies
+
+
+def test_bad_plans_and_tensors_raise_on_every_rank_without_hanging():
+    world = 2
+    results = spawn(world, run_bad_inputs, None, timeout=120)
+    for rank, result in enumerate(results):
+        messages = dict(result["messages"])
+        assert all(m is not None for m in messages.values()), (rank, messages)
+        assert "cp_size 3" in messages["wrong rank count"] and "2 ranks" in messages["wrong rank count"]
+        expect_rows = "rows but the plan gives" if rank == world - 1 else "another CP rank"
+        assert expect_rows in messages["rows"]
+        assert "multiple of" in messages["heads"]
+        assert "share a dtype" in messages["dtype"]
+        assert "varlen" in messages["backend"] and "CUDA" in messages["backend"]
+        assert "wlb.ShardPlan" in messages["not a plan"]
+
+
+def random_segments(rng, count):
+    q_lens = rng.integers(0, 40, count)
+    k_lens = q_lens + rng.integers(0, 30, count)
+    k_lens = np.maximum(k_lens, 1)
+    q_lens = np.minimum(q_lens, k_lens)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    return cu_q, cu_k
+
+
+def segment_reference(q, k, v, cu_q, cu_k):
+    outs = []
+    for i in range(len(cu_q) - 1):
+        nq, nk = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+        # Bottom-right causal: the queries are the last nq of the nk positions.
+        qs = torch.zeros(nk, *q.shape[1:], dtype=q.dtype)
+        qs = torch.cat([qs[: nk - nq], q[cu_q[i]:cu_q[i + 1]]])
+        out, _ = dense_reference(qs, k[cu_k[i]:cu_k[i + 1]], v[cu_k[i]:cu_k[i + 1]], [nk])
+        outs.append(out[nk - nq:])
+    return torch.cat(outs)
+
+
+def test_math_backend_bottom_right_causal_gqa_and_gradients():
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        cu_q, cu_k = random_segments(rng, int(rng.integers(1, 6)))
+        h_kv = int(rng.integers(1, 3))
+        h_q = h_kv * int(rng.integers(1, 4))
+        g = torch.Generator().manual_seed(trial)
+        q = torch.randn(int(cu_q[-1]), h_q, 4, dtype=torch.float64, generator=g)
+        k = torch.randn(int(cu_k[-1]), h_kv, 4, dtype=torch.float64, generator=g)
+        v = torch.randn(int(cu_k[-1]), h_kv, 4, dtype=torch.float64, generator=g)
+        args = (torch.from_numpy(cu_q), torch.from_numpy(cu_k), 40, 70)
+        out, lse = varlen_causal_attention(q, k, v, *args)
+        assert lse.shape == (h_q, q.shape[0]) and not lse.requires_grad
+        assert torch.allclose(out, segment_reference(q, k, v, cu_q, cu_k), atol=1e-12, rtol=0)
+
+
+def test_math_backend_gradients_match_finite_differences():
+    g = torch.Generator().manual_seed(9)
+    cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32)  # an empty query segment in the middle
+    cu_k = torch.tensor([0, 5, 7, 12], dtype=torch.int32)
+    q = torch.randn(8, 4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(12, 2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(12, 2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: varlen_causal_attention(a, b, c, cu_q, cu_k, 5, 5)[0], (q, k, v))
+
+
+def test_math_backend_blocks_long_segments_exactly(monkeypatch):
+    from wlb.torch import attention
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(37, 2, 4, dtype=torch.float64, generator=g)
+    k = torch.randn(50, 1, 4, dtype=torch.float64, generator=g)
+    v = torch.randn(50, 1, 4, dtype=torch.float64, generator=g)
+    args = (torch.tensor([0, 37], dtype=torch.int32), torch.tensor([0, 50], dtype=torch.int32),
+            37, 50)
+    whole, lse_whole = varlen_causal_attention(q, k, v, *args)
+    monkeypatch.setattr(attention, "_MATH_BLOCK_ROWS", 8)
+    blocked, lse_blocked = varlen_causal_attention(q, k, v, *args)
+    assert torch.allclose(whole, blocked, atol=1e-13, rtol=0)
+    assert torch.allclose(lse_whole, lse_blocked, atol=1e-13, rtol=0)
+
+
+def test_backend_selection_and_comm_volume():
+    from wlb.torch.attention import select_backend
+
+    assert select_backend("cpu", torch.float64) == "math"
+    assert select_backend("cpu", torch.bfloat16) == "math"
+    with pytest.raises(ValueError, match="unknown attention backend 'flash3'"):
+        select_backend("cpu", torch.float32, "flash3")
+    plan = wlb.plan_shards(np.array([100, 7, 30]), 4, "per-doc")
+    vol = comm_volume(plan, kv_heads=2, head_dim=8, element_size=2)
+    row = 2 * 2 * 8 * 2
+    assert vol.gathered_bytes == 3 * plan.rank_capacity * row == vol.scattered_bytes
+    assert vol.gather_buffer_bytes == 4 * plan.rank_capacity * row
+
+
+def test_cp_attention_needs_a_process_group():
+    plan = wlb.plan_shards(np.array([4]), 1, "per-doc")
+    q = torch.zeros(4, 1, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="initialised torch.distributed"):
+        cp_attention(q, q, q, plan)
+
+
+def test_train_cp_example_matches_one_process_training():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples/python/train_cp.py"), "--ranks", "4", "--steps",
+         "2", "--context", "256", "--documents", "150", "--timeout", "240"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for strategy in STRATEGIES:
+        assert f"\n{strategy}: CP 4, 2 steps" in done.stdout
+    worst = float(done.stdout.rsplit("(losses and gradients): ", 1)[1].split()[0])
+    assert worst <= 1e-6
+    assert done.stdout.count("| 3 |") == len(STRATEGIES)  # a row for the last rank per strategy
+
+
+def test_train_cp_example_rejects_bad_arguments():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "examples/python/train_cp.py"),
+                           "--strategies", "per-seq,zigzag"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "zigzag" in done.stderr
