@@ -219,6 +219,15 @@ TEST(Packer, PushAcceptsExactlyWhatAStateCanHoldSoItsOwnCheckpointAlwaysRestores
   }
 }
 
+TEST(Packer, CostsThatOverflowAreRejectedWhenThePackerIsMade) {
+  const PackerConfig config{.context = 10, .max_tokens = 12, .micro_batches = 2};
+  for (const char* name : kPackerNames) {
+    auto packer = MakePacker(name, config, CostModel{.attn_quadratic = 1e300}, {});
+    ASSERT_FALSE(packer.ok()) << name;
+    EXPECT_THAT(packer.status().message(), HasSubstr("coefficients are too large"));
+  }
+}
+
 TEST(PackerState, RejectsCorruptedAndMismatchedBlobs) {
   PackerConfig config{.context = 100, .max_tokens = 150, .micro_batches = 2};
   auto packer = *MakePacker("wlb", config, Quadratic(), {.thresholds = {50}});

@@ -330,7 +330,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
       {"--dp-assign", "", "--dp-assign is not used by this run"},
       {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
-      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in (0, 1000000]"},
+      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in [0.001, 1000000]"},
+      {"--estimate 8,2,4,1 --gemm-tflops 1e-304", "", "got 1e-304"},
       // Main's newer flags follow the same rules: limits, and no flag the run would not use.
       {"--estimate 8,2,4,1 --gemm-tflops 1e308", "", "got 1e+308"},
       {"--estimate 8,2,4,4097", "", "'4097' is not an integer in [1, 4096]"},

@@ -537,9 +537,10 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     s.options.delay_budget = budget;
   }
   const double gemm_tflops = absl::GetFlag(FLAGS_gemm_tflops);
-  if (!(gemm_tflops > 0.0) || gemm_tflops > kMaxGemmTflops) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--gemm-tflops must be in (0, %.0f] TFLOP/s per GPU, got %g", kMaxGemmTflops, gemm_tflops));
+  if (!(gemm_tflops >= kMinGemmTflops) || gemm_tflops > kMaxGemmTflops) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--gemm-tflops must be in [%g, %.0f] TFLOP/s per GPU, got %g",
+                        kMinGemmTflops, kMaxGemmTflops, gemm_tflops));
   }
   if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
     absl::StatusOr<ParallelSizes> sizes = ParseParallelSizes(estimate);

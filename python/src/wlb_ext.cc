@@ -431,6 +431,7 @@ void CheckCostModel(const wlb::CostModel& m) {
           absl::StrFormat("cost model: %s must be >= 0 and finite, got %g", name, v)));
     }
   }
+  Check(wlb::ValidateCost(m));
 }
 
 wlb::KernelShape MakeKernelShape(int64_t heads, int64_t head_dim, int64_t tile_q, int64_t tile_k) {

@@ -96,3 +96,13 @@ def test_bools_bytes_and_text_are_not_lengths(bad):
 def test_bad_float_arrays_are_type_errors(call, bad):
     with pytest.raises(TypeError):
         call(bad)
+
+
+@pytest.mark.parametrize("field", ["attn_quadratic", "attn_linear", "linear_per_token",
+                                   "per_document"])
+def test_cost_models_that_overflow_are_rejected_naming_the_cost(field):
+    with pytest.raises(ValueError, match="too large"):
+        wlb.CostModel(**{field: 1e303})
+    with pytest.raises(ValueError, match="finite"):
+        wlb.CostModel(**{field: float("inf")})
+    wlb.CostModel(**{field: 1.0})  # an ordinary coefficient is fine
