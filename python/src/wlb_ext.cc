@@ -748,7 +748,9 @@ NB_MODULE(_wlb, m) {
       [](const std::string& path) {
         return ToNumpy(Unwrap(wlb::ReadLengthsFile(path), ErrorKind::kFile));
       },
-      "path"_a, "Reads a lengths file (one integer per line, or a JSON array).");
+      "path"_a,
+      "Reads document lengths: a lengths file (one integer per line, or a JSON array) or a "
+      "Megatron-LM .idx index (its sequence lengths); \"-\" reads standard input.");
   m.def(
       "parse_lengths",
       [](const std::string& text, const std::string& source) {

@@ -106,3 +106,22 @@ def test_cost_models_that_overflow_are_rejected_naming_the_cost(field):
     with pytest.raises(ValueError, match="finite"):
         wlb.CostModel(**{field: float("inf")})
     wlb.CostModel(**{field: 1.0})  # an ordinary coefficient is fine
+
+
+def test_reading_a_fifo_or_device_fails_at_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "lengths.fifo"
+    os.mkfifo(fifo)
+    code = ("import sys, wlb\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        wlb.read_lengths(path)\n"
+            "    except ValueError as e:\n"
+            "        print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(fifo), "/dev/zero"],
+                          capture_output=True, text=True, timeout=60)  # a hang fails here
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("is not a regular file") == 2
