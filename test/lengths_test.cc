@@ -1,5 +1,7 @@
 #include "wlb/io/lengths.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -151,6 +153,31 @@ TEST(ReadInputFile, StopsAtTheByteLimit) {
   EXPECT_THAT(text.status().message(), HasSubstr("larger than the limit of 4096 bytes"));
   EXPECT_TRUE(ReadInputFile(path, "lengths file", 5000).ok());
   std::remove(path.c_str());
+}
+
+TEST(ReadInputFile, RefusesFifosAndDevicesAtOnceInsteadOfHangingOrReadingForever) {
+  const std::string fifo = ::testing::TempDir() + "/wlb_input_fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // No writer: a blocking open would never return.
+  for (const std::string& path : {fifo, std::string("/dev/zero"), std::string("/dev/urandom"),
+                                  std::string("/dev/null")}) {
+    auto text = ReadInputFile(path, "lengths file");
+    ASSERT_FALSE(text.ok()) << path;
+    EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(text.status().message(), HasSubstr("is not a regular file")) << path;
+  }
+  std::filesystem::remove(fifo);
+}
+
+TEST(ParseLengths, ANulByteIsAnErrorNotTheEndOfTheInput) {
+  for (const std::string text : {std::string("[5, 6]\0[7]", 10), std::string("[5,\0 6]", 7)}) {
+    auto lengths = ParseLengths(text, "f");
+    ASSERT_FALSE(lengths.ok()) << text;
+    EXPECT_THAT(lengths.status().message(), HasSubstr("a NUL byte at byte"));
+  }
+  // One integer per line: the line holding the NUL is the error (see BadValuesAreEscaped...).
+  EXPECT_FALSE(ParseLengths(std::string("5\n\0\n6\n", 6), "f").ok());
 }
 
 }  // namespace

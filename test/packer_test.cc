@@ -192,6 +192,42 @@ TEST(Packer, PushRejectsPiecesLongerThanTheContextWithoutChangingState) {
   EXPECT_EQ(ok[0].micro_batches[0].documents[0].arrival_step, 0);
 }
 
+TEST(Packer, PushAcceptsExactlyWhatAStateCanHoldSoItsOwnCheckpointAlwaysRestores) {
+  const PackerConfig config{.context = 10, .max_tokens = 12, .micro_batches = 2};
+  for (const char* name : kPackerNames) {
+    SCOPED_TRACE(name);
+    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
+    // Beyond the state's limits: rejected before anything changes.
+    for (const Document& bad : {Document{.id = kMaxStateCounter + 1, .length = 3},
+                                Document{.id = 1, .length = 3, .piece = int32_t{1} << 25},
+                                Document{.id = 1, .length = 3, .offset = kMaxStreamTokens + 1},
+                                Document{.id = -1, .length = 3}}) {
+      auto rejected = packer->Push({bad});
+      ASSERT_FALSE(rejected.ok());
+      EXPECT_THAT(rejected.status().message(), HasSubstr("outside"));
+    }
+    // At the limits: accepted, and the packer's own checkpoint loads back into a fresh packer.
+    const std::vector<Document> edge = {
+        {.id = kMaxStateCounter, .length = 9},
+        {.id = 7, .length = 8, .piece = static_cast<int32_t>(kMaxPieces), .offset = kMaxStreamTokens},
+        {.id = 8, .length = 2}};
+    ASSERT_TRUE(packer->Push(edge).ok());
+    const std::string saved = packer->SaveState();
+    auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
+    ASSERT_TRUE(fresh->RestoreState(saved).ok());
+    EXPECT_EQ(fresh->SaveState(), saved);
+  }
+}
+
+TEST(Packer, CostsThatOverflowAreRejectedWhenThePackerIsMade) {
+  const PackerConfig config{.context = 10, .max_tokens = 12, .micro_batches = 2};
+  for (const char* name : kPackerNames) {
+    auto packer = MakePacker(name, config, CostModel{.attn_quadratic = 1e300}, {});
+    ASSERT_FALSE(packer.ok()) << name;
+    EXPECT_THAT(packer.status().message(), HasSubstr("coefficients are too large"));
+  }
+}
+
 TEST(PackerState, RejectsCorruptedAndMismatchedBlobs) {
   PackerConfig config{.context = 100, .max_tokens = 150, .micro_batches = 2};
   auto packer = *MakePacker("wlb", config, Quadratic(), {.thresholds = {50}});

@@ -330,7 +330,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,1 --cp 4", "", "--cp 4 differs from the CP size 2"},
       {"--dp-assign", "", "--dp-assign is not used by this run"},
       {"--estimate 64,2,4,1", "", "TP must be in [1, heads = 32]"},
-      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in (0, 1000000]"},
+      {"--estimate 8,2,4,1 --gemm-tflops 0", "", "--gemm-tflops must be in [0.001, 1000000]"},
+      {"--estimate 8,2,4,1 --gemm-tflops 1e-304", "", "got 1e-304"},
       // Main's newer flags follow the same rules: limits, and no flag the run would not use.
       {"--estimate 8,2,4,1 --gemm-tflops 1e308", "", "got 1e+308"},
       {"--estimate 8,2,4,4097", "", "'4097' is not an integer in [1, 4096]"},
@@ -394,6 +395,45 @@ TEST(WlbPlan, OutWritesThroughSpecialFilesAndFollowsSymlinks) {
   r = RunPlan("--steps 2 --out " + dir);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("it is a directory"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(WlbPlan, OutNeverDestroysInputsOrPlantedFilesAndStdoutFailuresAreErrors) {
+  const std::string dir = ::testing::TempDir() + "/wlb_out_safety";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // --out naming an input (directly or through another path to it) is refused; the input stays.
+  const std::string docs = dir + "/docs.txt";
+  std::ofstream(docs) << "5\n7\n9\n";
+  Result r = RunPlan("--docs " + docs + " --out " + docs);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("same file as --docs"));
+  r = RunPlan("--docs " + docs + " --out " + dir + "/../wlb_out_safety/docs.txt");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Slurp(docs), "5\n7\n9\n");
+  // A symlink planted where a fixed temporary name would be is neither followed nor removed.
+  const std::string victim = dir + "/victim", out = dir + "/plan.json";
+  std::ofstream(victim) << "precious";
+  std::filesystem::create_symlink(victim, out + ".tmp");
+  r = RunPlan("--steps 2 --format json --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Slurp(victim), "precious");
+  EXPECT_TRUE(std::filesystem::is_symlink(out + ".tmp"));
+  EXPECT_THAT(Slurp(out), HasSubstr("\"steps\""));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".wlb-"), std::string::npos) << "temporary left behind";
+  }
+  // The output gets the usual permissions, not mkstemp's 0600.
+  const auto perms = std::filesystem::status(out).permissions();
+  EXPECT_NE(perms & std::filesystem::perms::others_read, std::filesystem::perms::none);
+  // Output that cannot be written is an error (rc 1), never a silent success.
+  for (const std::string redirect : {">/dev/full", ">&-"}) {
+    const std::string cmd = std::string(WLB_PLAN_BINARY) + " --steps 2 " + redirect + " 2>" +
+                            dir + "/err";
+    const int status = std::system(cmd.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 1) << redirect;
+    EXPECT_THAT(Slurp(dir + "/err"), HasSubstr("cannot write the output to stdout")) << redirect;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -3,12 +3,14 @@
 #include "wlb_plan.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -257,10 +259,23 @@ absl::Status CannotWrite(const std::string& path, const std::string& why) {
       absl::StrFormat("cannot write output file %s: %s", QuoteForMessage(path, 256), why));
 }
 
+// Writes all of `text` to the open descriptor `fd`; false with errno set on a failure.
+bool WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 // Writes `text` to `path` in one go: an existing FIFO, character device (/dev/stdout) or other
-// special file is written through; a regular file (or a new one) is written as a sibling
-// temporary file and renamed over it, so a failed run never leaves a partial file. A symlink is
-// followed: its target is what gets written or replaced, the link stays.
+// special file is written through; a regular file (or a new one) is written as a uniquely named
+// temporary file in the same directory (mkstemp: created exclusively, never through a planted
+// symlink) and renamed over it, so a failed run never leaves a partial file. A symlink at `path`
+// is followed: its target is what gets written or replaced, the link stays.
 absl::Status WriteFile(const std::string& path, const std::string& text) {
   std::error_code ec;
   const std::filesystem::file_status target = std::filesystem::status(path, ec);
@@ -277,20 +292,22 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
     real = std::filesystem::weakly_canonical(path, ec);
     if (ec) return CannotWrite(path, "cannot resolve the symlink: " + ec.message());
   }
-  // Write a sibling temporary file and rename it, so a failure never leaves a partial file.
-  const std::string tmp = real.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::filesystem::remove(tmp, ec);
-      return CannotWrite(path, "cannot create " + tmp);
-    }
+  std::string tmp = real.string() + ".wlb-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return CannotWrite(path, std::string("cannot create a temporary file: ") +
+                                           std::strerror(errno));
+  const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file the usual 0666 & ~umask
+  ::umask(mask);
+  const bool written = ::fchmod(fd, 0666 & ~mask) == 0 && WriteAll(fd, text);
+  const int write_errno = errno;
+  if (::close(fd) != 0 || !written) {
+    std::filesystem::remove(tmp, ec);
+    return CannotWrite(path, std::strerror(written ? errno : write_errno));
   }
   std::filesystem::rename(tmp, real, ec);
   if (ec) {
-    std::filesystem::remove(tmp, ec);
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
     return CannotWrite(path, ec.message());
   }
   return absl::OkStatus();
@@ -299,10 +316,33 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 absl::Status WriteOutput(const std::string& text) {
   const std::string path = absl::GetFlag(FLAGS_out);
   if (path.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    // A full disk, a closed stdout or a broken pipe is an error, never a silent success.
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
+        std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      return absl::UnavailableError(
+          absl::StrFormat("cannot write the output to stdout: %s", std::strerror(errno)));
+    }
     return absl::OkStatus();
   }
   return WriteFile(path, text);
+}
+
+// --out must not name a file the run reads: it would be replaced by the output.
+absl::Status CheckOutputIsNotAnInput() {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::OkStatus();
+  for (const auto& [flag, input] : {std::pair{"--docs", absl::GetFlag(FLAGS_docs)},
+                                    std::pair{"--cost", absl::GetFlag(FLAGS_cost)},
+                                    std::pair{"--kernel-profile",
+                                              absl::GetFlag(FLAGS_kernel_profile)}}) {
+    std::error_code ec;
+    if (!input.empty() && input != "-" && std::filesystem::equivalent(out, input, ec) && !ec) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--out %s is the same file as %s %s: refusing to overwrite an input",
+                          QuoteForMessage(out, 256), flag, QuoteForMessage(input, 256)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // "--flag applies to ..., not to this run": a flag the run would not use is an error, never
@@ -497,9 +537,10 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     s.options.delay_budget = budget;
   }
   const double gemm_tflops = absl::GetFlag(FLAGS_gemm_tflops);
-  if (!(gemm_tflops > 0.0) || gemm_tflops > kMaxGemmTflops) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--gemm-tflops must be in (0, %.0f] TFLOP/s per GPU, got %g", kMaxGemmTflops, gemm_tflops));
+  if (!(gemm_tflops >= kMinGemmTflops) || gemm_tflops > kMaxGemmTflops) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--gemm-tflops must be in [%g, %.0f] TFLOP/s per GPU, got %g",
+                        kMinGemmTflops, kMaxGemmTflops, gemm_tflops));
   }
   if (const std::string estimate = absl::GetFlag(FLAGS_estimate); !estimate.empty()) {
     absl::StatusOr<ParallelSizes> sizes = ParseParallelSizes(estimate);
@@ -784,6 +825,7 @@ int Main(int argc, char** argv) {
     }
   }
   absl::Status status = ParseArgs(args);
+  if (status.ok()) status = CheckOutputIsNotAnInput();
   if (status.ok()) status = Run();
   if (!status.ok()) {
     std::string message(status.message());

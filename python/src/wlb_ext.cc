@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -64,7 +65,33 @@ using AnyArray = nb::ndarray<nb::ro, nb::device::cpu>;
 
 // Any 1-D integer array-like (numpy array, torch CPU tensor, list of ints) as int64 values.
 // Floats and booleans are a TypeError (never truncated); integers outside int64 a ValueError.
+// Raw bytes and text are not arrays of lengths, although numpy would read them as such.
+void RejectBytesAndText(nb::handle obj, const char* what) {
+  if (PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()) ||
+      PyMemoryView_Check(obj.ptr())) {
+    throw nb::type_error(absl::StrFormat("%s must be a 1-D integer array, got %s", what,
+                                         nb::inst_name(obj).c_str())
+                             .c_str());
+  }
+}
+
+// A bool among a list's integers (numpy would silently make it 0 or 1).
+void RejectBoolItems(nb::handle obj, const char* what) {
+  if (!PyList_Check(obj.ptr()) && !PyTuple_Check(obj.ptr())) return;
+  nb::object numpy_bool = nb::module_::import_("numpy").attr("bool_");
+  size_t i = 0;
+  for (nb::handle item : obj) {
+    if (PyBool_Check(item.ptr()) || nb::isinstance(item, numpy_bool)) {
+      throw nb::type_error(
+          absl::StrFormat("%s[%d] is a bool; lengths and ids must be integers", what, i).c_str());
+    }
+    ++i;
+  }
+}
+
 std::vector<int64_t> ToInt64(nb::handle obj, const char* what) {
+  RejectBytesAndText(obj, what);
+  RejectBoolItems(obj, what);
   AnyArray a;
   if (!nb::try_cast(obj, a)) {
     nb::object asarray = nb::module_::import_("numpy").attr("asarray");
@@ -151,11 +178,25 @@ std::vector<int64_t> ToInt64(nb::handle obj, const char* what) {
 
 // A 1-D array-like of finite floats (latencies): accepts any real dtype.
 std::vector<double> ToDouble(nb::handle obj, const char* what) {
-  nb::object a = nb::module_::import_("numpy").attr("asarray")(obj, "dtype"_a = "float64");
-  auto arr = nb::cast<nb::ndarray<const double, nb::ndim<1>, nb::device::cpu>>(a);
+  RejectBytesAndText(obj, what);
+  RejectBoolItems(obj, what);
+  nb::object a;
+  try {
+    a = nb::module_::import_("numpy").attr("asarray")(obj, "dtype"_a = "float64");
+  } catch (const nb::python_error&) {  // ragged nesting, strings, objects
+    throw nb::type_error(absl::StrFormat("%s must be a 1-D array of numbers, got %s", what,
+                                         nb::inst_name(obj).c_str())
+                             .c_str());
+  }
+  nb::ndarray<const double, nb::ndim<1>, nb::device::cpu> arr;
+  if (!nb::try_cast(a, arr)) {
+    throw nb::type_error(
+        absl::StrFormat("%s must be a 1-D array of numbers, got %d dimensions", what,
+                        nb::cast<int>(a.attr("ndim")))
+            .c_str());
+  }
   std::vector<double> out(arr.shape(0));
   for (size_t i = 0; i < out.size(); ++i) out[i] = arr(i);
-  (void)what;
   return out;
 }
 
@@ -252,7 +293,17 @@ struct PyPacker {
   std::shared_ptr<const wlb::CostModel> cost;
   wlb::PackerOptions options;
   int64_t next_document_id = 0;
+  // Serialises every call that reads or changes the packer or next_document_id: planning runs
+  // without the GIL, so Python threads sharing one Packer would otherwise interleave inside it.
+  std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();
 };
+
+// Locks a Packer for one call. The mutex is taken with the GIL released: a thread that holds the
+// mutex may wait for the GIL, so waiting for the mutex while holding the GIL could deadlock.
+std::unique_lock<std::mutex> LockPacker(const PyPacker& p) {
+  nb::gil_scoped_release release;
+  return std::unique_lock<std::mutex>(*p.mutex);
+}
 
 // A shard plan with its index maps and predicted per-rank latencies.
 struct PyShardPlan {
@@ -380,6 +431,7 @@ void CheckCostModel(const wlb::CostModel& m) {
           absl::StrFormat("cost model: %s must be >= 0 and finite, got %g", name, v)));
     }
   }
+  Check(wlb::ValidateCost(m));
 }
 
 wlb::KernelShape MakeKernelShape(int64_t heads, int64_t head_dim, int64_t tile_q, int64_t tile_k) {
@@ -696,7 +748,9 @@ NB_MODULE(_wlb, m) {
       [](const std::string& path) {
         return ToNumpy(Unwrap(wlb::ReadLengthsFile(path), ErrorKind::kFile));
       },
-      "path"_a, "Reads a lengths file (one integer per line, or a JSON array).");
+      "path"_a,
+      "Reads document lengths: a lengths file (one integer per line, or a JSON array) or a "
+      "Megatron-LM .idx index (its sequence lengths); \"-\" reads standard input.");
   m.def(
       "parse_lengths",
       [](const std::string& text, const std::string& source) {
@@ -766,6 +820,7 @@ NB_MODULE(_wlb, m) {
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             std::vector<wlb::Document> docs;
             int64_t next_id = p.next_document_id;
             Documents* given = nullptr;
@@ -803,6 +858,7 @@ NB_MODULE(_wlb, m) {
       .def(
           "flush",
           [](PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             std::vector<wlb::StepPlan> plans;
             {
               nb::gil_scoped_release release;
@@ -813,11 +869,16 @@ NB_MODULE(_wlb, m) {
           nb::sig("def flush(self) -> list[StepPlan]"),
           "Plans everything still held into final (drain) steps.")
       .def_prop_ro(
-          "pending", [](const PyPacker& p) { return Documents{p.packer->Pending()}; },
+          "pending",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            return Documents{p.packer->Pending()};
+          },
           "The pieces held back (queued or carried).", nb::rv_policy::automatic)
       .def(
           "save_state",
           [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             const std::string blob = p.packer->SaveState();
             return nb::bytes(blob.data(), blob.size());
           },
@@ -825,12 +886,21 @@ NB_MODULE(_wlb, m) {
       .def(
           "restore_state",
           [](PyPacker& p, nb::bytes blob) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             Check(p.packer->RestoreState(std::string_view(blob.c_str(), blob.size())));
+            // The blob does not hold the id counter: never hand out an id the state holds.
+            for (const wlb::Document& d : p.packer->Pending()) {
+              p.next_document_id = std::max(p.next_document_id, d.id + 1);
+            }
           },
-          "blob"_a, "Restores a SaveState() blob (from Python or C++); on error nothing changes.")
+          "blob"_a,
+          "Restores a SaveState() blob (from Python or C++); on error nothing changes. The blob "
+          "holds no id counter: next_document_id becomes at least one above every id the state "
+          "holds (state_dict() / load_state_dict() carry the counter exactly).")
       .def(
           "state_dict",
           [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             const std::string blob = p.packer->SaveState();
             nb::dict d;
             d["packer_state"] = nb::bytes(blob.data(), blob.size());
@@ -841,6 +911,7 @@ NB_MODULE(_wlb, m) {
       .def(
           "load_state_dict",
           [](PyPacker& p, nb::dict state) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
             if (!state.contains("packer_state")) {
               Raise(absl::InvalidArgumentError("state dict has no 'packer_state' entry"));
             }
@@ -848,13 +919,21 @@ NB_MODULE(_wlb, m) {
             if (!nb::isinstance<nb::bytes>(blob)) {
               throw nb::type_error("state dict 'packer_state' must be bytes");
             }
-            int64_t next_id = p.next_document_id;
-            if (state.contains("next_document_id")) {
-              if (!nb::try_cast(state["next_document_id"], next_id, /*convert=*/false) ||
-                  next_id < 0) {
-                Raise(absl::InvalidArgumentError(
-                    "state dict 'next_document_id' must be an integer >= 0"));
-              }
+            // Without the counter, push() could hand out ids the restored state already holds.
+            if (!state.contains("next_document_id")) {
+              Raise(absl::InvalidArgumentError("state dict has no 'next_document_id' entry"));
+            }
+            // One above the largest id push() accepts.
+            constexpr int64_t kMaxNextId = wlb::kMaxStateCounter + 1;
+            int64_t next_id = 0;
+            nb::handle given = state["next_document_id"];
+            if (nb::isinstance<nb::bool_>(given) ||
+                !nb::try_cast(given, next_id, /*convert=*/false) || next_id < 0 ||
+                next_id > kMaxNextId) {
+              const std::string shown = nb::cast<std::string>(nb::repr(given));
+              Raise(absl::InvalidArgumentError(absl::StrFormat(
+                  "state dict 'next_document_id' must be an integer in [0, %d], got %s",
+                  kMaxNextId, wlb::QuoteForMessage(shown))));
             }
             nb::bytes b = nb::borrow<nb::bytes>(blob);
             Check(p.packer->RestoreState(std::string_view(b.c_str(), b.size())));
@@ -881,7 +960,11 @@ NB_MODULE(_wlb, m) {
       .def_prop_ro(
           "cost", [](const PyPacker& p) { return *p.cost; }, nb::rv_policy::automatic)
       .def_prop_ro(
-          "next_document_id", [](const PyPacker& p) { return p.next_document_id; },
+          "next_document_id",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            return p.next_document_id;
+          },
           nb::rv_policy::automatic)
       .def("__repr__", [](const PyPacker& p) {
         return absl::StrFormat("Packer('%s', context=%d, max_tokens=%d, micro_batches=%d)",

@@ -31,8 +31,9 @@ inline constexpr int64_t kMaxInputBytes = int64_t{1} << 31;    // one lengths or
 inline constexpr int kMaxJsonDepth = 64;                       // nesting of JSON inputs
 inline constexpr double kMinProfileMs = 1e-6;                  // one measured latency (ms): 1 ns
 inline constexpr double kMaxProfileMs = 1e7;                   // .. to 2.8 hours
-inline constexpr int64_t kMaxStateCounter = int64_t{1} << 40;
-inline constexpr double kMaxGemmTflops = 1e6;  // wlb-plan --gemm-tflops, per GPU  // step counters and ids in a state
+inline constexpr int64_t kMaxStateCounter = int64_t{1} << 40;  // step counters and ids in a state
+inline constexpr double kMinGemmTflops = 1e-3;  // wlb-plan --gemm-tflops, per GPU: 1 GFLOP/s ..
+inline constexpr double kMaxGemmTflops = 1e6;   // .. to 1 EFLOP/s, so step times stay finite
 
 // `value` for an error message: C-escaped (no raw control bytes or NULs) and cut to `max_chars`
 // characters with the original size noted, so a 10 MB line never becomes a 10 MB message.

@@ -99,6 +99,24 @@ class DocumentCost {
   std::shared_ptr<const Interface> custom_;
 };
 
+// Checks that a cost stays finite and >= 0 for every piece a stream can hold (up to kMaxContext
+// tokens) and summed over a whole stream (kMaxPieces pieces), so no plan, mean or imbalance
+// overflows to inf or NaN; the error names the cost and W(S) at the limit.
+inline absl::Status ValidateCost(const DocumentCost& cost) {
+  const double attention = cost.Attention(kMaxContext);
+  const double linear = cost.Linear(kMaxContext);
+  const double whole = attention + linear;
+  if (!(attention >= 0.0) || !(linear >= 0.0) ||
+      !std::isfinite(whole * static_cast<double>(kMaxPieces))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cost model %s: W(%d) = %g (attention %g + linear %g) must be >= 0 and stay finite "
+        "summed over %d pieces; its coefficients are too large",
+        cost.description().empty() ? cost.unit() : cost.description(), kMaxContext, whole,
+        attention, linear, kMaxPieces));
+  }
+  return absl::OkStatus();
+}
+
 // The tile-aware interpolation of a measured attention latency table (see the file comment).
 class TabulatedCost {
  public:

@@ -113,6 +113,11 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
   std::vector<int64_t> lengths;
   absl::string_view body = absl::StripLeadingAsciiWhitespace(text);
   if (!body.empty() && body.front() == '[') {
+    // The JSON lexer takes a NUL for the end of input and would silently drop what follows.
+    if (const size_t nul = text.find('\0'); nul != absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: a NUL byte at byte %d; a JSON lengths file is text", source, nul));
+    }
     detail::LengthsSax sax(lengths);
     const bool ok = nlohmann::json::sax_parse(body, &sax);
     if (!ok || !sax.error().empty()) {

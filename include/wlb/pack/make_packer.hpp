@@ -59,6 +59,7 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           DocumentCost cost,
                                                           const PackerOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (absl::Status s = ValidateCost(cost); !s.ok()) return s;
   if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));
   if (name == "original-nextfit") {
     return std::make_unique<OriginalPacker>(config, std::move(cost),

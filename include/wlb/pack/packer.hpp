@@ -177,13 +177,32 @@ class Packer {
 
   // Consumes one step of arrivals (pieces of <= S tokens, in stream order) and returns the steps
   // that became ready: one for most packers, W at every W-th call for a window of W steps.
+  // Accepts exactly what a saved state can hold (ids, piece indices, offsets within the state's
+  // limits), so a packer's own SaveState() always restores.
   absl::StatusOr<std::vector<StepPlan>> Push(std::vector<Document> arrivals) {
+    if (pushes_ >= kMaxStateCounter) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("a packer takes at most %d pushes", kMaxStateCounter));
+    }
     for (const Document& d : arrivals) {
       if (d.length <= 0 || d.length > config_.context) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "document %d piece %d: length %d is outside [1, %d] (split documents longer than the "
             "context window into pieces first)",
             d.id, d.piece, d.length, config_.context));
+      }
+      if (d.id < 0 || d.id > kMaxStateCounter) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document id %d is outside [0, %d]", d.id, kMaxStateCounter));
+      }
+      if (d.piece < 0 || d.piece > kMaxPieces) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece index %d is outside [0, %d]", d.id, d.piece, kMaxPieces));
+      }
+      if (d.offset < 0 || d.offset > kMaxStreamTokens) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d piece %d: offset %d is outside [0, %d]", d.id, d.piece, d.offset,
+            kMaxStreamTokens));
       }
     }
     int64_t tokens = 0;
@@ -283,6 +302,7 @@ class Packer {
                           QuoteForMessage(j["config"].dump(), 256), ConfigJson().dump()));
     }
     const nlohmann::json previous = StateJson();
+    absl::Status invalid;
     try {
       const int64_t pushes = detail::StateInteger(j.at("pushes"), 0, kMaxStateCounter, "pushes");
       const int64_t next_step =
@@ -291,17 +311,21 @@ class Packer {
       const int64_t short_from =
           detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
       LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
-      if (absl::Status s = ValidateRestored(pushes); !s.ok()) {
-        LoadStateJson(previous);  // the state this packer saved itself always loads
-        return absl::DataLossError(absl::StrFormat("packer state: %s", s.message()));
+      invalid = ValidateRestored(pushes);
+      if (invalid.ok()) {
+        pushes_ = pushes;
+        next_step_ = next_step;
+        short_from_ = short_from;
+        return absl::OkStatus();
       }
-      pushes_ = pushes;
-      next_step_ = next_step;
-      short_from_ = short_from;
     } catch (const nlohmann::json::exception& e) {
+      // Thrown before LoadStateJson assigned anything: this packer is unchanged.
       return absl::DataLossError(absl::StrFormat("packer state: malformed payload (%s)", e.what()));
     }
-    return absl::OkStatus();
+    // Loaded but not a state this packer could have produced: put back what it held. Its own
+    // state always loads (Push() accepts only what a state can hold), so this cannot throw.
+    LoadStateJson(previous);
+    return absl::DataLossError(absl::StrFormat("packer state: %s", invalid.message()));
   }
 
   const PackerConfig& config() const { return config_; }
