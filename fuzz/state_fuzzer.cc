@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,13 +61,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
 
-  // Every piece held, plus one more step of new pieces (ids no state can hold), exactly once.
+  // Every piece held, plus one more step of new pieces (ids the state does not hold), exactly
+  // once.
   std::map<std::pair<int64_t, int32_t>, int64_t> expected;  // (id, piece) -> length
-  for (const wlb::Document& d : p.Pending()) expected[{d.id, d.piece}] = d.length;
+  std::set<int64_t> held_ids;
+  for (const wlb::Document& d : p.Pending()) {
+    expected[{d.id, d.piece}] = d.length;
+    held_ids.insert(d.id);
+  }
   std::vector<wlb::Document> arrivals;
+  int64_t next_id = 0;
   for (int64_t i = 0; i < 2 * config.micro_batches; ++i) {
-    const wlb::Document d{.id = wlb::kMaxStateCounter + 1 + i,
-                          .length = 1 + (i * 7919) % config.context};
+    while (held_ids.contains(next_id)) ++next_id;
+    const wlb::Document d{.id = next_id++, .length = 1 + (i * 7919) % config.context};
     arrivals.push_back(d);
     expected[{d.id, d.piece}] = d.length;
   }
