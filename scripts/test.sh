@@ -22,10 +22,14 @@ echo "== Python package (pip install . into build/pyenv), pytest" >&2
 # pytest runs over the real extension (it also runs build/tools/wlb-plan and
 # build/test/packer_state_tool); PyTorch, pyarrow and hypothesis come from
 # python/requirements-test.txt, installed once per machine (scripts/python_env.sh), so the
-# torch and data-format tests run here instead of skipping.
+# torch and data-format tests run here instead of skipping. The CUDA backend's GPU scripts (the
+# device verdicts of gtest_report.py, torch_attention_bench.py's signature handling) are tested
+# here too: they run on a GPU machine only once a session has one.
 scripts/python_env.sh build
 pytest_status=0
-WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests -q -rs || pytest_status=$?
+WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests \
+  backends/cuda/scripts/gtest_report_test.py backends/cuda/bench/test_torch_attention_bench.py \
+  -q -rs || pytest_status=$?
 if [ "$pytest_status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests from python/tests" >&2
 fi

@@ -16,7 +16,11 @@
 // JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side. Each
 // configuration is timed with every --kernels engine, flash in every --block_orders order
 // (wlb::cuda::BlockOrder), one after the other on the same buffers, so their ratios come from
-// one run.
+// one run. The first line names the CUDA driver, runtime and cuDNN versions (so does every JSON
+// row); the last, when cudnn ran, how many cuDNN graphs were built and the seconds that took
+// (a one-time cost the per-call times leave out; cudnn JSON rows carry the running totals).
+// Output is line-buffered and every JSON row flushed, so a run killed by `timeout` keeps every
+// configuration it finished.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -33,9 +37,11 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/device_fill.h"
 #include "wlb/cuda/varlen_attention.h"
 
 namespace {
@@ -177,13 +183,19 @@ std::vector<int64_t> GeneratedLengths(size_t n) {
     }                                                                      \
   } while (false)
 
-// Uniform random bf16 in [-1, 1] filled on the host once per buffer (never zeros).
-void FillRandom(__nv_bfloat16* dev, size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<__nv_bfloat16> h(n);
-  for (auto& x : h) x = __float2bfloat16(u(rng));
-  CHECK_CUDA(cudaMemcpy(dev, h.data(), n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+// The library versions the numbers were measured with: every number must name them.
+struct Versions {
+  int driver = 0, runtime = 0;  // 1000 * major + 10 * minor; driver 0: no driver
+  int64_t cudnn = 0;            // cudnnGetVersion(); 0: the cudnn engine is compiled out
+};
+
+// Read before the device check and never fatal: a machine without a driver still says so (0).
+Versions LibraryVersions() {
+  Versions v;
+  if (cudaDriverGetVersion(&v.driver) != cudaSuccess) v.driver = 0;
+  if (cudaRuntimeGetVersion(&v.runtime) != cudaSuccess) v.runtime = 0;
+  if (absl::StatusOr<int64_t> c = wlb::cuda::CudnnRuntimeVersion(); c.ok()) v.cudnn = *c;
+  return v;
 }
 
 template <typename F>
@@ -210,12 +222,24 @@ double MedianMs(F&& run, int warmup, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe or file: a run killed by `timeout` keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
   std::vector<std::pair<const char*, wlb::cuda::BlockOrder>> orders;
   if (!ParseBlockOrders(flags.block_orders, &orders)) return 2;
   std::vector<wlb::cuda::AttentionKernel> kernels;
   if (!ParseKernels(flags.kernels, &kernels)) return 2;
+  const Versions versions = LibraryVersions();
+  const std::string cudnn_version =
+      versions.cudnn > 0
+          ? absl::StrFormat("cuDNN %d.%d.%d (%d)", versions.cudnn / 10000,
+                            versions.cudnn / 100 % 100, versions.cudnn % 100, versions.cudnn)
+          : "cudnn engine compiled out";
+  std::printf("versions: CUDA driver %d.%d (%d), CUDA runtime %d.%d (%d), %s\n",
+              versions.driver / 1000, versions.driver % 1000 / 10, versions.driver,
+              versions.runtime / 1000, versions.runtime % 1000 / 10, versions.runtime,
+              cudnn_version.c_str());
   if (absl::Status s = wlb::cuda::CudaDeviceAvailable(); !s.ok()) {
     std::fprintf(stderr, "no usable CUDA device, nothing measured: %s\n", s.ToString().c_str());
     return 3;
@@ -276,10 +300,12 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(ptr), n * sizeof(__nv_bfloat16)));
     }
     CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&lse), size_t(tq) * h * sizeof(float)));
-    FillRandom(q, nq, 1);
-    FillRandom(k, nk, 2);
-    FillRandom(v, nk, 3);
-    FillRandom(dout, nq, 4);
+    // Filled on the device: a host fill took seconds per buffer at 128K x 16 heads x 128.
+    CHECK_OK(wlb::cuda::FillUniformBf16(q, int64_t(nq), 1, 1.f));
+    CHECK_OK(wlb::cuda::FillUniformBf16(k, int64_t(nk), 2, 1.f));
+    CHECK_OK(wlb::cuda::FillUniformBf16(v, int64_t(nk), 3, 1.f));
+    CHECK_OK(wlb::cuda::FillUniformBf16(dout, int64_t(nq), 4, 1.f));
+    CHECK_CUDA(cudaDeviceSynchronize());
 
     wlb::cuda::ForwardTensors f;
     f.q = {q, tq, h, d};
@@ -340,15 +366,30 @@ int main(int argc, char** argv) {
                             {"fwd_tflops", fwd_tflops},
                             {"bwd_tflops", bwd_tflops},
                             {"useful_fwd_flops", flops},
-                            {"device", prop.name}};
+                            {"device", prop.name},
+                            {"cuda_driver_version", versions.driver},
+                            {"cuda_runtime_version", versions.runtime},
+                            {"cudnn_version", versions.cudnn}};
       if (config == "mix") row["mix_source"] = mix_source;
-      if (json_out) json_out << row.dump() << "\n";
+      if (kernel == wlb::cuda::AttentionKernel::kCudnn) {
+        // Running totals of this process: the graphs this row's Create built are included.
+        const wlb::cuda::CudnnGraphStats g = wlb::cuda::CudnnGraphStatistics();
+        row["cudnn_graphs_built"] = g.graphs_built;
+        row["cudnn_graph_build_s"] = g.build_seconds;
+      }
+      if (json_out) json_out << row.dump() << "\n" << std::flush;
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
                       static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(dq),
                       static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(lse)}) {
       CHECK_CUDA(cudaFree(ptr));
     }
+  }
+  if (std::find(kernels.begin(), kernels.end(), wlb::cuda::AttentionKernel::kCudnn) !=
+      kernels.end()) {
+    const wlb::cuda::CudnnGraphStats g = wlb::cuda::CudnnGraphStatistics();
+    std::printf("cudnn graphs built: %lld in %.3f s\n", static_cast<long long>(g.graphs_built),
+                g.build_seconds);
   }
   return 0;
 }

@@ -11,6 +11,9 @@
 // slowest rank, so a strategy's cost for a micro-batch is its max-rank fwd+bwd time. Per rank
 // and strategy the median over --iters is used. The model (--profile CSV, else the analytic
 // default) predicts forward ms per rank; its error is reported against measured forward ms.
+// Output is line-buffered and every JSON line flushed, so a run killed by `timeout` keeps every
+// micro-batch it finished; with --kernel=cudnn the last line says how many cuDNN graphs were
+// built and the seconds that took.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +84,8 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe or file: a run killed by `timeout` keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench::Flags flags(argc, argv);
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
@@ -177,6 +182,7 @@ int main(int argc, char** argv) {
             AttentionKernelName(kernel), i, std::string(wlb::ShardStrategyName(s)), r->max_ms,
             r->imbalance, absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(fwd), {{" ", ","}}),
             absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(bwd), {{" ", ","}}));
+        js.flush();
       }
     }
     absl::StatusOr<wlb::AdaptiveChoice> choice = wlb::ChooseAdaptive(mb, int(cp), *model);
@@ -206,5 +212,6 @@ int main(int argc, char** argv) {
               "slowest rank %.1f%%\n",
               100 * err_sum / std::max(err_n, 1), err_n,
               100 * err_max_rank_sum / std::max(err_max_n, 1));
+  if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());
   return 0;
 }

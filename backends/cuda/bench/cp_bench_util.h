@@ -1,23 +1,25 @@
 // Helpers shared by the CP profiler, benchmark and example: --key=value flags, device buffers
-// of seeded bf16 values, the device's name.
+// of seeded bf16 values, the device's name, the cudnn engine's graph-building cost.
 #ifndef WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
 #define WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "wlb/cuda/attention_problem.h"
 #include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/device_fill.h"
 #include "wlb/cuda/varlen_attention.h"
 
 namespace wlb::cuda::bench {
@@ -95,19 +97,24 @@ struct CudaFree {
 using DeviceBf16 = std::unique_ptr<__nv_bfloat16, CudaFree>;
 
 // `n` seeded bf16 values in [-scale, scale] on the current device; null on failure (printed).
+// Filled on the device (a host fill and upload took seconds per 128K-token buffer), then the
+// device is synchronised: callers use the buffer on other streams (the CP ranks') right away.
 inline DeviceBf16 RandomDevice(size_t n, uint64_t seed, float scale) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<__nv_bfloat16> h(n);
-  for (auto& x : h) x = __float2bfloat16(u(rng));
   void* p = nullptr;
-  if (cudaMalloc(&p, std::max<size_t>(n, 1) * 2) != cudaSuccess ||
-      cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
-    std::fprintf(stderr, "cannot allocate/upload %zu bf16 values\n", n);
-    cudaFree(p);
+  if (cudaMalloc(&p, std::max<size_t>(n, 1) * 2) != cudaSuccess) {
+    std::fprintf(stderr, "cannot allocate %zu bf16 values\n", n);
     return nullptr;
   }
-  return DeviceBf16(static_cast<__nv_bfloat16*>(p));
+  DeviceBf16 d(static_cast<__nv_bfloat16*>(p));
+  absl::Status s = FillUniformBf16(d.get(), static_cast<int64_t>(n), seed, scale);
+  if (s.ok()) {
+    s = CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize()", __FILE__, __LINE__);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "cannot fill %zu bf16 values: %s\n", n, s.ToString().c_str());
+    return nullptr;
+  }
+  return d;
 }
 
 inline DeviceBf16 EmptyDevice(size_t n) {
@@ -122,6 +129,13 @@ inline bool RequireDevice(const char* program) {
   if (s.ok()) return true;
   std::fprintf(stderr, "%s needs a CUDA device: %s\n", program, s.ToString().c_str());
   return false;
+}
+
+// "cudnn graphs built: N in S s": the cudnn engine's one-time graph-building cost in this
+// process, which per-call times leave out; mains print it at the end when the engine ran.
+inline std::string CudnnGraphLine() {
+  const CudnnGraphStats g = CudnnGraphStatistics();
+  return absl::StrFormat("cudnn graphs built: %d in %.3f s", g.graphs_built, g.build_seconds);
 }
 
 inline std::string DeviceName() {

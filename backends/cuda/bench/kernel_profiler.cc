@@ -11,7 +11,10 @@
 // [kv_len - q_len, kv_len)) is exactly what a CP rank runs. ms is the forward time of one call
 // (mean over --iters after --warmup); bwd_ms the backward's. The header's last column names the
 // device, the UTC date and this command (commas replaced), so the table carries its provenance;
-// rows leave it empty. The written file is read back through wlb::ReadKernelProfileCsv.
+// rows leave it empty. The header is written before the first measurement and each row as soon
+// as it is measured (flushed, like stdout), so a run killed by `timeout` leaves every point it
+// finished; a completed grid is read back through wlb::ReadKernelProfileCsv. With --kernel=cudnn
+// the last line says how many cuDNN graphs were built and the seconds that took.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +89,8 @@ absl::StatusOr<Point> Measure(AttentionKernel kernel, int64_t q, int64_t kv, int
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe or file: a run killed by `timeout` keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench::Flags flags(argc, argv);
   std::string out;
   AttentionKernel kernel = AttentionKernel::kFlash;
@@ -116,6 +121,19 @@ int main(int argc, char** argv) {
   for (const auto& b : in) {
     if (!b) return 1;
   }
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const std::string note = absl::StrReplaceAll(
+      absl::StrFormat("%s kernel measured %s on %s: %s", AttentionKernelName(kernel), date,
+                      bench::DeviceName(), flags.command()),
+      {{",", ";"}});
+  std::ofstream csv(out);
+  csv << "q_len,kv_len,ms,bwd_ms," << note << "\n" << std::flush;
+  if (!csv.good()) {
+    std::fprintf(stderr, "cannot write '%s'\n", out.c_str());
+    return 1;
+  }
   // Query lengths around the tile (the kernel model's flat region and jump), then doubling;
   // key lengths from q_len doubling to max_kv, plus max_kv itself.
   std::vector<int64_t> qs = {16, 64, 128, 192, 256, 384, 512};
@@ -139,26 +157,18 @@ int main(int argc, char** argv) {
       const double tflops = 4.0 * double(dim) * double(heads) * pairs / (p->fwd_ms * 1e9);
       std::printf("q_len %6ld kv_len %6ld  fwd %9.4f ms  bwd %9.4f ms  fwd %6.1f TFLOP/s\n",
                   long(q), long(kv), p->fwd_ms, p->bwd_ms, tflops);
+      csv << absl::StrFormat("%d,%d,%.6f,%.6f,\n", p->q, p->kv, p->fwd_ms, p->bwd_ms) << std::flush;
+      if (!csv.good()) {
+        std::fprintf(stderr, "cannot write '%s'\n", out.c_str());
+        return 1;
+      }
       points.push_back(*p);
     }
   }
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  const std::string note = absl::StrReplaceAll(
-      absl::StrFormat("%s kernel measured %s on %s: %s", AttentionKernelName(kernel), date,
-                      bench::DeviceName(), flags.command()),
-      {{",", ";"}});
-  {
-    std::ofstream f(out);
-    f << "q_len,kv_len,ms,bwd_ms," << note << "\n";
-    for (const Point& p : points) {
-      f << absl::StrFormat("%d,%d,%.6f,%.6f,\n", p.q, p.kv, p.fwd_ms, p.bwd_ms);
-    }
-    if (!f.good()) {
-      std::fprintf(stderr, "cannot write '%s'\n", out.c_str());
-      return 1;
-    }
+  csv.close();
+  if (!csv) {
+    std::fprintf(stderr, "cannot write '%s'\n", out.c_str());
+    return 1;
   }
   wlb::KernelShape shape;
   shape.heads = heads;
@@ -169,5 +179,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("wrote %zu points to %s (%s)\n", points.size(), out.c_str(), note.c_str());
+  if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());
   return 0;
 }

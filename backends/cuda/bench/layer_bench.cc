@@ -21,6 +21,9 @@
 // measured non-attention time / C. Files in --out: measurements.csv, layer_profile.csv (the
 // fitted profile's points), predictions.csv (per micro-batch measured and predicted forward ms,
 // for backends/cuda/scripts/plot_layer.py), cp.csv, summary.md (everything printed).
+// measurements.csv and cp.csv get each row as it is measured (flushed, like the line-buffered
+// stdout), so a run killed by `timeout` keeps every measurement it finished. With --kernel=cudnn
+// the summary ends with how many cuDNN graphs were built and the seconds that took.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -117,6 +120,8 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe or file: a run killed by `timeout` keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench::Flags flags(argc, argv);
   std::string out_dir,
       preset = "llama2-7b", docs,
@@ -212,6 +217,8 @@ int main(int argc, char** argv) {
 
   // ---- per micro-batch measurements, every packer ----
   std::vector<MicroBatchMeasurement> rows;
+  std::ofstream measurements_csv(out_dir + "/measurements.csv");
+  measurements_csv << MeasurementsCsv({}, provenance) << std::flush;  // the header
   for (const PackerSpec& p : packers) {
     for (size_t k = 0; k < plans[p.label].size(); ++k) {
       const wlb::StepPlan& step = plans[p.label][k];
@@ -238,11 +245,12 @@ int main(int argc, char** argv) {
         std::printf("%s step %ld mb %zu: %ld tokens, %zu docs, fwd %.3f ms, bwd %.3f ms\n",
                     p.label.c_str(), long(s), i, long(m.tokens()), m.lengths.size(), m.forward_ms,
                     m.backward_ms);
+        measurements_csv << MeasurementsCsvRow(m) << std::flush;
         rows.push_back(std::move(m));
       }
     }
   }
-  std::ofstream(out_dir + "/measurements.csv") << MeasurementsCsv(rows, provenance);
+  measurements_csv.close();
 
   // ---- Table 2 ----
   absl::StatusOr<std::vector<ImbalanceRow>> table = ImbalanceTable(rows);
@@ -350,6 +358,7 @@ int main(int argc, char** argv) {
 
   // ---- CP: the same micro-batches' attention over C emulated ranks ----
   std::vector<CpMeasurement> cp_rows;
+  std::ofstream cp_csv;  // opened at the first row: no cp.csv when nothing is measured
   const CpAttentionConfig cp_config{.num_heads = static_cast<int>(shape->heads),
                                     .num_kv_heads = static_cast<int>(shape->kv_heads),
                                     .head_dim = static_cast<int>(shape->head_dim),
@@ -404,17 +413,19 @@ int main(int argc, char** argv) {
                          .cp = c,
                          .strategy = std::string(wlb::ShardStrategyName(s))};
         for (const auto& r : per_rank) cm.rank_ms.push_back(Median(r) + linear_ms);
+        if (!cp_csv.is_open()) {
+          cp_csv.open(out_dir + "/cp.csv");
+          cp_csv << "# " << provenance << "\nmethod,step,index,cp,strategy,rank_ms\n";
+        }
+        cp_csv << absl::StrFormat("%s,%d,%d,%d,%s,%s\n", cm.method, cm.step, cm.index, cm.cp,
+                                  cm.strategy, absl::StrJoin(cm.rank_ms, ";"))
+               << std::flush;
         cp_rows.push_back(std::move(cm));
       }
     }
   }
+  cp_csv.close();
   if (!cp_rows.empty()) {
-    std::ofstream cp_csv(out_dir + "/cp.csv");
-    cp_csv << "# " << provenance << "\nmethod,step,index,cp,strategy,rank_ms\n";
-    for (const CpMeasurement& m : cp_rows) {
-      cp_csv << absl::StrFormat("%s,%d,%d,%d,%s,%s\n", m.method, m.step, m.index, m.cp, m.strategy,
-                                absl::StrJoin(m.rank_ms, ";"));
-    }
     absl::StatusOr<std::vector<CpRow>> cp_table = CpTable(cp_rows);
     if (!cp_table.ok()) return Fail(cp_table.status());
     Say(absl::StrFormat(
@@ -430,6 +441,7 @@ int main(int argc, char** argv) {
                           r.micro_batches, r.mean_imbalance, r.total_ms, r.vs_oracle));
     }
   }
+  if (*kernel == AttentionKernel::kCudnn) Say("\n" + bench::CudnnGraphLine());
   std::ofstream(out_dir + "/summary.md") << summary_text;
   return 0;
 }

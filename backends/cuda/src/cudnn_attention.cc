@@ -10,6 +10,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <chrono>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -50,6 +51,8 @@ absl::Status CudnnBackward(const CudnnAttention&, const BackwardTensors&, cudaSt
 }
 
 }  // namespace detail
+
+CudnnGraphStats CudnnGraphStatistics() { return {}; }
 
 #else  // WLB_CUDA_HAVE_CUDNN
 
@@ -92,6 +95,17 @@ struct DeviceCache {
   cudnnHandle_t handle = nullptr;
   std::map<std::string, std::shared_ptr<fe::graph::Graph>> graphs;
 };
+
+// CudnnGraphStatistics' counters, over every device's cache (each cache has its own mutex).
+struct GraphStats {
+  std::mutex mu;
+  CudnnGraphStats stats;
+};
+
+GraphStats& GraphStatsOf() {
+  static auto* stats = new GraphStats();  // never destroyed, like the caches
+  return *stats;
+}
 
 // Never destroyed: handles must not be destroyed after the CUDA runtime has shut down, which
 // static destructors cannot rule out.
@@ -330,7 +344,15 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
       const std::string key = (phase ? "bwd " : "fwd ") + engine->shape.ToString();
       std::shared_ptr<fe::graph::Graph>& graph = cache.graphs[key];
       if (!graph) {
+        const auto start = std::chrono::steady_clock::now();
         auto built = BuildGraph(engine->shape, phase, cache.handle);
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+        {
+          GraphStats& g = GraphStatsOf();
+          std::lock_guard<std::mutex> stats_lock(g.mu);
+          g.stats.build_seconds += took.count();
+          if (built.ok()) ++g.stats.graphs_built;
+        }
         if (!built.ok()) {
           cache.graphs.erase(key);
           return built.status();
@@ -414,6 +436,12 @@ absl::Status CudnnBackward(const CudnnAttention& e, const BackwardTensors& t, cu
 }
 
 }  // namespace detail
+
+CudnnGraphStats CudnnGraphStatistics() {
+  detail::GraphStats& g = detail::GraphStatsOf();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return g.stats;
+}
 
 #endif  // WLB_CUDA_HAVE_CUDNN
 

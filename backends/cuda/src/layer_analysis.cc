@@ -53,13 +53,15 @@ int64_t MicroBatchMeasurement::tokens() const {
 std::string MeasurementsCsv(std::span<const MicroBatchMeasurement> rows,
                             std::string_view provenance) {
   std::string out = absl::StrCat("# ", Sanitized(provenance), "\n", kHeader, "\n");
-  for (const MicroBatchMeasurement& m : rows) {
-    absl::StrAppendFormat(&out, "%s,%d,%d,%d,%d,%.10g,%.6f,%.6f,%.6f,%.6f,%s\n",
-                          Sanitized(m.method), m.step, m.index, m.tokens(), m.lengths.size(),
-                          m.predicted, m.forward_ms, m.backward_ms, m.attention_forward_ms,
-                          m.attention_backward_ms, absl::StrJoin(m.lengths, ";"));
-  }
+  for (const MicroBatchMeasurement& m : rows) out += MeasurementsCsvRow(m);
   return out;
+}
+
+std::string MeasurementsCsvRow(const MicroBatchMeasurement& m) {
+  return absl::StrFormat("%s,%d,%d,%d,%d,%.10g,%.6f,%.6f,%.6f,%.6f,%s\n", Sanitized(m.method),
+                         m.step, m.index, m.tokens(), m.lengths.size(), m.predicted, m.forward_ms,
+                         m.backward_ms, m.attention_forward_ms, m.attention_backward_ms,
+                         absl::StrJoin(m.lengths, ";"));
 }
 
 absl::StatusOr<std::vector<MicroBatchMeasurement>> ParseMeasurementsCsv(std::string_view text,

@@ -114,14 +114,14 @@ __global__ void SwiGluBackwardKernel(const __nv_bfloat16* gu, const __nv_bfloat1
   dgu[r * 2 * ffn + ffn + j] = __float2bfloat16(d * gate * sig);
 }
 
-__global__ void FillUniformKernel(__nv_bfloat16* t, int64_t n, uint64_t seed) {
+__global__ void FillUniformKernel(__nv_bfloat16* t, int64_t n, uint64_t seed, float scale) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);  // splitmix64
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   z ^= z >> 31;
-  t[i] = __float2bfloat16(static_cast<float>(z >> 40) * (2.f / 16777216.f) - 1.f);
+  t[i] = __float2bfloat16((static_cast<float>(z >> 40) * (2.f / 16777216.f) - 1.f) * scale);
 }
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -179,9 +179,10 @@ cudaError_t LaunchSwiGluBackward(const __nv_bfloat16* gu, const __nv_bfloat16* d
   return cudaGetLastError();
 }
 
-cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, cudaStream_t stream) {
+cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, float scale,
+                              cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillUniformKernel<<<Blocks(n), kThreads, 0, stream>>>(t, n, seed);
+  FillUniformKernel<<<Blocks(n), kThreads, 0, stream>>>(t, n, seed, scale);
   return cudaGetLastError();
 }
 

@@ -39,8 +39,10 @@ cudaError_t LaunchSwiGluBackward(const __nv_bfloat16* gu, const __nv_bfloat16* d
                                  __nv_bfloat16* dgu, int64_t rows, int64_t ffn,
                                  cudaStream_t stream);
 
-// n seeded values uniform in [-1, 1] (a counter-based hash: the same seed gives the same values).
-cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, cudaStream_t stream);
+// n seeded values uniform in [-scale, scale] (a counter-based hash: the same seed gives the same
+// values). The public entry point with argument checks is wlb::cuda::FillUniformBf16.
+cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, float scale,
+                              cudaStream_t stream);
 
 }  // namespace wlb::cuda::detail
 

@@ -305,8 +305,8 @@ absl::StatusOr<std::unique_ptr<LayerRunner>> LayerRunner::Create(const LayerShap
 absl::Status LayerRunner::RandomizeInputs(uint64_t seed) {
   State& st = *state_;
   const int64_t n = st.capacity * shape_.hidden;
-  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.x, n, 2 * seed, st.stream));
-  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.dy, n, 2 * seed + 1, st.stream));
+  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.x, n, 2 * seed, 1.f, st.stream));
+  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.dy, n, 2 * seed + 1, 1.f, st.stream));
   return absl::OkStatus();
 }
 

@@ -7,7 +7,8 @@
 // wherever it is compiled in (CudnnEngineAvailable skips with the reason otherwise). Inputs are
 // fresh random values each run (the seed is printed on failure), outputs are poisoned with NaN
 // before each run so unwritten elements show, and NaN never passes. Skips with a reason when no
-// CUDA device is present.
+// CUDA device is present. WLB_TEST_KERNELS=flash,reference (or cudnn) limits the engines of the
+// float64-reference cases (what gpu_check.sh's sanitizer passes use).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -15,12 +16,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "test/test_util.h"
 #include "wlb/cuda/cpu_reference.h"
 #include "wlb/cuda/cuda_status.h"
@@ -214,6 +218,23 @@ bool Built(AttentionKernel kernel) {
   return kernel != AttentionKernel::kCudnn || CudnnEngineCompiledIn();
 }
 
+// Whether the comma-separated engine list in WLB_TEST_KERNELS (unset or empty: all) names
+// `kernel`. gpu_check.sh's racecheck runs wlb's own kernels only (cuDNN's kernels are not ours,
+// and racecheck reports their asynchronous-copy pipelines as hazards) and one memcheck pass the
+// cudnn engine alone. An unknown name is an error, not an empty selection.
+absl::StatusOr<bool> Selected(AttentionKernel kernel) {
+  const char* env = std::getenv("WLB_TEST_KERNELS");
+  if (env == nullptr || *env == '\0') return true;
+  bool selected = false;
+  for (absl::string_view name : absl::StrSplit(env, ',')) {
+    absl::StatusOr<AttentionKernel> k =
+        ParseAttentionKernel(std::string_view(name.data(), name.size()));
+    if (!k.ok()) return k.status();
+    selected = selected || *k == kernel;
+  }
+  return selected;
+}
+
 // Every kernel variant against the float64 CPU reference.
 void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
   const Inputs in = RandomInputs(p, rng);
@@ -222,7 +243,9 @@ void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
   absl::StatusOr<CpuGradients> g = CpuAttentionBackward(p, in.q, in.k, in.v, in.dout);
   ASSERT_TRUE(g.ok()) << g.status();
   for (const KernelVariant& variant : kVariants) {
-    if (!Built(variant.kernel)) continue;
+    absl::StatusOr<bool> selected = Selected(variant.kernel);
+    ASSERT_TRUE(selected.ok()) << "WLB_TEST_KERNELS: " << selected.status();
+    if (!Built(variant.kernel) || !*selected) continue;
     SCOPED_TRACE(variant.name);
     Results r;
     RunOnDevice(p, variant.kernel, in, /*backward=*/true, &r, variant.order);

@@ -41,6 +41,9 @@ struct MicroBatchMeasurement {
 // CSV: a '#' line with `provenance`, a header, one row per measurement (lengths joined by ';').
 std::string MeasurementsCsv(std::span<const MicroBatchMeasurement> rows,
                             std::string_view provenance);
+// One row of MeasurementsCsv, newline included: layer_bench writes MeasurementsCsv({}, ...) (the
+// header) first, then each row as it is measured, so a killed run keeps what it measured.
+std::string MeasurementsCsvRow(const MicroBatchMeasurement& m);
 // Parses MeasurementsCsv's text; InvalidArgument naming `source`, the line and the bad field
 // (field count, a number that does not parse, negative or non-finite times, no documents, a
 // length <= 0).

@@ -90,6 +90,18 @@ bool CudnnEngineCompiledIn();
 // FailedPrecondition when the engine is compiled out.
 absl::StatusOr<int64_t> CudnnRuntimeVersion();
 
+// What the cudnn engine's process-wide graph cache has cost so far: the graphs built (cache
+// misses of VarlenAttention::Create, forward and backward counted apart, every device together)
+// and the wall seconds spent building them (validate, operation graph, execution plans, support
+// check, plan build; failed attempts included). Building is the engine's one-time cost, which a
+// benchmark's per-call times hide, so it is reported beside them. Thread-safe; zeros when the
+// engine is compiled out.
+struct CudnnGraphStats {
+  int64_t graphs_built = 0;
+  double build_seconds = 0;
+};
+CudnnGraphStats CudnnGraphStatistics();
+
 // Checks shapes against `problem`, non-null 16-byte-aligned pointers and the no-overlap rules;
 // InvalidArgument naming the tensor and the bad value otherwise. Runs on the host only.
 absl::Status ValidateForwardTensors(const AttentionProblem& problem, const ForwardTensors& t);
