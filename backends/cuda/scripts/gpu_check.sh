@@ -55,7 +55,7 @@ declare -A caps=(
   [sanitizer:memcheck]=150 [sanitizer:memcheck_collectives]=60 [sanitizer:racecheck_own]=200
   [sanitizer:memcheck_cudnn]=120
   [bench:wlb_attention_bench]=200 [bench:torch_attention_bench]=200
-  [ncu:ncu_16k]=300
+  [ncu:ncu_16k]=150 [ncu:ncu_cudnn_wlb]=120 [ncu:ncu_cudnn_torch]=150
   [profile:kernel_profiler_flash]=200 [profile:kernel_profiler_cudnn]=280
   [cp:cp_bench_c2]=100 [cp:cp_bench_c4]=100 [cp:cp_bench_c8]=100 [cp:cp_bench_analytic_c4]=60
   [cp:cp_end_to_end]=90
@@ -324,15 +324,27 @@ stage_bench() {
 stage_ncu() {
   check_binaries || return 1
   command -v ncu >/dev/null || { say "ncu: not found"; return 1; }
+  local n="${work}/ncu" rc=0 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats)
   # One forward and one backward of 16K documents (8 x 16K tokens), both block orders, flash only.
-  run ncu ncu_16k ncu --clock-control none --kernel-name regex:Flash \
-    --section SpeedOfLight --section Occupancy --section LaunchStats \
+  run ncu ncu_16k ncu --clock-control none --kernel-name regex:Flash "${sections[@]}" \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section InstructionStats \
-    "${dev}/bin/wlb_cuda_attention_bench" --configs=16384 --kernels=flash --warmup=0 --iters=1
-  local rc=$?
-  grep -E "Flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|L2 Hit Rate|Stall|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
-    "${work}/ncu/ncu_16k.log" | head -80 >>"${summary}"
+    "${dev}/bin/wlb_cuda_attention_bench" --configs=16384 --kernels=flash --warmup=0 --iters=1 || rc=1
+  grep -E "Flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|L2 Hit Rate|Local Memory Spilling Requests|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|highest-utilized" \
+    "${n}/ncu_16k.log" | head -80 >>"${summary}"
+  # The cudnn engine against PyTorch's cuDNN path on the same 16K shape: which cuDNN kernels each
+  # runs and for how long (the engine's extra kernels: statistics layout, dK/dV zeroing).
+  run ncu ncu_cudnn_wlb ncu --clock-control none --kernel-name 'regex:sdpa|Lse|Stats' \
+    "${sections[@]}" "${dev}/bin/wlb_cuda_attention_bench" --configs=16384 --kernels=cudnn \
+    --warmup=0 --iters=1 || rc=1
+  run ncu ncu_cudnn_torch ncu --clock-control none --kernel-name regex:sdpa "${sections[@]}" \
+    python3 "${repo}/backends/cuda/bench/torch_attention_bench.py" --configs=16384 \
+    --backends cudnn --warmup 0 --iters 1 --no-check || rc=1
+  for f in ncu_cudnn_wlb ncu_cudnn_torch; do
+    say "${f}:"
+    grep -E "^  [a-zA-Z_].*\(|Duration|Registers Per|Block Size|Grid Size|Achieved Occupancy|Compute \(SM\) Throughput" \
+      "${n}/${f}.log" | head -40 >>"${summary}"
+  done
   return ${rc}
 }
 
