@@ -169,6 +169,19 @@ TensorPtr Int32Column(fe::graph::Graph& g, const char* name, Uid uid, int64_t n)
                       .set_data_type(fe::DataType_t::INT32));
 }
 
+// The causal mask of class `c` on SDPA forward or backward attributes: top-left where every
+// segment is square (the same set; cuDNN's backward skips masked tiles only then), else
+// bottom-right (CP segments: queries [a, b) of a document see keys [0, b)).
+template <typename Attributes>
+void SetCausalMask(const CudnnShapeClass& c, Attributes& options) {
+  if (!c.causal) return;
+  if (c.causal_top_left) {
+    options.set_causal_mask(true);
+  } else {
+    options.set_causal_mask_bottom_right(true);
+  }
+}
+
 // Builds the forward or backward graph of class `c` through `handle`.
 absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeClass& c,
                                                              bool backward, cudnnHandle_t handle) {
@@ -199,7 +212,7 @@ absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeCla
                        .set_padding_mask(true)
                        .set_seq_len_q(seq_len_q)
                        .set_seq_len_kv(seq_len_k);
-    if (c.causal) options.set_causal_mask_bottom_right(true);
+    SetCausalMask(c, options);
     auto [o, stats] = g.sdpa(q, k, v, options);
     AsThd(o, kO, b, h, sq, d, q_offsets);
     stats->set_output(true)
@@ -228,7 +241,7 @@ absl::StatusOr<std::shared_ptr<fe::graph::Graph>> BuildGraph(const CudnnShapeCla
                        .set_seq_len_kv(seq_len_k)
                        .set_max_total_seq_len_q(c.total_q)
                        .set_max_total_seq_len_kv(c.total_k);
-    if (c.causal) options.set_causal_mask_bottom_right(true);
+    SetCausalMask(c, options);
     auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dout, stats, options);
     AsThd(dq, kDQ, b, h, sq, d, q_offsets);
     AsThd(dk, kDK, b, hk, sk, d, kv_offsets);

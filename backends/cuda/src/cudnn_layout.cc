@@ -11,7 +11,8 @@ namespace wlb::cuda {
 std::string CudnnShapeClass::ToString() const {
   return absl::StrFormat("b%d sq%d sk%d tq%d tk%d h%d hk%d d%d %s scale=%a", batch, max_seqlen_q,
                          max_seqlen_k, total_q, total_k, num_heads, num_kv_heads, head_dim,
-                         causal ? "causal" : "full", softmax_scale);
+                         !causal ? "full" : causal_top_left ? "causal-top-left" : "causal",
+                         softmax_scale);
 }
 
 int64_t CudnnBucket(int64_t n, int64_t floor) {
@@ -22,9 +23,11 @@ int64_t CudnnBucket(int64_t n, int64_t floor) {
 CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
   CudnnShapeClass c;
   int64_t batch = 0, max_q = 0, max_k = 0;
+  bool square = true;
   for (int b = 0; b < p.batch(); ++b) {
     if (p.seqlen_q(b) == 0) continue;  // no query, no work: dropped from the cuDNN batch
     ++batch;
+    square = square && p.seqlen_q(b) == p.seqlen_k(b);
     max_q = std::max<int64_t>(max_q, p.seqlen_q(b));
     max_k = std::max<int64_t>(max_k, p.seqlen_k(b));
   }
@@ -39,6 +42,7 @@ CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
   c.num_kv_heads = p.num_kv_heads;
   c.head_dim = p.head_dim;
   c.causal = p.causal;
+  c.causal_top_left = p.causal && square;
   c.softmax_scale = p.softmax_scale;
   return c;
 }
@@ -78,6 +82,12 @@ absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem&
         p.softmax_scale));
   }
   const CudnnShapeClass need = CudnnShapeClassOf(p);
+  if (shape.causal_top_left && !need.causal_top_left) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shape class %s uses the top-left causal mask, but the problem has a segment with more "
+        "keys than queries (it needs the bottom-right mask)",
+        shape.ToString()));
+  }
   if (auto s = CheckFits(need.batch, shape.batch, "batch"); !s.ok()) return s;
   if (auto s = CheckFits(need.max_seqlen_q, shape.max_seqlen_q, "max_seqlen_q"); !s.ok()) return s;
   if (auto s = CheckFits(need.max_seqlen_k, shape.max_seqlen_k, "max_seqlen_k"); !s.ok()) return s;

@@ -3,6 +3,7 @@
 // Create without a device or with an unsupported configuration.
 #include "wlb/cuda/cudnn_layout.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -53,6 +54,25 @@ TEST(CudnnShapeClass, WorkedExample) {
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_TRUE(c.causal);
   EXPECT_EQ(c.ToString(), "b4 sq256 sk1024 tq256 tk2048 h8 hk2 d128 causal scale=0x1.6a09e6p-4");
+}
+
+TEST(CudnnShapeClass, TopLeftCausalOnlyWhenEverySegmentWithQueriesIsSquare) {
+  EXPECT_TRUE(CudnnShapeClassOf(DocumentsProblem({100, 7, 1}, 4, 2, 64)).causal_top_left);
+  EXPECT_EQ(CudnnShapeClassOf(DocumentsProblem({100}, 4, 2, 64)).ToString(),
+            "b1 sq128 sk128 tq128 tk128 h4 hk2 d64 causal-top-left scale=0x1p-3");
+  // A query-less segment is dropped from the batch, so its keys do not matter.
+  EXPECT_TRUE(CudnnShapeClassOf(SegmentsProblem({{5, 5}, {0, 9}}, 4, 2, 64)).causal_top_left);
+  // One CP segment (more keys than queries) needs the bottom-right mask.
+  EXPECT_FALSE(CudnnShapeClassOf(SegmentsProblem({{5, 5}, {3, 9}}, 4, 2, 64)).causal_top_left);
+  EXPECT_FALSE(
+      CudnnShapeClassOf(DocumentsProblem({100}, 4, 2, 64, /*causal=*/false)).causal_top_left);
+  // A top-left class never serves a problem that needs the bottom-right mask.
+  const CudnnShapeClass square = CudnnShapeClassOf(DocumentsProblem({60, 4}, 4, 2, 64));
+  const absl::StatusOr<CudnnRaggedLayout> l =
+      BuildCudnnRaggedLayout(SegmentsProblem({{60, 60}, {3, 4}}, 4, 2, 64), square);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(l.status().message()), ::testing::HasSubstr("bottom-right"));
 }
 
 TEST(CudnnShapeClass, ShortSegmentsShareTheMinimumBucket) {
