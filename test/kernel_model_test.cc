@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,53 @@ TEST(KernelModelTest, AnalyticRejectsBadConstants) {
   m = KernelModel::Analytic(p);
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()), HasSubstr("segment_overhead_ms must be >= 0"));
+}
+
+TEST(KernelModelTest, ProfilePointsAreTheRowsInFileOrder) {
+  absl::StatusOr<std::vector<KernelProfilePoint>> points =
+      ParseKernelProfilePoints("ms,kv_len,q_len\n0.5,300,100\n0.25,64,64\n", "t.csv");
+  ASSERT_TRUE(points.ok()) << points.status();
+  ASSERT_EQ(points->size(), 2u);
+  EXPECT_EQ((*points)[0].q_len, 100);
+  EXPECT_EQ((*points)[0].kv_len, 300);
+  EXPECT_EQ((*points)[0].ms, 0.5);
+  EXPECT_EQ((*points)[1].q_len, 64);
+  absl::StatusOr<std::vector<KernelProfilePoint>> bad =
+      ParseKernelProfilePoints("q_len,kv_len,ms\n100,50,1\n", "t.csv");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("t.csv:2: kv_len"));
+}
+
+// Points drawn from a known analytic curve (with +-2% noise) give back its constants.
+TEST(KernelModelTest, FitRecoversAKnownAnalyticCurve) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 10; ++trial) {
+    AnalyticKernelParams truth;
+    truth.peak_tflops = std::uniform_real_distribution<double>(150, 700)(rng);
+    truth.q_half = 8.0 * std::uniform_int_distribution<int>(0, 100)(rng);
+    truth.kv_half = 64.0 * std::uniform_int_distribution<int>(0, 20)(rng);
+    truth.segment_overhead_ms = 0.0;
+    absl::StatusOr<KernelModel> model = KernelModel::Analytic(truth);
+    ASSERT_TRUE(model.ok()) << model.status();
+    std::vector<KernelProfilePoint> points;
+    for (int64_t q : {16, 64, 128, 256, 512, 1024, 4096, 8192}) {
+      for (int64_t kv = q; kv <= 131072; kv *= 4) {
+        const double noise = std::uniform_real_distribution<double>(0.98, 1.02)(rng);
+        points.push_back({q, kv, model->SegmentMs(q, kv) * noise});
+      }
+    }
+    absl::StatusOr<AnalyticKernelParams> fit = FitAnalyticKernelParams(points);
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    absl::StatusOr<KernelModel> fitted = KernelModel::Analytic(*fit);
+    ASSERT_TRUE(fitted.ok()) << fitted.status();
+    for (const KernelProfilePoint& p : points) {
+      const double truth_ms = model->SegmentMs(p.q_len, p.kv_len);
+      EXPECT_NEAR(fitted->SegmentMs(p.q_len, p.kv_len) / truth_ms, 1.0, 0.03)
+          << "trial " << trial << " q " << p.q_len << " kv " << p.kv_len;
+    }
+    EXPECT_EQ(fit->segment_overhead_ms, 0.0);
+  }
+  EXPECT_FALSE(FitAnalyticKernelParams(std::vector<KernelProfilePoint>{}).ok());
 }
 
 TEST(KernelModelTest, ProfileReproducesItsPointsAndInterpolates) {

@@ -11,7 +11,9 @@ namespace wlb::cuda {
 std::string CudnnShapeClass::ToString() const {
   return absl::StrFormat("b%d sq%d sk%d tq%d tk%d h%d hk%d d%d %s scale=%a", batch, max_seqlen_q,
                          max_seqlen_k, total_q, total_k, num_heads, num_kv_heads, head_dim,
-                         !causal ? "full" : causal_top_left ? "causal-top-left" : "causal",
+                         !causal           ? "full"
+                         : causal_top_left ? "causal-top-left"
+                                           : "causal",
                          softmax_scale);
 }
 

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -239,13 +240,11 @@ class KernelModel {
   std::vector<Row> rows_;  // q_len ascending (table models only)
 };
 
-// Parses a kernel profile CSV: a header naming q_len, kv_len and ms (any order, other columns
-// ignored), then one row per measured call. `source` names the text in error messages, which also
-// give the 1-based line and the bad value.
-inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
-                                                         absl::string_view source,
-                                                         const KernelShape& shape = {},
-                                                         double segment_overhead_ms = 0.0) {
+// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and ms (any order,
+// other columns ignored), then one row per measured call. `source` names the text in error
+// messages, which also give the 1-based line and the bad value.
+inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
+    absl::string_view text, absl::string_view source) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   size_t header_line = 0;
   while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
@@ -302,12 +301,31 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: kernel profile has a header but no rows", source));
   }
-  absl::StatusOr<KernelModel> model = KernelModel::FromProfile(points, shape, segment_overhead_ms);
+  return points;
+}
+
+// The table model of a kernel profile CSV (ParseKernelProfilePoints, then
+// KernelModel::FromProfile).
+inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
+                                                         absl::string_view source,
+                                                         const KernelShape& shape = {},
+                                                         double segment_overhead_ms = 0.0) {
+  absl::StatusOr<std::vector<KernelProfilePoint>> points = ParseKernelProfilePoints(text, source);
+  if (!points.ok()) return points.status();
+  absl::StatusOr<KernelModel> model = KernelModel::FromProfile(*points, shape, segment_overhead_ms);
   if (!model.ok()) {
     return absl::Status(model.status().code(),
                         absl::StrFormat("%s: %s", source, model.status().message()));
   }
   return model;
+}
+
+// Reads the points of a kernel profile CSV file (see ParseKernelProfilePoints).
+inline absl::StatusOr<std::vector<KernelProfilePoint>> ReadKernelProfilePoints(
+    const std::string& path) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
+  if (!text.ok()) return text.status();
+  return ParseKernelProfilePoints(*text, absl::CHexEscape(path));
 }
 
 // Reads a kernel profile CSV file (see ParseKernelProfileCsv).
@@ -317,6 +335,60 @@ inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(const std::string& path,
   absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
   if (!text.ok()) return text.status();
   return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms);
+}
+
+// The analytic curve's constants fitted to measured points: the least-squares fit in log space
+// (relative error) of peak_tflops, q_half and kv_half, with no per-segment overhead (measured
+// calls already hold theirs). q_half is searched over 0, 8, ..., 4096 and kv_half over 0, 64,
+// ..., 16384 with the best peak in closed form for each pair, so the fit is deterministic and
+// needs no starting point. This calibrates the planner from a profile table in three numbers.
+inline absl::StatusOr<AnalyticKernelParams> FitAnalyticKernelParams(
+    std::span<const KernelProfilePoint> points, const KernelShape& shape = {}) {
+  absl::StatusOr<KernelModel> checked = KernelModel::FromProfile(points, shape);  // validates
+  if (!checked.ok()) return checked.status();
+  const KernelModel& m = *checked;
+  // log ms = log padded - log peak - log(qp / (qp + q_half)) - log(kvp / (kvp + kv_half)).
+  std::vector<double> base(points.size()), qp(points.size()), kvp(points.size());
+  for (size_t i = 0; i < points.size(); ++i) {
+    const KernelProfilePoint& p = points[i];
+    base[i] = std::log(m.PaddedFlops(p.q_len, p.kv_len) / 1e9) - std::log(p.ms);
+    qp[i] = static_cast<double>((p.q_len + m.tile_q() - 1) / m.tile_q() * m.tile_q());
+    kvp[i] = static_cast<double>((p.kv_len + m.tile_k() - 1) / m.tile_k() * m.tile_k());
+  }
+  AnalyticKernelParams best{.shape = shape, .segment_overhead_ms = 0.0};
+  double best_sse = std::numeric_limits<double>::infinity();
+  const size_t n = points.size();
+  constexpr int64_t kQStep = 8, kQMax = 4096, kKvStep = 64, kKvMax = 16384;
+  std::vector<double> kv_term;  // log(kvp / (kvp + kv_half)), kv_half-major
+  for (int64_t kv_half = 0; kv_half <= kKvMax; kv_half += kKvStep) {
+    for (size_t i = 0; i < n; ++i) {
+      kv_term.push_back(std::log(kvp[i] / (kvp[i] + static_cast<double>(kv_half))));
+    }
+  }
+  std::vector<double> q_residual(n), r(n);
+  for (int64_t q_half = 0; q_half <= kQMax; q_half += kQStep) {
+    for (size_t i = 0; i < n; ++i) {
+      q_residual[i] = base[i] - std::log(qp[i] / (qp[i] + static_cast<double>(q_half)));
+    }
+    for (int64_t kv_half = 0; kv_half <= kKvMax; kv_half += kKvStep) {
+      const double* kv = kv_term.data() + static_cast<size_t>(kv_half / kKvStep) * n;
+      double mean = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        r[i] = q_residual[i] - kv[i];
+        mean += r[i];
+      }
+      mean /= static_cast<double>(points.size());  // log peak (TFLOP/s)
+      double sse = 0.0;
+      for (double x : r) sse += (x - mean) * (x - mean);
+      if (sse < best_sse) {
+        best_sse = sse;
+        best.peak_tflops = std::exp(mean);
+        best.q_half = static_cast<double>(q_half);
+        best.kv_half = static_cast<double>(kv_half);
+      }
+    }
+  }
+  return best;
 }
 
 }  // namespace wlb

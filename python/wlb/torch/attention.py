@@ -10,7 +10,9 @@ differentiable in q, k, v; ``lse`` is the natural-log log-sum-exp, shape ``(H_q,
 or the input's dtype when that is float64, and carries no gradient):
 
 - ``"varlen"``: PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention / cuDNN
-  kernels; CUDA, float16 / bfloat16). Not yet run on a GPU by wlb's tests (no GPU here).
+  kernels; CUDA, float16 / bfloat16), on each of its signatures (torch 2.10's ``is_causal``,
+  2.11's ``window_size`` / ``scale``, later ``enable_gqa``; see ``varlen_attention``). wlb's
+  tests hold it to ``"math"`` through CPU fakes of those signatures, not on a GPU.
 - ``"math"``: explicit softmax attention per segment, in blocks of query rows, with its own
   backward (the FlashAttention recurrences over the saved lse); any device and float dtype,
   float64 included. The reference the CPU tests hold the CP path to.
@@ -21,6 +23,8 @@ otherwise ``"math"``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Callable, Dict, Optional, Tuple
 
@@ -111,13 +115,92 @@ def math_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     return _MathAttention.apply(q, k, v, cu_q, cu_k, scale)
 
 
-def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
-    """The ``"varlen"`` backend: PyTorch's varlen_attn, bottom-right causal (window (-1, 0))."""
-    from torch.nn.attention.varlen import AuxRequest, varlen_attn
+@functools.lru_cache(maxsize=8)
+def _varlen_params(fn: Callable) -> frozenset:
+    """Names of the keyword parameters ``fn`` (a ``varlen_attn``) accepts; cached per function."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError) as exc:  # pragma: no cover - a C builtin, say
+        raise RuntimeError(f"cannot read the signature of torch.nn.attention.varlen.varlen_attn "
+                           f"(torch {torch.__version__}): {exc}") from exc
+    return frozenset(p.name for p in params
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
-    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max(int(max_q), 1), max(int(max_k), 1),
-                           return_aux=AuxRequest(lse=True), scale=scale, window_size=(-1, 0),
-                           enable_gqa=q.shape[1] != k.shape[1])
+
+# Bottom-right causal on every varlen_attn signature wlb knows:
+#   torch 2.10:   varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None)
+#   torch 2.11:   ... *, return_aux=None, scale=None, window_size=(-1, -1)
+#   later:        ... *, return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False, ...
+# window_size=(-1, 0) is bottom-right causal (varlen_attn's docstring: "(-1, 0) for causal
+# attention"; it sets is_causal = window_size == (-1, 0), a tuple comparison, so a list would not
+# do). Where only is_causal exists (2.10), it is bottom-right too: 2.10's varlen_attn passes
+# is_causal to torch.ops.aten._flash_attention_forward (its _should_use_cudnn returns False, so
+# the cuDNN path is never taken), i.e. to PyTorch's vendored FlashAttention-2 mha_varlen_fwd,
+# which turns is_causal into window_size_right = 0 (flash_api.cpp: "if (is_causal) {
+# window_size_right = 0; }"), and whose mask (flash_attn/mask.h, built from each segment's own
+# actual_seqlen_q / actual_seqlen_k in block_info.h) keeps key col of query row i iff
+# col < i + 1 + len_k - len_q + window_size_right: query i sees keys [0, len_k - len_q + i],
+# exactly the alignment wlb needs. This is FlashAttention's documented convention since
+# flash-attn 2.1 (README: "If seqlen_q != seqlen_k and causal=True, the causal mask is aligned to
+# the bottom right corner of the attention matrix"); mha_varlen_fwd's "max_seqlen_q == 1 =>
+# is_causal = false" shortcut is only valid under that alignment.
+
+
+def _torch_version() -> str:
+    return getattr(torch, "__version__", "unknown")
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """The ``"varlen"`` backend: PyTorch's varlen_attn, bottom-right causal.
+
+    Adapts to the signature of the installed ``varlen_attn`` (see the comment above):
+    causality through ``window_size=(-1, 0)`` or ``is_causal=True``; ``scale`` passed when
+    accepted, else folded into q (``q * scale * sqrt(D)`` against the kernel's default
+    ``1 / sqrt(D)``); GQA through ``enable_gqa=True`` when accepted, else K and V heads expanded
+    with ``repeat_interleave`` (autograd sums their gradients back over each group).
+    """
+    from torch.nn.attention import varlen as _varlen
+
+    fn = _varlen.varlen_attn
+    accepted = _varlen_params(fn)
+    aux_request = getattr(_varlen, "AuxRequest", None)
+    if "return_aux" not in accepted or aux_request is None:
+        raise RuntimeError(
+            f"the 'varlen' attention backend needs the log-sum-exp from "
+            f"torch.nn.attention.varlen.varlen_attn(return_aux=AuxRequest(lse=True)), which torch "
+            f"{_torch_version()} does not offer; use backend='math' or another PyTorch")
+    kwargs = {"return_aux": aux_request(lse=True)}
+
+    if "window_size" in accepted:
+        kwargs["window_size"] = (-1, 0)  # a tuple: varlen_attn tests window_size == (-1, 0)
+    elif "is_causal" in accepted:
+        kwargs["is_causal"] = True  # bottom-right in FlashAttention (see the comment above)
+    else:
+        raise RuntimeError(
+            f"torch {_torch_version()}'s varlen_attn takes neither window_size nor is_causal; "
+            f"the 'varlen' backend cannot ask it for causal attention; use backend='math'")
+
+    head_dim = q.shape[-1]
+    if "scale" in accepted:
+        kwargs["scale"] = scale
+    elif not math.isclose(scale, default_scale(head_dim), rel_tol=1e-12, abs_tol=0.0):
+        # The kernel uses 1 / sqrt(D); scores are linear in q, so q * (scale * sqrt(D)) gives
+        # scale * q.k exactly up to rounding (and the same lse). Differentiable in q.
+        q = q * (scale * math.sqrt(head_dim))
+
+    h_q, h_kv = q.shape[1], k.shape[1]
+    if h_q != h_kv:
+        if h_q % h_kv != 0:
+            raise ValueError(f"query heads ({h_q}) must be a multiple of key/value heads ({h_kv})")
+        if "enable_gqa" in accepted:
+            kwargs["enable_gqa"] = True
+        else:
+            # Query head h reads kv head h // group (as in the math backend and enable_gqa).
+            group = h_q // h_kv
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+
+    out, lse = fn(q, k, v, cu_q, cu_k, max(int(max_q), 1), max(int(max_k), 1), **kwargs)
     return out, lse.detach()
 
 
