@@ -39,6 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/cp_bench_util.h"
 #include "nlohmann/json.hpp"
 #include "wlb/cuda/cuda_status.h"
 #include "wlb/cuda/device_fill.h"
@@ -387,9 +388,7 @@ int main(int argc, char** argv) {
   }
   if (std::find(kernels.begin(), kernels.end(), wlb::cuda::AttentionKernel::kCudnn) !=
       kernels.end()) {
-    const wlb::cuda::CudnnGraphStats g = wlb::cuda::CudnnGraphStatistics();
-    std::printf("cudnn graphs built: %lld in %.3f s\n", static_cast<long long>(g.graphs_built),
-                g.build_seconds);
+    std::printf("%s\n", wlb::cuda::bench::CudnnGraphLine().c_str());
   }
   return 0;
 }

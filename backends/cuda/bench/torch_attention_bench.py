@@ -172,6 +172,11 @@ def _positional_capacity(sig):
 def varlen_call_kwargs(sig, *, causal=True, scale=None, gqa=False):
     """Keyword arguments for varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs).
 
+    wlb.torch.attention.varlen_attention adapts to the same signatures for training; this bench
+    keeps its own small copy because it runs where the wlb package is not installed (the GPU
+    machine) and must time PyTorch's kernel as is: no K/V head expansion or q pre-scaling, so a
+    signature that cannot express the call is reported, not worked around.
+
     Returns (kwargs, None), or (None, reason) when this signature cannot express the call.
     Handles both forms seen so far:
       2.10: varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False,

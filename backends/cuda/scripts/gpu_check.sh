@@ -262,7 +262,6 @@ stage_build() {
   export LD_LIBRARY_PATH="${dev}/lib:${LD_LIBRARY_PATH}"
 }
 
-# gtest TEST [ENV=VALUE...] [-- SANITIZER ARGS...]: the spec of one test binary's run for report.
 stage_tests() {
   check_binaries || return 1
   local specs=() t
@@ -277,6 +276,7 @@ stage_tests() {
 
 # sanitize NAME TOOL BINARY FILTER [ENV=VALUE]: one compute-sanitizer pass over a test filter;
 # the list of what the filter selects goes beside the log, so a filter matching nothing fails.
+# Appends the pass's report spec to the caller's `specs`.
 sanitize() {
   local name=$1 tool=$2 bin=$3 filter=$4 env=()
   [[ $# -ge 5 ]] && env=("$5")
@@ -324,7 +324,7 @@ stage_bench() {
 stage_ncu() {
   check_binaries || return 1
   command -v ncu >/dev/null || { say "ncu: not found"; return 1; }
-  local n="${work}/ncu" rc=0 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats)
+  local n="${work}/ncu" rc=0 f sections=(--section SpeedOfLight --section Occupancy --section LaunchStats)
   # One forward and one backward of 16K documents (8 x 16K tokens), both block orders, flash only.
   run ncu ncu_16k ncu --clock-control none --kernel-name regex:Flash "${sections[@]}" \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
@@ -366,7 +366,7 @@ stage_profile() {
 # The profile table the cp stages use: this call's (profile stage), else the committed one of
 # this device (docs/results/<device>_kernel_profile_<kernel>.csv), else none (analytic model).
 profile_for() {
-  local kernel=$1 slug
+  local kernel=$1 slug f
   slug=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
          sed -E 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
   for f in "${out}/kernel_profile_${kernel}.csv" \

@@ -10,8 +10,10 @@ namespace wlb::cuda {
 
 absl::Status FillUniformBf16(__nv_bfloat16* data, int64_t n, uint64_t seed, float scale,
                              cudaStream_t stream) {
-  if (n < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("FillUniformBf16: n = %d is negative", n));
+  if (n < 0 || n > detail::kMaxFillUniform) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("FillUniformBf16: n = %d is outside [0, %d] (one thread per value)", n,
+                        detail::kMaxFillUniform));
   }
   if (data == nullptr && n > 0) {
     return absl::InvalidArgumentError(

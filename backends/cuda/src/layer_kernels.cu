@@ -181,7 +181,9 @@ cudaError_t LaunchSwiGluBackward(const __nv_bfloat16* gu, const __nv_bfloat16* d
 
 cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, float scale,
                               cudaStream_t stream) {
+  static_assert(kMaxFillUniform == int64_t{0x7fffffff} * kThreads, "one thread per value");
   if (n == 0) return cudaSuccess;
+  if (n < 0 || n > kMaxFillUniform) return cudaErrorInvalidValue;  // the grid would wrap
   FillUniformKernel<<<Blocks(n), kThreads, 0, stream>>>(t, n, seed, scale);
   return cudaGetLastError();
 }

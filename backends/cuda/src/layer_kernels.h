@@ -40,7 +40,10 @@ cudaError_t LaunchSwiGluBackward(const __nv_bfloat16* gu, const __nv_bfloat16* d
                                  cudaStream_t stream);
 
 // n seeded values uniform in [-scale, scale] (a counter-based hash: the same seed gives the same
-// values). The public entry point with argument checks is wlb::cuda::FillUniformBf16.
+// values). The public entry point with argument checks is wlb::cuda::FillUniformBf16. One thread
+// per value, so n is bounded by the grid: at most kMaxFillUniform (larger n:
+// cudaErrorInvalidValue).
+inline constexpr int64_t kMaxFillUniform = int64_t{0x7fffffff} * 256;
 cudaError_t LaunchFillUniform(__nv_bfloat16* t, int64_t n, uint64_t seed, float scale,
                               cudaStream_t stream);
 

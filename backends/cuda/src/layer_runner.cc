@@ -14,6 +14,7 @@
 #include "gemm_layout.h"
 #include "layer_kernels.h"
 #include "wlb/cuda/cuda_status.h"
+#include "wlb/cuda/device_fill.h"
 
 #define WLB_CUBLAS_RETURN_IF_ERROR(expr)                                                   \
   do {                                                                                     \
@@ -305,9 +306,8 @@ absl::StatusOr<std::unique_ptr<LayerRunner>> LayerRunner::Create(const LayerShap
 absl::Status LayerRunner::RandomizeInputs(uint64_t seed) {
   State& st = *state_;
   const int64_t n = st.capacity * shape_.hidden;
-  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.x, n, 2 * seed, 1.f, st.stream));
-  WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFillUniform(st.dy, n, 2 * seed + 1, 1.f, st.stream));
-  return absl::OkStatus();
+  if (absl::Status s = FillUniformBf16(st.x, n, 2 * seed, 1.f, st.stream); !s.ok()) return s;
+  return FillUniformBf16(st.dy, n, 2 * seed + 1, 1.f, st.stream);
 }
 
 absl::Status LayerRunner::SetInputs(absl::Span<const double> x, absl::Span<const double> dy) {

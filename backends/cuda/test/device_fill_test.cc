@@ -25,6 +25,9 @@ void ExpectInvalid(const absl::Status& s, const std::string& needle) {
 
 TEST(FillUniformBf16, RefusesBadArgumentsBeforeAnyLaunch) {
   ExpectInvalid(FillUniformBf16(Fake(), -1, 1, 1.f), "n = -1");
+  // One thread per value: past the grid's 2^31 - 1 blocks of 256 the launch would wrap.
+  ExpectInvalid(FillUniformBf16(Fake(), int64_t{0x7fffffff} * 256 + 1, 1, 1.f), "outside");
+  ExpectInvalid(FillUniformBf16(Fake(), std::numeric_limits<int64_t>::max(), 1, 1.f), "outside");
   ExpectInvalid(FillUniformBf16(nullptr, 8, 1, 1.f), "null");
   // A zero scale would give all-zero inputs; the others are not a range.
   for (float scale : {0.f, -1.f, std::numeric_limits<float>::quiet_NaN(),

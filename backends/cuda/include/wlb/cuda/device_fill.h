@@ -19,9 +19,10 @@ namespace wlb::cuda {
 
 // Writes `n` values uniform in [-scale, scale] to device memory `data`, asynchronously on
 // `stream` (synchronise before reading them on another stream or the host). InvalidArgument for
-// n < 0, a null `data` with n > 0, or a `scale` that is not finite and positive (a zero scale
-// would make the inputs all zeros, which times nothing real); the launch's CUDA error as a
-// Status (FailedPrecondition without a device). n == 0 touches nothing.
+// n outside [0, 2^31 - 1 times 256] (one thread per value), a null `data` with n > 0, or a `scale`
+// that is not finite and positive (a zero scale would make the inputs all zeros, which times
+// nothing real); the launch's CUDA error as a Status (FailedPrecondition without a device). n == 0
+// touches nothing.
 absl::Status FillUniformBf16(__nv_bfloat16* data, int64_t n, uint64_t seed, float scale,
                              cudaStream_t stream = nullptr);
 
