@@ -31,6 +31,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -359,6 +360,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wlb::cli::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "Reproduces the WLB-LLM paper's Table 2 (packing imbalance) with wlb's packers.");
   absl::ParseCommandLine(argc, argv);

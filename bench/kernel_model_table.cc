@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -126,6 +127,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wlb::cli::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "kernel_model_table --profiles A.csv[,B.csv]: the analytic kernel model's error against "
       "measured kernel profile tables");

@@ -15,6 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -133,6 +134,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wlb::cli::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage("Compares CP shard strategies by CP size and context window.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = Run(); !s.ok()) {

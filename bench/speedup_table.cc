@@ -21,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -427,6 +428,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  wlb::cli::ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "Estimates end-to-end speedup of balanced packing with a 1F1B pipeline simulator.");
   absl::ParseCommandLine(argc, argv);

@@ -2,6 +2,8 @@
 // See wlb_plan.h, and README.md ("wlb-plan") for every flag and the JSON schema.
 #include "wlb_plan.h"
 
+#include "cli_help.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -812,6 +814,7 @@ absl::Status Run() {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "plans balanced micro-batches for a document stream; see README.md for the flags");
   std::vector<std::string> args(argv + 1, argv + argc);
