@@ -31,13 +31,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli_help.h"
 #include "wlb/solver/milp_packer.hpp"
 #include "wlb/wlb.hpp"
 

@@ -20,12 +20,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "cli_help.h"
 #include "wlb/shard/kernel_model.hpp"
 
 ABSL_FLAG(std::string, profiles, "",

@@ -15,11 +15,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "cli_help.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "cli_help.h"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"

@@ -2,8 +2,6 @@
 // See wlb_plan.h, and README.md ("wlb-plan") for every flag and the JSON schema.
 #include "wlb_plan.h"
 
-#include "cli_help.h"
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +32,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cli_help.h"
 #include "wlb/wlb.hpp"
 
 ABSL_FLAG(std::string, docs, "",
