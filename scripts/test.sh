@@ -29,6 +29,7 @@ scripts/python_env.sh build
 pytest_status=0
 WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests \
   backends/cuda/scripts/gtest_report_test.py backends/cuda/bench/test_torch_attention_bench.py \
+  backends/cuda/bench/test_torch_cp_bench.py \
   -q -rs || pytest_status=$?
 if [ "$pytest_status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests from python/tests" >&2

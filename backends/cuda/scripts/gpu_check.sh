@@ -20,6 +20,8 @@
 #   cp         CP benchmark at C = 2, 4, 8 (flash) with this call's profile table, else the
 #              committed one, else the analytic model; once with the analytic model; the example
 #   cp_cudnn   the same on the cudnn engine
+#   torch_cp   wlb.torch's CP attention (PyTorch varlen_attn): checked over NCCL and per strategy,
+#              then timed per rank on cp_bench's plans and paired with the cp stages' rows
 #   layer      the decoder layer: memcheck on small shapes, then layer_bench at 7B-128K (Table 2
 #              from measured latency, fitted profile, measured 1F1B speedup, CP at C = 2 and 4);
 #              550M-64K too when WLB_LAYER_KERNEL names an engine that takes head_dim 96
@@ -61,10 +63,11 @@ declare -A caps=(
   [cp:cp_end_to_end]=90
   [cp_cudnn:cp_bench_c2]=110 [cp_cudnn:cp_bench_c4]=110 [cp_cudnn:cp_bench_c8]=110
   [cp_cudnn:cp_end_to_end]=100
+  [torch_cp:torch_cp_bench]=300
   [layer:memcheck]=90 [layer:bench_7b_128k]=300 [layer:bench_550m_64k]=150
   [build:prebuild]=420
 )
-all_stages=(tests sanitizer bench ncu profile cp cp_cudnn layer build)
+all_stages=(tests sanitizer bench ncu profile cp cp_cudnn torch_cp layer build)
 planned() {  # planned seconds of stage $1: the sum of its steps' caps
   local total=0 k
   for k in "${!caps[@]}"; do [[ "${k%%:*}" == "$1" ]] && total=$(( total + caps[$k] )); done
@@ -387,7 +390,7 @@ cp_stage() {
   for n in 2 4 8; do
     run "${stage}" "cp_bench_c${n}" "${dev}/bin/wlb_cuda_cp_bench" --kernel="${kernel}" --cp=${n} \
       --micro_batches=4 "${profile[@]}" --json="${c}/cp_bench_c${n}.jsonl" || rc=1
-    tail -9 "${c}/cp_bench_c${n}.log" >>"${summary}"
+    tail -10 "${c}/cp_bench_c${n}.log" >>"${summary}"
   done
   if [[ ${kernel} == flash ]]; then
     run "${stage}" cp_bench_analytic_c4 "${dev}/bin/wlb_cuda_cp_bench" --cp=4 --micro_batches=2 || rc=1
@@ -401,6 +404,26 @@ cp_stage() {
 }
 stage_cp() { cp_stage cp flash; }
 stage_cp_cudnn() { cp_stage cp_cudnn cudnn; }
+
+# wlb.torch's CP attention on this GPU (torch_cp_bench.py): cp_attention over NCCL (one rank: NCCL
+# takes one rank per GPU) and every strategy's ranks emulated, each checked against the math
+# backend; then per-rank times on cp_bench's micro-batches and plans (the flash kernel model, as
+# the cp stage), paired with the cp stages' rows when they ran earlier in this call.
+stage_torch_cp() {
+  local t="${work}/torch_cp" table_path profile=() compare=()
+  [[ -f "${dev}/python/wlb/__init__.py" ]] || {
+    say "torch_cp: no ${dev}/python (prebuild.sh builds it when a Python 3.12 is found)"; return 1; }
+  table_path=$(profile_for flash)
+  [[ -n "${table_path}" ]] && profile=(--profile "${table_path}")
+  compare=( $(ls "${work}"/cp/cp_bench_c*.jsonl "${work}"/cp_cudnn/cp_bench_c*.jsonl 2>/dev/null) )
+  say "torch_cp: kernel model from ${table_path:-the analytic default}; pairing with ${#compare[@]} cp_bench files"
+  run torch_cp torch_cp_bench env PYTHONPATH="${dev}/python" python3 \
+    "${repo}/backends/cuda/bench/torch_cp_bench.py" --cp 2,4,8 --micro-batches 4 \
+    "${profile[@]}" --json "${t}/torch_cp.jsonl" ${compare[@]+--compare "${compare[@]}"}
+  local rc=$?
+  grep -E "^check |^C=[0-9]+: |^  [a-z-]+ +[0-9.]+ ms|^\||not paired" "${t}/torch_cp_bench.log" >>"${summary}"
+  return ${rc}
+}
 
 stage_layer() {
   check_binaries || return 1

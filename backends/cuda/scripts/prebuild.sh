@@ -18,6 +18,10 @@
 #             (the layer runner's GEMMs; the machine's CUDA toolkit or pip wheel); gpu_check.sh puts
 #             them on LD_LIBRARY_PATH. The cuDNN frontend is header-only: compiled into
 #             libwlb_cuda.so, nothing else of it is carried.
+#   python/   the wlb Python package (python/wlb) with its extension built for the GPU machine's
+#             Python (3.12: WLB_DEVICE_PYTHON, else pyenv's python3.12), so gpu_check.sh can run
+#             wlb.torch's CP attention there (PYTHONPATH); left out with a message when no such
+#             interpreter is found here
 #   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
 #             enter the repository; the attention benchmark's WLB-LLM-like mix)
 #   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
@@ -87,6 +91,37 @@ for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/
 # (in the fatbins) stay.
 strip --strip-unneeded "${out}"/bin/*
 
+# The Python package for the device's Python (3.12 there, 3.11 here): its own build tree and a
+# venv with nanobind, the extension only (no stubs), then the package's sources beside it. Its
+# libraries (Abseil) join lib/ through the same ldd closure check below.
+device_python="${WLB_DEVICE_PYTHON:-}"
+if [[ -z "${device_python}" ]] && command -v pyenv >/dev/null; then
+  device_python=$(PYENV_VERSION="$(pyenv versions --bare | grep -E '^3\.12' | tail -1)" pyenv which python3.12 2>/dev/null || true)
+fi
+if [[ -n "${device_python}" && -x "${device_python}" ]]; then
+  pybuild="${build}-python"
+  [[ -x "${pybuild}/venv/bin/python" ]] || "${device_python}" -m venv "${pybuild}/venv"
+  "${pybuild}/venv/bin/python" -m pip install -q "nanobind>=2.2,<4" >"${pybuild}-pip.log" 2>&1 \
+    || { tail -5 "${pybuild}-pip.log"; echo "prebuild.sh: pip install nanobind failed" >&2; exit 1; }
+  if ! { cmake -S "${repo}" -B "${pybuild}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+           -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF \
+           -DWLB_BUILD_TOOLS=OFF -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_SOLVER=OFF -DWLB_BUILD_PYTHON=ON \
+           -DPython_EXECUTABLE="${pybuild}/venv/bin/python" &&
+         cmake --build "${pybuild}" --parallel "$(nproc)" --target _wlb; } >"${pybuild}.log" 2>&1; then
+    tail -30 "${pybuild}.log"
+    echo "prebuild.sh: the Python extension for ${device_python} failed to build" >&2
+    exit 1
+  fi
+  mkdir -p "${out}/python"
+  cp -r "${repo}/python/wlb" "${out}/python/"
+  find "${out}/python" -name __pycache__ -prune -exec rm -rf {} +
+  cp "${pybuild}"/python/_wlb*.so "${out}/python/wlb/"
+  strip --strip-unneeded "${out}"/python/wlb/_wlb*.so
+  python_note="python: wlb package with _wlb for $("${device_python}" --version 2>&1)"
+else
+  echo "prebuild.sh: no Python 3.12 here (set WLB_DEVICE_PYTHON): .device/python left out" >&2
+fi
+
 # Libraries the GPU machine has (its system, its driver, its pip NCCL): everything else is copied.
 provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcudnn|libnvrtc|libcublasLt|libcublas)\.so'
 {
@@ -95,9 +130,11 @@ provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread
   echo "date $(date -u +%FT%TZ) on $(hostname)"
   echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
   echo "CUDA architectures 90 (sm_90), Release; wlb::cuda and cudart shared (carried in lib/); binaries and libwlb_cuda stripped (--strip-unneeded)"
+  echo "${python_note:-python: not built (no Python 3.12 here)}"
 } >"${out}/MANIFEST"
 missing=0
-for bin in "${out}"/bin/*; do
+for bin in "${out}"/bin/* "${out}"/python/wlb/_wlb*.so; do
+  [[ -e "${bin}" ]] || continue
   needed=$(objdump -p "${bin}" | awk '/NEEDED/ {print $2}')
   glibc=$(objdump -T "${bin}" | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1)
   glibcxx=$(objdump -T "${bin}" | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1)
@@ -126,7 +163,8 @@ mix="${repo}/../shared/data/doc_lengths_wlbllm_like.json"
 if [[ -f "${mix}" ]]; then cp "${mix}" "${out}/data/"; fi
 
 # Every binary must resolve all its libraries from the folder plus the provided ones.
-for bin in "${out}"/bin/*; do
+for bin in "${out}"/bin/* "${out}"/python/wlb/_wlb*.so; do
+  [[ -e "${bin}" ]] || continue
   if LD_LIBRARY_PATH="${out}/lib" ldd "${bin}" | grep -q "not found"; then
     echo "prebuild.sh: $(basename "${bin}") has unresolved libraries" >&2
     exit 1
