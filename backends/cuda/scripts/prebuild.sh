@@ -100,15 +100,16 @@ if [[ -z "${device_python}" ]] && command -v pyenv >/dev/null; then
 fi
 if [[ -n "${device_python}" && -x "${device_python}" ]]; then
   pybuild="${build}-python"
+  mkdir -p "${pybuild}"
   [[ -x "${pybuild}/venv/bin/python" ]] || "${device_python}" -m venv "${pybuild}/venv"
-  "${pybuild}/venv/bin/python" -m pip install -q "nanobind>=2.2,<4" >"${pybuild}-pip.log" 2>&1 \
-    || { tail -5 "${pybuild}-pip.log"; echo "prebuild.sh: pip install nanobind failed" >&2; exit 1; }
+  "${pybuild}/venv/bin/python" -m pip install -q "nanobind>=2.2,<4" >"${pybuild}/pip.log" 2>&1 \
+    || { tail -5 "${pybuild}/pip.log"; echo "prebuild.sh: pip install nanobind failed" >&2; exit 1; }
   if ! { cmake -S "${repo}" -B "${pybuild}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
            -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF \
            -DWLB_BUILD_TOOLS=OFF -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_SOLVER=OFF -DWLB_BUILD_PYTHON=ON \
            -DPython_EXECUTABLE="${pybuild}/venv/bin/python" &&
-         cmake --build "${pybuild}" --parallel "$(nproc)" --target _wlb; } >"${pybuild}.log" 2>&1; then
-    tail -30 "${pybuild}.log"
+         cmake --build "${pybuild}" --parallel "$(nproc)" --target _wlb; } >"${pybuild}/build.log" 2>&1; then
+    tail -30 "${pybuild}/build.log"
     echo "prebuild.sh: the Python extension for ${device_python} failed to build" >&2
     exit 1
   fi
