@@ -14,7 +14,7 @@
 //
 // The paper's 7B-128K job is the default ((TP,CP,PP,DP) = (8,2,4,1): 4 query / 4 KV heads of
 // 128, ffn 1376 per GPU); 550M-64K is --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2
-// (head_dim 96: an engine other than flash). Lengths are scaled by S / 128K, as speedup_table
+// (head_dim 96: the cudnn engine, --kernel=cudnn). Lengths are scaled by S / 128K, as speedup_table
 // does. Each time is the median of --iters runs after --warmup. The layer runs the whole micro-
 // batch on one GPU (no CP split); the CP section shards the same micro-batches' attention over
 // C emulated ranks (LocalCommunicator, ranks isolated) and charges each rank the layer's

@@ -61,11 +61,19 @@ absl::Status ValidateProblem(const AttentionProblem& p, AttentionKernel kernel) 
     return absl::InvalidArgumentError(absl::StrFormat(
         "num_kv_heads = %d does not divide num_heads = %d", p.num_kv_heads, p.num_heads));
   }
-  if (kernel == AttentionKernel::kFlash || kernel == AttentionKernel::kCudnn) {
+  if (kernel == AttentionKernel::kFlash) {
     if (p.head_dim != 64 && p.head_dim != 128) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("head_dim = %d is not supported by the %s kernel; allowed: 64, 128",
-                          p.head_dim, AttentionKernelName(kernel)));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "head_dim = %d is not supported by the flash kernel; allowed: 64, 128", p.head_dim));
+    }
+  } else if (kernel == AttentionKernel::kCudnn) {
+    // cuDNN's fused attention takes head dims that are multiples of 8; up to 128 forward and
+    // backward on every Hopper release of cuDNN 9 (larger ones need newer releases).
+    if (p.head_dim < 8 || p.head_dim > 128 || p.head_dim % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "head_dim = %d is not supported by the cudnn kernel; allowed: multiples of 8 in "
+          "[8, 128]",
+          p.head_dim));
     }
   } else if (p.head_dim < 1 || p.head_dim > kMaxReferenceHeadDim) {
     return absl::InvalidArgumentError(

@@ -235,8 +235,9 @@ absl::StatusOr<bool> Selected(AttentionKernel kernel) {
   return selected;
 }
 
-// Every kernel variant against the float64 CPU reference.
-void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
+// Every kernel variant (or only those of `only`, when given) against the float64 CPU reference.
+void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng,
+                     std::initializer_list<AttentionKernel> only = {}) {
   const Inputs in = RandomInputs(p, rng);
   absl::StatusOr<CpuForward> f = CpuAttentionForward(p, in.q, in.k, in.v);
   ASSERT_TRUE(f.ok()) << f.status();
@@ -246,6 +247,9 @@ void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng) {
     absl::StatusOr<bool> selected = Selected(variant.kernel);
     ASSERT_TRUE(selected.ok()) << "WLB_TEST_KERNELS: " << selected.status();
     if (!Built(variant.kernel) || !*selected) continue;
+    if (only.size() > 0 && std::find(only.begin(), only.end(), variant.kernel) == only.end()) {
+      continue;
+    }
     SCOPED_TRACE(variant.name);
     Results r;
     RunOnDevice(p, variant.kernel, in, /*backward=*/true, &r, variant.order);
@@ -290,6 +294,20 @@ TEST_F(AttentionGpu, SmallShapesMatchCpuFloat64Reference) {
       CheckAgainstCpu(p, rng_);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// head_dim 96 (wlb-550m): the cudnn engine and the reference kernel take it, flash does not.
+TEST_F(AttentionGpu, HeadDim96MatchesCpuFloat64Reference) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const std::vector<AttentionProblem> cases = {
+      DocumentsProblem({1, 3, 17, 255, 333, 65}, 4, 1, 96),
+      SegmentsProblem({{64, 300}, {1, 129}, {0, 50}, {129, 1000}, {31, 33}}, 4, 2, 96),
+  };
+  for (const AttentionProblem& p : cases) {
+    SCOPED_TRACE(Describe(p));
+    CheckAgainstCpu(p, rng_, {AttentionKernel::kCudnn, AttentionKernel::kReference});
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -297,11 +297,19 @@ TEST(AttentionKernelNames, ParseAndNameRoundTrip) {
 }
 
 TEST(CudnnEngine, HeadDimIsCheckedBeforeAnyDeviceWork) {
-  const absl::Status s =
-      VarlenAttention::Create(DocumentsProblem({10}, 2, 1, 96), {.kernel = AttentionKernel::kCudnn})
-          .status();
-  ExpectError(s, absl::StatusCode::kInvalidArgument,
-              "head_dim = 96 is not supported by the cudnn kernel; allowed: 64, 128");
+  for (int d : {4, 100, 136}) {
+    const absl::Status s = VarlenAttention::Create(DocumentsProblem({10}, 2, 1, d),
+                                                   {.kernel = AttentionKernel::kCudnn})
+                               .status();
+    ExpectError(s, absl::StatusCode::kInvalidArgument,
+                "head_dim = " + std::to_string(d) +
+                    " is not supported by the cudnn kernel; allowed: multiples of 8 in [8, 128]");
+  }
+  // wlb-550m's head_dim 96 is the cudnn engine's (flash takes 64 and 128 only).
+  for (int d : {8, 96, 120}) {
+    EXPECT_TRUE(ValidateProblem(DocumentsProblem({10}, 2, 1, d), AttentionKernel::kCudnn).ok());
+  }
+  EXPECT_FALSE(ValidateProblem(DocumentsProblem({10}, 2, 1, 96), AttentionKernel::kFlash).ok());
 }
 
 TEST(CudnnEngine, RuntimeVersionMatchesTheBuild) {

@@ -103,6 +103,18 @@ TEST_P(LayerGpu, MatchesFloat64ReferenceAt7bTp8Shape) {
   CheckAgainstReference(*s, {129, 64, 1, 90}, GetParam(), 7);
 }
 
+// wlb-550m's attention shape (head_dim 96) on the engines that take it (flash does not: see
+// RejectsRunOrderAndCapacityErrors).
+TEST_F(LayerGpu, MatchesFloat64ReferenceAtHeadDim96) {
+  LayerShape s{
+      .name = "d96", .hidden = 192, .heads = 2, .kv_heads = 2, .head_dim = 96, .ffn = 256};
+  for (AttentionKernel kernel : {AttentionKernel::kCudnn, AttentionKernel::kReference}) {
+    WLB_SKIP_UNLESS_COMPILED_IN(kernel);
+    SCOPED_TRACE(AttentionKernelName(kernel));
+    CheckAgainstReference(s, {129, 64, 1, 90}, kernel, 96);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, LayerGpu,
                          ::testing::Values(AttentionKernel::kFlash, AttentionKernel::kCudnn,
                                            AttentionKernel::kReference),

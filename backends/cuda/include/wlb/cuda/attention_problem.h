@@ -32,7 +32,7 @@ namespace wlb::cuda {
 enum class AttentionKernel {
   kFlash,      // tiled tensor-core kernel; head_dim 64 or 128
   kReference,  // one thread per row, fp32 accumulation; any head_dim up to kMaxReferenceHeadDim
-  kCudnn,      // cuDNN fused attention (cudnn-frontend SDPA graphs); head_dim 64 or 128
+  kCudnn,      // cuDNN fused attention (cudnn-frontend SDPA graphs); head_dim 8..128, x8
 };
 
 // The kernel's name as the command-line flags spell it: "flash", "reference", "cudnn".
@@ -63,8 +63,8 @@ struct AttentionProblem {
 
 // OK when `problem` is a valid input for `kernel`; otherwise InvalidArgument naming the bad
 // value and what is allowed. Checks: head counts positive, num_kv_heads divides num_heads,
-// head_dim (64 or 128 for kFlash and kCudnn, 1..kMaxReferenceHeadDim for kReference), equal-size
-// cu_seqlens starting at 0 and non-decreasing, max lengths covering every segment, softmax_scale
+// head_dim (64 or 128 for kFlash, multiples of 8 up to 128 for kCudnn, 1..kMaxReferenceHeadDim
+// for kReference), equal-size cu_seqlens starting at 0 and non-decreasing, max lengths covering every segment, softmax_scale
 // finite and positive, every non-empty causal segment having at least as many keys as queries (so
 // every query sees a key), and every non-empty non-causal segment having a key.
 absl::Status ValidateProblem(const AttentionProblem& problem, AttentionKernel kernel);
