@@ -106,8 +106,7 @@ TEST_P(LayerGpu, MatchesFloat64ReferenceAt7bTp8Shape) {
 // wlb-550m's attention shape (head_dim 96) on the engines that take it (flash does not: see
 // RejectsRunOrderAndCapacityErrors).
 TEST_F(LayerGpu, MatchesFloat64ReferenceAtHeadDim96) {
-  LayerShape s{
-      .name = "d96", .hidden = 192, .heads = 2, .kv_heads = 2, .head_dim = 96, .ffn = 256};
+  LayerShape s{.name = "d96", .hidden = 192, .heads = 2, .kv_heads = 2, .head_dim = 96, .ffn = 256};
   for (AttentionKernel kernel : {AttentionKernel::kCudnn, AttentionKernel::kReference}) {
     WLB_SKIP_UNLESS_COMPILED_IN(kernel);
     SCOPED_TRACE(AttentionKernelName(kernel));

@@ -64,9 +64,10 @@ struct AttentionProblem {
 // OK when `problem` is a valid input for `kernel`; otherwise InvalidArgument naming the bad
 // value and what is allowed. Checks: head counts positive, num_kv_heads divides num_heads,
 // head_dim (64 or 128 for kFlash, multiples of 8 up to 128 for kCudnn, 1..kMaxReferenceHeadDim
-// for kReference), equal-size cu_seqlens starting at 0 and non-decreasing, max lengths covering every segment, softmax_scale
-// finite and positive, every non-empty causal segment having at least as many keys as queries (so
-// every query sees a key), and every non-empty non-causal segment having a key.
+// for kReference), equal-size cu_seqlens starting at 0 and non-decreasing, max lengths covering
+// every segment, softmax_scale finite and positive, every non-empty causal segment having at least
+// as many keys as queries (so every query sees a key), and every non-empty non-causal segment
+// having a key.
 absl::Status ValidateProblem(const AttentionProblem& problem, AttentionKernel kernel);
 
 // Pairs (query, key) that the mask lets through, summed over segments (one head).
