@@ -73,7 +73,11 @@ ABSL_FLAG(int32_t, cp, -1,
           "context-parallel size C in [1, 4096]: add CP shard plans to every micro-batch (omit "
           "for none)");
 ABSL_FLAG(std::string, sharding, "adaptive",
-          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
+          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive, hybrid, "
+          "te-zigzag or doc-degree");
+ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps,
+          "with --sharding doc-degree: K/V link bandwidth per rank and direction in GB/s "
+          "(default 450: NVLink 4, 900 GB/s both ways); in (0, 1e6]");
 ABSL_FLAG(std::string, kernel_profile, "",
           "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; "
           "empty = the analytic default (tile 128)");
@@ -96,10 +100,12 @@ namespace {
 
 // wlb-plan's own flags (Abseil registers others, e.g. --flagfile, that wlb-plan does not offer).
 constexpr const char* kFlagNames[] = {
-    "docs",   "distribution", "context", "max_tokens", "micro_batches",  "packer",   "lookahead",
-    "window", "thresholds",   "queues",  "tune",       "delay_budget",   "cost",     "profile_cost",
-    "seed",   "steps",        "cp",      "sharding",   "kernel_profile", "estimate", "gemm_tflops",
-    "format", "out",          "timing",  "compare",    "dp_assign"};
+    "docs",        "distribution", "context",  "max_tokens",     "micro_batches",
+    "packer",      "lookahead",    "window",   "thresholds",     "queues",
+    "tune",        "delay_budget", "cost",     "profile_cost",   "seed",
+    "steps",       "cp",           "sharding", "kernel_profile", "estimate",
+    "gemm_tflops", "format",       "out",      "timing",         "compare",
+    "dp_assign",   "cp_link_gbps"};
 constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
 
 // The flags given on the command line (set by ParseArgs).
@@ -173,13 +179,13 @@ struct CpPlans {
 };
 
 absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, ShardStrategy strategy,
-                               const KernelModel& model) {
+                               const KernelModel& model, const CpPlanOptions& options) {
   CpPlans cp{.cp_size = cp_size};
   for (const StepPlan& step : r.run.steps) {
     std::vector<ShardPlan>& plans = cp.plans.emplace_back();
     std::vector<CpBalance>& balance = cp.balance.emplace_back();
     for (const MicroBatch& mb : step.micro_batches) {
-      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model);
+      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model, options);
       if (!plan.ok()) return plan.status();
       balance.push_back(MeasureCpBalance(*plan, model));
       if (!step.drain) cp.summary.Add(*plan, balance.back());
@@ -586,6 +592,15 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   absl::StatusOr<ShardStrategy> strategy = ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
   if (!strategy.ok()) return strategy.status();
   s.strategy = *strategy;
+  s.cp_options.comm.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps);
+  if (Given("cp_link_gbps")) {
+    if (s.strategy != ShardStrategy::kDocumentDegree || s.cp_size < 1) {
+      return Unused("cp-link-gbps", "it applies to --cp with --sharding doc-degree");
+    }
+    if (absl::Status st = ValidateCommModel(s.cp_options.comm); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("--cp-link-gbps: %s", st.message()));
+    }
+  }
   if (Given("timing") && s.format != "json") {
     return Unused("timing", "it applies to --format json");
   }
@@ -672,7 +687,8 @@ absl::Status Run() {
   if (!main.ok()) return main.status();
   CpPlans cp;
   if (cp_size > 0) {
-    absl::StatusOr<CpPlans> planned = PlanCp(*main, cp_size, settings->strategy, kernel_model);
+    absl::StatusOr<CpPlans> planned =
+        PlanCp(*main, cp_size, settings->strategy, kernel_model, settings->cp_options);
     if (!planned.ok()) return planned.status();
     cp = *std::move(planned);
   }
@@ -781,6 +797,10 @@ absl::Status Run() {
         packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
         c.per_seq_ordered, c.per_doc, c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max,
         c.model_imbalance_mean, c.model_imbalance_max, c.max_rank_ms_total);
+    if (c.te_zigzag > 0 || c.doc_degree > 0) {
+      absl::StrAppendFormat(&out, "(%d te-zigzag, %d doc-degree micro-batches)\n", c.te_zigzag,
+                            c.doc_degree);
+    }
   }
   if (estimate) {
     const Estimate& e = *estimate;
