@@ -46,6 +46,26 @@
 //    shorter documents stay whole and are dealt, most expensive first, to the rank with the
 //    least predicted latency so far (ties: fewer tokens, then lower rank). They follow the
 //    sharded part in the rank's segment list, in micro-batch order.
+//  - kPerDocumentPadded ("te-zigzag", Transformer Engine's THD context parallelism): every
+//    document is padded to a multiple of 2C and cut into 2C equal chunks of ceil(d / 2C) tokens
+//    (the padding sits at the document's end, so the last shards are shorter or empty); rank r
+//    holds shards r and 2C-1-r of every document, document by document. Padding tokens appear in
+//    no segment, but every rank's buffer holds them: rank_capacity = sum of 2 * ceil(d / 2C).
+//  - kDocumentDegree ("doc-degree", per-document CP degree, communication-aware): every document
+//    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
+//    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
+//    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
+//    per g. Documents are placed most expensive first, each with the (g, group) that gives the
+//    lowest predicted slowest rank, a rank's time being attention (KernelModel under
+//    CpPlanOptions::mix, see MaskedSegmentMs) plus the K/V rows it exchanges (max of sent and
+//    received, see ExchangedKvRows) times CommModel bytes per row over the link bandwidth (ties:
+//    the lower slowest member, then less added time, smaller g, lower group). The greedy plan is
+//    then compared with kPerDocument's, kHybrid's and (for a mix with non-causal masks) the
+//    greedy plan made for all-causal layers, under the same prediction (PredictCp); the fastest
+//    is kept (ties keep the greedy plan). So it is never predicted slower than any of them, and
+//    mask-aware planning never loses to its mask-blind self. Segments: early shards, late
+//    shards, then whole documents, each in micro-batch order; rank_capacity is the largest
+//    rank's tokens.
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.
@@ -844,12 +864,12 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
 
 namespace detail {
 
-// kDocumentDegree (see the file comment), inputs checked.
-inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
-                                                    const std::vector<int64_t>& starts, int cp_size,
-                                                    ShardStrategy requested,
-                                                    const KernelModel& model,
-                                                    const CpPlanOptions& options) {
+// kDocumentDegree's greedy placement (see the file comment), inputs checked.
+inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
+                                                      const std::vector<int64_t>& starts,
+                                                      int cp_size, ShardStrategy requested,
+                                                      const KernelModel& model,
+                                                      const CpPlanOptions& options) {
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(cp_size);
   const LayerMix& mix = options.mix;
@@ -1004,20 +1024,40 @@ inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
       }
     }
   }
+  return b.Finish(ShardStrategy::kDocumentDegree, requested, cp_size, -1);
+}
+
+// kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
+// other masks), kPerDocument's or kHybrid's, whichever PredictCp under `options` finds fastest.
+inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
+                                                    const std::vector<int64_t>& starts, int cp_size,
+                                                    ShardStrategy requested,
+                                                    const KernelModel& model,
+                                                    const CpPlanOptions& options) {
   absl::StatusOr<ShardPlan> greedy =
-      b.Finish(ShardStrategy::kDocumentDegree, requested, cp_size, -1);
+      GreedyDocumentDegree(mb, starts, cp_size, requested, model, options);
   if (!greedy.ok()) return greedy.status();
   double best_ms = PredictCp(*greedy, model, options).max_ms;
   ShardPlan chosen = *std::move(greedy);
-  for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid}) {
-    absl::StatusOr<ShardPlan> plan =
-        PlanResolved(mb, starts, cp_size, other, requested, model, {}, options);
+  auto consider = [&](absl::StatusOr<ShardPlan> plan) -> absl::Status {
     if (!plan.ok()) return plan.status();
     if (const double ms = PredictCp(*plan, model, options).max_ms; ms < best_ms) {
       best_ms = ms;
       chosen = *std::move(plan);
       chosen.strategy = ShardStrategy::kDocumentDegree;
     }
+    return absl::OkStatus();
+  };
+  if (!options.mix.all_causal()) {
+    CpPlanOptions causal = options;
+    causal.mix = LayerMix::Causal();
+    absl::Status s = consider(GreedyDocumentDegree(mb, starts, cp_size, requested, model, causal));
+    if (!s.ok()) return s;
+  }
+  for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid}) {
+    absl::Status s =
+        consider(PlanResolved(mb, starts, cp_size, other, requested, model, {}, options));
+    if (!s.ok()) return s;
   }
   return chosen;
 }
