@@ -616,6 +616,7 @@ TEST(ShardPlanTest, DocumentDegreeFollowsTheLink) {
   ASSERT_TRUE(fast.ok()) << fast.status();
   ASSERT_TRUE(ValidateShardPlan(*fast, mb).ok()) << ValidateShardPlan(*fast, mb);
   EXPECT_EQ(fast->strategy, ShardStrategy::kDocumentDegree);
+  EXPECT_EQ(fast->requested, ShardStrategy::kDocumentDegree);
   int long_segments = 0, short_split = 0;
   for (const RankShard& r : fast->ranks) {
     for (const Segment& s : r.segments) {
@@ -690,6 +691,7 @@ std::vector<RankExchange> BruteExchange(const ShardPlan& plan, const MicroBatch&
 TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
   std::mt19937_64 rng(2511);
   const KernelModel model = KernelModel::Default();
+  int greedy_plans = 0;
   for (int iter = 0; iter < 600; ++iter) {
     const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
@@ -722,9 +724,13 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
     ASSERT_TRUE(dd.ok()) << dd.status();
     ASSERT_TRUE(ValidateShardPlan(*dd, mb).ok()) << ValidateShardPlan(*dd, mb);
     CheckCoverage(*dd, mb);
-    EXPECT_EQ(dd->strategy, ShardStrategy::kDocumentDegree);
+    EXPECT_EQ(dd->requested, ShardStrategy::kDocumentDegree);
+    EXPECT_THAT(dd->strategy,
+                ::testing::AnyOf(ShardStrategy::kDocumentDegree, ShardStrategy::kPerDocument,
+                                 ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered));
     const double dd_ms = PredictCp(*dd, model, options).max_ms;
-    for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid}) {
+    for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid,
+                                ShardStrategy::kPerSequenceOrdered}) {
       EXPECT_LE(dd_ms, PredictCp(MustPlan(mb, cp, other), model, options).max_ms * (1 + 1e-12));
     }
     if (!options.mix.all_causal()) {  // never worse than its mask-blind plan
@@ -739,7 +745,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       for (const Segment& s : r.segments) by_doc[s.doc_index].push_back({r.rank, s.q_len()});
     }
     for (size_t i = 0; i < by_doc.size(); ++i) {
-      if (by_doc[i].size() == 1) continue;
+      if (by_doc[i].size() == 1 || dd->strategy != ShardStrategy::kDocumentDegree) continue;
       std::vector<int> ranks;
       int64_t lo = INT64_MAX, hi = 0;
       for (const auto& [r, len] : by_doc[i]) {
@@ -756,8 +762,15 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       EXPECT_EQ(by_doc[i].size(), static_cast<size_t>(2 * g)) << "doc " << i;
       EXPECT_LE(hi - lo, 1) << "doc " << i;
     }
-    // Deterministic.
+    // Deterministic; a fixed strategy's plan is that strategy's plan.
     EXPECT_EQ(*dd, *PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, options));
+    if (dd->strategy != ShardStrategy::kDocumentDegree) {
+      ShardPlan fixed = MustPlan(mb, cp, dd->strategy);
+      fixed.requested = ShardStrategy::kDocumentDegree;
+      EXPECT_EQ(*dd, fixed);
+    } else {
+      ++greedy_plans;
+    }
     // Exchanged rows against brute force, every strategy, causal and a random window / chunk.
     if (mb.tokens <= 6000) {
       const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
@@ -781,6 +794,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       }
     }
   }
+  EXPECT_GT(greedy_plans, 200);  // the greedy degree plan is what most micro-batches get
 }
 
 TEST(ShardPlanTest, MaskedSegmentMsCountsTheMaskedBlocks) {

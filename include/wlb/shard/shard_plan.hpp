@@ -60,12 +60,13 @@
 //    CpPlanOptions::mix, see MaskedSegmentMs) plus the K/V rows it exchanges (max of sent and
 //    received, see ExchangedKvRows) times CommModel bytes per row over the link bandwidth (ties:
 //    the lower slowest member, then less added time, smaller g, lower group). The greedy plan is
-//    then compared with kPerDocument's, kHybrid's and (for a mix with non-causal masks) the
-//    greedy plan made for all-causal layers, under the same prediction (PredictCp); the fastest
-//    is kept (ties keep the greedy plan). So it is never predicted slower than any of them, and
-//    mask-aware planning never loses to its mask-blind self. Segments: early shards, late
-//    shards, then whole documents, each in micro-batch order; rank_capacity is the largest
-//    rank's tokens.
+//    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
+//    non-causal masks) the greedy plan made for all-causal layers, under the same prediction
+//    (PredictCp); the fastest is kept (ties keep the greedy plan), recording the strategy used
+//    (kDocumentDegree for a greedy plan) as kAdaptive does. So it is never predicted slower than
+//    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
+//    segments: early shards, late shards, then whole documents, each in micro-batch order;
+//    rank_capacity is the largest rank's tokens.
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.
@@ -1028,7 +1029,9 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
 }
 
 // kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
-// other masks), kPerDocument's or kHybrid's, whichever PredictCp under `options` finds fastest.
+// other masks), kPerDocument's, kHybrid's or kPerSequenceOrdered's, whichever PredictCp under
+// `options` finds fastest (a fixed strategy's plan keeps its strategy; requested says
+// kDocumentDegree).
 inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
                                                     const std::vector<int64_t>& starts, int cp_size,
                                                     ShardStrategy requested,
@@ -1044,7 +1047,6 @@ inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
     if (const double ms = PredictCp(*plan, model, options).max_ms; ms < best_ms) {
       best_ms = ms;
       chosen = *std::move(plan);
-      chosen.strategy = ShardStrategy::kDocumentDegree;
     }
     return absl::OkStatus();
   };
@@ -1054,7 +1056,8 @@ inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
     absl::Status s = consider(GreedyDocumentDegree(mb, starts, cp_size, requested, model, causal));
     if (!s.ok()) return s;
   }
-  for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid}) {
+  for (ShardStrategy other :
+       {ShardStrategy::kPerDocument, ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
     absl::Status s =
         consider(PlanResolved(mb, starts, cp_size, other, requested, model, {}, options));
     if (!s.ok()) return s;
