@@ -261,6 +261,8 @@ TEST(WlbPlan, NewerFlagsRunWhenTheyApply) {
       {"--steps 4 --estimate 8,2,4,1 --sharding per-seq-ordered --gemm-tflops 400 --compare=false",
        "with per-seq-ordered CP"},
       {"--steps 3 --cp 4 --sharding te-zigzag --compare=false", "(12 te-zigzag, 0 doc-degree"},
+      {"--steps 3 --cost llama2-7b-swa4k --cp 4 --sharding doc-degree --compare=false",
+       "masks window:4096x27,causalx5"},
       {"--steps 3 --cp 4 --sharding doc-degree --cp-link-gbps 25 --compare=false",
        "--sharding doc-degree"},
   };
@@ -326,6 +328,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--packer " + std::string(20000, 'x'), "", "(20000 bytes in all)"},
       {"--docs -", "5\n" + std::string(1 << 20, '7') + "x\n", "(1048577 bytes in all)"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
+      {"--cost llama2-7b-swa4k --profile-cost table", "", "--profile-cost is not used by this run"},
+      {"--cost llama2-7b-swa4k --estimate 8,2,4,1", "", "--cost must be a preset"},
       {"--cp 2 --sharding per-doc --cp-link-gbps 100", "",
        "--cp-link-gbps is not used by this run: it applies to --cp with --sharding doc-degree"},
       {"--cp-link-gbps 100", "", "--cp-link-gbps is not used by this run"},

@@ -60,8 +60,10 @@ ABSL_FLAG(double, delay_budget, 1.0,
           "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
           "beyond wlb's delay, 1 with --tune)");
 ABSL_FLAG(std::string, cost, "llama2-7b",
-          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
-          "of length -> latency to fit");
+          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a masked preset "
+          "(llama2-7b-swa4k, llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of "
+          "attention masks; doc-degree CP plans for its masks too) or a profile CSV of length -> "
+          "latency to fit");
 ABSL_FLAG(std::string, profile_cost, "fit",
           "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
           "interpolation of the measured points)");
@@ -463,11 +465,12 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   // The cost model is resolved (and a profile read) in Run(); here only what the flags say.
   const std::string cost_name = absl::GetFlag(FLAGS_cost);
   const bool cost_is_preset = CostModelFromPreset(cost_name).ok();
+  const absl::StatusOr<MaskedModel> masked_model = FindMaskedModel(cost_name);
   if (const std::string pc = absl::GetFlag(FLAGS_profile_cost); pc != "fit" && pc != "table") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--profile-cost must be fit or table, got %s", QuoteForMessage(pc)));
   }
-  if (Given("profile_cost") && cost_is_preset) {
+  if (Given("profile_cost") && (cost_is_preset || masked_model.ok())) {
     return Unused("profile-cost", absl::StrFormat("it applies to a profile CSV in --cost, and "
                                                   "--cost is the preset %s",
                                                   QuoteForMessage(cost_name)));
@@ -593,6 +596,7 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   if (!strategy.ok()) return strategy.status();
   s.strategy = *strategy;
   s.cp_options.comm.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps);
+  if (masked_model.ok()) s.cp_options.mix = masked_model->mix;  // doc-degree plans for its masks
   if (Given("cp_link_gbps")) {
     if (s.strategy != ShardStrategy::kDocumentDegree || s.cp_size < 1) {
       return Unused("cp-link-gbps", "it applies to --cp with --sharding doc-degree");
@@ -621,9 +625,17 @@ absl::Status Run() {
   PackerOptions options = settings->options;
   const int64_t steps = settings->steps;
   const int32_t cp_size = settings->cp_size;
-  absl::StatusOr<ProfileFit> cost = ResolveCostModel(absl::GetFlag(FLAGS_cost));
+  // A masked model preset (llama2-7b-swa4k, ...): the mask-aware FLOP cost of its layer mix.
+  const absl::StatusOr<MaskedModel> masked = FindMaskedModel(absl::GetFlag(FLAGS_cost));
+  absl::StatusOr<ProfileFit> cost =
+      masked.ok() ? ProfileFit{} : ResolveCostModel(absl::GetFlag(FLAGS_cost));
   if (!cost.ok()) return cost.status();
   DocumentCost doc_cost = cost->model;
+  if (masked.ok()) {
+    absl::StatusOr<DocumentCost> mixed = masked->MakeCost();
+    if (!mixed.ok()) return mixed.status();
+    doc_cost = *std::move(mixed);
+  }
   if (absl::GetFlag(FLAGS_profile_cost) == "table") {
     if (cost->model.unit != "ms") {
       return absl::InvalidArgumentError(
