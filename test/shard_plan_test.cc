@@ -776,6 +776,23 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
                                      *AttentionMask::ChunkedLocal(w)};
       for (const ShardPlan* p : {&te, static_cast<const ShardPlan*>(&*dd)}) {
+        // Per-rank pairs under a mix: one causal layer gives causal_pairs; a window and a chunk
+        // layer give the enumerated pairs of their masks.
+        const CpPrediction causal = PredictCp(*p, model);
+        const CpPrediction mixed =
+            PredictCp(*p, model, {.mix = LayerMix{{{masks[1], 2}, {masks[2], 3}}}});
+        for (size_t r = 0; r < p->ranks.size(); ++r) {
+          EXPECT_EQ(causal.rank_pairs[r], p->ranks[r].causal_pairs);
+          int64_t enumerated = 0;
+          for (const Segment& s : p->ranks[r].segments) {
+            for (int64_t q = s.q_begin; q < s.q_end; ++q) {
+              for (int64_t k = 0; k <= q; ++k) {
+                enumerated += (q - k < w ? 2 : 0) + (q / w == k / w ? 3 : 0);
+              }
+            }
+          }
+          EXPECT_EQ(mixed.rank_pairs[r], enumerated) << "rank " << r;
+        }
         for (const AttentionMask& m : masks) {
           const std::vector<RankExchange> x = ExchangedKvRows(*p, m);
           const std::vector<RankExchange> b = BruteExchange(*p, mb, m);

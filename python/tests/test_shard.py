@@ -102,6 +102,9 @@ def test_doc_degree_exchange_and_link():
     # Local layers need fewer keys: less to exchange for the same plan.
     windowed = wlb.plan_shards(lengths, 4, "per-doc", layer_mix="window:1024x5,causal")
     assert windowed.cp_prediction["exchanged_bytes"] < per_doc.cp_prediction["exchanged_bytes"]
+    # ... and fewer pairs: one causal layer counts the plan's causal pairs, the mix its own.
+    assert per_doc.cp_prediction["max_rank_pairs"] == max(r.causal_pairs for r in per_doc.ranks)
+    assert windowed.cp_prediction["max_rank_pairs"] < 6 * per_doc.cp_prediction["max_rank_pairs"]
 
 
 def test_bad_cp_options_name_the_value():

@@ -15,6 +15,8 @@
 // indices of the first query and of key 0 (see shard_plan.hpp).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -85,7 +87,10 @@ inline nlohmann::json CpPredictionToJson(const CpPrediction& p) {
           {"attention_max_ms", p.attention_max_ms},
           {"exchanged_bytes", p.exchanged_bytes},
           {"max_rank_bytes", p.max_rank_bytes},
-          {"allgather_bytes", p.allgather_bytes}};
+          {"allgather_bytes", p.allgather_bytes},
+          {"max_rank_pairs", p.rank_pairs.empty()
+                                 ? int64_t{0}
+                                 : *std::max_element(p.rank_pairs.begin(), p.rank_pairs.end())}};
 }
 
 }  // namespace wlb

@@ -825,6 +825,9 @@ struct CpPrediction {
   double allgather_bytes = 0.0;   // C x (C-1) x rank_capacity rows: what an all-gather of every
                                   // rank's padded buffer (the backends' executors) moves
   std::vector<double> rank_ms;    // per rank: mix mean of attention + exchange
+  // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
+  // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
+  std::vector<int64_t> rank_pairs;
 };
 
 inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
@@ -832,6 +835,7 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   CpPrediction p;
   const size_t ranks = plan.ranks.size();
   p.rank_ms.assign(ranks, 0.0);
+  p.rank_pairs.assign(ranks, 0);
   const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
   const double row_ms = options.comm.RowMs(model);
   const double row_bytes = static_cast<double>(options.comm.RowBytes(model));
@@ -844,6 +848,7 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
       double attention = 0.0;
       for (const Segment& s : plan.ranks[r].segments) {
         attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
+        p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
       }
       const double rows = static_cast<double>(std::max(x[r].recv_rows, x[r].send_rows));
       const double t = attention + rows * row_ms;
