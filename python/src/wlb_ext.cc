@@ -1077,8 +1077,10 @@ NB_MODULE(_wlb, m) {
       .def_prop_ro(
           "strategy",
           [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
-          "The strategy used (adaptive resolves to per-seq-ordered, per-doc or hybrid; doc-degree to "
-          "doc-degree or the per-doc, hybrid or per-seq-ordered plan it predicted faster).", nb::rv_policy::automatic)
+          "The strategy used (adaptive resolves to per-seq-ordered, per-doc or hybrid; "
+          "doc-degree to doc-degree or the per-doc, hybrid or per-seq-ordered plan it predicted "
+          "faster).",
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "requested",
           [](const PyShardPlan& p) {
