@@ -71,7 +71,8 @@ void Register() {
   for (wlb::ShardStrategy s :
        {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
         wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive,
-        wlb::ShardStrategy::kHybrid}) {
+        wlb::ShardStrategy::kHybrid, wlb::ShardStrategy::kPerDocumentPadded,
+        wlb::ShardStrategy::kDocumentDegree}) {
     const std::string name(wlb::ShardStrategyName(s));
     benchmark::RegisterBenchmark(("BM_Shard/" + name).c_str(),
                                  [s](benchmark::State& st) { Run(st, s, RealisticMicroBatches()); })

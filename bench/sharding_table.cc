@@ -8,8 +8,18 @@
 // strategy: the predicted CP imbalance (max / mean rank latency under wlb::KernelModel::Default(),
 // mean over micro-batches) and the predicted max-rank latency of one attention layer forward (ms,
 // mean over micro-batches). Adaptive's column also says how often it picked per-document.
+//
+// A second table compares the K/V exchange at S = 128K, C = 2, 4, 8: per-doc, hybrid,
+// te-zigzag (Transformer Engine's 2C zig-zag, every document padded to 2C), adaptive and doc-degree
+// (per-document CP degree, communication-aware), each predicted with wlb::PredictCp (attention
+// + max(sent, received) K/V rows x 16 KiB / --cp_link_gbps per rank): slowest rank in ms, its
+// attention alone, K/V bytes received over all ranks (a selective exchange), and what an
+// all-gather of every rank's padded buffer moves (the backends' executors), per layer, means over
+// micro-batches.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -33,12 +43,82 @@ ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N");
 ABSL_FLAG(std::string, packer, "wlb", "packer whose micro-batches are sharded");
 ABSL_FLAG(std::string, csv, "",
           "also write S,C,strategy,pair_imbalance_mean,model_imbalance_mean,max_rank_ms_mean");
+ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps,
+          "K/V link bandwidth per rank and direction (GB/s) of the exchange table");
+ABSL_FLAG(bool, exchange_only, false, "print only the exchange table (S = 128K, C = 2, 4, 8)");
 
 namespace {
 
 constexpr wlb::ShardStrategy kStrategies[] = {
     wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
     wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
+
+// The exchange table (see the file comment).
+absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
+                           const wlb::CostModel& cost, const wlb::KernelModel& kernel) {
+  const wlb::CpPlanOptions options{.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)}};
+  if (absl::Status s = wlb::ValidateCpPlanOptions(options); !s.ok()) return s;
+  const int64_t context = 131072;
+  absl::StatusOr<wlb::Input> input =
+      wlb::CutSteps(base, context, n, {.max_steps = steps, .scale_from = 131072});
+  if (!input.ok()) return input.status();
+  const wlb::PackerConfig config{
+      .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
+  absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
+      wlb::MakePacker(absl::GetFlag(FLAGS_packer), config, cost,
+                      {.thresholds = wlb::DefaultThresholds(context, 2)});
+  if (!packer.ok()) return packer.status();
+  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, input->steps);
+  if (!run.ok()) return run.status();
+  std::printf(
+      "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %d steps; "
+      "link %g GB/s per direction, 16 KiB K/V per token and layer (LLaMA-2-7B, bf16). Cells: "
+      "predicted slowest rank (attention + exchange) ms / its attention alone ms / K/V received "
+      "over all ranks MB (selective) / all-gather MB, per layer, means over micro-batches.\n\n",
+      absl::GetFlag(FLAGS_packer).c_str(), n, base.name.c_str(), steps, options.comm.link_gbps);
+  const wlb::ShardStrategy strategies[] = {
+      wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid,
+      wlb::ShardStrategy::kPerDocumentPadded, wlb::ShardStrategy::kAdaptive,
+      wlb::ShardStrategy::kDocumentDegree};
+  constexpr size_t kCount = std::size(strategies);
+  std::printf(
+      "| C | per-doc | hybrid | te-zigzag | adaptive | doc-degree | doc-degree vs per-doc / "
+      "te-zigzag / adaptive | doc-degree's own (greedy) plan |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (int c : {2, 4, 8}) {
+    std::string line = absl::StrFormat("| %d", c);
+    double max_ms[kCount] = {};
+    int64_t greedy = 0, planned = 0;  // doc-degree plans that are its greedy degree plan
+    for (size_t k = 0; k < kCount; ++k) {
+      double total_ms = 0, attention_ms = 0, received = 0, gathered = 0;
+      int64_t count = 0;
+      for (const wlb::StepPlan& step : run->steps) {
+        for (const wlb::MicroBatch& mb : step.micro_batches) {
+          if (mb.documents.empty()) continue;
+          absl::StatusOr<wlb::ShardPlan> plan =
+              wlb::PlanShards(mb, c, strategies[k], kernel, options);
+          if (!plan.ok()) return plan.status();
+          const wlb::CpPrediction p = wlb::PredictCp(*plan, kernel, options);
+          if (plan->strategy == wlb::ShardStrategy::kDocumentDegree) ++greedy;
+          total_ms += p.max_ms;
+          attention_ms += p.attention_max_ms;
+          received += p.exchanged_bytes;
+          gathered += p.allgather_bytes;
+          ++count;
+        }
+      }
+      const double m = static_cast<double>(std::max<int64_t>(1, count));
+      max_ms[k] = total_ms / m;
+      planned = count;
+      line += absl::StrFormat(" | %.2f / %.2f ms / %.0f / %.0f MB", total_ms / m, attention_ms / m,
+                              received / m / 1e6, gathered / m / 1e6);
+    }
+    auto faster = [&](size_t k) { return 100.0 * (1.0 - max_ms[kCount - 1] / max_ms[k]); };
+    std::printf("%s | %.1f%% / %.1f%% / %.1f%% faster | %d of %d |\n", line.c_str(), faster(0),
+                faster(2), faster(3), greedy, planned);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -56,6 +136,7 @@ absl::Status Run() {
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
+  if (absl::GetFlag(FLAGS_exchange_only)) return ExchangeTable(*base, steps, n, cost, kernel);
   std::printf(
       "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
       "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
@@ -128,7 +209,8 @@ absl::Status Run() {
     for (const std::string& line : csv) out << line << "\n";
     if (!out) return absl::DataLossError(absl::StrFormat("error writing --csv '%s'", path));
   }
-  return absl::OkStatus();
+  std::printf("\n");
+  return ExchangeTable(*base, steps, n, cost, kernel);
 }
 
 }  // namespace

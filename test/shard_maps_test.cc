@@ -2,6 +2,7 @@
 #include "wlb/shard/shard_maps.hpp"
 
 #include <cstdint>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -34,14 +35,21 @@ TEST(ShardMapsTest, WorkedExamplePerSequence) {
 
 TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
   std::mt19937_64 rng(7);
-  const ShardStrategy strategies[] = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                                      ShardStrategy::kAdaptive, ShardStrategy::kHybrid};
+  const ShardStrategy strategies[] = {
+      ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
+      ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
+      ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
+      ShardStrategy::kDocumentDegree};
+  constexpr int kStrategies = static_cast<int>(std::size(strategies));
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<int64_t> lengths(1 + rng() % 10);
     for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 3000);
     const MicroBatch mb = MakeMicroBatch(lengths);
     const int cp = 1 + static_cast<int>(rng() % 8);
-    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % 4], KernelModel::Default());
+    // doc-degree also under a slow link (documents stay whole) and a fast one (sharded).
+    const CpPlanOptions options{.comm = {.link_gbps = trial % 3 == 0 ? 0.5 : 4000.0}};
+    const ShardPlan plan =
+        *PlanShards(mb, cp, strategies[trial % kStrategies], KernelModel::Default(), options);
     absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan);
     ASSERT_TRUE(maps.ok()) << maps.status();
     // The gathered buffer: rank r's local row i at r * rank_capacity + i.

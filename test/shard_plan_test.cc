@@ -2,6 +2,8 @@
 #include "wlb/shard/shard_plan.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -10,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/cost/attention_mask.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
@@ -157,7 +160,8 @@ TEST(ShardPlanTest, JsonShape) {
 TEST(ShardPlanTest, StrategyNames) {
   for (ShardStrategy s :
        {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
-        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
+        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered,
+        ShardStrategy::kPerDocumentPadded, ShardStrategy::kDocumentDegree}) {
     absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(ShardStrategyName(s));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
@@ -167,8 +171,11 @@ TEST(ShardPlanTest, StrategyNames) {
     ASSERT_FALSE(parsed.ok()) << bad;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(absl::StrFormat("'%s'", bad)));
     EXPECT_THAT(std::string(parsed.status().message()),
-                HasSubstr("per-seq, per-seq-ordered, per-doc, adaptive, hybrid"));
+                HasSubstr("per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag, "
+                          "doc-degree"));
   }
+  EXPECT_EQ(ShardStrategyName(ShardStrategy::kPerDocumentPadded), "te-zigzag");
+  EXPECT_EQ(ShardStrategyName(ShardStrategy::kDocumentDegree), "doc-degree");
 }
 
 TEST(ShardPlanTest, BadInputsNameTheValue) {
@@ -576,6 +583,259 @@ TEST(ShardPlanPropertyTest, PerDocumentBeatsPerSequenceOnOneLongDocumentMix) {
         MeasureCpBalance(MustPlan(mb, cp, ShardStrategy::kPerDocument), model).pair_imbalance;
     EXPECT_LT(doc, 1.01) << cp;
     EXPECT_GT(seq, doc) << cp;
+  }
+}
+
+TEST(ShardPlanTest, WorkedExampleTeZigzag) {
+  // Documents 5, 19, 8 at CP 2: each padded to a multiple of 4 and cut into 4 equal chunks
+  // (2, 5 and 2 tokens); rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2, document by document.
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocumentPadded);
+  ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
+  EXPECT_EQ(plan.strategy, ShardStrategy::kPerDocumentPadded);
+  EXPECT_EQ(plan.rank_capacity, 2 * (2 + 5 + 2));
+  EXPECT_EQ(plan.padding_tokens(), 2 * 18 - 32);
+  std::vector<std::pair<int64_t, int64_t>> r0, r1;
+  for (const Segment& s : plan.ranks[0].segments) r0.push_back({s.q_begin, s.q_end});
+  for (const Segment& s : plan.ranks[1].segments) r1.push_back({s.q_begin, s.q_end});
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_THAT(r0, ElementsAre(P{0, 2}, P{0, 5}, P{15, 19}, P{0, 2}, P{6, 8}));
+  EXPECT_THAT(r1, ElementsAre(P{2, 4}, P{4, 5}, P{5, 10}, P{10, 15}, P{2, 4}, P{4, 6}));
+}
+
+TEST(ShardPlanTest, DocumentDegreeFollowsTheLink) {
+  // One long document and many short ones at C = 4. Over a fast link the long document is
+  // sharded over all ranks and the short ones stay whole; over a very slow link nothing is
+  // exchanged at all (every document whole).
+  std::vector<int64_t> lengths = {60000};
+  for (int i = 0; i < 40; ++i) lengths.push_back(300 + 37 * i);
+  const MicroBatch mb = MakeMicroBatch(lengths);
+  const KernelModel model = KernelModel::Default();
+  absl::StatusOr<ShardPlan> fast =
+      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, {.comm = {.link_gbps = 450}});
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_TRUE(ValidateShardPlan(*fast, mb).ok()) << ValidateShardPlan(*fast, mb);
+  EXPECT_EQ(fast->strategy, ShardStrategy::kDocumentDegree);
+  EXPECT_EQ(fast->requested, ShardStrategy::kDocumentDegree);
+  int long_segments = 0, short_split = 0;
+  for (const RankShard& r : fast->ranks) {
+    for (const Segment& s : r.segments) {
+      if (s.doc_index == 0) ++long_segments;
+      if (s.doc_index > 0 && s.q_len() != mb.documents[s.doc_index].length) ++short_split;
+    }
+  }
+  EXPECT_EQ(long_segments, 8);
+  EXPECT_EQ(short_split, 0);
+  // Fewer exchanged rows than per-doc, which splits every short document too.
+  auto received = [](const ShardPlan& p) {
+    int64_t rows = 0;
+    for (const RankExchange& x : ExchangedKvRows(p)) rows += x.recv_rows;
+    return rows;
+  };
+  EXPECT_LT(received(*fast), received(MustPlan(mb, 4, ShardStrategy::kPerDocument)));
+  absl::StatusOr<ShardPlan> slow =
+      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, {.comm = {.link_gbps = 1e-3}});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_EQ(received(*slow), 0);
+  for (const RankShard& r : slow->ranks) {
+    for (const Segment& s : r.segments) EXPECT_EQ(s.q_len(), mb.documents[s.doc_index].length);
+  }
+}
+
+TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  for (double gbps : {0.0, -1.0, 2e6, std::nan("")}) {
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+                                             KernelModel::Default(), {.comm = {.link_gbps = gbps}});
+    ASSERT_FALSE(p.ok());
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %g", gbps)));
+  }
+  absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+                                           KernelModel::Default(), {.comm = {.kv_row_bytes = -5}});
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("got -5"));
+  p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree, KernelModel::Default(),
+                 {.mix = LayerMix{}});
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("no layers"));
+}
+
+// Brute force of ExchangedKvRows: per rank, mark every key row each of its queries sees under
+// the mask (query by query), drop its own rows; the rest it receives from their holders.
+std::vector<RankExchange> BruteExchange(const ShardPlan& plan, const MicroBatch& mb,
+                                        const AttentionMask& mask) {
+  std::vector<int> holder(static_cast<size_t>(mb.tokens), -1);
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) {
+      for (int64_t q = s.q_begin; q < s.q_end; ++q) holder[s.k_pos + q] = r.rank;
+    }
+  }
+  std::vector<RankExchange> x(plan.ranks.size());
+  for (const RankShard& r : plan.ranks) {
+    std::vector<char> need(static_cast<size_t>(mb.tokens), 0);
+    for (const Segment& s : r.segments) {
+      for (int64_t q = s.q_begin; q < s.q_end; ++q) {
+        for (int64_t k = mask.KeyBegin(q); k <= q; ++k) need[s.k_pos + k] = 1;
+      }
+    }
+    for (int64_t p = 0; p < mb.tokens; ++p) {
+      if (need[p] && holder[p] != r.rank) {
+        ++x[r.rank].recv_rows;
+        ++x[holder[p]].send_rows;
+      }
+    }
+  }
+  return x;
+}
+
+TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
+  std::mt19937_64 rng(2511);
+  const KernelModel model = KernelModel::Default();
+  int greedy_plans = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
+    const int64_t n = 2 * cp;
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d docs %d tokens %d", iter, cp, mb.documents.size(),
+                                 mb.tokens));
+    // te-zigzag: chunks of ceil(d / 2C), rank r holds chunks r and 2C-1-r of every document.
+    const ShardPlan te = MustPlan(mb, cp, ShardStrategy::kPerDocumentPadded);
+    ASSERT_TRUE(ValidateShardPlan(te, mb).ok()) << ValidateShardPlan(te, mb);
+    CheckCoverage(te, mb);
+    int64_t capacity = 0;
+    for (const Document& d : mb.documents) capacity += 2 * ((d.length + n - 1) / n);
+    EXPECT_EQ(te.rank_capacity, capacity);
+    for (const RankShard& r : te.ranks) {
+      for (const Segment& s : r.segments) {
+        const int64_t c = (mb.documents[s.doc_index].length + n - 1) / n;
+        const int64_t j = s.q_begin / c;
+        EXPECT_TRUE(j == r.rank || j == n - 1 - r.rank);
+        EXPECT_EQ(s.q_end, std::min((j + 1) * c, mb.documents[s.doc_index].length));
+      }
+    }
+    // doc-degree under a random link and mask mix.
+    const double gbps = std::vector<double>{1.0, 50.0, 450.0, 1e5}[iter % 4];
+    const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+    CpPlanOptions options{.comm = {.link_gbps = gbps}};
+    if (iter % 3 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
+    if (iter % 3 == 2) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
+    absl::StatusOr<ShardPlan> dd =
+        PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, options);
+    ASSERT_TRUE(dd.ok()) << dd.status();
+    ASSERT_TRUE(ValidateShardPlan(*dd, mb).ok()) << ValidateShardPlan(*dd, mb);
+    CheckCoverage(*dd, mb);
+    EXPECT_EQ(dd->requested, ShardStrategy::kDocumentDegree);
+    EXPECT_THAT(dd->strategy,
+                ::testing::AnyOf(ShardStrategy::kDocumentDegree, ShardStrategy::kPerDocument,
+                                 ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered));
+    const double dd_ms = PredictCp(*dd, model, options).max_ms;
+    for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid,
+                                ShardStrategy::kPerSequenceOrdered}) {
+      EXPECT_LE(dd_ms, PredictCp(MustPlan(mb, cp, other), model, options).max_ms * (1 + 1e-12));
+    }
+    if (!options.mix.all_causal()) {  // never worse than its mask-blind plan
+      const ShardPlan blind =
+          *PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, {.comm = options.comm});
+      EXPECT_LE(dd_ms, PredictCp(blind, model, options).max_ms * (1 + 1e-12));
+    }
+    // A document is whole on one rank or sharded over an aligned group of g ranks (g a power
+    // of two or C), two shards per rank, shard sizes within one token.
+    std::vector<std::vector<std::pair<int, int64_t>>> by_doc(mb.documents.size());
+    for (const RankShard& r : dd->ranks) {
+      for (const Segment& s : r.segments) by_doc[s.doc_index].push_back({r.rank, s.q_len()});
+    }
+    for (size_t i = 0; i < by_doc.size(); ++i) {
+      if (by_doc[i].size() == 1 || dd->strategy != ShardStrategy::kDocumentDegree) continue;
+      std::vector<int> ranks;
+      int64_t lo = INT64_MAX, hi = 0;
+      for (const auto& [r, len] : by_doc[i]) {
+        ranks.push_back(r);
+        lo = std::min(lo, len);
+        hi = std::max(hi, len);
+      }
+      std::sort(ranks.begin(), ranks.end());
+      ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+      const int g = static_cast<int>(ranks.size());
+      EXPECT_TRUE(g == cp || (g & (g - 1)) == 0) << "doc " << i << " over " << g << " ranks";
+      EXPECT_EQ(ranks.front() % g, 0) << "doc " << i;
+      EXPECT_EQ(ranks.back() - ranks.front() + 1, g) << "doc " << i;
+      EXPECT_EQ(by_doc[i].size(), static_cast<size_t>(2 * g)) << "doc " << i;
+      EXPECT_LE(hi - lo, 1) << "doc " << i;
+    }
+    // Deterministic; a fixed strategy's plan is that strategy's plan.
+    EXPECT_EQ(*dd, *PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, options));
+    if (dd->strategy != ShardStrategy::kDocumentDegree) {
+      ShardPlan fixed = MustPlan(mb, cp, dd->strategy);
+      fixed.requested = ShardStrategy::kDocumentDegree;
+      EXPECT_EQ(*dd, fixed);
+    } else {
+      ++greedy_plans;
+    }
+    // Exchanged rows against brute force, every strategy, causal and a random window / chunk.
+    if (mb.tokens <= 6000) {
+      const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
+                                     *AttentionMask::ChunkedLocal(w)};
+      for (const ShardPlan* p : {&te, static_cast<const ShardPlan*>(&*dd)}) {
+        // Per-rank pairs under a mix: one causal layer gives causal_pairs; a window and a chunk
+        // layer give the enumerated pairs of their masks.
+        const CpPrediction causal = PredictCp(*p, model);
+        const CpPrediction mixed =
+            PredictCp(*p, model, {.mix = LayerMix{{{masks[1], 2}, {masks[2], 3}}}});
+        for (size_t r = 0; r < p->ranks.size(); ++r) {
+          EXPECT_EQ(causal.rank_pairs[r], p->ranks[r].causal_pairs);
+          int64_t enumerated = 0;
+          for (const Segment& s : p->ranks[r].segments) {
+            for (int64_t q = s.q_begin; q < s.q_end; ++q) {
+              for (int64_t k = 0; k <= q; ++k) {
+                enumerated += (q - k < w ? 2 : 0) + (q / w == k / w ? 3 : 0);
+              }
+            }
+          }
+          EXPECT_EQ(mixed.rank_pairs[r], enumerated) << "rank " << r;
+        }
+        for (const AttentionMask& m : masks) {
+          const std::vector<RankExchange> x = ExchangedKvRows(*p, m);
+          const std::vector<RankExchange> b = BruteExchange(*p, mb, m);
+          for (size_t r = 0; r < x.size(); ++r) {
+            EXPECT_EQ(x[r].recv_rows, b[r].recv_rows) << m.Name() << " rank " << r;
+            EXPECT_EQ(x[r].send_rows, b[r].send_rows) << m.Name() << " rank " << r;
+          }
+        }
+      }
+      const ShardPlan seq = MustPlan(mb, cp, ShardStrategy::kPerSequence);
+      const std::vector<RankExchange> x = ExchangedKvRows(seq, masks[iter % 3]);
+      const std::vector<RankExchange> b = BruteExchange(seq, mb, masks[iter % 3]);
+      for (size_t r = 0; r < x.size(); ++r) {
+        EXPECT_EQ(x[r].recv_rows, b[r].recv_rows);
+        EXPECT_EQ(x[r].send_rows, b[r].send_rows);
+      }
+    }
+  }
+  EXPECT_GT(greedy_plans, 200);  // the greedy degree plan is what most micro-batches get
+}
+
+TEST(ShardPlanTest, MaskedSegmentMsCountsTheMaskedBlocks) {
+  const KernelModel model = KernelModel::Default();
+  const KernelModel pairs = PairModel();  // tile 1: blocks are (query, key) pairs
+  const double one_pair = pairs.SegmentMs(1, 1);
+  std::mt19937_64 rng(5);
+  for (int iter = 0; iter < 300; ++iter) {
+    const int64_t qe = std::uniform_int_distribution<int64_t>(1, 5000)(rng);
+    const int64_t qb = std::uniform_int_distribution<int64_t>(0, qe - 1)(rng);
+    const int64_t size = std::uniform_int_distribution<int64_t>(1, 6000)(rng);
+    // Causal is the kernel model itself; a window at least as long as the document is causal.
+    EXPECT_EQ(MaskedSegmentMs(model, AttentionMask::Causal(), qb, qe),
+              model.SegmentMs(qe - qb, qe));
+    EXPECT_DOUBLE_EQ(MaskedSegmentMs(model, *AttentionMask::SlidingWindow(qe), qb, qe),
+                     model.SegmentMs(qe - qb, qe));
+    for (const AttentionMask& m :
+         {*AttentionMask::SlidingWindow(size), *AttentionMask::ChunkedLocal(size)}) {
+      EXPECT_NEAR(MaskedSegmentMs(pairs, m, qb, qe) / one_pair,
+                  static_cast<double>(m.Pairs(qb, qe)), 1e-6 * static_cast<double>(m.Pairs(qb, qe)))
+          << m.Name() << " [" << qb << ", " << qe << ")";
+      // Tiles only add work: never below the pair count's share of the causal segment.
+      EXPECT_LE(MaskedSegmentMs(model, m, qb, qe), model.SegmentMs(qe - qb, qe) * (1 + 1e-12));
+    }
   }
 }
 

@@ -260,6 +260,11 @@ TEST(WlbPlan, NewerFlagsRunWhenTheyApply) {
       {"--distribution heavy-tail --steps 6 --compare=false", "embedded heavy-tail distribution"},
       {"--steps 4 --estimate 8,2,4,1 --sharding per-seq-ordered --gemm-tflops 400 --compare=false",
        "with per-seq-ordered CP"},
+      {"--steps 3 --cp 4 --sharding te-zigzag --compare=false", "(12 te-zigzag, 0 doc-degree"},
+      {"--steps 3 --cost llama2-7b-swa4k --cp 4 --sharding doc-degree --compare=false",
+       "masks window:4096x27,causalx5"},
+      {"--steps 3 --cp 4 --sharding doc-degree --cp-link-gbps 25 --compare=false",
+       "--sharding doc-degree"},
   };
   for (const auto& [args, want] : runs) {
     Result r = RunPlan(args);
@@ -323,6 +328,13 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--packer " + std::string(20000, 'x'), "", "(20000 bytes in all)"},
       {"--docs -", "5\n" + std::string(1 << 20, '7') + "x\n", "(1048577 bytes in all)"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
+      {"--cost llama2-7b-swa4k --profile-cost table", "", "--profile-cost is not used by this run"},
+      {"--cost llama2-7b-swa4k --estimate 8,2,4,1", "", "--cost must be a preset"},
+      {"--cp 2 --sharding per-doc --cp-link-gbps 100", "",
+       "--cp-link-gbps is not used by this run: it applies to --cp with --sharding doc-degree"},
+      {"--cp-link-gbps 100", "", "--cp-link-gbps is not used by this run"},
+      {"--cp 2 --sharding doc-degree --cp-link-gbps 0", "", "must be in (0, 1e6] GB/s, got 0"},
+      {"--cp 2 --sharding doc-degree --cp-link-gbps nan", "", "got nan"},
       {"--cp 2 --kernel-profile /nonexistent/k.csv", "", "/nonexistent/k.csv"},
       {"--estimate 8,2,4", "", "'8,2,4' must be four integers TP,CP,PP,DP"},
       {"--estimate 8,2,4,x", "", "'x' is not an integer"},

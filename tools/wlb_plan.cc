@@ -61,8 +61,10 @@ ABSL_FLAG(double, delay_budget, 1.0,
           "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
           "beyond wlb's delay, 1 with --tune)");
 ABSL_FLAG(std::string, cost, "llama2-7b",
-          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m) or a profile CSV "
-          "of length -> latency to fit");
+          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a masked preset "
+          "(llama2-7b-swa4k, llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of "
+          "attention masks; doc-degree CP plans for its masks too) or a profile CSV of length -> "
+          "latency to fit");
 ABSL_FLAG(std::string, profile_cost, "fit",
           "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
           "interpolation of the measured points)");
@@ -74,7 +76,11 @@ ABSL_FLAG(int32_t, cp, -1,
           "context-parallel size C in [1, 4096]: add CP shard plans to every micro-batch (omit "
           "for none)");
 ABSL_FLAG(std::string, sharding, "adaptive",
-          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive or hybrid");
+          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive, hybrid, "
+          "te-zigzag or doc-degree");
+ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps,
+          "with --sharding doc-degree: K/V link bandwidth per rank and direction in GB/s "
+          "(default 450: NVLink 4, 900 GB/s both ways); in (0, 1e6]");
 ABSL_FLAG(std::string, kernel_profile, "",
           "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; "
           "empty = the analytic default (tile 128)");
@@ -97,10 +103,12 @@ namespace {
 
 // wlb-plan's own flags (Abseil registers others, e.g. --flagfile, that wlb-plan does not offer).
 constexpr const char* kFlagNames[] = {
-    "docs",   "distribution", "context", "max_tokens", "micro_batches",  "packer",   "lookahead",
-    "window", "thresholds",   "queues",  "tune",       "delay_budget",   "cost",     "profile_cost",
-    "seed",   "steps",        "cp",      "sharding",   "kernel_profile", "estimate", "gemm_tflops",
-    "format", "out",          "timing",  "compare",    "dp_assign"};
+    "docs",        "distribution", "context",  "max_tokens",     "micro_batches",
+    "packer",      "lookahead",    "window",   "thresholds",     "queues",
+    "tune",        "delay_budget", "cost",     "profile_cost",   "seed",
+    "steps",       "cp",           "sharding", "kernel_profile", "estimate",
+    "gemm_tflops", "format",       "out",      "timing",         "compare",
+    "dp_assign",   "cp_link_gbps"};
 constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
 
 // The flags given on the command line (set by ParseArgs).
@@ -174,13 +182,13 @@ struct CpPlans {
 };
 
 absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, ShardStrategy strategy,
-                               const KernelModel& model) {
+                               const KernelModel& model, const CpPlanOptions& options) {
   CpPlans cp{.cp_size = cp_size};
   for (const StepPlan& step : r.run.steps) {
     std::vector<ShardPlan>& plans = cp.plans.emplace_back();
     std::vector<CpBalance>& balance = cp.balance.emplace_back();
     for (const MicroBatch& mb : step.micro_batches) {
-      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model);
+      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model, options);
       if (!plan.ok()) return plan.status();
       balance.push_back(MeasureCpBalance(*plan, model));
       if (!step.drain) cp.summary.Add(*plan, balance.back());
@@ -458,11 +466,12 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   // The cost model is resolved (and a profile read) in Run(); here only what the flags say.
   const std::string cost_name = absl::GetFlag(FLAGS_cost);
   const bool cost_is_preset = CostModelFromPreset(cost_name).ok();
+  const absl::StatusOr<MaskedModel> masked_model = FindMaskedModel(cost_name);
   if (const std::string pc = absl::GetFlag(FLAGS_profile_cost); pc != "fit" && pc != "table") {
     return absl::InvalidArgumentError(
         absl::StrFormat("--profile-cost must be fit or table, got %s", QuoteForMessage(pc)));
   }
-  if (Given("profile_cost") && cost_is_preset) {
+  if (Given("profile_cost") && (cost_is_preset || masked_model.ok())) {
     return Unused("profile-cost", absl::StrFormat("it applies to a profile CSV in --cost, and "
                                                   "--cost is the preset %s",
                                                   QuoteForMessage(cost_name)));
@@ -587,6 +596,16 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   absl::StatusOr<ShardStrategy> strategy = ParseShardStrategy(absl::GetFlag(FLAGS_sharding));
   if (!strategy.ok()) return strategy.status();
   s.strategy = *strategy;
+  s.cp_options.comm.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps);
+  if (masked_model.ok()) s.cp_options.mix = masked_model->mix;  // doc-degree plans for its masks
+  if (Given("cp_link_gbps")) {
+    if (s.strategy != ShardStrategy::kDocumentDegree || s.cp_size < 1) {
+      return Unused("cp-link-gbps", "it applies to --cp with --sharding doc-degree");
+    }
+    if (absl::Status st = ValidateCommModel(s.cp_options.comm); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("--cp-link-gbps: %s", st.message()));
+    }
+  }
   if (Given("timing") && s.format != "json") {
     return Unused("timing", "it applies to --format json");
   }
@@ -607,9 +626,17 @@ absl::Status Run() {
   PackerOptions options = settings->options;
   const int64_t steps = settings->steps;
   const int32_t cp_size = settings->cp_size;
-  absl::StatusOr<ProfileFit> cost = ResolveCostModel(absl::GetFlag(FLAGS_cost));
+  // A masked model preset (llama2-7b-swa4k, ...): the mask-aware FLOP cost of its layer mix.
+  const absl::StatusOr<MaskedModel> masked = FindMaskedModel(absl::GetFlag(FLAGS_cost));
+  absl::StatusOr<ProfileFit> cost =
+      masked.ok() ? ProfileFit{} : ResolveCostModel(absl::GetFlag(FLAGS_cost));
   if (!cost.ok()) return cost.status();
   DocumentCost doc_cost = cost->model;
+  if (masked.ok()) {
+    absl::StatusOr<DocumentCost> mixed = masked->MakeCost();
+    if (!mixed.ok()) return mixed.status();
+    doc_cost = *std::move(mixed);
+  }
   if (absl::GetFlag(FLAGS_profile_cost) == "table") {
     if (cost->model.unit != "ms") {
       return absl::InvalidArgumentError(
@@ -673,7 +700,8 @@ absl::Status Run() {
   if (!main.ok()) return main.status();
   CpPlans cp;
   if (cp_size > 0) {
-    absl::StatusOr<CpPlans> planned = PlanCp(*main, cp_size, settings->strategy, kernel_model);
+    absl::StatusOr<CpPlans> planned =
+        PlanCp(*main, cp_size, settings->strategy, kernel_model, settings->cp_options);
     if (!planned.ok()) return planned.status();
     cp = *std::move(planned);
   }
@@ -782,6 +810,10 @@ absl::Status Run() {
         packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
         c.per_seq_ordered, c.per_doc, c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max,
         c.model_imbalance_mean, c.model_imbalance_max, c.max_rank_ms_total);
+    if (c.te_zigzag > 0 || c.doc_degree > 0) {
+      absl::StrAppendFormat(&out, "(%d te-zigzag, %d doc-degree micro-batches)\n", c.te_zigzag,
+                            c.doc_degree);
+    }
   }
   if (estimate) {
     const Estimate& e = *estimate;

@@ -33,6 +33,7 @@ struct Settings {
   int64_t steps = 0;
   int32_t cp_size = -1;  // -1: no shard plans
   ShardStrategy strategy = ShardStrategy::kAdaptive;
+  CpPlanOptions cp_options;               // --cp-link-gbps
   std::optional<ParallelSizes> estimate;  // --estimate TP,CP,PP,DP
 };
 absl::StatusOr<Settings> SettingsFromFlags();

@@ -4,6 +4,7 @@
 
 #include "wlb/core/document.hpp"
 #include "wlb/core/varlen_layout.hpp"
+#include "wlb/cost/attention_mask.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/cost/document_cost.hpp"
 #include "wlb/io/default_distribution.hpp"

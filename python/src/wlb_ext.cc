@@ -311,6 +311,7 @@ struct PyShardPlan {
   wlb::ShardMaps maps;
   std::vector<double> predicted_ms;
   wlb::CpBalance balance;
+  wlb::CpPrediction cp_prediction;  // attention + K/V exchange under the plan's options
 };
 
 struct RankRef {
@@ -1076,7 +1077,10 @@ NB_MODULE(_wlb, m) {
       .def_prop_ro(
           "strategy",
           [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
-          "The strategy used (adaptive resolves to per-seq or per-doc).", nb::rv_policy::automatic)
+          "The strategy used (adaptive resolves to per-seq-ordered, per-doc or hybrid; "
+          "doc-degree to doc-degree or the per-doc, hybrid or per-seq-ordered plan it predicted "
+          "faster).",
+          nb::rv_policy::automatic)
       .def_prop_ro(
           "requested",
           [](const PyShardPlan& p) {
@@ -1116,6 +1120,13 @@ NB_MODULE(_wlb, m) {
           "predicted_ms", [](const PyShardPlan& p) { return ToNumpy(p.predicted_ms); },
           "Predicted attention latency of every rank (float64, ms).", nb::rv_policy::automatic)
       .def_prop_ro(
+          "cp_prediction",
+          [](const PyShardPlan& p) { return JsonToDict(wlb::CpPredictionToJson(p.cp_prediction)); },
+          "Predicted per-layer CP time with K/V exchange (wlb::PredictCp under the link and layer "
+          "mix plan_shards was given): max_ms, attention_max_ms, exchanged_bytes, "
+          "max_rank_bytes, allgather_bytes.",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
           "balance",
           [](const PyShardPlan& p) { return JsonToDict(wlb::CpBalanceToJson(p.balance)); },
           "CP imbalance in causal pairs and under the kernel model.", nb::rv_policy::automatic)
@@ -1126,15 +1137,18 @@ NB_MODULE(_wlb, m) {
   m.def(
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,
-         std::optional<wlb::KernelModel> kernel_model) {
+         std::optional<wlb::KernelModel> kernel_model, double cp_link_gbps,
+         const std::string& layer_mix) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
         const wlb::KernelModel model = kernel_model.value_or(wlb::KernelModel::Default());
+        wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps}};
+        options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
         auto out = std::make_shared<PyShardPlan>();
         absl::Status status;
         {
           nb::gil_scoped_release release;
-          absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, s, model);
+          absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, s, model, options);
           if (plan.ok()) {
             out->plan = *std::move(plan);
             absl::StatusOr<wlb::ShardMaps> maps = wlb::BuildShardMaps(out->plan);
@@ -1142,6 +1156,7 @@ NB_MODULE(_wlb, m) {
               out->maps = *std::move(maps);
               out->predicted_ms = wlb::PredictRankMs(out->plan, model);
               out->balance = wlb::MeasureCpBalance(out->plan, model);
+              out->cp_prediction = wlb::PredictCp(out->plan, model, options);
             } else {
               status = maps.status();
             }
@@ -1153,11 +1168,14 @@ NB_MODULE(_wlb, m) {
         return out;
       },
       "micro_batch"_a, "cp"_a, "strategy"_a = "adaptive", "kernel_model"_a = nb::none(),
+      "cp_link_gbps"_a = wlb::kDefaultCpLinkGbps, "layer_mix"_a = "causal",
       nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
-              "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None) -> "
-              "ShardPlan"),
+              "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None, "
+              "cp_link_gbps: float = 450.0, layer_mix: str = 'causal') -> ShardPlan"),
       "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: "
-      "per-seq, per-doc, adaptive or hybrid.");
+      "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag or doc-degree. "
+      "cp_link_gbps (K/V link GB/s per direction) and layer_mix ('window:4096x27,causalx5': "
+      "the layers' attention masks) steer doc-degree and cp_prediction.");
 
   BindData(m);
 }

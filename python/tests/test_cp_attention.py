@@ -17,7 +17,8 @@ from cp_workers import case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
-STRATEGIES = ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid"]
+STRATEGIES = ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
+              "doc-degree"]
 CI = os.environ.get("CI") == "true"
 
 
@@ -59,7 +60,9 @@ def cases_for(world, seed, count):
     cases = []
     for i, (packer, lengths) in enumerate(micro_batches(rng, count)):
         q_heads, kv_heads = [(2, 2), (8, 2), (4, 1), (3, 3)][i % 4]
-        cases.append({"packer": packer, "lengths": lengths, "strategy": STRATEGIES[i % 5],
+        cases.append({"packer": packer, "lengths": lengths,
+                      "strategy": STRATEGIES[i % len(STRATEGIES)],
+                      "pair_model": i % (2 * len(STRATEGIES)) == len(STRATEGIES) - 1,
                       "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                       "kv_heads": kv_heads, "head_dim": int(rng.choice([4, 8]))})
     # Edge cases: documents shorter than C (ranks with no queries), one document of S tokens,
@@ -107,7 +110,7 @@ def test_cp_attention_equals_single_process_attention(world):
     results = spawn(world, run_cases, cases)
     check_against_reference(world, cases, results)
     strategies = {r["strategy"] for res in results for r in res}
-    assert {"per-seq", "per-doc", "hybrid"} <= strategies
+    assert {"per-seq", "per-doc", "hybrid", "te-zigzag", "doc-degree"} <= strategies
 
 
 def test_bad_plans_and_tensors_raise_on_every_rank_without_hanging():

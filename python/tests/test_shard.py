@@ -10,7 +10,8 @@ import pytest
 import wlb
 from conftest import binary, random_lengths
 
-STRATEGIES = ["per-seq", "per-doc", "adaptive", "hybrid"]
+STRATEGIES = ["per-seq", "per-doc", "adaptive", "hybrid", "per-seq-ordered", "te-zigzag",
+              "doc-degree"]
 
 
 def check_plan(plan, lengths):
@@ -54,12 +55,17 @@ def test_index_arrays_cover_every_token_once():
         lengths = random_lengths(rng, context, int(rng.integers(1, 3 * context)))
         lengths = np.minimum(lengths, context)
         cp = int(rng.integers(1, 9))
-        strategy = STRATEGIES[trial % 4]
-        plan = wlb.plan_shards(lengths, cp, strategy)
+        strategy = STRATEGIES[trial % len(STRATEGIES)]
+        # doc-degree under a slow, a default and a fast link, causal or with local layers
+        link = [1.0, 450.0, 1e5][trial % 3]
+        mix = ["causal", "window:300x5,causal", "chunk:512x3,causal"][trial % 3]
+        plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix)
         assert plan.requested == strategy
         # adaptive picks among ordered per-sequence, per-document and hybrid (shard_plan.hpp)
         adaptive = ["per-seq-ordered", "per-doc", "hybrid"]
-        assert plan.strategy in (adaptive if strategy == "adaptive" else [strategy])
+        # doc-degree keeps its greedy plan or one of these when predicted faster
+        allowed = {"adaptive": adaptive, "doc-degree": ["doc-degree"] + adaptive}
+        assert plan.strategy in allowed.get(strategy, [strategy])
         check_plan(plan, lengths)
 
 
@@ -69,6 +75,45 @@ def test_worked_example():
     doc = wlb.plan_shards([5, 19, 8], 2, "per-doc")
     assert [r.causal_pairs for r in seq.ranks] == [57, 184]
     assert [r.causal_pairs for r in doc.ranks] == [121, 120]
+    te = wlb.plan_shards([5, 19, 8], 2, "te-zigzag")
+    assert te.rank_capacity == 18 and te.padding_tokens == 4
+    assert te.ranks[0].q_begin.tolist() == [0, 0, 15, 0, 6]
+    assert te.ranks[0].q_end.tolist() == [2, 5, 19, 2, 8]
+
+
+def test_doc_degree_exchange_and_link():
+    lengths = [60000] + [300 + 37 * i for i in range(40)]
+    fast = wlb.plan_shards(lengths, 4, "doc-degree")
+    per_doc = wlb.plan_shards(lengths, 4, "per-doc")
+    check_plan(fast, lengths)
+    assert fast.strategy == "doc-degree"
+    assert fast.cp_prediction["exchanged_bytes"] < per_doc.cp_prediction["exchanged_bytes"]
+    assert fast.cp_prediction["max_ms"] <= per_doc.cp_prediction["max_ms"] * (1 + 1e-12)
+    slow = wlb.plan_shards(lengths, 4, "doc-degree", cp_link_gbps=1e-3)
+    check_plan(slow, lengths)
+    assert slow.cp_prediction["exchanged_bytes"] == 0
+    assert all(np.array_equal(r.q_end - r.q_begin, np.asarray(lengths)[r.doc_index])
+               for r in slow.ranks)
+    # With a tile-1 kernel model and a fast link even a 40-token document is sharded over ranks.
+    pairs = wlb.KernelModel.analytic(tile_q=1, tile_k=1, q_half=0.0, segment_overhead_ms=0.0)
+    small = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
+    check_plan(small, [40, 3, 3])
+    assert sum(int(np.sum(r.doc_index == 0)) for r in small.ranks) > 1
+    # Local layers need fewer keys: less to exchange for the same plan.
+    windowed = wlb.plan_shards(lengths, 4, "per-doc", layer_mix="window:1024x5,causal")
+    assert windowed.cp_prediction["exchanged_bytes"] < per_doc.cp_prediction["exchanged_bytes"]
+    # ... and fewer pairs: one causal layer counts the plan's causal pairs, the mix its own.
+    assert per_doc.cp_prediction["max_rank_pairs"] == max(r.causal_pairs for r in per_doc.ranks)
+    assert windowed.cp_prediction["max_rank_pairs"] < 6 * per_doc.cp_prediction["max_rank_pairs"]
+
+
+def test_bad_cp_options_name_the_value():
+    with pytest.raises(ValueError, match="got 0"):
+        wlb.plan_shards([5, 19, 8], 2, "doc-degree", cp_link_gbps=0.0)
+    with pytest.raises(ValueError, match="'window:0'"):
+        wlb.plan_shards([5, 19, 8], 2, "doc-degree", layer_mix="window:0")
+    with pytest.raises(ValueError, match="te-zigzag, doc-degree"):
+        wlb.plan_shards([5, 19, 8], 2, "zigzag")
 
 
 def test_kernel_model_choice_is_used():
@@ -90,7 +135,7 @@ def test_plans_match_wlb_plan_json(tmp_path):
         out = subprocess.run(
             [str(exe), f"--docs={docs}", f"--context={context}", f"--micro-batches={n}",
              f"--cp={cp}", f"--sharding={strategy}", "--format=json", "--timing=false",
-             "--packer=wlb"],
+             "--packer=wlb"] + (["--cp-link-gbps=100"] if strategy == "doc-degree" else []),
             check=True, capture_output=True, text=True).stdout
         expected = json.loads(out)
         packer = wlb.Packer("wlb", context=context, micro_batches=n)
@@ -102,7 +147,8 @@ def test_plans_match_wlb_plan_json(tmp_path):
         for step, want in zip(steps, expected["steps"]):
             got = json.loads(step.to_json())
             for mb_json, mb in zip(want["micro_batches"], step.micro_batches):
-                plan = wlb.plan_shards(mb, cp, strategy)
+                link = 100.0 if strategy == "doc-degree" else 450.0
+                plan = wlb.plan_shards(mb, cp, strategy, cp_link_gbps=link)
                 plan_json = json.loads(plan.to_json())
                 for key, value in plan_json.items():
                     assert mb_json[key] == value, key

@@ -167,8 +167,11 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm) {
 
 // Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result.
 void CheckEveryStrategy(Fixture& f) {
-  const ShardStrategy strategies[] = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                                      ShardStrategy::kAdaptive, ShardStrategy::kHybrid};
+  const ShardStrategy strategies[] = {
+      ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
+      ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
+      ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
+      ShardStrategy::kDocumentDegree};
   for (int cp : {2, 4, 8}) {
     absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
     ASSERT_TRUE(comm.ok()) << comm.status();

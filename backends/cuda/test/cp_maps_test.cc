@@ -2,17 +2,19 @@
 // dataflow (CpuCpAttention: shard, all-gather, gather, per-rank attention, CSR sum,
 // reduce-scatter) equals single-device attention over the packed micro-batch for thousands of
 // random shard plans, at float64.
+#include "wlb/cuda/cp_maps.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "test/test_util.h"
-#include "wlb/cuda/cp_maps.h"
 #include "wlb/cuda/cp_reference.h"
 #include "wlb/cuda/cpu_reference.h"
 #include "wlb/shard/shard_plan.hpp"
@@ -22,8 +24,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ShardStrategy kStrategies[] = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                                         ShardStrategy::kAdaptive, ShardStrategy::kHybrid};
+constexpr ShardStrategy kStrategies[] = {
+    ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
+    ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
+    ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
+    ShardStrategy::kDocumentDegree};
 
 MicroBatch Batch(const std::vector<int64_t>& lengths) {
   MicroBatch mb;
@@ -209,7 +214,7 @@ TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
       for (const CpRankMaps& m : maps->ranks) multi_segment_ranks += m.problem.batch() > 1;
     }
   }
-  EXPECT_EQ(plans, 4000);
+  EXPECT_EQ(plans, 1000 * static_cast<int>(std::size(kStrategies)));
   EXPECT_GT(multi_segment_ranks, 4000);  // the maps were exercised with several segments per rank
 }
 

@@ -15,6 +15,8 @@
 // indices of the first query and of key 0 (see shard_plan.hpp).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "nlohmann/json.hpp"
@@ -61,17 +63,34 @@ inline nlohmann::json CpBalanceToJson(const CpBalance& b) {
           {"mean_rank_ms", b.mean_rank_ms}};
 }
 
+// "te_zigzag" and "doc_degree" counts appear only when non-zero, so summaries of the older
+// strategies keep their exact form.
 inline nlohmann::json CpSummaryToJson(const CpSummary& s) {
-  return {{"micro_batches", s.micro_batches},
-          {"per_seq", s.per_seq},
-          {"per_seq_ordered", s.per_seq_ordered},
-          {"per_doc", s.per_doc},
-          {"hybrid", s.hybrid},
-          {"cp_pair_imbalance_mean", s.pair_imbalance_mean},
-          {"cp_pair_imbalance_max", s.pair_imbalance_max},
-          {"cp_model_imbalance_mean", s.model_imbalance_mean},
-          {"cp_model_imbalance_max", s.model_imbalance_max},
-          {"max_rank_ms_total", s.max_rank_ms_total}};
+  nlohmann::json j = {{"micro_batches", s.micro_batches},
+                      {"per_seq", s.per_seq},
+                      {"per_seq_ordered", s.per_seq_ordered},
+                      {"per_doc", s.per_doc},
+                      {"hybrid", s.hybrid},
+                      {"cp_pair_imbalance_mean", s.pair_imbalance_mean},
+                      {"cp_pair_imbalance_max", s.pair_imbalance_max},
+                      {"cp_model_imbalance_mean", s.model_imbalance_mean},
+                      {"cp_model_imbalance_max", s.model_imbalance_max},
+                      {"max_rank_ms_total", s.max_rank_ms_total}};
+  if (s.te_zigzag > 0) j["te_zigzag"] = s.te_zigzag;
+  if (s.doc_degree > 0) j["doc_degree"] = s.doc_degree;
+  return j;
+}
+
+// Predicted CP time and K/V exchange of a plan (PredictCp), per layer.
+inline nlohmann::json CpPredictionToJson(const CpPrediction& p) {
+  return {{"max_ms", p.max_ms},
+          {"attention_max_ms", p.attention_max_ms},
+          {"exchanged_bytes", p.exchanged_bytes},
+          {"max_rank_bytes", p.max_rank_bytes},
+          {"allgather_bytes", p.allgather_bytes},
+          {"max_rank_pairs", p.rank_pairs.empty()
+                                 ? int64_t{0}
+                                 : *std::max_element(p.rank_pairs.begin(), p.rank_pairs.end())}};
 }
 
 }  // namespace wlb

@@ -72,6 +72,8 @@ struct CpSummary {
   int64_t per_seq_ordered = 0;
   int64_t per_doc = 0;
   int64_t hybrid = 0;
+  int64_t te_zigzag = 0;
+  int64_t doc_degree = 0;
   double pair_imbalance_mean = 0.0;
   double pair_imbalance_max = 0.0;
   double model_imbalance_mean = 0.0;
@@ -99,6 +101,12 @@ struct CpSummary {
         break;
       case ShardStrategy::kPerSequenceOrdered:
         ++per_seq_ordered;
+        break;
+      case ShardStrategy::kPerDocumentPadded:
+        ++te_zigzag;
+        break;
+      case ShardStrategy::kDocumentDegree:
+        ++doc_degree;
         break;
       case ShardStrategy::kAdaptive:
         break;  // plans never hold it

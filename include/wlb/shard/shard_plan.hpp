@@ -46,6 +46,27 @@
 //    shorter documents stay whole and are dealt, most expensive first, to the rank with the
 //    least predicted latency so far (ties: fewer tokens, then lower rank). They follow the
 //    sharded part in the rank's segment list, in micro-batch order.
+//  - kPerDocumentPadded ("te-zigzag", Transformer Engine's THD context parallelism): every
+//    document is padded to a multiple of 2C and cut into 2C equal chunks of ceil(d / 2C) tokens
+//    (the padding sits at the document's end, so the last shards are shorter or empty); rank r
+//    holds shards r and 2C-1-r of every document, document by document. Padding tokens appear in
+//    no segment, but every rank's buffer holds them: rank_capacity = sum of 2 * ceil(d / 2C).
+//  - kDocumentDegree ("doc-degree", per-document CP degree, communication-aware): every document
+//    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
+//    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
+//    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
+//    per g. Documents are placed most expensive first, each with the (g, group) that gives the
+//    lowest predicted slowest rank, a rank's time being attention (KernelModel under
+//    CpPlanOptions::mix, see MaskedSegmentMs) plus the K/V rows it exchanges (max of sent and
+//    received, see ExchangedKvRows) times CommModel bytes per row over the link bandwidth (ties:
+//    the lower slowest member, then less added time, smaller g, lower group). The greedy plan is
+//    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
+//    non-causal masks) the greedy plan made for all-causal layers, under the same prediction
+//    (PredictCp); the fastest is kept (ties keep the greedy plan), recording the strategy used
+//    (kDocumentDegree for a greedy plan) as kAdaptive does. So it is never predicted slower than
+//    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
+//    segments: early shards, late shards, then whole documents, each in micro-batch order;
+//    rank_capacity is the largest rank's tokens.
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.
@@ -59,10 +80,13 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -72,14 +96,23 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
+#include "wlb/cost/attention_mask.hpp"
 #include "wlb/shard/kernel_model.hpp"
 
 namespace wlb {
 
 // How a micro-batch is split across CP ranks (see the file comment).
-enum class ShardStrategy { kPerSequence, kPerDocument, kAdaptive, kHybrid, kPerSequenceOrdered };
+enum class ShardStrategy {
+  kPerSequence,
+  kPerDocument,
+  kAdaptive,
+  kHybrid,
+  kPerSequenceOrdered,
+  kPerDocumentPadded,
+  kDocumentDegree
+};
 
-// "per-seq", "per-doc", "adaptive", "hybrid" or "per-seq-ordered".
+// "per-seq", "per-doc", "adaptive", "hybrid", "per-seq-ordered", "te-zigzag" or "doc-degree".
 inline std::string_view ShardStrategyName(ShardStrategy s) {
   switch (s) {
     case ShardStrategy::kPerSequence:
@@ -92,6 +125,10 @@ inline std::string_view ShardStrategyName(ShardStrategy s) {
       return "hybrid";
     case ShardStrategy::kPerSequenceOrdered:
       return "per-seq-ordered";
+    case ShardStrategy::kPerDocumentPadded:
+      return "te-zigzag";
+    case ShardStrategy::kDocumentDegree:
+      return "doc-degree";
   }
   return "unknown";
 }
@@ -100,12 +137,14 @@ inline std::string_view ShardStrategyName(ShardStrategy s) {
 inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
   for (ShardStrategy s :
        {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
-        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
+        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered,
+        ShardStrategy::kPerDocumentPadded, ShardStrategy::kDocumentDegree}) {
     if (name == ShardStrategyName(s)) return s;
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown sharding %s; expected one of per-seq, per-seq-ordered, per-doc, adaptive, hybrid",
-      QuoteForMessage(name)));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown sharding %s; expected one of per-seq, per-seq-ordered, per-doc, "
+                      "adaptive, hybrid, te-zigzag, doc-degree",
+                      QuoteForMessage(name)));
 }
 
 // Queries [q_begin, q_end) of one document piece on one rank; keys are [0, q_end) of the piece.
@@ -159,6 +198,126 @@ inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
 // Documents at least this long are sharded per document by kHybrid (every shard >= tile_q).
 inline int64_t HybridMinLength(int cp_size, const KernelModel& model) {
   return 2 * static_cast<int64_t>(cp_size) * model.tile_q();
+}
+
+// NVLink-class default of --cp-link-gbps: an H100 SXM's NVLink 4 gives 900 GB/s per GPU in both
+// directions together, 450 GB/s each way; a rank sends and receives at the same time.
+inline constexpr double kDefaultCpLinkGbps = 450.0;
+
+// What exchanging K/V rows between CP ranks costs: one token's K and V rows of one layer
+// (kv_row_bytes) over a link of link_gbps GB/s (1e9 bytes) per direction.
+struct CommModel {
+  double link_gbps = kDefaultCpLinkGbps;
+  // 0: 2 (K and V) x heads x head_dim x 2 bytes (bf16) of the kernel model's shape, i.e. 16 KiB
+  // for the default 32 x 128 (multi-head; pass kv_heads x head_dim x 4 for grouped-query).
+  int64_t kv_row_bytes = 0;
+
+  int64_t RowBytes(const KernelModel& model) const {
+    return kv_row_bytes > 0 ? kv_row_bytes : 4 * model.shape().heads * model.shape().head_dim;
+  }
+  // Milliseconds to move one row one way.
+  double RowMs(const KernelModel& model) const {
+    return static_cast<double>(RowBytes(model)) / (link_gbps * 1e9) * 1e3;
+  }
+};
+
+// InvalidArgument naming the bad value: link_gbps must be in (0, 1e6], kv_row_bytes in
+// [0, 2^30].
+inline absl::Status ValidateCommModel(const CommModel& c) {
+  if (!(c.link_gbps > 0.0) || !(c.link_gbps <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CP link bandwidth must be in (0, 1e6] GB/s, got %g", c.link_gbps));
+  }
+  if (c.kv_row_bytes < 0 || c.kv_row_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("K/V bytes per row must be in [0, 2^30], got %d", c.kv_row_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Planner inputs beyond the kernel model: the link, and the layers' attention masks. Only
+// kDocumentDegree plans with them (the other strategies keep their causal plans).
+struct CpPlanOptions {
+  CommModel comm;
+  LayerMix mix = LayerMix::Causal();
+};
+
+inline absl::Status ValidateCpPlanOptions(const CpPlanOptions& o) {
+  if (absl::Status s = ValidateCommModel(o.comm); !s.ok()) return s;
+  if (o.mix.layers.empty()) return absl::InvalidArgumentError("CP layer mix has no layers");
+  for (const auto& [mask, count] : o.mix.layers) {
+    if (count < 1 || o.mix.total_layers() > kMaxMixLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("CP layer mix %s: every count must be >= 1 and the total <= %d",
+                          o.mix.Name(), kMaxMixLayers));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Predicted latency (ms) of queries [q_begin, q_end) of one document under `mask`, with the keys
+// the mask lets them see, [mask.KeyBegin(q_begin), q_end), as the kernel's key range. Causal is
+// exactly model.SegmentMs(q_end - q_begin, q_end). Otherwise the tiled kernel's blocks are
+// counted query tile by query tile (tiles start at q_begin, key tiles at the key range's start):
+// tile queries [a, b) visit the key tiles from KeyBegin(a) to b - 1.
+inline double MaskedSegmentMs(const KernelModel& model, const AttentionMask& mask, int64_t q_begin,
+                              int64_t q_end) {
+  if (q_end <= q_begin) return 0.0;
+  if (mask.causal()) return model.SegmentMs(q_end - q_begin, q_end);
+  const int64_t tq = model.tile_q();
+  const int64_t tk = model.tile_k();
+  const int64_t k0 = mask.KeyBegin(q_begin);
+  int64_t blocks = 0;
+  for (int64_t a = q_begin; a < q_end; a += tq) {
+    const int64_t b = std::min(a + tq, q_end);
+    blocks += (b - 1 - k0) / tk - (mask.KeyBegin(a) - k0) / tk + 1;
+  }
+  const double flops = 4.0 * static_cast<double>(model.shape().head_dim * model.shape().heads) *
+                       static_cast<double>(tq * tk) * static_cast<double>(blocks);
+  return flops / model.FlopsPerMs(q_end - q_begin, q_end - k0) + model.segment_overhead_ms();
+}
+
+// One shard of one document in an exchange computation: queries [q_begin, q_end) on `rank`.
+struct DocShard {
+  int rank = 0;
+  int64_t q_begin = 0;
+  int64_t q_end = 0;
+};
+
+// For the shards of ONE document (exact coverage), calls fn(receiver, sender, rows) for every
+// pair of ranks where `receiver` needs `rows` > 0 key rows that `sender` holds: a rank needs the
+// union over its shards of the keys [mask.KeyBegin(q_begin), q_end), less its own rows.
+template <typename Fn>
+void ForEachDocExchange(std::span<const DocShard> shards, const AttentionMask& mask, Fn&& fn) {
+  std::vector<std::pair<int64_t, int64_t>> need;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int r = shards[i].rank;
+    bool first = true;  // handle each rank once, at its first shard
+    for (size_t j = 0; j < i; ++j) first = first && shards[j].rank != r;
+    if (!first) continue;
+    need.clear();
+    for (const DocShard& s : shards) {
+      if (s.rank == r) need.push_back({mask.KeyBegin(s.q_begin), s.q_end});
+    }
+    std::sort(need.begin(), need.end());
+    size_t merged = 0;
+    for (size_t k = 1; k < need.size(); ++k) {
+      if (need[k].first <= need[merged].second) {
+        need[merged].second = std::max(need[merged].second, need[k].second);
+      } else {
+        need[++merged] = need[k];
+      }
+    }
+    need.resize(merged + 1);
+    for (const DocShard& s : shards) {
+      if (s.rank == r) continue;
+      int64_t rows = 0;
+      for (const auto& [lo, hi] : need) {
+        rows += std::max<int64_t>(0, std::min(hi, s.q_end) - std::max(lo, s.q_begin));
+      }
+      if (rows > 0) fn(r, s.rank, rows);
+    }
+  }
 }
 
 namespace detail {
@@ -227,32 +386,41 @@ void ForEachPerSequenceSegment(const std::vector<int64_t>& starts, int cp_size, 
   }
 }
 
+// Shard j of n of a document of `length` tokens cut padding-free: sizes length / n, the
+// length mod n remainder tokens going one each to shards pointer, pointer + 1, ... (mod n).
+// Returns [begin, end) (empty for a shard without tokens).
+inline std::pair<int64_t, int64_t> PerDocumentShard(int64_t length, int64_t n, int64_t pointer,
+                                                    int64_t j) {
+  auto overlap = [](int64_t lo1, int64_t hi1, int64_t lo2, int64_t hi2) {
+    return std::max<int64_t>(0, std::min(hi1, hi2) - std::max(lo1, lo2));
+  };
+  const int64_t base = length / n;
+  const int64_t rem = length % n;
+  // Shards receiving a remainder token: the cyclic range [pointer, pointer + rem) mod n.
+  const int64_t extra_before =
+      overlap(0, j, pointer, pointer + rem) + overlap(0, j, pointer - n, pointer + rem - n);
+  const int64_t size = base + ((j - pointer + n) % n < rem ? 1 : 0);
+  const int64_t begin = j * base + extra_before;
+  return {begin, begin + size};
+}
+
 // Calls fn(rank, doc_index, q_begin, q_end) for every non-empty per-document shard of the
 // documents i with sharded(i), chunks 0..C-1 first and then C..2C-1, so appending to the rank
 // gives chunk r before chunk 2C-1-r.
 template <typename Pred, typename Fn>
 void ForEachPerDocumentSegment(const MicroBatch& mb, int cp_size, Pred&& sharded, Fn&& fn) {
   const int64_t n = 2 * static_cast<int64_t>(cp_size);
-  auto overlap = [](int64_t lo1, int64_t hi1, int64_t lo2, int64_t hi2) {
-    return std::max<int64_t>(0, std::min(hi1, hi2) - std::max(lo1, lo2));
-  };
   for (int half = 0; half < 2; ++half) {
     int64_t pointer = 0;  // next shard to receive a remainder token
     for (size_t i = 0; i < mb.documents.size(); ++i) {
       if (!sharded(i)) continue;
       const int64_t length = mb.documents[i].length;
-      const int64_t base = length / n;
-      const int64_t rem = length % n;
-      // Shards receiving a remainder token: the cyclic range [pointer, pointer + rem) mod n.
       for (int64_t j = half * cp_size; j < (half + 1) * cp_size; ++j) {
-        const int64_t extra_before =
-            overlap(0, j, pointer, pointer + rem) + overlap(0, j, pointer - n, pointer + rem - n);
-        const int64_t size = base + ((j - pointer + n) % n < rem ? 1 : 0);
-        if (size == 0) continue;
-        const int64_t begin = j * base + extra_before;
-        fn(RankOfChunk(j, cp_size), static_cast<int64_t>(i), begin, begin + size);
+        const auto [begin, end] = PerDocumentShard(length, n, pointer, j);
+        if (begin == end) continue;
+        fn(RankOfChunk(j, cp_size), static_cast<int64_t>(i), begin, end);
       }
-      pointer = (pointer + rem) % n;
+      pointer = (pointer + length % n) % n;
     }
   }
 }
@@ -508,7 +676,8 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
 inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
                                               const std::vector<int64_t>& starts, int cp_size,
                                               ShardStrategy strategy, ShardStrategy requested,
-                                              const KernelModel& model, std::vector<int64_t> order);
+                                              const KernelModel& model, std::vector<int64_t> order,
+                                              const CpPlanOptions& options = {});
 
 // InvalidArgument with a checked format (a FormatSpec parameter keeps the format a compile-time
 // constant for every compiler, which a forwarding lambda does not).
@@ -576,13 +745,17 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int c
 }
 
 // Plans one micro-batch for CP size cp_size (see the file comment for strategies and rules).
-// `model` is used by kPerSequenceOrdered, kAdaptive and kHybrid only.
+// `model` is used by kPerSequenceOrdered, kAdaptive, kHybrid and kDocumentDegree only; `options`
+// (link and layer masks) by kDocumentDegree only. Bad options are InvalidArgument naming the
+// value.
 inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
-                                            ShardStrategy strategy, const KernelModel& model) {
+                                            ShardStrategy strategy, const KernelModel& model,
+                                            const CpPlanOptions& options) {
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
+  if (absl::Status s = ValidateCpPlanOptions(options); !s.ok()) return s;
   if (strategy != ShardStrategy::kAdaptive) {
-    return detail::PlanResolved(mb, *starts, cp_size, strategy, strategy, model, {});
+    return detail::PlanResolved(mb, *starts, cp_size, strategy, strategy, model, {}, options);
   }
   std::vector<int64_t> order;
   absl::StatusOr<AdaptiveChoice> c =
@@ -591,13 +764,321 @@ inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
   return detail::PlanResolved(mb, *starts, cp_size, c->chosen, strategy, model, std::move(order));
 }
 
+// PlanShards with the default options: a 450 GB/s link and one causal layer.
+inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
+                                            ShardStrategy strategy, const KernelModel& model) {
+  return PlanShards(mb, cp_size, strategy, model, CpPlanOptions{});
+}
+
+// K/V rows one rank receives from and sends to the other ranks of a plan under one mask (a
+// selective exchange: a rank gets exactly the rows its queries see and it does not hold).
+struct RankExchange {
+  int64_t recv_rows = 0;
+  int64_t send_rows = 0;
+};
+
+namespace detail {
+
+// The plan's segments grouped by document, as DocShards.
+inline std::vector<std::vector<DocShard>> ShardsByDocument(const ShardPlan& plan) {
+  std::vector<std::vector<DocShard>> by_doc;
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) {
+      const size_t i = static_cast<size_t>(s.doc_index);
+      if (i >= by_doc.size()) by_doc.resize(i + 1);
+      by_doc[i].push_back({r.rank, s.q_begin, s.q_end});
+    }
+  }
+  return by_doc;
+}
+
+inline std::vector<RankExchange> ExchangeOf(const std::vector<std::vector<DocShard>>& by_doc,
+                                            size_t ranks, const AttentionMask& mask) {
+  std::vector<RankExchange> x(ranks);
+  for (const std::vector<DocShard>& shards : by_doc) {
+    ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+      x[static_cast<size_t>(to)].recv_rows += rows;
+      x[static_cast<size_t>(from)].send_rows += rows;
+    });
+  }
+  return x;
+}
+
+}  // namespace detail
+
+// Per rank: K/V rows exchanged under `mask` (plan segments must have valid doc_index values, as
+// every plan PlanShards returns has).
+inline std::vector<RankExchange> ExchangedKvRows(const ShardPlan& plan,
+                                                 const AttentionMask& mask = {}) {
+  return detail::ExchangeOf(detail::ShardsByDocument(plan), plan.ranks.size(), mask);
+}
+
+// Predicted CP attention time of a plan, per layer: every layer kind of the mix is weighted by
+// its share of the layers. Within one layer kind a rank takes attention (MaskedSegmentMs of its
+// segments) + max(sent, received) K/V rows x CommModel::RowMs; the layer ends with its slowest
+// rank.
+struct CpPrediction {
+  double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange
+  double attention_max_ms = 0.0;  // mix mean of max over ranks of attention alone
+  double exchanged_bytes = 0.0;   // mix mean of K/V bytes received, summed over ranks
+  double max_rank_bytes = 0.0;    // mix mean of max over ranks of max(sent, received) bytes
+  double allgather_bytes = 0.0;   // C x (C-1) x rank_capacity rows: what an all-gather of every
+                                  // rank's padded buffer (the backends' executors) moves
+  std::vector<double> rank_ms;    // per rank: mix mean of attention + exchange
+  // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
+  // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
+  std::vector<int64_t> rank_pairs;
+};
+
+inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
+                              const CpPlanOptions& options = {}) {
+  CpPrediction p;
+  const size_t ranks = plan.ranks.size();
+  p.rank_ms.assign(ranks, 0.0);
+  p.rank_pairs.assign(ranks, 0);
+  const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
+  const double row_ms = options.comm.RowMs(model);
+  const double row_bytes = static_cast<double>(options.comm.RowBytes(model));
+  const double total = static_cast<double>(std::max<int64_t>(1, options.mix.total_layers()));
+  for (const auto& [mask, count] : options.mix.layers) {
+    const double w = static_cast<double>(count) / total;
+    const std::vector<RankExchange> x = detail::ExchangeOf(by_doc, ranks, mask);
+    double worst = 0.0, worst_attention = 0.0, worst_rows = 0.0, received = 0.0;
+    for (size_t r = 0; r < ranks; ++r) {
+      double attention = 0.0;
+      for (const Segment& s : plan.ranks[r].segments) {
+        attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
+        p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
+      }
+      const double rows = static_cast<double>(std::max(x[r].recv_rows, x[r].send_rows));
+      const double t = attention + rows * row_ms;
+      p.rank_ms[r] += w * t;
+      worst = std::max(worst, t);
+      worst_attention = std::max(worst_attention, attention);
+      worst_rows = std::max(worst_rows, rows);
+      received += static_cast<double>(x[r].recv_rows);
+    }
+    p.max_ms += w * worst;
+    p.attention_max_ms += w * worst_attention;
+    p.max_rank_bytes += w * worst_rows * row_bytes;
+    p.exchanged_bytes += w * received * row_bytes;
+  }
+  const double c = static_cast<double>(plan.cp_size);
+  p.allgather_bytes = c * (c - 1.0) * static_cast<double>(plan.rank_capacity) * row_bytes;
+  return p;
+}
+
+namespace detail {
+
+// kDocumentDegree's greedy placement (see the file comment), inputs checked.
+inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
+                                                      const std::vector<int64_t>& starts,
+                                                      int cp_size, ShardStrategy requested,
+                                                      const KernelModel& model,
+                                                      const CpPlanOptions& options) {
+  const size_t docs = mb.documents.size();
+  const size_t ranks = static_cast<size_t>(cp_size);
+  const LayerMix& mix = options.mix;
+  const size_t kinds = mix.layers.size();
+  const double row_ms = options.comm.RowMs(model);
+  std::vector<double> weight(kinds);
+  for (size_t k = 0; k < kinds; ++k) {
+    weight[k] = static_cast<double>(mix.layers[k].second) / static_cast<double>(mix.total_layers());
+  }
+  std::vector<int> degrees;  // 1, 2, 4, ... below C, then C
+  for (int g = 1; g < cp_size; g *= 2) degrees.push_back(g);
+  degrees.push_back(cp_size);
+  // Per rank and layer kind: attention ms, rows sent, rows received.
+  std::vector<double> attention(ranks * kinds, 0.0), sent(ranks * kinds, 0.0),
+      received(ranks * kinds, 0.0);
+  auto rank_time = [&](size_t r, const double* da, const double* ds, const double* dr) {
+    double t = 0.0;
+    for (size_t k = 0; k < kinds; ++k) {
+      const size_t x = r * kinds + k;
+      t += weight[k] *
+           (attention[x] + (da ? da[k] : 0.0) +
+            std::max(sent[x] + (ds ? ds[k] : 0.0), received[x] + (dr ? dr[k] : 0.0)) * row_ms);
+    }
+    return t;
+  };
+  auto whole_ms = [&](int64_t length) {
+    double t = 0.0;
+    for (size_t k = 0; k < kinds; ++k) {
+      t += weight[k] * MaskedSegmentMs(model, mix.layers[k].first, 0, length);
+    }
+    return t;
+  };
+  std::vector<std::pair<double, size_t>> order;  // (whole-document ms, index), costliest first
+  order.reserve(docs);
+  for (size_t i = 0; i < docs; ++i) order.push_back({whole_ms(mb.documents[i].length), i});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  struct Placement {
+    int degree = 1;
+    int first_rank = 0;
+    int64_t pointer = 0;
+  };
+  std::vector<Placement> placed(docs);
+  std::vector<int64_t> pointer(degrees.size(), 0);
+  std::vector<double> time(ranks), prefix_max(ranks + 1), suffix_max(ranks + 1);
+  // Per member of a group and layer kind: added attention, sent and received rows.
+  std::vector<double> da(ranks * kinds), ds(ranks * kinds), dr(ranks * kinds);
+  std::vector<DocShard> shards;
+  for (const auto& [whole, i] : order) {
+    const int64_t length = mb.documents[i].length;
+    for (size_t r = 0; r < ranks; ++r) time[r] = rank_time(r, nullptr, nullptr, nullptr);
+    prefix_max[0] = 0.0;
+    for (size_t r = 0; r < ranks; ++r) prefix_max[r + 1] = std::max(prefix_max[r], time[r]);
+    suffix_max[ranks] = 0.0;
+    for (size_t r = ranks; r-- > 0;) suffix_max[r] = std::max(suffix_max[r + 1], time[r]);
+    // Best (slowest rank, slowest member, added time, degree, group) so far.
+    std::tuple<double, double, double, int, int> best{INFINITY, INFINITY, INFINITY, 0, 0};
+    size_t best_degree = 0;
+    for (size_t di = 0; di < degrees.size(); ++di) {
+      const int g = degrees[di];
+      if (g > 1 && length < 2 * static_cast<int64_t>(g)) continue;  // every shard non-empty
+      const int64_t n = 2 * static_cast<int64_t>(g);
+      std::fill(da.begin(), da.end(), 0.0);
+      std::fill(ds.begin(), ds.end(), 0.0);
+      std::fill(dr.begin(), dr.end(), 0.0);
+      if (g == 1) {
+        for (size_t k = 0; k < kinds; ++k) {
+          da[k] = MaskedSegmentMs(model, mix.layers[k].first, 0, length);
+        }
+      } else {
+        shards.clear();
+        for (int m = 0; m < g; ++m) {
+          for (const int64_t j : {int64_t{m}, n - 1 - m}) {
+            const auto [b, e] = PerDocumentShard(length, n, pointer[di], j);
+            shards.push_back({m, b, e});
+          }
+        }
+        for (size_t k = 0; k < kinds; ++k) {
+          const AttentionMask& mask = mix.layers[k].first;
+          for (const DocShard& sh : shards) {
+            da[static_cast<size_t>(sh.rank) * kinds + k] +=
+                MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
+          }
+          ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+            dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
+            ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
+          });
+        }
+      }
+      for (int first = 0; first + g <= cp_size; first += g) {
+        double member_max = 0.0, added = 0.0;
+        for (int m = 0; m < g; ++m) {
+          const size_t r = static_cast<size_t>(first + m);
+          const size_t x = static_cast<size_t>(m) * kinds;
+          const double t = rank_time(r, &da[x], &ds[x], &dr[x]);
+          member_max = std::max(member_max, t);
+          added += t - time[r];
+        }
+        const double slowest = std::max({member_max, prefix_max[static_cast<size_t>(first)],
+                                         suffix_max[static_cast<size_t>(first + g)]});
+        const std::tuple<double, double, double, int, int> key{slowest, member_max, added, g,
+                                                               first};
+        if (key < best) {
+          best = key;
+          best_degree = di;
+        }
+      }
+    }
+    // Apply the best placement.
+    const int g = std::get<3>(best);
+    const int first = std::get<4>(best);
+    placed[i] = {g, first, pointer[best_degree]};
+    const int64_t n = 2 * static_cast<int64_t>(g);
+    for (size_t k = 0; k < kinds; ++k) {
+      const AttentionMask& mask = mix.layers[k].first;
+      if (g == 1) {
+        attention[static_cast<size_t>(first) * kinds + k] +=
+            MaskedSegmentMs(model, mask, 0, length);
+        continue;
+      }
+      shards.clear();
+      for (int m = 0; m < g; ++m) {
+        for (const int64_t j : {int64_t{m}, n - 1 - m}) {
+          const auto [b, e] = PerDocumentShard(length, n, pointer[best_degree], j);
+          shards.push_back({first + m, b, e});
+          attention[static_cast<size_t>(first + m) * kinds + k] +=
+              MaskedSegmentMs(model, mask, b, e);
+        }
+      }
+      ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+        received[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
+        sent[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
+      });
+    }
+    if (g > 1) pointer[best_degree] = (pointer[best_degree] + length % n) % n;
+  }
+  PlanBuilder b(mb, starts, cp_size, docs * 2);
+  for (int half = 0; half < 3; ++half) {  // early shards, late shards, whole documents
+    for (size_t i = 0; i < docs; ++i) {
+      const Placement& p = placed[i];
+      const int64_t length = mb.documents[i].length;
+      if (p.degree == 1) {
+        if (half == 2) b.Add(p.first_rank, static_cast<int64_t>(i), 0, length);
+        continue;
+      }
+      if (half == 2) continue;
+      const int64_t n = 2 * static_cast<int64_t>(p.degree);
+      for (int m = 0; m < p.degree; ++m) {
+        const auto [lo, hi] = PerDocumentShard(length, n, p.pointer, half == 0 ? m : n - 1 - m);
+        if (lo < hi) b.Add(p.first_rank + m, static_cast<int64_t>(i), lo, hi);
+      }
+    }
+  }
+  return b.Finish(ShardStrategy::kDocumentDegree, requested, cp_size, -1);
+}
+
+// kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
+// other masks), kPerDocument's, kHybrid's or kPerSequenceOrdered's, whichever PredictCp under
+// `options` finds fastest (a fixed strategy's plan keeps its strategy; requested says
+// kDocumentDegree).
+inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const MicroBatch& mb,
+                                                    const std::vector<int64_t>& starts, int cp_size,
+                                                    ShardStrategy requested,
+                                                    const KernelModel& model,
+                                                    const CpPlanOptions& options) {
+  absl::StatusOr<ShardPlan> greedy =
+      GreedyDocumentDegree(mb, starts, cp_size, requested, model, options);
+  if (!greedy.ok()) return greedy.status();
+  double best_ms = PredictCp(*greedy, model, options).max_ms;
+  ShardPlan chosen = *std::move(greedy);
+  auto consider = [&](absl::StatusOr<ShardPlan> plan) -> absl::Status {
+    if (!plan.ok()) return plan.status();
+    if (const double ms = PredictCp(*plan, model, options).max_ms; ms < best_ms) {
+      best_ms = ms;
+      chosen = *std::move(plan);
+    }
+    return absl::OkStatus();
+  };
+  if (!options.mix.all_causal()) {
+    CpPlanOptions causal = options;
+    causal.mix = LayerMix::Causal();
+    absl::Status s = consider(GreedyDocumentDegree(mb, starts, cp_size, requested, model, causal));
+    if (!s.ok()) return s;
+  }
+  for (ShardStrategy other :
+       {ShardStrategy::kPerDocument, ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered}) {
+    absl::Status s =
+        consider(PlanResolved(mb, starts, cp_size, other, requested, model, {}, options));
+    if (!s.ok()) return s;
+  }
+  return chosen;
+}
+
+}  // namespace detail
+
 namespace detail {
 
 inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
                                               const std::vector<int64_t>& starts, int cp_size,
                                               ShardStrategy strategy, ShardStrategy requested,
-                                              const KernelModel& model,
-                                              std::vector<int64_t> order) {
+                                              const KernelModel& model, std::vector<int64_t> order,
+                                              const CpPlanOptions& options) {
   const size_t docs = mb.documents.size();
   switch (strategy) {
     case ShardStrategy::kPerSequence: {
@@ -664,6 +1145,26 @@ inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
       }
       return b.Finish(strategy, requested, cp_size, -1);
     }
+    case ShardStrategy::kPerDocumentPadded: {
+      const int64_t n = 2 * static_cast<int64_t>(cp_size);
+      detail::PlanBuilder b(mb, starts, cp_size, docs * static_cast<size_t>(n));
+      int64_t capacity = 0;  // every rank's buffer: two padded chunks of every document
+      for (size_t i = 0; i < docs; ++i) {
+        const int64_t d = mb.documents[i].length;
+        const int64_t chunk = (d + n - 1) / n;
+        capacity += 2 * chunk;
+        for (int r = 0; r < cp_size; ++r) {
+          for (const int64_t j : {int64_t{r}, n - 1 - r}) {
+            const int64_t lo = std::min(j * chunk, d);
+            const int64_t hi = std::min((j + 1) * chunk, d);
+            if (lo < hi) b.Add(r, static_cast<int64_t>(i), lo, hi);
+          }
+        }
+      }
+      return b.Finish(strategy, requested, cp_size, capacity);
+    }
+    case ShardStrategy::kDocumentDegree:
+      return PlanDocumentDegree(mb, starts, cp_size, requested, model, options);
     case ShardStrategy::kAdaptive:
       break;  // resolved by the caller
   }
