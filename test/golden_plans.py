@@ -21,7 +21,8 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGESTS = os.path.join(REPO, "test", "golden", "plan_digests.txt")
 PACKERS = ("original", "original-nextfit", "fixed-greedy", "wlb", "wlb-refine", "wlb-lookahead")
-STRATEGIES = ("per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid")
+STRATEGIES = ("per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
+              "doc-degree")
 KERNEL_PROFILE = "kernel_profile.csv"  # docs/results/h100_kernel_profile_flash.csv
 COST_PROFILE = "cost_profile.csv"
 
@@ -68,6 +69,8 @@ def cases():
                              "fit"],
         "cost-profile-table": ["--packer", "wlb-refine", "--cost", COST_PROFILE,
                                "--profile_cost", "table"],
+        "cost-swa4k": ["--packer", "wlb-refine", "--cost", "llama2-7b-swa4k"],
+        "cost-chunk8k": ["--packer", "wlb", "--cost", "llama2-7b-chunk8k"],
         "estimate": ["--packer", "wlb", "--estimate", "8,2,4,1"],
         "estimate-dp": ["--packer", "wlb", "--micro_batches", "8", "--estimate", "8,2,4,2",
                         "--dp_assign"],
@@ -81,6 +84,12 @@ def cases():
         for s in STRATEGIES:
             out.append((f"cp{c}-{s}", ["--packer", "wlb", "--steps", "4", "--seed", "6", "--cp",
                                        str(c), "--sharding", s] + json))
+    out.append(("cp4-doc-degree-slow-link", ["--packer", "wlb", "--steps", "4", "--cp", "4",
+                                             "--sharding", "doc-degree", "--cp_link_gbps", "25"]
+                 + json))
+    out.append(("cp4-doc-degree-swa4k", ["--packer", "wlb", "--steps", "4", "--cp", "4",
+                                         "--sharding", "doc-degree", "--cost", "llama2-7b-swa4k"]
+                 + json))
     out.append(("cp4-adaptive-profile", ["--packer", "wlb", "--steps", "4", "--cp", "4",
                                          "--sharding", "adaptive", "--kernel_profile",
                                          KERNEL_PROFILE] + json))
