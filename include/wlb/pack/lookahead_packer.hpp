@@ -405,16 +405,14 @@ class LookaheadPacker final : public Packer {
     const double cap = static_cast<double>(config_.max_tokens);
     std::vector<double> cost(n, 0.0), tokens(n, 0.0);
     std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
-    // Lightest micro-batch from a min-heap of (cost, index); the scan for the emptiest one runs
-    // only when the lightest has no room, which is rare.
-    std::vector<std::pair<double, size_t>> lightest(n);
-    for (size_t b = 0; b < n; ++b) lightest[b] = {0.0, b};
-    const auto heavier = std::greater<std::pair<double, size_t>>();
+    // The lightest and the emptiest micro-batch from tournament trees (O(log N) per document).
+    detail::ArgminTree<double> lightest(n, 0.0);
+    detail::ArgminTree<double> emptiest(n, 0.0);
     for (int64_t length : step.lengths) {
       const double l = static_cast<double>(length);
-      size_t target = lightest.front().second;
+      size_t target = lightest.Min();
       if (tokens[target] + l > cap) {
-        target = std::min_element(tokens.begin(), tokens.end()) - tokens.begin();
+        target = emptiest.Min();
         if (tokens[target] + l > cap) {
           carry.lengths.push_back(length);
           continue;
@@ -422,14 +420,8 @@ class LookaheadPacker final : public Packer {
       }
       cost[target] += cost_(length);
       tokens[target] += l;
-      if (target == lightest.front().second) {
-        std::pop_heap(lightest.begin(), lightest.end(), heavier);
-        lightest.back().first = cost[target];
-        std::push_heap(lightest.begin(), lightest.end(), heavier);
-      } else {
-        for (size_t b = 0; b < n; ++b) lightest[b] = {cost[b], b};
-        std::make_heap(lightest.begin(), lightest.end(), heavier);
-      }
+      lightest.Set(target, cost[target]);
+      emptiest.Set(target, tokens[target]);
     }
     // Water-filling: raise the lightest micro-batches to a common level, each up to the cap.
     double total = 0.0;
