@@ -32,7 +32,9 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iterator>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "wlb/metrics/imbalance.hpp"
@@ -368,13 +370,91 @@ class LookaheadPacker final : public Packer {
       c.release[l - 1] = all.release[l - 1];
       out.push_back(c);
     }
+    if (n >= kEvenReleaseFrom) AddEvenReleases(held, out);
     // Hold back the longest arrival, or the two longest, to the next step.
     for (int h = 1; h <= kMaxHeldArrivals && static_cast<size_t>(h) <= fresh.size(); ++h) {
       Candidate c = wlb;
       c.hold_longest = h;
       out.push_back(c);
     }
+    if (n >= kEvenReleaseFrom) {
+      for (Candidate& c : out) ReleaseOverdue(held, c);
+    }
     return out;
+  }
+
+  // Adds to `c` every queued outlier that has waited kMaxOutlierWait steps (from N =
+  // kEvenReleaseFrom on, with a look-ahead): no outlier stays queued longer, whichever candidate
+  // wins.
+  void ReleaseOverdue(const Holding& held, Candidate& c) const {
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      const std::vector<Document>& q = held.queues[l];
+      std::vector<size_t> overdue;
+      for (size_t i = 0; i < q.size() && q[i].arrival_step + kMaxOutlierWait <= next_step_; ++i) {
+        overdue.push_back(i);  // queues are in arrival order: the overdue ones come first
+      }
+      if (overdue.empty()) continue;
+      std::vector<size_t> merged;
+      std::set_union(overdue.begin(), overdue.end(), c.release[l].begin(), c.release[l].end(),
+                     std::back_inserter(merged));
+      c.release[l] = std::move(merged);
+    }
+  }
+
+  // Even releases, from N = kEvenReleaseFrom on: sets of queued outliers of all levels together
+  // that a step can absorb evenly. wlb's rule puts the N oldest of one level into one step, one
+  // per micro-batch; at the cap a micro-batch holding a long outlier weighs what no filler can
+  // match, so the step is as unbalanced as its outliers are unlike (1.2-1.4 at N = 1,024 on a
+  // heavy tail). The candidates, in length order across levels:
+  //   - the k shortest, k = 3N/2 and 2N: more outliers than micro-batches, so the placement pairs
+  //     the shortest (two of 70K weigh about one of 99K) up to the level the longest sets;
+  //   - windows of k alike ones (k = N and 3N/2) around the oldest queued outlier, at up to
+  //     kMaxWindows offsets: a band of similar lengths that still trains the oldest now.
+  // They compete with the other candidates on the same score, and the delay account still holds
+  // the packer to wlb's delay; every candidate also takes the overdue outliers (ReleaseOverdue),
+  // so the long ones that even releases pass over wait at most kMaxOutlierWait steps.
+  void AddEvenReleases(const Holding& held, std::vector<Candidate>& out) const {
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    struct Queued {
+      int64_t length;
+      size_t level;
+      size_t position;
+    };
+    std::vector<Queued> queued;
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      for (size_t i = 0; i < held.queues[l].size(); ++i) {
+        queued.push_back({held.queues[l][i].length, l, i});
+      }
+    }
+    if (queued.size() < n) return;
+    // Shortest first; ties by level and queue position, so the order is deterministic.
+    std::sort(queued.begin(), queued.end(), [](const Queued& a, const Queued& b) {
+      return std::tie(a.length, a.level, a.position) < std::tie(b.length, b.level, b.position);
+    });
+    auto arrival = [&](const Queued& q) { return held.queues[q.level][q.position].arrival_step; };
+    // Releases queued[first, first + k).
+    auto add = [&](size_t first, size_t k) {
+      Candidate c{.release = std::vector<std::vector<size_t>>(held.queues.size())};
+      for (size_t j = 0; j < queued.size(); ++j) {
+        if (j >= first && j < first + k) c.release[queued[j].level].push_back(queued[j].position);
+      }
+      for (std::vector<size_t>& r : c.release) std::sort(r.begin(), r.end());
+      out.push_back(std::move(c));
+    };
+    for (size_t k : {n + n / 2, 2 * n}) {
+      if (k <= queued.size()) add(0, k);
+    }
+    size_t oldest = 0;  // the first of the longest-waiting, in length order
+    for (size_t j = 1; j < queued.size(); ++j) {
+      if (arrival(queued[j]) < arrival(queued[oldest])) oldest = j;
+    }
+    for (size_t k : {n, n + n / 2}) {
+      if (k > queued.size()) continue;
+      const size_t first = oldest + 1 >= k ? oldest + 1 - k : 0;
+      const size_t last = std::min(oldest, queued.size() - k);
+      const size_t stride = std::max<size_t>(1, (last - first + 1) / kMaxWindows);
+      for (size_t w = first; w <= last; w += stride) add(w, k);
+    }
   }
 
   // A step as the look-ahead sees it while it compares candidates: long documents one by one,
@@ -698,6 +778,12 @@ class LookaheadPacker final : public Packer {
   static constexpr int64_t kMaxExtraWait = 2;
   static constexpr size_t kMaxWindows = 4;
   static constexpr int kMaxHeldArrivals = 2;
+  // Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on; below
+  // it a step has few outliers to pair, and the plans stay those of the small-N packer measured
+  // on the paper's data. kMaxOutlierWait: the most steps an outlier stays queued from there on
+  // (wlb's rule alone has no such bound: a level holding fewer than N waits for more).
+  static constexpr size_t kEvenReleaseFrom = 16;
+  static constexpr int64_t kMaxOutlierWait = 8;
   // The delay account keeps the mean token delay within kDelayShare of wlb's (a margin for the
   // estimate, FollowWlb). While the planned steps' token-steps of delay exceed that share of
   // wlb's, a candidate's score rises by kDelayPrice x (excess in N x S token-steps) per N x S
