@@ -22,7 +22,9 @@ namespace wlb::detail {
 template <typename Key>
 class ArgminTree {
  public:
-  // N >= 1 keys, all `init` (below std::numeric_limits<Key>::max(), which pads the tree).
+  // N >= 1 keys, all `init`. Keys are at most std::numeric_limits<Key>::max(), the key of the
+  // padding leaves after the N real ones; as ties go to the smaller index, Min() is always one of
+  // the N (a caller can mark keys "never" with max() and still get a real index back).
   ArgminTree(size_t n, Key init) : size_(n), leaves_(std::bit_ceil(n)), tree_(2 * leaves_) {
     for (size_t i = 0; i < leaves_; ++i) {
       tree_[leaves_ + i] = i < n ? Node{init, i} : Node{std::numeric_limits<Key>::max(), i};
@@ -44,7 +46,7 @@ class ArgminTree {
     for (size_t v = leaves_ - 1; v >= 1; --v) tree_[v] = Winner(&tree_[2 * v]);
   }
 
-  // Sets key i (below std::numeric_limits<Key>::max()) and updates the winners above it.
+  // Sets key i and updates the winners above it.
   void Set(size_t i, Key k) {
     size_t v = leaves_ + i;
     tree_[v].key = k;

@@ -30,12 +30,12 @@ class FixedGreedyPacker final : public WindowedPacker {
     const size_t bins = static_cast<size_t>(steps) * config_.micro_batches;
     std::vector<MicroBatch> micro_batches(bins);
     // The least-attention micro-batch with room for the document, from a tournament tree over the
-    // micro-batches where one without room for the current document counts as infinitely heavy
+    // micro-batches where one without room for the current document counts as the heaviest there is
     // (O(log N) per document where a scan was O(N)). Documents come longest first, so a
     // micro-batch without room regains it only for shorter ones: those wait in a max-heap of
     // (room, index) and come back as the documents get short enough. When a group starts again
     // from a longer document, everything is recomputed.
-    constexpr double kFull = std::numeric_limits<double>::infinity();
+    constexpr double kFull = std::numeric_limits<double>::max();  // ArgminTree's largest key
     std::vector<double> attention(bins, 0.0);
     detail::ArgminTree<double> lightest(bins, 0.0);
     std::vector<std::pair<int64_t, size_t>> waiting;  // max-heap of (room, index), no room now

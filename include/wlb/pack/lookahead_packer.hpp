@@ -58,6 +58,14 @@ class LookaheadPacker final : public Packer {
     wlb_shadow_.queues.resize(thresholds_.size());
   }
 
+  // Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on, with a
+  // look-ahead (K >= 1); below it a step has few outliers to pair, and the plans stay those of
+  // the small-N packer measured on the paper's data. kMaxOutlierWait: from there on, an outlier
+  // queued at step t leaves its queue by step t + kMaxOutlierWait (wlb's rule alone has no such
+  // bound: a level holding fewer than N waits for more).
+  static constexpr size_t kEvenReleaseFrom = 16;
+  static constexpr int64_t kMaxOutlierWait = 8;
+
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
 
@@ -778,12 +786,6 @@ class LookaheadPacker final : public Packer {
   static constexpr int64_t kMaxExtraWait = 2;
   static constexpr size_t kMaxWindows = 4;
   static constexpr int kMaxHeldArrivals = 2;
-  // Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on; below
-  // it a step has few outliers to pair, and the plans stay those of the small-N packer measured
-  // on the paper's data. kMaxOutlierWait: the most steps an outlier stays queued from there on
-  // (wlb's rule alone has no such bound: a level holding fewer than N waits for more).
-  static constexpr size_t kEvenReleaseFrom = 16;
-  static constexpr int64_t kMaxOutlierWait = 8;
   // The delay account keeps the mean token delay within kDelayShare of wlb's (a margin for the
   // estimate, FollowWlb). While the planned steps' token-steps of delay exceed that share of
   // wlb's, a candidate's score rises by kDelayPrice x (excess in N x S token-steps) per N x S
