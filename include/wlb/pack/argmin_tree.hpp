@@ -36,13 +36,21 @@ class ArgminTree {
   const Key& key(size_t i) const { return tree_[leaves_ + i].key; }
 
   // The index of the smallest key (the smallest such index on ties).
-  size_t Min() const { return tree_[1].index; }
+  size_t Min() const {
+    if (leaves_ > kScanLeaves) return tree_[1].index;
+    size_t best = 0;
+    for (size_t i = 1; i < size_; ++i) {
+      if (tree_[leaves_ + i].key < tree_[leaves_ + best].key) best = i;
+    }
+    return best;
+  }
 
   // Changes key i without updating the winners: Min() is stale until Rebuild(). For many changes
   // between queries, where N / log N or more Set() calls cost more than one Rebuild().
   void SetLeaf(size_t i, Key k) { tree_[leaves_ + i].key = k; }
   // Recomputes every winner from the keys, in O(N).
   void Rebuild() {
+    if (leaves_ <= kScanLeaves) return;
     for (size_t v = leaves_ - 1; v >= 1; --v) tree_[v] = Winner(&tree_[2 * v]);
   }
 
@@ -50,6 +58,7 @@ class ArgminTree {
   void Set(size_t i, Key k) {
     size_t v = leaves_ + i;
     tree_[v].key = k;
+    if (leaves_ <= kScanLeaves) return;
     // The winner climbing the path stays in registers: each level reads only the sibling (an
     // address known up front) and selects with masks, not branches (which the data would make
     // unpredictable): about 3 ns a level.
@@ -67,6 +76,10 @@ class ArgminTree {
   }
 
  private:
+  // Up to this many leaves, Min() scans the keys and Set() only stores one: faster than a tree
+  // walk at N = 4 (measured: wlb at N = 4, 3.5 µs a step with the walk, as fast as the scan of
+  // the min-heap version before it without).
+  static constexpr size_t kScanLeaves = 8;
   // A node holds its subtree's winner with the winner's key, so an update reads two adjacent
   // nodes per level and nothing else.
   struct Node {
