@@ -19,7 +19,9 @@
 // compares it with a few alternatives (see Candidates below): hold back one queue level's release
 // when two levels release into one step (that step would be cap-full with outliers no placement
 // can balance; up to two steps), release a queue level's oldest outliers early when the step has
-// room for them, or hold back the one or two longest new arrivals. Each candidate is packed as
+// room for them, or hold back the one or two longest new arrivals; from N = 16 also release more
+// outliers than micro-batches, alike or shortest first, so they pair up (AddEvenReleases), and
+// never keep an outlier queued more than kMaxOutlierWait steps. Each candidate is packed as
 // wlb-refine packs a step and followed through the look-ahead steps, where each step takes wlb's
 // release or, when wlb releases a level, every queued outlier, whichever balances better (a step
 // that must take a long outlier is best filled with the other long ones, so holding outliers for
