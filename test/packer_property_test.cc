@@ -119,7 +119,7 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
           ASSERT_TRUE(run->steps[k + 1].drain || run->steps[k + 1].partial) << "step " << k;
         }
         if (c.packer != "original-nextfit") {
-          ASSERT_EQ(steady, k < s.arrivals.size() && step.step < first_short)
+          ASSERT_EQ(steady, k < s.arrivals.size() && step.step < static_cast<int64_t>(first_short))
               << "step " << k << " drain " << step.drain << " partial " << step.partial;
         }
       }
