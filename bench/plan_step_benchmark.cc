@@ -6,9 +6,13 @@
 // BM_PlanStep/<packer>/N: one Push() of a step of the embedded default distribution (N x 128K
 // tokens, about 33 documents per micro-batch); the packer keeps its state across iterations, as in
 // training (wlb-lookahead, K = 1, returns the plan of the step pushed one call earlier, so every
-// Push() after the first plans one step). BM_Scaling/<packer>/docs: the same at N = 64 with S
-// chosen so a step holds about `docs` documents, to show how planning time grows with the documents
-// per step (the counter docs/step says how many it really held).
+// Push() after the first plans one step). BM_Scaling/<packer>/N: the same for N = 4 ... 4,096 at
+// S = 128K (a step holds about 33 x N documents), to show that planning time is linear in the
+// step's documents at every N: the counter ns/doc, the time per document of the step, should stay
+// flat from N = 4 to N = 4,096. BM_ScalingDocs/<packer>/docs: N = 64 with S chosen so a step holds
+// about `docs` documents (the counter docs/step says how many it really held).
+//
+//   build/bench/plan_step_benchmark --benchmark_filter='BM_Scaling/' --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 
 #include <map>
@@ -53,6 +57,9 @@ void RunSteps(benchmark::State& state, const std::string& packer, const Stream& 
   }
   state.counters["docs/step"] =
       benchmark::Counter(static_cast<double>(docs), benchmark::Counter::kAvgIterations);
+  // Time per document planned, in nanoseconds (the inverse of a rate of 10^-9 documents/s).
+  state.counters["ns/doc"] = benchmark::Counter(
+      static_cast<double>(docs) * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 void BM_PlanStep(benchmark::State& state, std::string packer) {
@@ -63,6 +70,16 @@ void BM_PlanStep(benchmark::State& state, std::string packer) {
 }
 
 void BM_Scaling(benchmark::State& state, std::string packer) {
+  static std::map<int64_t, Stream> streams;
+  const int32_t n = static_cast<int32_t>(state.range(0));
+  // 16 steps, fewer at large N (at least 4, so wlb-lookahead's queues fill and release): about
+  // 33 x N documents a step, 135,000 at N = 4,096.
+  const int64_t steps = std::clamp<int64_t>(16384 / n, 4, 16);
+  if (!streams.count(n)) streams[n] = MakeStream(n, 131072, steps);
+  RunSteps(state, packer, streams[n]);
+}
+
+void BM_ScalingDocs(benchmark::State& state, std::string packer) {
   static std::map<int64_t, Stream> streams;
   const int64_t docs = state.range(0);
   // The default distribution averages ~3,960 tokens per document: pick S so that a step of N = 64
@@ -133,11 +150,21 @@ BENCHMARK_CAPTURE(BM_PlanStep, wlb_lookahead, std::string("wlb-lookahead"))
     ->Arg(4)
     ->Arg(64)
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Scaling, wlb, std::string("wlb"))
+#define WLB_SCALING(name, packer)                          \
+  BENCHMARK_CAPTURE(BM_Scaling, name, std::string(packer)) \
+      ->RangeMultiplier(4)                                 \
+      ->Range(4, 4096)                                     \
+      ->Unit(benchmark::kMicrosecond)
+WLB_SCALING(original, "original");
+WLB_SCALING(fixed_greedy, "fixed-greedy");
+WLB_SCALING(wlb, "wlb");
+WLB_SCALING(wlb_refine, "wlb-refine");
+WLB_SCALING(wlb_lookahead, "wlb-lookahead");
+BENCHMARK_CAPTURE(BM_ScalingDocs, wlb, std::string("wlb"))
     ->RangeMultiplier(10)
     ->Range(100, 1000000)
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Scaling, wlb_refine, std::string("wlb-refine"))
+BENCHMARK_CAPTURE(BM_ScalingDocs, wlb_refine, std::string("wlb-refine"))
     ->RangeMultiplier(10)
     ->Range(100, 1000000)
     ->Unit(benchmark::kMicrosecond);

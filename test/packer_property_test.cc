@@ -119,7 +119,7 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
           ASSERT_TRUE(run->steps[k + 1].drain || run->steps[k + 1].partial) << "step " << k;
         }
         if (c.packer != "original-nextfit") {
-          ASSERT_EQ(steady, k < s.arrivals.size() && step.step < first_short)
+          ASSERT_EQ(steady, k < s.arrivals.size() && step.step < static_cast<int64_t>(first_short))
               << "step " << k << " drain " << step.drain << " partial " << step.partial;
         }
       }
@@ -206,6 +206,24 @@ TEST(PackerProperties, SameSeedGivesByteIdenticalJson) {
   }
 }
 
+// Plans `arrivals` with one packer, and with one saved after the first `cut` pushes and restored
+// into a fresh packer; the two plans as JSON, uninterrupted first.
+std::pair<std::string, std::string> RoundTripPlans(
+    const std::string& name, const PackerConfig& config, const CostModel& cost,
+    const PackerOptions& options, const std::vector<std::vector<Document>>& arrivals, size_t cut) {
+  auto uninterrupted = *MakePacker(name, config, cost, options);
+  auto first = *MakePacker(name, config, cost, options);
+  auto resumed = *MakePacker(name, config, cost, options);
+  std::vector<StepPlan> expected = RunPacker(*uninterrupted, arrivals)->steps;
+  std::vector<std::vector<Document>> head(arrivals.begin(), arrivals.begin() + cut);
+  std::vector<std::vector<Document>> tail(arrivals.begin() + cut, arrivals.end());
+  std::vector<StepPlan> got = RunPacker(*first, head, /*flush=*/false)->steps;
+  if (!resumed->RestoreState(first->SaveState()).ok()) return {"restore failed", ""};
+  std::vector<StepPlan> rest = RunPacker(*resumed, tail)->steps;
+  got.insert(got.end(), rest.begin(), rest.end());
+  return {PlanToJson(expected, {}, cost).dump(), PlanToJson(got, {}, cost).dump()};
+}
+
 TEST(PackerProperties, StateRoundTripMidStreamGivesTheSameFuture) {
   std::mt19937_64 rng(99);
   for (int i = 0; i < 1000; ++i) {
@@ -214,18 +232,119 @@ TEST(PackerProperties, StateRoundTripMidStreamGivesTheSameFuture) {
     const size_t cut = std::uniform_int_distribution<size_t>(0, s.arrivals.size())(rng);
     for (const Case& c : AllPackers(s.config.context, rng)) {
       SCOPED_TRACE(::testing::Message() << "stream " << i << " packer " << c.packer);
-      auto uninterrupted = *MakePacker(c.packer, s.config, kCost, c.options);
-      auto first = *MakePacker(c.packer, s.config, kCost, c.options);
-      auto resumed = *MakePacker(c.packer, s.config, kCost, c.options);
-      std::vector<StepPlan> expected = RunPacker(*uninterrupted, s.arrivals)->steps;
-      std::vector<std::vector<Document>> head(s.arrivals.begin(), s.arrivals.begin() + cut);
-      std::vector<std::vector<Document>> tail(s.arrivals.begin() + cut, s.arrivals.end());
-      std::vector<StepPlan> got = RunPacker(*first, head, /*flush=*/false)->steps;
-      ASSERT_TRUE(resumed->RestoreState(first->SaveState()).ok());
-      std::vector<StepPlan> rest = RunPacker(*resumed, tail)->steps;
-      got.insert(got.end(), rest.begin(), rest.end());
-      ASSERT_EQ(PlanToJson(got, {}, kCost).dump(), PlanToJson(expected, {}, kCost).dump());
+      const auto [expected, got] =
+          RoundTripPlans(c.packer, s.config, kCost, c.options, s.arrivals, cut);
+      ASSERT_EQ(got, expected);
     }
+  }
+}
+
+// Large N (16 ... 1,024), where wlb-lookahead's even releases and overdue rule apply: few streams
+// (CI time), each with a heavy tail, checked for every packer as the small streams above are,
+// plus the overdue rule (no outlier queued longer than kMaxOutlierWait steps, read from the saved
+// state after every push) and the checkpoint round trip.
+struct LargeStream {
+  PackerConfig config;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<Document>> arrivals;
+  std::vector<int64_t> thresholds;
+};
+
+LargeStream HeavyTailStream(std::mt19937_64& rng, int32_t n, int64_t steps, int64_t tail_permille) {
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  LargeStream s;
+  s.config.context = uniform(64, 256);
+  s.config.max_tokens = s.config.context + uniform(0, s.config.context / 2);
+  s.config.micro_batches = n;
+  // Short documents, `tail_permille` uniform in [S/2, S] (the heavy tail; at 2 per mille its
+  // level takes about 20 steps to hold N), 1% in [S/4, 2S] (some longer than S: pieces).
+  int64_t tokens = 0;
+  while (tokens < steps * n * s.config.context) {
+    const int64_t r = uniform(0, 999);
+    const int64_t length = r < tail_permille ? uniform(s.config.context / 2, s.config.context)
+                           : r < tail_permille + 10
+                               ? uniform(s.config.context / 4, 2 * s.config.context)
+                               : uniform(1, s.config.context / 12);
+    s.lengths.push_back(length);
+    tokens += length;
+  }
+  s.arrivals = *SplitIntoSteps(*MakeDocuments(s.lengths, s.config.context),
+                               s.config.context * s.config.micro_batches);
+  s.thresholds = {s.config.context / 4, s.config.context / 2};
+  return s;
+}
+
+// Attention-dominated at these small S (as the FLOP model is at 128K): an outlier alone in a step
+// of short documents unbalances it, so the look-ahead holds outliers back.
+const CostModel kLongCost = [] {
+  CostModel c = kCost;
+  c.attn_quadratic = 16.0;
+  c.linear_per_token = 16.0;
+  return c;
+}();
+
+TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) {
+  std::mt19937_64 rng(4096);
+  const std::vector<std::pair<int32_t, int>> sizes = {{16, 6}, {64, 4}, {256, 2}, {1024, 2}};
+  for (const auto& [n, count] : sizes) {
+    for (int i = 0; i < count; ++i) {
+      // Dense tails (queues fill every few steps) and sparse ones (the overdue rule binds).
+      const LargeStream s = i % 2 ? HeavyTailStream(rng, n, /*steps=*/24, /*tail_permille=*/2)
+                                  : HeavyTailStream(rng, n, /*steps=*/14, /*tail_permille=*/40);
+      for (const std::string packer :
+           {"original", "fixed-greedy", "wlb", "wlb-refine", "wlb-lookahead"}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << n << " stream " << i << " packer " << packer
+                                          << " S=" << s.config.context);
+        const PackerOptions options{.thresholds = s.thresholds};
+        auto p = *MakePacker(packer, s.config, kLongCost, options);
+        std::vector<StepPlan> steps;
+        for (const std::vector<Document>& arrivals : s.arrivals) {
+          absl::StatusOr<std::vector<StepPlan>> ready = p->Push(arrivals);
+          ASSERT_TRUE(ready.ok()) << ready.status();
+          for (StepPlan& step : *ready) steps.push_back(std::move(step));
+          if (packer != "wlb-lookahead") continue;
+          // Every queued outlier arrived within kMaxOutlierWait steps of the next planned step.
+          const int64_t next = static_cast<int64_t>(steps.size());
+          for (const nlohmann::json& queue : p->StateJson().at("queues")) {
+            for (const nlohmann::json& d : queue) {
+              ASSERT_GT(d[4].get<int64_t>() + LookaheadPacker::kMaxOutlierWait, next)
+                  << "document " << d[0] << " queued since step " << d[4];
+            }
+          }
+        }
+        for (StepPlan& step : p->Flush()) steps.push_back(std::move(step));
+        ASSERT_TRUE(p->Pending().empty());
+        ASSERT_TRUE(testing::CoversExactlyOnce(s.lengths, testing::Collect(steps)));
+        const bool fixed = packer == "original" || packer == "fixed-greedy";
+        const int64_t cap = fixed ? s.config.context : s.config.max_tokens;
+        for (size_t k = 0; k < steps.size(); ++k) {
+          ASSERT_EQ(steps[k].step, static_cast<int64_t>(k));
+          ASSERT_EQ(steps[k].micro_batches.size(), static_cast<size_t>(n));
+          for (const MicroBatch& mb : steps[k].micro_batches) {
+            ASSERT_LE(mb.tokens, cap);
+            ASSERT_EQ(mb.tokens, TotalTokens(mb.documents));
+            for (const Document& d : mb.documents) {
+              if (packer != "fixed-greedy") ASSERT_LE(d.arrival_step, steps[k].step);
+            }
+          }
+          ASSERT_GE(ImbalanceDegree(steps[k].micro_batches),
+                    CapLowerBound(steps[k].micro_batches, kLongCost, s.config.max_tokens) - 1e-9);
+        }
+      }
+    }
+  }
+}
+
+TEST(PackerProperties, LargeNStateRoundTripGivesTheSameFuture) {
+  std::mt19937_64 rng(1024);
+  for (const int32_t n : {16, 64, 256}) {
+    const LargeStream s = HeavyTailStream(rng, n, /*steps=*/12, /*tail_permille=*/20);
+    const size_t cut = std::uniform_int_distribution<size_t>(2, s.arrivals.size() - 2)(rng);
+    const auto [expected, got] = RoundTripPlans("wlb-lookahead", s.config, kLongCost,
+                                                {.thresholds = s.thresholds}, s.arrivals, cut);
+    ASSERT_EQ(got, expected) << "N=" << n;
   }
 }
 

@@ -19,7 +19,9 @@
 // compares it with a few alternatives (see Candidates below): hold back one queue level's release
 // when two levels release into one step (that step would be cap-full with outliers no placement
 // can balance; up to two steps), release a queue level's oldest outliers early when the step has
-// room for them, or hold back the one or two longest new arrivals. Each candidate is packed as
+// room for them, or hold back the one or two longest new arrivals; from N = 16 also release more
+// outliers than micro-batches, alike or shortest first, so they pair up (AddEvenReleases), and
+// never keep an outlier queued more than kMaxOutlierWait steps. Each candidate is packed as
 // wlb-refine packs a step and followed through the look-ahead steps, where each step takes wlb's
 // release or, when wlb releases a level, every queued outlier, whichever balances better (a step
 // that must take a long outlier is best filled with the other long ones, so holding outliers for
@@ -32,7 +34,9 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iterator>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "wlb/metrics/imbalance.hpp"
@@ -55,6 +59,16 @@ class LookaheadPacker final : public Packer {
     held_.queues.resize(thresholds_.size());
     wlb_shadow_.queues.resize(thresholds_.size());
   }
+
+  // Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on, with a
+  // look-ahead (K >= 1); below it a step has few outliers to pair, and the plans stay those of
+  // the small-N packer measured on the paper's data. kMaxOutlierWait: from there on, an outlier
+  // queued at step t leaves its queue by step t + kMaxOutlierWait (wlb's rule alone has no such
+  // bound: a level holding fewer than N waits for more). Measured: 8 steps forced a few lone
+  // outliers out on the default stream at 70B (N = 256 and 1,024: mean imbalance 1.032 -> 1.041
+  // and 1.034 -> 1.046); 16 never binds on the streams of docs/RESULTS.md.
+  static constexpr size_t kEvenReleaseFrom = 16;
+  static constexpr int64_t kMaxOutlierWait = 16;
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
@@ -368,13 +382,93 @@ class LookaheadPacker final : public Packer {
       c.release[l - 1] = all.release[l - 1];
       out.push_back(c);
     }
+    if (n >= kEvenReleaseFrom) AddEvenReleases(held, out);
     // Hold back the longest arrival, or the two longest, to the next step.
     for (int h = 1; h <= kMaxHeldArrivals && static_cast<size_t>(h) <= fresh.size(); ++h) {
       Candidate c = wlb;
       c.hold_longest = h;
       out.push_back(c);
     }
+    if (n >= kEvenReleaseFrom) {
+      for (Candidate& c : out) ReleaseOverdue(held, c);
+    }
     return out;
+  }
+
+  // Adds to `c` every queued outlier that has waited kMaxOutlierWait steps (from N =
+  // kEvenReleaseFrom on, with a look-ahead): no outlier stays queued longer, whichever candidate
+  // wins.
+  void ReleaseOverdue(const Holding& held, Candidate& c) const {
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      const std::vector<Document>& q = held.queues[l];
+      std::vector<size_t> overdue;
+      for (size_t i = 0; i < q.size() && q[i].arrival_step + kMaxOutlierWait <= next_step_; ++i) {
+        overdue.push_back(i);  // queues are in arrival order: the overdue ones come first
+      }
+      if (overdue.empty()) continue;
+      std::vector<size_t> merged;
+      std::set_union(overdue.begin(), overdue.end(), c.release[l].begin(), c.release[l].end(),
+                     std::back_inserter(merged));
+      c.release[l] = std::move(merged);
+    }
+  }
+
+  // Even releases, from N = kEvenReleaseFrom on: sets of queued outliers of all levels together
+  // that a step can absorb evenly. wlb's rule puts the N oldest of one level into one step, one
+  // per micro-batch; at the cap a micro-batch holding a long outlier weighs what no filler can
+  // match, so the step is as unbalanced as its outliers are unlike (1.2-1.4 at N = 1,024 on a
+  // heavy tail). The candidates, in length order across levels:
+  //   - the k shortest, k = 3N/2 and 2N: more outliers than micro-batches, so the placement pairs
+  //     the shortest (two of 70K weigh about one of 99K) up to the level the longest sets;
+  //   - windows of 3N/2 alike ones around the oldest queued outlier, at up to kMaxWindows
+  //     offsets: a band of similar lengths, paired likewise, that still trains the oldest now.
+  // Measured (docs/RESULTS.md, "Planning at scale"): windows of N alike ones as well made the
+  // default stream at 70B 0.03-0.05 worse (they leave the longest outliers for a later step that
+  // the one-step look-ahead cannot see coming), so they are not tried.
+  // They compete with the other candidates on the same score, and the delay account still holds
+  // the packer to wlb's delay; every candidate also takes the overdue outliers (ReleaseOverdue),
+  // so the long ones that even releases pass over wait at most kMaxOutlierWait steps.
+  void AddEvenReleases(const Holding& held, std::vector<Candidate>& out) const {
+    const size_t n = static_cast<size_t>(config_.micro_batches);
+    struct Queued {
+      int64_t length;
+      size_t level;
+      size_t position;
+    };
+    std::vector<Queued> queued;
+    for (size_t l = 0; l < held.queues.size(); ++l) {
+      for (size_t i = 0; i < held.queues[l].size(); ++i) {
+        queued.push_back({held.queues[l][i].length, l, i});
+      }
+    }
+    if (queued.size() < n) return;
+    // Shortest first; ties by level and queue position, so the order is deterministic.
+    std::sort(queued.begin(), queued.end(), [](const Queued& a, const Queued& b) {
+      return std::tie(a.length, a.level, a.position) < std::tie(b.length, b.level, b.position);
+    });
+    auto arrival = [&](const Queued& q) { return held.queues[q.level][q.position].arrival_step; };
+    // Releases queued[first, first + k).
+    auto add = [&](size_t first, size_t k) {
+      Candidate c{.release = std::vector<std::vector<size_t>>(held.queues.size())};
+      for (size_t j = 0; j < queued.size(); ++j) {
+        if (j >= first && j < first + k) c.release[queued[j].level].push_back(queued[j].position);
+      }
+      for (std::vector<size_t>& r : c.release) std::sort(r.begin(), r.end());
+      out.push_back(std::move(c));
+    };
+    for (size_t k : {n + n / 2, 2 * n}) {
+      if (k <= queued.size()) add(0, k);
+    }
+    size_t oldest = 0;  // the first of the longest-waiting, in length order
+    for (size_t j = 1; j < queued.size(); ++j) {
+      if (arrival(queued[j]) < arrival(queued[oldest])) oldest = j;
+    }
+    if (const size_t k = n + n / 2; k <= queued.size()) {
+      const size_t first = oldest + 1 >= k ? oldest + 1 - k : 0;
+      const size_t last = std::min(oldest, queued.size() - k);
+      const size_t stride = std::max<size_t>(1, (last - first + 1) / kMaxWindows);
+      for (size_t w = first; w <= last; w += stride) add(w, k);
+    }
   }
 
   // A step as the look-ahead sees it while it compares candidates: long documents one by one,
@@ -405,16 +499,14 @@ class LookaheadPacker final : public Packer {
     const double cap = static_cast<double>(config_.max_tokens);
     std::vector<double> cost(n, 0.0), tokens(n, 0.0);
     std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
-    // Lightest micro-batch from a min-heap of (cost, index); the scan for the emptiest one runs
-    // only when the lightest has no room, which is rare.
-    std::vector<std::pair<double, size_t>> lightest(n);
-    for (size_t b = 0; b < n; ++b) lightest[b] = {0.0, b};
-    const auto heavier = std::greater<std::pair<double, size_t>>();
+    // The lightest and the emptiest micro-batch from tournament trees (O(log N) per document).
+    detail::ArgminTree<double> lightest(n, 0.0);
+    detail::ArgminTree<double> emptiest(n, 0.0);
     for (int64_t length : step.lengths) {
       const double l = static_cast<double>(length);
-      size_t target = lightest.front().second;
+      size_t target = lightest.Min();
       if (tokens[target] + l > cap) {
-        target = std::min_element(tokens.begin(), tokens.end()) - tokens.begin();
+        target = emptiest.Min();
         if (tokens[target] + l > cap) {
           carry.lengths.push_back(length);
           continue;
@@ -422,14 +514,8 @@ class LookaheadPacker final : public Packer {
       }
       cost[target] += cost_(length);
       tokens[target] += l;
-      if (target == lightest.front().second) {
-        std::pop_heap(lightest.begin(), lightest.end(), heavier);
-        lightest.back().first = cost[target];
-        std::push_heap(lightest.begin(), lightest.end(), heavier);
-      } else {
-        for (size_t b = 0; b < n; ++b) lightest[b] = {cost[b], b};
-        std::make_heap(lightest.begin(), lightest.end(), heavier);
-      }
+      lightest.Set(target, cost[target]);
+      emptiest.Set(target, tokens[target]);
     }
     // Water-filling: raise the lightest micro-batches to a common level, each up to the cap.
     double total = 0.0;

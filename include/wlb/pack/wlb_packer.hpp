@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "wlb/pack/argmin_tree.hpp"
 #include "wlb/pack/packer.hpp"
 #include "wlb/pack/refine.hpp"
 
@@ -63,20 +64,27 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
   // doubling at a time was a tenth of the packing time at N = 64.
   const size_t share = (released.size() + carry.size() + fresh.size()) / mbs.size();
   for (MicroBatch& mb : mbs) mb.documents.reserve(share + share / 4 + 4);
-  // The least-W micro-batch is the top of a min-heap of (cost, index), one entry per micro-batch:
-  // a document nearly always goes there, and the top then sifts down in O(log N). Only when it
-  // does not fit there is the fewest-tokens micro-batch needed, found by a scan (it fits in the
-  // lightest, so in the emptiest too, whenever it fits anywhere).
-  using Entry = std::pair<double, size_t>;
-  const auto heavier = std::greater<Entry>();
-  std::vector<Entry> lightest(mbs.size());
-  for (size_t b = 0; b < mbs.size(); ++b) lightest[b] = {0.0, b};  // sorted: already a heap
-  auto emptiest = [&mbs] {
-    size_t e = 0;
-    for (size_t b = 1; b < mbs.size(); ++b) {
-      if (mbs[b].tokens < mbs[e].tokens) e = b;
+  // The least-W micro-batch, and the fewest-tokens one for a document that does not fit there
+  // (it fits in the lightest, so in the emptiest too, whenever it fits anywhere), each from a
+  // tournament tree over the micro-batches: O(log N) per document at every N, where a scan for
+  // the emptiest and a heap rebuild after placing there made cap-full steps O(N) per document.
+  // The emptiest is needed only for a document that does not fit the lightest, so its tree is
+  // brought up to date only then: the micro-batches changed since go in `stale`, and are updated
+  // one by one, or all at once when there are many.
+  ArgminTree<double> lightest(mbs.size(), 0.0);
+  ArgminTree<int64_t> emptiest(mbs.size(), 0);
+  std::vector<size_t> stale;
+  std::vector<char> is_stale(mbs.size(), 0);
+  auto find_emptiest = [&] {
+    if (stale.size() > mbs.size() / 16) {
+      for (size_t b : stale) emptiest.SetLeaf(b, mbs[b].tokens);
+      emptiest.Rebuild();
+    } else {
+      for (size_t b : stale) emptiest.Set(b, mbs[b].tokens);
     }
-    return e;
+    for (size_t b : stale) is_stale[b] = 0;
+    stale.clear();
+    return emptiest.Min();
   };
   const size_t first_carried = carry_out.size();
   size_t carried_runs[3] = {0, 0, 0};
@@ -84,9 +92,9 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
   const std::vector<Document>* groups[] = {&released, &carry, &fresh};
   for (const std::vector<Document>* group : groups) {
     for (const Document& d : *group) {
-      size_t target = lightest.front().second;
+      size_t target = lightest.Min();
       if (mbs[target].tokens + d.length > config.max_tokens) {
-        target = emptiest();
+        target = find_emptiest();
         if (mbs[target].tokens + d.length > config.max_tokens) {
           carry_out.push_back(d);  // not even the emptiest micro-batch has room
           continue;
@@ -96,13 +104,10 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
       mb.documents.push_back(d);
       mb.tokens += d.length;
       mb.cost += cost(d.length);
-      if (target == lightest.front().second) {
-        std::pop_heap(lightest.begin(), lightest.end(), heavier);
-        lightest.back().first = mb.cost;
-        std::push_heap(lightest.begin(), lightest.end(), heavier);
-      } else {
-        for (size_t b = 0; b < mbs.size(); ++b) lightest[b] = {mbs[b].cost, b};
-        std::make_heap(lightest.begin(), lightest.end(), heavier);
+      lightest.Set(target, mb.cost);
+      if (!is_stale[target]) {
+        is_stale[target] = 1;
+        stale.push_back(target);
       }
     }
     carried_runs[run++] = carry_out.size();
