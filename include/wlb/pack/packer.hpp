@@ -14,7 +14,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +37,13 @@ namespace wlb {
 struct HeldBack {
   int64_t documents = 0;
   int64_t tokens = 0;
+
+  friend HeldBack operator+(HeldBack a, HeldBack b) {
+    return {a.documents + b.documents, a.tokens + b.tokens};
+  }
+  friend HeldBack operator-(HeldBack a, HeldBack b) {
+    return {a.documents - b.documents, a.tokens - b.tokens};
+  }
 };
 
 namespace detail {
@@ -73,13 +84,15 @@ inline Document DocumentFromState(const nlohmann::json& j) {
                   .offset = StateInteger(j[3], 0, kMaxStreamTokens, "offset"),
                   .arrival_step = StateInteger(j[4], 0, kMaxStateCounter, "arrival step")};
 }
-inline nlohmann::json DocumentsState(const std::vector<Document>& docs) {
+template <typename Documents>  // a vector or deque of Document
+nlohmann::json DocumentsState(const Documents& docs) {
   nlohmann::json a = nlohmann::json::array();
   for (const Document& d : docs) a.push_back(DocumentState(d));
   return a;
 }
 // Adds `docs` to a held-back count.
-inline void AddHeld(const std::vector<Document>& docs, HeldBack& held) {
+template <typename Documents>
+void AddHeld(const Documents& docs, HeldBack& held) {
   held.documents += static_cast<int64_t>(docs.size());
   for (const Document& d : docs) held.tokens += d.length;
 }
@@ -91,6 +104,65 @@ inline std::vector<Document> DocumentsFromState(const nlohmann::json& j) {
   for (const nlohmann::json& e : j) docs.push_back(DocumentFromState(e));
   return docs;
 }
+// Documents held in a stable longest-first order (longest first, equal lengths in the order they
+// were added), bucketed by length: taking the first document of at most a given length, or adding
+// one, costs O(log L) for L distinct lengths however many documents are held, so a packer that
+// drains a carry of millions of documents step by step never rescans or copies it.
+class LengthOrdered {
+ public:
+  LengthOrdered() = default;
+  // Holds `docs` in a stable longest-first order.
+  explicit LengthOrdered(const std::vector<Document>& docs) {
+    for (const Document& d : docs) PushBack(d);
+  }
+
+  bool empty() const { return count_ == 0; }
+  int64_t size() const { return count_; }
+  int64_t tokens() const { return tokens_; }
+
+  // Adds `d` after every held document of its length.
+  void PushBack(const Document& d) {
+    buckets_[d.length].push_back(d);
+    ++count_;
+    tokens_ += d.length;
+  }
+  // Adds `run` (longest first) before every held document of the same length, in its order.
+  void PushFront(const std::vector<Document>& run) {
+    for (auto it = run.rbegin(); it != run.rend(); ++it) {
+      buckets_[it->length].push_front(*it);
+      ++count_;
+      tokens_ += it->length;
+    }
+  }
+  // Removes and returns the first document (in the held order) of at most `max_length` tokens.
+  std::optional<Document> TakeFirstAtMost(int64_t max_length) {
+    auto it = buckets_.lower_bound(max_length);  // the longest bucket <= max_length
+    if (it == buckets_.end()) return std::nullopt;
+    Document d = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) buckets_.erase(it);
+    --count_;
+    tokens_ -= d.length;
+    return d;
+  }
+  // The held documents in order, appended to `out`.
+  void AppendTo(std::vector<Document>& out) const {
+    out.reserve(out.size() + static_cast<size_t>(count_));
+    for (const auto& [length, bucket] : buckets_) out.insert(out.end(), bucket.begin(), bucket.end());
+  }
+  std::vector<Document> ToVector() const {
+    std::vector<Document> out;
+    AppendTo(out);
+    return out;
+  }
+  void Clear() { *this = LengthOrdered(); }
+
+ private:
+  std::map<int64_t, std::deque<Document>, std::greater<>> buckets_;  // longest first
+  int64_t count_ = 0;
+  int64_t tokens_ = 0;
+};
+
 // True when `text` nests JSON arrays/objects deeper than `max_depth` (brackets inside strings do
 // not count). Comparing or dumping a deeper value would recurse once per level.
 inline bool JsonNestedDeeperThan(std::string_view text, int max_depth) {

@@ -21,9 +21,12 @@ class WindowedPacker : public Packer {
   int window() const { return window_; }
 
   std::vector<Document> Pending() const final {
-    std::vector<Document> pending = carry_;
+    std::vector<Document> pending = carry_.ToVector();
     pending.insert(pending.end(), buffer_.begin(), buffer_.end());
     return pending;
+  }
+  HeldBack Held() const final {
+    return buffered_ + HeldBack{carry_.size(), carry_.tokens()};
   }
   nlohmann::json ConfigJson() const override {
     nlohmann::json j = Packer::ConfigJson();
@@ -31,16 +34,18 @@ class WindowedPacker : public Packer {
     return j;
   }
   nlohmann::json StateJson() const final {
-    return {{"carry", detail::DocumentsState(carry_)},
+    return {{"carry", detail::DocumentsState(carry_.ToVector())},
             {"buffer", detail::DocumentsState(buffer_)},
             {"buffered_steps", buffered_steps_}};
   }
   void LoadStateJson(const nlohmann::json& j) final {
-    std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
     std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
     const int buffered = static_cast<int>(
         detail::StateInteger(j.at("buffered_steps"), 0, window_ - 1, "buffered_steps"));
-    carry_ = std::move(carry);
+    carry_ = detail::LengthOrdered(carry);
+    buffered_ = {};
+    detail::AddHeld(buffer, buffered_);
     buffer_ = std::move(buffer);
     buffered_steps_ = buffered;
   }
@@ -61,7 +66,7 @@ class WindowedPacker : public Packer {
             d.id, d.piece, d.arrival_step, window_start));
       }
     }
-    for (const Document& d : carry_) {
+    for (const Document& d : carry_.ToVector()) {
       if (d.arrival_step >= window_start) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "carried document %d piece %d arrived at step %d, inside the open window (from %d)",
@@ -78,7 +83,21 @@ class WindowedPacker : public Packer {
                                              const std::vector<Document>& fresh, int steps,
                                              std::vector<Document>& leftover) = 0;
 
+  // The same on the held carry, in place: takes what it places out of `carry` and adds the
+  // arrivals it does not place. By default through PackWindow() (O(carry) a window); a packer that
+  // overrides it can take only what it places.
+  virtual std::vector<MicroBatch> PackHeldWindow(detail::LengthOrdered& carry,
+                                                 const std::vector<Document>& fresh, int steps) {
+    const std::vector<Document> held = carry.ToVector();
+    std::vector<Document> leftover;
+    std::vector<MicroBatch> micro_batches = PackWindow(held, fresh, steps, leftover);
+    carry.Clear();
+    for (const Document& d : leftover) carry.PushBack(d);  // a stable longest-first order
+    return micro_batches;
+  }
+
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) final {
+    detail::AddHeld(arrivals, buffered_);
     buffer_.insert(buffer_.end(), arrivals.begin(), arrivals.end());
     if (++buffered_steps_ < window_) return {};
     return RunWindow(window_);
@@ -95,14 +114,12 @@ class WindowedPacker : public Packer {
 
  private:
   std::vector<StepPlan> RunWindow(int steps) {
-    std::vector<Document> carry = std::move(carry_);
     std::vector<Document> fresh = std::move(buffer_);
-    carry_.clear();
     buffer_.clear();
+    buffered_ = {};
     buffered_steps_ = 0;
-    SortLongestFirst(carry);
     SortLongestFirst(fresh);
-    std::vector<MicroBatch> micro_batches = PackWindow(carry, fresh, steps, carry_);
+    std::vector<MicroBatch> micro_batches = PackHeldWindow(carry_, fresh, steps);
     std::vector<StepPlan> plans;
     for (int s = 0; s < steps; ++s) {
       auto first = micro_batches.begin() + static_cast<std::ptrdiff_t>(s) * config_.micro_batches;
@@ -113,8 +130,9 @@ class WindowedPacker : public Packer {
   }
 
   int window_;
-  std::vector<Document> carry_;   // not placed in the last window
+  detail::LengthOrdered carry_;   // not placed in the last window, longest first
   std::vector<Document> buffer_;  // arrivals of the window being collected
+  HeldBack buffered_;             // documents and tokens in buffer_
   int buffered_steps_ = 0;
 };
 
