@@ -150,6 +150,12 @@ class LengthOrdered {
     out.reserve(out.size() + static_cast<size_t>(count_));
     for (const auto& [length, bucket] : buckets_) out.insert(out.end(), bucket.begin(), bucket.end());
   }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (const auto& [length, bucket] : buckets_) {
+      for (const Document& d : bucket) fn(d);
+    }
+  }
   std::vector<Document> ToVector() const {
     std::vector<Document> out;
     AppendTo(out);
