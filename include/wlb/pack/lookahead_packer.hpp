@@ -149,7 +149,7 @@ class LookaheadPacker final : public Packer {
  protected:
   // After LoadStateJson's checks and Packer's generic ones: the buffered steps are the last ones
   // pushed.
-  absl::Status ValidateState(int64_t pushes) const override {
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
     const auto buffered = static_cast<int64_t>(buffer_.size());
     const int64_t first = next_buffered_arrival(buffer_);
     for (const auto& q : wlb_shadow_.queues) {
@@ -167,6 +167,12 @@ class LookaheadPacker final : public Packer {
             absl::StrFormat("wlb_delay: %d carried tokens arrived at step %d, not before step %d",
                             tokens, arrival, pushes - buffered));
       }
+    }
+    if (next_step < pushes - buffered) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d is below the %d pushes before the %d buffered steps: every step pushed "
+          "before them was planned, so planned steps went backwards",
+          next_step, pushes - buffered, buffered));
     }
     if (buffered > pushes || (first != INT64_MAX && first != pushes - buffered)) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -50,12 +50,26 @@ class OriginalPacker final : public Packer {
   }
 
  protected:
-  // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less.
-  absl::Status ValidateState(int64_t) const override {
+  // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less. The part
+  // numbering (last_id, next_piece) is the state of NextPieceIndex(): nothing emitted (last_id -1,
+  // next_piece 0) exactly while no step was planned, and after the first part next_piece >= 1.
+  absl::Status ValidateState(int64_t, int64_t next_step) const override {
     if (buffer_tokens_ >= config_.context * config_.micro_batches) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "buffer holds %d tokens, but a buffer of S x N = %d or more is always cut into steps",
           buffer_tokens_, config_.context * config_.micro_batches));
+    }
+    if ((last_id_ < 0) != (next_piece_ == 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "last_id %d with next_piece %d: a part was emitted exactly when last_id >= 0, and then "
+          "next_piece >= 1",
+          last_id_, next_piece_));
+    }
+    if ((last_id_ < 0) != (next_step == 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d with last_id %d: every planned step emits a part, and no part is emitted "
+          "outside a step",
+          next_step, last_id_));
     }
     return absl::OkStatus();
   }

@@ -256,7 +256,9 @@ class Packer {
   // Consumes one step of arrivals (pieces of <= S tokens, in stream order) and returns the steps
   // that became ready: one for most packers, W at every W-th call for a window of W steps.
   // Accepts exactly what a saved state can hold (ids, piece indices, offsets within the state's
-  // limits), so a packer's own SaveState() always restores.
+  // limits, the pieces of a document disjoint and in piece order: CheckPiecesTile), so a packer's
+  // own SaveState() always restores. Pieces of one document pushed in different calls are checked
+  // when a state is restored, not by every Push() (that would cost O(held) a push).
   absl::StatusOr<std::vector<StepPlan>> Push(std::vector<Document> arrivals) {
     if (pushes_ >= kMaxStateCounter) {
       return absl::FailedPreconditionError(
@@ -282,6 +284,13 @@ class Packer {
             "document %d piece %d: offset %d is outside [0, %d]", d.id, d.piece, d.offset,
             kMaxStreamTokens));
       }
+    }
+    // Arrivals in stream order are sorted by (id, offset) already: checked without a copy.
+    if (absl::Status s = std::is_sorted(arrivals.begin(), arrivals.end(), ByIdAndOffset)
+                             ? CheckSortedPiecesTile(arrivals)
+                             : CheckPiecesTile(arrivals);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("arrivals: %s", s.message()));
     }
     int64_t tokens = 0;
     for (Document& d : arrivals) {
@@ -389,7 +398,7 @@ class Packer {
       const int64_t short_from =
           detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
       LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
-      invalid = ValidateRestored(pushes);
+      invalid = ValidateRestored(pushes, next_step);
       if (invalid.ok()) {
         pushes_ = pushes;
         next_step_ = next_step;
@@ -415,13 +424,17 @@ class Packer {
   virtual std::vector<StepPlan> DoFlush() = 0;
 
   // Packer-specific consistency of a just-loaded state (queue levels, orders, counters), checked
-  // after the generic checks of ValidateRestored(); `pushes` is the restored Push() count.
-  virtual absl::Status ValidateState(int64_t /*pushes*/) const { return absl::OkStatus(); }
+  // after the generic checks of ValidateRestored(); `pushes` and `next_step` are the restored
+  // Push() count and index of the next step to plan.
+  virtual absl::Status ValidateState(int64_t /*pushes*/, int64_t /*next_step*/) const {
+    return absl::OkStatus();
+  }
 
   // Checks a just-loaded state: every held piece has a length in [1, S], arrived before `pushes`,
-  // and no (document, piece) is held twice; then ValidateState(). These are what Flush() needs to
-  // end with plans that place every held piece exactly once.
-  absl::Status ValidateRestored(int64_t pushes) const {
+  // no (document, piece) is held twice, and the pieces held of each document are disjoint token
+  // ranges in piece order (CheckPiecesTile); then ValidateState(). These are what Flush() needs
+  // to end with plans that place every held piece exactly once.
+  absl::Status ValidateRestored(int64_t pushes, int64_t next_step) const {
     std::vector<Document> pending = Pending();
     for (const Document& d : pending) {
       if (d.length < 1 || d.length > config_.context) {
@@ -444,7 +457,50 @@ class Packer {
             absl::StrFormat("document %d piece %d is held twice", pending[i].id, pending[i].piece));
       }
     }
-    return ValidateState(pushes);
+    if (absl::Status s = CheckPiecesTile(std::move(pending)); !s.ok()) return s;
+    return ValidateState(pushes, next_step);
+  }
+
+  // The pieces held of one document are parts of one tiling of it: sorted by offset, no two start
+  // at the same token, none overlaps the next, piece indices increase with offsets, and pieces
+  // p and p + 1 are adjacent (p + 1 starts where p ends). A subset of the pieces may be held (the
+  // others were planned), so gaps between non-consecutive pieces are allowed.
+  static absl::Status CheckPiecesTile(std::vector<Document> pieces) {
+    std::sort(pieces.begin(), pieces.end(), ByIdAndOffset);
+    return CheckSortedPiecesTile(pieces);
+  }
+  static bool ByIdAndOffset(const Document& a, const Document& b) {
+    return std::pair(a.id, a.offset) < std::pair(b.id, b.offset);
+  }
+  // The same on pieces already sorted by (id, offset).
+  static absl::Status CheckSortedPiecesTile(const std::vector<Document>& pieces) {
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      const Document& a = pieces[i - 1];
+      const Document& b = pieces[i];
+      if (a.id != b.id) continue;
+      if (a.offset == b.offset) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d offset %d is held twice (pieces %d and %d)", a.id, a.offset, a.piece,
+            b.piece));
+      }
+      if (a.offset + a.length > b.offset) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d [%d, %d) overlaps piece %d starting at offset %d", a.id,
+            a.piece, a.offset, a.offset + a.length, b.piece, b.offset));
+      }
+      if (a.piece >= b.piece) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d at offset %d comes after piece %d at offset %d (piece "
+            "indices must follow offsets)",
+            a.id, b.piece, b.offset, a.piece, a.offset));
+      }
+      if (b.piece == a.piece + 1 && b.offset != a.offset + a.length) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d starts at offset %d, not where piece %d ends (%d)", a.id,
+            b.piece, b.offset, a.piece, a.offset + a.length));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Wraps micro-batches into the next step, recording what is still held back.

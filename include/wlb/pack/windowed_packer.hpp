@@ -52,12 +52,18 @@ class WindowedPacker : public Packer {
 
  protected:
   // The buffer holds exactly the arrivals of the last `buffered_steps` pushes; the carry arrived
-  // before them.
-  absl::Status ValidateState(int64_t pushes) const override {
+  // before them; every push before the open window was planned (a window plans a step per push).
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
     const int64_t window_start = pushes - buffered_steps_;
     if (window_start < 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%d buffered steps but only %d pushes", buffered_steps_, pushes));
+    }
+    if (next_step < window_start) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d is below the %d pushes before the open window: planned steps went "
+          "backwards",
+          next_step, window_start));
     }
     for (const Document& d : buffer_) {
       if (d.arrival_step < window_start) {

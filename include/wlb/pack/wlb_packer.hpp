@@ -208,9 +208,24 @@ class WlbPacker final : public Packer {
   }
 
  protected:
-  // Queue i holds only lengths of level i.
-  absl::Status ValidateState(int64_t) const override {
+  // Queue i holds only lengths of level i, oldest first; every push planned a step.
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
+    if (next_step < pushes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d is below the %d pushes: every push plans a step, so planned steps went "
+          "backwards",
+          next_step, pushes));
+    }
     for (size_t i = 0; i < queues_.size(); ++i) {
+      for (size_t k = 1; k < queues_[i].size(); ++k) {
+        if (queues_[i][k].arrival_step < queues_[i][k - 1].arrival_step) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "outlier queue %d: document %d (arrival step %d) is queued after document %d "
+              "(arrival step %d), but queues are first in, first out",
+              i, queues_[i][k - 1].id, queues_[i][k - 1].arrival_step, queues_[i][k].id,
+              queues_[i][k].arrival_step));
+        }
+      }
       for (const Document& d : queues_[i]) {
         if (QueueLevel(d.length) != static_cast<int>(i)) {
           return absl::InvalidArgumentError(absl::StrFormat(
