@@ -679,6 +679,11 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
        {},
        R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 4, "next_piece": 1})",
        R"("pushes": 1, "next_step": 0, "short_from": -1)",
+       "original-nextfit never cuts or numbers parts"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 4, "next_piece": 1})",
+       R"("pushes": 1, "next_step": 0, "short_from": -1)",
        "next_step 0 with last_id 4"},
       // Step counters going backwards: fewer steps planned than the pushes that planned one.
       {"wlb",
@@ -737,8 +742,10 @@ TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
     auto packer =
         *MakePacker(name, config, Quadratic(), {.window = 2, .thresholds = {32}, .lookahead = 1});
     const std::string state =
-        name == "original" || name == "original-nextfit"
+        name == "original"
             ? R"({"buffer": [[7, 64, 2, 128, 0], [9, 3, 0, 0, 1]], "last_id": 7, "next_piece": 3})"
+        : name == "original-nextfit"
+            ? R"({"buffer": [[7, 64, 2, 128, 0], [9, 3, 0, 0, 1]], "last_id": -1, "next_piece": 0})"
         : name == "fixed-greedy"
             ? R"({"carry": [[7, 64, 2, 128, 0]], "buffer": [[9, 3, 0, 0, 1]], "buffered_steps": 1})"
         : name == "wlb-lookahead"

@@ -52,12 +52,21 @@ class OriginalPacker final : public Packer {
  protected:
   // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less. The part
   // numbering (last_id, next_piece) is the state of NextPieceIndex(): nothing emitted (last_id -1,
-  // next_piece 0) exactly while no step was planned, and after the first part next_piece >= 1.
+  // next_piece 0) exactly while no step was planned, and after the first part next_piece >= 1;
+  // next-fit never numbers parts, so it stays at (-1, 0).
   absl::Status ValidateState(int64_t, int64_t next_step) const override {
     if (buffer_tokens_ >= config_.context * config_.micro_batches) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "buffer holds %d tokens, but a buffer of S x N = %d or more is always cut into steps",
           buffer_tokens_, config_.context * config_.micro_batches));
+    }
+    if (whole_) {  // next-fit keeps documents whole and numbers no parts
+      if (last_id_ != -1 || next_piece_ != 0) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "last_id %d with next_piece %d: original-nextfit never cuts or numbers parts (-1, 0)",
+            last_id_, next_piece_));
+      }
+      return absl::OkStatus();
     }
     if ((last_id_ < 0) != (next_piece_ == 0)) {
       return absl::InvalidArgumentError(absl::StrFormat(
