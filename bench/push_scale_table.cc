@@ -98,8 +98,9 @@ int main(int argc, char** argv) {
     }
     counts.push_back(n);
   }
-  std::printf("| packer | documents | steps | push + flush (s) | peak RSS (MiB) | s per 10^6 docs | "
-              "bytes per doc |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| packer | documents | steps | push + flush (s) | peak RSS (MiB) | s per 10^6 docs | "
+      "bytes per doc |\n|---|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   for (const std::string& packer : packers) {
     for (int64_t n : counts) {

@@ -231,7 +231,8 @@ TEST(Packer, PushRejectsPiecesThatDoNotTileTheirDocumentSoNoStateItSavesIsRefuse
         {{{.id = 4, .length = 5}, {.id = 4, .length = 3, .piece = 1, .offset = 9}},
          "piece 1 starts at offset 9, not where piece 0 ends (5)"},
         // Out of stream order: sorted before the check.
-        {{{.id = 9, .length = 2}, {.id = 4, .length = 5, .piece = 1, .offset = 5},
+        {{{.id = 9, .length = 2},
+          {.id = 4, .length = 5, .piece = 1, .offset = 5},
           {.id = 4, .length = 5, .piece = 0, .offset = 5}},
          "offset 5 is held twice"}};
     for (const auto& [arrivals, message] : cases) {
@@ -241,8 +242,9 @@ TEST(Packer, PushRejectsPiecesThatDoNotTileTheirDocumentSoNoStateItSavesIsRefuse
       EXPECT_EQ(packer->SaveState(), before);  // nothing changed
     }
     // Pieces of one document out of stream order but tiling it are fine, and restore.
-    ASSERT_TRUE(packer->Push({{.id = 4, .length = 5, .piece = 1, .offset = 10},
-                              {.id = 4, .length = 10, .piece = 0, .offset = 0}})
+    ASSERT_TRUE(packer
+                    ->Push({{.id = 4, .length = 5, .piece = 1, .offset = 10},
+                            {.id = 4, .length = 10, .piece = 0, .offset = 0}})
                     .ok());
     auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
     EXPECT_TRUE(fresh->RestoreState(packer->SaveState()).ok());

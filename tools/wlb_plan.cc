@@ -715,11 +715,11 @@ absl::Status Run() {
 
   absl::StatusOr<Result> main = Plan(packer, config, doc_cost, options, arrivals);
   if (!main.ok()) return main.status();
-  CpSummary cp_summary;  // over steady steps
+  CpSummary cp_summary;                   // over steady steps
   if (cp_size > 0 && format != "json") {  // json plans them while it writes them
     for (const StepPlan& step : main->run.steps) {
-      if (absl::Status s = PlanStepCp(step, cp_size, settings->strategy, kernel_model, cp_summary,
-                                      nullptr);
+      if (absl::Status s =
+              PlanStepCp(step, cp_size, settings->strategy, kernel_model, cp_summary, nullptr);
           !s.ok()) {
         return s;
       }
@@ -750,8 +750,8 @@ absl::Status Run() {
       const StepPlan& step = main->run.steps[i];
       nlohmann::json step_json = StepToJson(step, doc_cost, config.max_tokens);
       if (cp_size > 0) {
-        if (absl::Status s = PlanStepCp(step, cp_size, settings->strategy, kernel_model,
-                                        cp_summary, &step_json);
+        if (absl::Status s =
+                PlanStepCp(step, cp_size, settings->strategy, kernel_model, cp_summary, &step_json);
             !s.ok()) {
           return s;
         }

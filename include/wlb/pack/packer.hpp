@@ -148,7 +148,9 @@ class LengthOrdered {
   // The held documents in order, appended to `out`.
   void AppendTo(std::vector<Document>& out) const {
     out.reserve(out.size() + static_cast<size_t>(count_));
-    for (const auto& [length, bucket] : buckets_) out.insert(out.end(), bucket.begin(), bucket.end());
+    for (const auto& [length, bucket] : buckets_) {
+      out.insert(out.end(), bucket.begin(), bucket.end());
+    }
   }
   template <typename Fn>
   void ForEach(Fn&& fn) const {
@@ -479,14 +481,14 @@ class Packer {
       const Document& b = pieces[i];
       if (a.id != b.id) continue;
       if (a.offset == b.offset) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "document %d offset %d is held twice (pieces %d and %d)", a.id, a.offset, a.piece,
-            b.piece));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("document %d offset %d is held twice (pieces %d and %d)", a.id,
+                            a.offset, a.piece, b.piece));
       }
       if (a.offset + a.length > b.offset) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "document %d: piece %d [%d, %d) overlaps piece %d starting at offset %d", a.id,
-            a.piece, a.offset, a.offset + a.length, b.piece, b.offset));
+            "document %d: piece %d [%d, %d) overlaps piece %d starting at offset %d", a.id, a.piece,
+            a.offset, a.offset + a.length, b.piece, b.offset));
       }
       if (a.piece >= b.piece) {
         return absl::InvalidArgumentError(absl::StrFormat(

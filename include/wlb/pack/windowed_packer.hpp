@@ -25,9 +25,7 @@ class WindowedPacker : public Packer {
     pending.insert(pending.end(), buffer_.begin(), buffer_.end());
     return pending;
   }
-  HeldBack Held() const final {
-    return buffered_ + HeldBack{carry_.size(), carry_.tokens()};
-  }
+  HeldBack Held() const final { return buffered_ + HeldBack{carry_.size(), carry_.tokens()}; }
   nlohmann::json ConfigJson() const override {
     nlohmann::json j = Packer::ConfigJson();
     j["window"] = window_;

@@ -143,8 +143,8 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
                                             std::vector<Document>& carry_out,
                                             bool fresh_sorted = false) {
   LengthOrdered held(carry);
-  std::vector<MicroBatch> mbs = PackUnderCap(std::move(released), held, std::move(fresh), config,
-                                             cost, fresh_sorted);
+  std::vector<MicroBatch> mbs =
+      PackUnderCap(std::move(released), held, std::move(fresh), config, cost, fresh_sorted);
   held.AppendTo(carry_out);
   return mbs;
 }
