@@ -251,6 +251,35 @@ TEST(Packer, PushRejectsPiecesThatDoNotTileTheirDocumentSoNoStateItSavesIsRefuse
   }
 }
 
+TEST(Packer, OwnCheckpointRestoresAfterAFlushAndMorePushes) {
+  // After a Flush() step indices run ahead of push indices; wlb-lookahead's delay shadow used to
+  // record a step index as an arrival, so its own checkpoint was refused (found by hypothesis).
+  const PackerConfig config{.context = 12, .max_tokens = 15, .micro_batches = 1};
+  for (const char* name : kPackerNames) {
+    SCOPED_TRACE(name);
+    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {3, 6}});
+    auto expect_restores = [&](const char* after) {
+      const std::string saved = packer->SaveState();
+      auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {3, 6}});
+      const absl::Status s = fresh->RestoreState(saved);
+      EXPECT_TRUE(s.ok()) << after << ": " << s;
+      EXPECT_EQ(fresh->SaveState(), saved) << after;
+    };
+    ASSERT_TRUE(packer->Push(Docs({16}, 12)).ok());
+    packer->Flush();
+    expect_restores("push, flush");
+    std::vector<Document> more = Docs({1, 1, 1, 1}, 12);
+    for (Document& d : more) d.id += 1;
+    ASSERT_TRUE(packer->Push(more).ok());
+    expect_restores("push, flush, push");
+    packer->Flush();
+    expect_restores("push, flush, push, flush");
+    for (Document& d : more) d.id += 10;
+    ASSERT_TRUE(packer->Push(more).ok());
+    expect_restores("push, flush, push, flush, push");
+  }
+}
+
 TEST(Packer, CostsThatOverflowAreRejectedWhenThePackerIsMade) {
   const PackerConfig config{.context = 10, .max_tokens = 12, .micro_batches = 2};
   for (const char* name : kPackerNames) {

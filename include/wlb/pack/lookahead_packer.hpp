@@ -779,7 +779,9 @@ class LookaheadPacker final : public Packer {
       q.erase(q.begin(), q.begin() + n);
     }
     for (const auto& [arrival, tokens] : wlb_shadow_.carry) place(arrival, tokens, true);
-    if (fresh > 0) place(step, fresh, true);
+    // The fluid keeps its push index as its arrival, as queued lengths do: after a Flush() step
+    // indices run ahead of push indices, and a saved shadow must hold arrivals before the pushes.
+    if (fresh > 0) place(arrivals.front().arrival_step, fresh, true);
     wlb_shadow_.carry = std::move(carry);
     return delay;
   }
