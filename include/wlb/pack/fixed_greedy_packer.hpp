@@ -62,14 +62,16 @@ class FixedGreedyPacker final : public WindowedPacker {
     while (std::optional<Document> d = carry.TakeFirstAtMost(most_room)) {
       place(*d, least_attention(d->length));  // it fits the roomiest bin
     }
+    std::vector<Document> left;
     for (const Document& d : fresh) {
       const size_t best = d.length > most_room ? bins : least_attention(d.length);
       if (best == bins) {
-        carry.PushBack(d);  // after the carried documents of its length
+        left.push_back(d);
         continue;
       }
       place(d, best);
     }
+    carry.Merge({}, left);  // after the carried documents of each length
     return micro_batches;
   }
 };

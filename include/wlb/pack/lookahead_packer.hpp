@@ -298,7 +298,7 @@ class LookaheadPacker final : public Packer {
         PackRefined(std::move(released), held.carry, std::move(fresh), true);
     // What was held back on purpose goes first next step, as carry-over does (after what was
     // carried of its length).
-    for (const Document& d : hold) held.carry.PushBack(d);
+    held.carry.Merge({}, hold);
     return mbs;
   }
 

@@ -14,13 +14,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -104,73 +104,6 @@ inline std::vector<Document> DocumentsFromState(const nlohmann::json& j) {
   for (const nlohmann::json& e : j) docs.push_back(DocumentFromState(e));
   return docs;
 }
-// Documents held in a stable longest-first order (longest first, equal lengths in the order they
-// were added), bucketed by length: taking the first document of at most a given length, or adding
-// one, costs O(log L) for L distinct lengths however many documents are held, so a packer that
-// drains a carry of millions of documents step by step never rescans or copies it.
-class LengthOrdered {
- public:
-  LengthOrdered() = default;
-  // Holds `docs` in a stable longest-first order.
-  explicit LengthOrdered(const std::vector<Document>& docs) {
-    for (const Document& d : docs) PushBack(d);
-  }
-
-  bool empty() const { return count_ == 0; }
-  int64_t size() const { return count_; }
-  int64_t tokens() const { return tokens_; }
-
-  // Adds `d` after every held document of its length.
-  void PushBack(const Document& d) {
-    buckets_[d.length].push_back(d);
-    ++count_;
-    tokens_ += d.length;
-  }
-  // Adds `run` (longest first) before every held document of the same length, in its order.
-  void PushFront(const std::vector<Document>& run) {
-    for (auto it = run.rbegin(); it != run.rend(); ++it) {
-      buckets_[it->length].push_front(*it);
-      ++count_;
-      tokens_ += it->length;
-    }
-  }
-  // Removes and returns the first document (in the held order) of at most `max_length` tokens.
-  std::optional<Document> TakeFirstAtMost(int64_t max_length) {
-    auto it = buckets_.lower_bound(max_length);  // the longest bucket <= max_length
-    if (it == buckets_.end()) return std::nullopt;
-    Document d = it->second.front();
-    it->second.pop_front();
-    if (it->second.empty()) buckets_.erase(it);
-    --count_;
-    tokens_ -= d.length;
-    return d;
-  }
-  // The held documents in order, appended to `out`.
-  void AppendTo(std::vector<Document>& out) const {
-    out.reserve(out.size() + static_cast<size_t>(count_));
-    for (const auto& [length, bucket] : buckets_) {
-      out.insert(out.end(), bucket.begin(), bucket.end());
-    }
-  }
-  template <typename Fn>
-  void ForEach(Fn&& fn) const {
-    for (const auto& [length, bucket] : buckets_) {
-      for (const Document& d : bucket) fn(d);
-    }
-  }
-  std::vector<Document> ToVector() const {
-    std::vector<Document> out;
-    AppendTo(out);
-    return out;
-  }
-  void Clear() { *this = LengthOrdered(); }
-
- private:
-  std::map<int64_t, std::deque<Document>, std::greater<>> buckets_;  // longest first
-  int64_t count_ = 0;
-  int64_t tokens_ = 0;
-};
-
 // True when `text` nests JSON arrays/objects deeper than `max_depth` (brackets inside strings do
 // not count). Comparing or dumping a deeper value would recurse once per level.
 inline bool JsonNestedDeeperThan(std::string_view text, int max_depth) {
@@ -559,5 +492,102 @@ inline void SortLongestFirst(std::vector<Document>& docs) {
   for (size_t i : order) sorted.push_back(docs[i]);
   docs.swap(sorted);
 }
+
+namespace detail {
+
+// Documents held in a stable longest-first order (longest first, equal lengths in the order they
+// were added): one sorted vector, where taking the first document of at most a given length is a
+// binary search plus a skip over the taken ones (forward pointers, path-compressed), so a packer
+// that drains a carry of millions of documents step by step never rescans or copies it; taken
+// slots are compacted away once they are half the vector. Adding documents (Merge) is one stable
+// merge, O(held + added), done once per step that leaves documents over.
+class LengthOrdered {
+ public:
+  LengthOrdered() = default;
+  // Holds `docs` in a stable longest-first order.
+  explicit LengthOrdered(std::vector<Document> docs) {
+    SortLongestFirst(docs);
+    Reset(std::move(docs));
+  }
+
+  bool empty() const { return count_ == 0; }
+  int64_t size() const { return count_; }
+  int64_t tokens() const { return tokens_; }
+
+  // Removes and returns the first document (in the held order) of at most `max_length` tokens.
+  std::optional<Document> TakeFirstAtMost(int64_t max_length) {
+    const auto first = std::partition_point(
+        docs_.begin(), docs_.end(), [max_length](const Document& d) { return d.length > max_length; });
+    const size_t i = NextHeld(static_cast<size_t>(first - docs_.begin()));
+    if (i == docs_.size()) return std::nullopt;
+    const Document d = docs_[i];
+    skip_[i] = i + 1;
+    --count_;
+    tokens_ -= d.length;
+    if (docs_.size() > 64 && static_cast<int64_t>(docs_.size()) > 2 * count_) Reset(ToVector());
+    return d;
+  }
+  // Adds `front` before and `back` after the held documents of each length; both longest first.
+  void Merge(const std::vector<Document>& front, const std::vector<Document>& back) {
+    if (front.empty() && back.empty()) return;
+    const std::vector<Document> held = ToVector();
+    std::vector<Document> front_held;
+    front_held.reserve(front.size() + held.size());
+    std::merge(front.begin(), front.end(), held.begin(), held.end(),
+               std::back_inserter(front_held), LongerFirst);
+    std::vector<Document> all;
+    all.reserve(front_held.size() + back.size());
+    std::merge(front_held.begin(), front_held.end(), back.begin(), back.end(),
+               std::back_inserter(all), LongerFirst);
+    Reset(std::move(all));
+  }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (size_t i = 0; i < docs_.size();) {
+      if (skip_[i] == i) {
+        fn(docs_[i]);
+        ++i;
+      } else {
+        i = skip_[i];  // every slot before skip_[i] is taken
+      }
+    }
+  }
+  // The held documents in order, appended to `out`.
+  void AppendTo(std::vector<Document>& out) const {
+    out.reserve(out.size() + static_cast<size_t>(count_));
+    ForEach([&out](const Document& d) { out.push_back(d); });
+  }
+  std::vector<Document> ToVector() const {
+    std::vector<Document> out;
+    AppendTo(out);
+    return out;
+  }
+  void Clear() { *this = LengthOrdered(); }
+
+ private:
+  // Holds exactly `sorted` (longest first), nothing taken.
+  void Reset(std::vector<Document> sorted) {
+    docs_ = std::move(sorted);
+    skip_.resize(docs_.size() + 1);
+    for (size_t i = 0; i < skip_.size(); ++i) skip_[i] = i;
+    count_ = static_cast<int64_t>(docs_.size());
+    tokens_ = TotalTokens(docs_);
+  }
+  // The first held slot at or after `i` (docs_.size() if none); compresses the path it followed.
+  size_t NextHeld(size_t i) {
+    size_t held = i;
+    while (skip_[held] != held) held = skip_[held];
+    while (skip_[i] != i) i = std::exchange(skip_[i], held);
+    return held;
+  }
+
+  std::vector<Document> docs_;  // longest first, taken slots included
+  std::vector<size_t> skip_ = {0};  // skip_[i] == i: slot i is held (or i is the end); else
+                                    // slots [i, skip_[i]) are taken
+  int64_t count_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace detail
 
 }  // namespace wlb

@@ -95,8 +95,7 @@ class WindowedPacker : public Packer {
     const std::vector<Document> held = carry.ToVector();
     std::vector<Document> leftover;
     std::vector<MicroBatch> micro_batches = PackWindow(held, fresh, steps, leftover);
-    carry.Clear();
-    for (const Document& d : leftover) carry.PushBack(d);  // a stable longest-first order
+    carry = detail::LengthOrdered(std::move(leftover));  // a stable longest-first order
     return micro_batches;
   }
 

@@ -77,23 +77,18 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
   for (MicroBatch& mb : mbs) mb.documents.reserve(share + share / 4 + 4);
   // The least-W micro-batch is the top of a min-heap of (cost, index), one entry per micro-batch:
   // a document nearly always goes there, and the top then sifts down in O(log N). Only when it
-  // does not fit there is the fewest-tokens micro-batch needed: the top of a min-heap of
-  // (tokens, index) whose stale entries (tokens grew since) are dropped when they surface. A
-  // document fits in the lightest or in the emptiest whenever it fits anywhere.
+  // does not fit there is the fewest-tokens micro-batch needed, found by a scan (it fits in the
+  // lightest, so in the emptiest too, whenever it fits anywhere).
   using Entry = std::pair<double, size_t>;
   const auto heavier = std::greater<Entry>();
   std::vector<Entry> lightest(mbs.size());
   for (size_t b = 0; b < mbs.size(); ++b) lightest[b] = {0.0, b};  // sorted: already a heap
-  using Fill = std::pair<int64_t, size_t>;
-  const auto fuller = std::greater<Fill>();
-  std::vector<Fill> fewest(mbs.size());
-  for (size_t b = 0; b < mbs.size(); ++b) fewest[b] = {0, b};
-  auto emptiest = [&] {
-    while (mbs[fewest.front().second].tokens != fewest.front().first) {
-      std::pop_heap(fewest.begin(), fewest.end(), fuller);
-      fewest.pop_back();
+  auto emptiest = [&mbs] {
+    size_t e = 0;
+    for (size_t b = 1; b < mbs.size(); ++b) {
+      if (mbs[b].tokens < mbs[e].tokens) e = b;
     }
-    return fewest.front().second;
+    return e;
   };
   auto place = [&](const Document& d) {
     size_t target = lightest.front().second;
@@ -105,8 +100,6 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
     mb.documents.push_back(d);
     mb.tokens += d.length;
     mb.cost += cost(d.length);
-    fewest.push_back({mb.tokens, target});
-    std::push_heap(fewest.begin(), fewest.end(), fuller);
     if (target == lightest.front().second) {
       std::pop_heap(lightest.begin(), lightest.end(), heavier);
       lightest.back().first = mb.cost;
@@ -122,30 +115,28 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
     if (!place(d)) released_left.push_back(d);  // not even the emptiest micro-batch has room
   }
   // The carried documents in order that fit the emptiest micro-batch are exactly the ones a scan
-  // of the carry would place; the others stay where they are.
-  while (std::optional<Document> d =
-             carry.TakeFirstAtMost(config.max_tokens - mbs[emptiest()].tokens)) {
-    place(*d);
+  // of the carry would place; the others stay where they are. The fewest tokens of any
+  // micro-batch is kept with how many are at it, and found again (O(N)) only when none is left.
+  int64_t fewest = 0;
+  size_t at_fewest = 0;
+  auto find_fewest = [&] {
+    fewest = mbs[emptiest()].tokens;
+    at_fewest = 0;
+    for (const MicroBatch& mb : mbs) at_fewest += mb.tokens == fewest;
+  };
+  find_fewest();
+  while (std::optional<Document> d = carry.TakeFirstAtMost(config.max_tokens - fewest)) {
+    const size_t target = lightest.front().second;
+    const bool to_lightest = mbs[target].tokens + d->length <= config.max_tokens;
+    const int64_t before = mbs[to_lightest ? target : emptiest()].tokens;
+    place(*d);  // it fits the emptiest, so it is placed (where `before` was counted)
+    if (before == fewest && --at_fewest == 0) find_fewest();
   }
+  std::vector<Document> fresh_left;
   for (const Document& d : fresh) {
-    if (!place(d)) carry.PushBack(d);
+    if (!place(d)) fresh_left.push_back(d);
   }
-  carry.PushFront(released_left);
-  return mbs;
-}
-
-// The same for a carry held as a longest-first vector; the documents that fit nowhere are
-// appended to `carry_out`, longest first.
-inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
-                                            const std::vector<Document>& carry,
-                                            std::vector<Document> fresh, const PackerConfig& config,
-                                            const DocumentCost& cost,
-                                            std::vector<Document>& carry_out,
-                                            bool fresh_sorted = false) {
-  LengthOrdered held(carry);
-  std::vector<MicroBatch> mbs =
-      PackUnderCap(std::move(released), held, std::move(fresh), config, cost, fresh_sorted);
-  held.AppendTo(carry_out);
+  carry.Merge(released_left, fresh_left);
   return mbs;
 }
 
