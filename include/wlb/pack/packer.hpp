@@ -516,8 +516,9 @@ class LengthOrdered {
 
   // Removes and returns the first document (in the held order) of at most `max_length` tokens.
   std::optional<Document> TakeFirstAtMost(int64_t max_length) {
-    const auto first = std::partition_point(
-        docs_.begin(), docs_.end(), [max_length](const Document& d) { return d.length > max_length; });
+    const auto first =
+        std::partition_point(docs_.begin(), docs_.end(),
+                             [max_length](const Document& d) { return d.length > max_length; });
     const size_t i = NextHeld(static_cast<size_t>(first - docs_.begin()));
     if (i == docs_.size()) return std::nullopt;
     const Document d = docs_[i];
@@ -533,8 +534,8 @@ class LengthOrdered {
     const std::vector<Document> held = ToVector();
     std::vector<Document> front_held;
     front_held.reserve(front.size() + held.size());
-    std::merge(front.begin(), front.end(), held.begin(), held.end(),
-               std::back_inserter(front_held), LongerFirst);
+    std::merge(front.begin(), front.end(), held.begin(), held.end(), std::back_inserter(front_held),
+               LongerFirst);
     std::vector<Document> all;
     all.reserve(front_held.size() + back.size());
     std::merge(front_held.begin(), front_held.end(), back.begin(), back.end(),
@@ -581,7 +582,7 @@ class LengthOrdered {
     return held;
   }
 
-  std::vector<Document> docs_;  // longest first, taken slots included
+  std::vector<Document> docs_;      // longest first, taken slots included
   std::vector<size_t> skip_ = {0};  // skip_[i] == i: slot i is held (or i is the end); else
                                     // slots [i, skip_[i]) are taken
   int64_t count_ = 0;
