@@ -1,4 +1,10 @@
 // Unit tests of each packer on small hand-made streams.
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
@@ -277,6 +283,51 @@ TEST(Packer, OwnCheckpointRestoresAfterAFlushAndMorePushes) {
     for (Document& d : more) d.id += 10;
     ASSERT_TRUE(packer->Push(more).ok());
     expect_restores("push, flush, push, flush, push");
+  }
+}
+
+TEST(LengthOrdered, MatchesAStableLongestFirstListUnderRandomTakesAndMerges) {
+  // The reference: a plain vector kept in stable longest-first order, scanned front to back.
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<Document> reference;
+    detail::LengthOrdered held;
+    int64_t next_id = 0;
+    auto run = [&](int count) {  // longest first, fresh ids
+      std::vector<Document> docs;
+      for (int i = 0; i < count; ++i) {
+        docs.push_back({.id = next_id++, .length = static_cast<int64_t>(rng() % 9 + 1)});
+      }
+      std::stable_sort(docs.begin(), docs.end(), LongerFirst);
+      return docs;
+    };
+    for (int op = 0; op < 400; ++op) {  // grows, then drains (compacting taken slots)
+      if (op < 100 && rng() % 3 == 0) {
+        const std::vector<Document> front = run(static_cast<int>(rng() % 5));
+        const std::vector<Document> back = run(static_cast<int>(rng() % 20));
+        std::vector<Document> merged;
+        std::merge(front.begin(), front.end(), reference.begin(), reference.end(),
+                   std::back_inserter(merged), LongerFirst);
+        reference.clear();
+        std::merge(merged.begin(), merged.end(), back.begin(), back.end(),
+                   std::back_inserter(reference), LongerFirst);
+        held.Merge(front, back);
+      } else {
+        const int64_t most = static_cast<int64_t>(rng() % 10);
+        const auto it = std::find_if(reference.begin(), reference.end(),
+                                     [&](const Document& d) { return d.length <= most; });
+        const std::optional<Document> taken = held.TakeFirstAtMost(most);
+        ASSERT_EQ(taken.has_value(), it != reference.end()) << "op " << op;
+        if (taken) {
+          EXPECT_EQ(*taken, *it);
+          reference.erase(it);
+        }
+      }
+      ASSERT_EQ(held.size(), static_cast<int64_t>(reference.size()));
+      ASSERT_EQ(held.tokens(), TotalTokens(reference));
+    }
+    EXPECT_EQ(held.ToVector(), reference);
+    EXPECT_EQ(detail::LengthOrdered(reference).ToVector(), reference);  // already in order
   }
 }
 
