@@ -52,8 +52,9 @@ namespace detail {
 // with the fewest tokens if it fits; what fits nowhere stays in `carry`, in the order a stable
 // longest-first sort of the three groups would give (released, carry, fresh among equal lengths).
 // `fresh_sorted` says `fresh` is already longest first (stable), which saves sorting it again.
-// Time: O((placed + released + fresh) log) for a step, however many documents `carry` holds: a
-// carried document that does not fit the emptiest micro-batch is never looked at.
+// Time: O((placed + released + fresh) log) for a step, plus one merge of the carry when the step
+// leaves documents over (not in a drain): a carried document that does not fit the emptiest
+// micro-batch is never looked at.
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, LengthOrdered& carry,
                                             std::vector<Document> fresh, const PackerConfig& config,
                                             const DocumentCost& cost, bool fresh_sorted = false) {
