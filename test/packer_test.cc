@@ -1,4 +1,10 @@
 // Unit tests of each packer on small hand-made streams.
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
@@ -217,6 +223,112 @@ TEST(Packer, PushAcceptsExactlyWhatAStateCanHoldSoItsOwnCheckpointAlwaysRestores
     auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
     ASSERT_TRUE(fresh->RestoreState(saved).ok());
     EXPECT_EQ(fresh->SaveState(), saved);
+  }
+}
+
+TEST(Packer, PushRejectsPiecesThatDoNotTileTheirDocumentSoNoStateItSavesIsRefused) {
+  const PackerConfig config{.context = 10, .max_tokens = 12, .micro_batches = 2};
+  for (const char* name : kPackerNames) {
+    SCOPED_TRACE(name);
+    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
+    const std::string before = packer->SaveState();
+    const std::vector<std::pair<std::vector<Document>, std::string>> cases = {
+        {{{.id = 4, .length = 5}, {.id = 4, .length = 3, .piece = 1}}, "offset 0 is held twice"},
+        {{{.id = 4, .length = 5}, {.id = 4, .length = 3, .piece = 1, .offset = 2}}, "overlaps"},
+        {{{.id = 4, .length = 5}, {.id = 4, .length = 3, .piece = 1, .offset = 9}},
+         "piece 1 starts at offset 9, not where piece 0 ends (5)"},
+        // Out of stream order: sorted before the check.
+        {{{.id = 9, .length = 2},
+          {.id = 4, .length = 5, .piece = 1, .offset = 5},
+          {.id = 4, .length = 5, .piece = 0, .offset = 5}},
+         "offset 5 is held twice"}};
+    for (const auto& [arrivals, message] : cases) {
+      auto rejected = packer->Push(arrivals);
+      ASSERT_FALSE(rejected.ok());
+      EXPECT_THAT(rejected.status().message(), HasSubstr(message));
+      EXPECT_EQ(packer->SaveState(), before);  // nothing changed
+    }
+    // Pieces of one document out of stream order but tiling it are fine, and restore.
+    ASSERT_TRUE(packer
+                    ->Push({{.id = 4, .length = 5, .piece = 1, .offset = 10},
+                            {.id = 4, .length = 10, .piece = 0, .offset = 0}})
+                    .ok());
+    auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
+    EXPECT_TRUE(fresh->RestoreState(packer->SaveState()).ok());
+  }
+}
+
+TEST(Packer, OwnCheckpointRestoresAfterAFlushAndMorePushes) {
+  // After a Flush() step indices run ahead of push indices; wlb-lookahead's delay shadow used to
+  // record a step index as an arrival, so its own checkpoint was refused (found by hypothesis).
+  const PackerConfig config{.context = 12, .max_tokens = 15, .micro_batches = 1};
+  for (const char* name : kPackerNames) {
+    SCOPED_TRACE(name);
+    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {3, 6}});
+    auto expect_restores = [&](const char* after) {
+      const std::string saved = packer->SaveState();
+      auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {3, 6}});
+      const absl::Status s = fresh->RestoreState(saved);
+      EXPECT_TRUE(s.ok()) << after << ": " << s;
+      EXPECT_EQ(fresh->SaveState(), saved) << after;
+    };
+    ASSERT_TRUE(packer->Push(Docs({16}, 12)).ok());
+    packer->Flush();
+    expect_restores("push, flush");
+    std::vector<Document> more = Docs({1, 1, 1, 1}, 12);
+    for (Document& d : more) d.id += 1;
+    ASSERT_TRUE(packer->Push(more).ok());
+    expect_restores("push, flush, push");
+    packer->Flush();
+    expect_restores("push, flush, push, flush");
+    for (Document& d : more) d.id += 10;
+    ASSERT_TRUE(packer->Push(more).ok());
+    expect_restores("push, flush, push, flush, push");
+  }
+}
+
+TEST(LengthOrdered, MatchesAStableLongestFirstListUnderRandomTakesAndMerges) {
+  // The reference: a plain vector kept in stable longest-first order, scanned front to back.
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<Document> reference;
+    detail::LengthOrdered held;
+    int64_t next_id = 0;
+    auto run = [&](int count) {  // longest first, fresh ids
+      std::vector<Document> docs;
+      for (int i = 0; i < count; ++i) {
+        docs.push_back({.id = next_id++, .length = static_cast<int64_t>(rng() % 9 + 1)});
+      }
+      std::stable_sort(docs.begin(), docs.end(), LongerFirst);
+      return docs;
+    };
+    for (int op = 0; op < 400; ++op) {  // grows, then drains (compacting taken slots)
+      if (op < 100 && rng() % 3 == 0) {
+        const std::vector<Document> front = run(static_cast<int>(rng() % 5));
+        const std::vector<Document> back = run(static_cast<int>(rng() % 20));
+        std::vector<Document> merged;
+        std::merge(front.begin(), front.end(), reference.begin(), reference.end(),
+                   std::back_inserter(merged), LongerFirst);
+        reference.clear();
+        std::merge(merged.begin(), merged.end(), back.begin(), back.end(),
+                   std::back_inserter(reference), LongerFirst);
+        held.Merge(front, back);
+      } else {
+        const int64_t most = static_cast<int64_t>(rng() % 10);
+        const auto it = std::find_if(reference.begin(), reference.end(),
+                                     [&](const Document& d) { return d.length <= most; });
+        const std::optional<Document> taken = held.TakeFirstAtMost(most);
+        ASSERT_EQ(taken.has_value(), it != reference.end()) << "op " << op;
+        if (taken) {
+          EXPECT_EQ(*taken, *it);
+          reference.erase(it);
+        }
+      }
+      ASSERT_EQ(held.size(), static_cast<int64_t>(reference.size()));
+      ASSERT_EQ(held.tokens(), TotalTokens(reference));
+    }
+    EXPECT_EQ(held.ToVector(), reference);
+    EXPECT_EQ(detail::LengthOrdered(reference).ToVector(), reference);  // already in order
   }
 }
 
@@ -579,7 +691,7 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
       {"wlb-lookahead",
        {},
        R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 0]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
-       R"("pushes": 3, "next_step": 1, "short_from": -1)",
+       R"("pushes": 3, "next_step": 2, "short_from": -1)",
        "are not the last of the 3 pushes"},
       {"wlb-lookahead",
        {},
@@ -615,6 +727,96 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
            "wlb_delay": {"queues": [], "carry": [], "token_steps": "lots", "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "wlb_delay totals must be numbers in [0, "},
+      // Pieces that do not tile their document (the same start twice, overlapping, out of piece
+      // order, or consecutive pieces with a gap), for every kind of holding.
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 0, 0, 0], [3, 10, 1, 0, 0]]})",
+       {},
+       "document 3 offset 0 is held twice (pieces 0 and 1)"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 0, 0, 0], [3, 10, 1, 5, 0]]})",
+       {},
+       "document 3: piece 0 [0, 10) overlaps piece 1 starting at offset 5"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 0, 10, 0], [3, 10, 1, 0, 0]]})",
+       {},
+       "document 3: piece 0 at offset 10 comes after piece 1 at offset 0"},
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 0, 0, 0], [3, 10, 1, 15, 0]]})",
+       {},
+       "document 3: piece 1 starts at offset 15, not where piece 0 ends (10)"},
+      {"fixed-greedy",
+       {.window = 2},
+       R"({"carry": [[3, 64, 0, 0, 0]], "buffer": [[3, 20, 1, 60, 1]], "buffered_steps": 1})",
+       R"("pushes": 2, "next_step": 1, "short_from": -1)",
+       "document 3: piece 0 [0, 64) overlaps piece 1 starting at offset 60"},
+      {"original",
+       {},
+       R"({"buffer": [[3, 10, 2, 70, 0], [3, 10, 3, 75, 0]], "last_id": 3, "next_piece": 1})",
+       {},
+       "document 3: piece 2 [70, 80) overlaps piece 3 starting at offset 75"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [[3, 10, 1, 10, 0]], "buffer": [[[3, 20, 2, 15, 1]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       R"("pushes": 2, "next_step": 1, "short_from": -1)",
+       "document 3: piece 1 [10, 20) overlaps piece 2 starting at offset 15"},
+      // original's part numbering going backwards or out of step with the planned steps.
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 5, "next_piece": 0})",
+       {},
+       "last_id 5 with next_piece 0"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": -1, "next_piece": 3})",
+       {},
+       "last_id -1 with next_piece 3"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": -1, "next_piece": 0})",
+       R"("pushes": 1, "next_step": 1, "short_from": -1)",
+       "next_step 1 with last_id -1"},
+      {"original-nextfit",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 4, "next_piece": 1})",
+       R"("pushes": 1, "next_step": 0, "short_from": -1)",
+       "original-nextfit never cuts or numbers parts"},
+      {"original",
+       {},
+       R"({"buffer": [[0, 10, 0, 0, 0]], "last_id": 4, "next_piece": 1})",
+       R"("pushes": 1, "next_step": 0, "short_from": -1)",
+       "next_step 0 with last_id 4"},
+      // Step counters going backwards: fewer steps planned than the pushes that planned one.
+      {"wlb",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 3, "next_step": 1, "short_from": -1)",
+       "next_step 1 is below the 3 pushes"},
+      {"wlb-refine",
+       {},
+       R"({"queues": [], "carry": []})",
+       R"("pushes": 1, "next_step": 0, "short_from": -1)",
+       "next_step 0 is below the 1 pushes"},
+      {"fixed-greedy",
+       {},
+       R"({"carry": [], "buffer": [], "buffered_steps": 0})",
+       R"("pushes": 2, "next_step": 1, "short_from": -1)",
+       "next_step 1 is below the 2 pushes before the open window"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [[[0, 10, 0, 0, 2]]], "wlb_delay": {"queues": [], "carry": [], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       R"("pushes": 3, "next_step": 1, "short_from": -1)",
+       "next_step 1 is below the 2 pushes before the 1 buffered steps"},
+      // wlb's outlier queues are first in, first out.
+      {"wlb",
+       {.thresholds = {32}},
+       R"({"queues": [[[0, 40, 0, 0, 1], [1, 40, 0, 0, 0]]], "carry": []})",
+       R"("pushes": 2, "next_step": 2, "short_from": -1)",
+       "outlier queue 0: document 0 (arrival step 1) is queued after document 1"},
   };
   for (const Case& c : cases) {
     auto packer = *MakePacker(c.packer, config, cost, c.options);
@@ -645,8 +847,10 @@ TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
     auto packer =
         *MakePacker(name, config, Quadratic(), {.window = 2, .thresholds = {32}, .lookahead = 1});
     const std::string state =
-        name == "original" || name == "original-nextfit"
+        name == "original"
             ? R"({"buffer": [[7, 64, 2, 128, 0], [9, 3, 0, 0, 1]], "last_id": 7, "next_piece": 3})"
+        : name == "original-nextfit"
+            ? R"({"buffer": [[7, 64, 2, 128, 0], [9, 3, 0, 0, 1]], "last_id": -1, "next_piece": 0})"
         : name == "fixed-greedy"
             ? R"({"carry": [[7, 64, 2, 128, 0]], "buffer": [[9, 3, 0, 0, 1]], "buffered_steps": 1})"
         : name == "wlb-lookahead"
@@ -654,7 +858,7 @@ TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
                   "wlb_delay": {"queues": [[[0, 64]]], "carry": [[0, 5]], "token_steps": 12.5, "wlb_token_steps": 40, "tokens": 64}})"
             : R"({"queues": [[[7, 64, 2, 128, 0]]], "carry": [[9, 3, 0, 0, 1]]})";
     const std::string payload = absl::StrFormat(
-        R"({"config": %s, "pushes": 2, "next_step": 1, "short_from": 1, "state": %s})",
+        R"({"config": %s, "pushes": 2, "next_step": 2, "short_from": 1, "state": %s})",
         packer->ConfigJson().dump(), state);
     ASSERT_TRUE(packer->RestoreState(BlobWithChecksum(payload)).ok()) << name;
     const std::vector<StepPlan> steps = packer->Flush();

@@ -105,5 +105,22 @@ TEST(ShardMapsTest, InconsistentPlansAreRejected) {
   EXPECT_THAT(BuildShardMaps(ranks).status().message(), HasSubstr("cp_size 2 and 1 ranks"));
 }
 
+// One document of 2^24 tokens at C = 4096: the plan is O(C) segments, but its maps would hold
+// about C x tokens = 2^36 key rows; BuildShardMaps refuses them at once, naming the limit.
+TEST(ShardMapsTest, MapsOverTheRowLimitAreRefusedBeforeAllocating) {
+  const MicroBatch mb = MakeMicroBatch({int64_t{1} << 24});
+  const ShardPlan plan =
+      *PlanShards(mb, kMaxCpSize, ShardStrategy::kPerDocument, KernelModel::Default());
+  ASSERT_EQ(plan.ranks.size(), static_cast<size_t>(kMaxCpSize));
+  const absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan);
+  EXPECT_EQ(maps.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(maps.status().message(), HasSubstr("kMaxShardMapRows"));
+  EXPECT_THAT(maps.status().message(), HasSubstr("16777216 tokens over 4096 ranks"));
+  // A smaller one still builds: 2^12 tokens at C = 4096 is about 2^23 key rows.
+  const ShardPlan small = *PlanShards(MakeMicroBatch({int64_t{1} << 12}), kMaxCpSize,
+                                      ShardStrategy::kPerDocument, KernelModel::Default());
+  EXPECT_TRUE(BuildShardMaps(small).ok());
+}
+
 }  // namespace
 }  // namespace wlb

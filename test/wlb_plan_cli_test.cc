@@ -182,6 +182,21 @@ TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
   EXPECT_THAT(table.out, HasSubstr("CP imbalance (max/mean over ranks) in causal pairs"));
 }
 
+// JSON is written step by step; the bytes are exactly one dump(1) of the whole document, with and
+// without shard plans, and for an input of one document.
+TEST(WlbPlan, StreamedJsonIsTheWholeTreesDump) {
+  for (const std::string args :
+       {"--steps 6 --format json --timing=false --packer wlb-lookahead",
+        "--steps 4 --format json --timing=false --cp 4 --sharding per-doc",
+        "--docs - --format json --timing=false --context 32 --micro-batches 4"}) {
+    Result r = RunPlan(args, args.find("--docs -") != std::string::npos ? "5\n" : "");
+    ASSERT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(r.out, j.dump(1) + "\n") << args;
+    EXPECT_FALSE(j["steps"].empty()) << args;
+  }
+}
+
 // The first `steps` steps wlb-plan plans from the default distribution with --seed `seed`.
 std::vector<std::vector<Document>> SampledSteps(const PackerConfig& config, int64_t steps,
                                                 uint64_t seed) {

@@ -2,6 +2,7 @@
 // See wlb_plan.h, and README.md ("wlb-plan") for every flag and the JSON schema.
 #include "wlb_plan.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +19,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -31,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "cli_help.h"
 #include "wlb/wlb.hpp"
@@ -173,29 +177,32 @@ std::string SummaryRow(const Result& r) {
       s.delay.mean, s.delay.p99, s.delay.max, Median(r.run.plan_ms));
 }
 
-// CP shard plans of every micro-batch of a run (empty when --cp is not given).
-struct CpPlans {
-  int cp_size = 0;
-  std::vector<std::vector<ShardPlan>> plans;  // [step][micro-batch]
-  std::vector<std::vector<CpBalance>> balance;
-  CpSummary summary;  // over steady steps
-};
-
-absl::StatusOr<CpPlans> PlanCp(const Result& r, int cp_size, ShardStrategy strategy,
-                               const KernelModel& model, const CpPlanOptions& options) {
-  CpPlans cp{.cp_size = cp_size};
-  for (const StepPlan& step : r.run.steps) {
-    std::vector<ShardPlan>& plans = cp.plans.emplace_back();
-    std::vector<CpBalance>& balance = cp.balance.emplace_back();
-    for (const MicroBatch& mb : step.micro_batches) {
-      absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp_size, strategy, model, options);
-      if (!plan.ok()) return plan.status();
-      balance.push_back(MeasureCpBalance(*plan, model));
-      if (!step.drain) cp.summary.Add(*plan, balance.back());
-      plans.push_back(*std::move(plan));
+// CP shard plans of one step's micro-batches, one at a time: each is added to `summary` (steady
+// steps only) and, with `step_json`, written into its micro-batch there; none is kept, so a run
+// at C = 4096 holds one shard plan at a time, not one per micro-batch of the run.
+absl::Status PlanStepCp(const StepPlan& step, int cp_size, ShardStrategy strategy,
+                        const KernelModel& model, const CpPlanOptions& options,
+                        CpSummary& summary, nlohmann::json* step_json) {
+  for (size_t m = 0; m < step.micro_batches.size(); ++m) {
+    absl::StatusOr<ShardPlan> plan =
+        PlanShards(step.micro_batches[m], cp_size, strategy, model, options);
+    if (!plan.ok()) return plan.status();
+    const CpBalance balance = MeasureCpBalance(*plan, model);
+    if (!step.drain) summary.Add(*plan, balance);
+    if (step_json != nullptr) {
+      nlohmann::json& mb = (*step_json)["micro_batches"][m];
+      mb.update(ShardPlanToJson(*plan));
+      mb["cp_balance"] = CpBalanceToJson(balance);
     }
   }
-  return cp;
+  return absl::OkStatus();
+}
+
+// `value`.dump(1) as it reads nested `depth` levels deep in a dump(1) of the whole document (JSON
+// strings hold no raw newline, so every newline starts a line of the value).
+std::string DumpNested(const nlohmann::json& value, int depth) {
+  const std::string text = value.dump(1);
+  return absl::StrReplaceAll(text, {{"\n", "\n" + std::string(static_cast<size_t>(depth), ' ')}});
 }
 
 // --estimate: modelled step time of the planned stream and of Plain-4D on the same stream.
@@ -269,7 +276,7 @@ absl::Status CannotWrite(const std::string& path, const std::string& why) {
 }
 
 // Writes all of `text` to the open descriptor `fd`; false with errno set on a failure.
-bool WriteAll(int fd, const std::string& text) {
+bool WriteAll(int fd, std::string_view text) {
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -280,60 +287,100 @@ bool WriteAll(int fd, const std::string& text) {
   return true;
 }
 
-// Writes `text` to `path` in one go: an existing FIFO, character device (/dev/stdout) or other
+// Where the output goes, written piece by piece (a large plan is streamed, never built whole):
+// stdout without --out. With --out, an existing FIFO, character device (/dev/stdout) or other
 // special file is written through; a regular file (or a new one) is written as a uniquely named
 // temporary file in the same directory (mkstemp: created exclusively, never through a planted
-// symlink) and renamed over it, so a failed run never leaves a partial file. A symlink at `path`
-// is followed: its target is what gets written or replaced, the link stays.
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::error_code ec;
-  const std::filesystem::file_status target = std::filesystem::status(path, ec);
-  if (std::filesystem::exists(target) && !std::filesystem::is_regular_file(target)) {
-    if (std::filesystem::is_directory(target)) return CannotWrite(path, "it is a directory");
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) return CannotWrite(path, std::strerror(errno));
-    const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (std::fclose(f) != 0 || !written) return CannotWrite(path, std::strerror(errno));
+// symlink) and renamed over it at Commit(), so a failed run never leaves a partial file (the
+// destructor removes an uncommitted temporary). A symlink at `path` is followed: its target is
+// what gets written or replaced, the link stays. Every write failure (a full disk, a closed stdout,
+// a broken pipe) is an error, never a silent success.
+class Output {
+ public:
+  Output() = default;
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+  ~Output() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!tmp_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove(tmp_, ignored);
+    }
+  }
+
+  // Opens --out (nothing to open for stdout).
+  absl::Status Open(const std::string& path) {
+    path_ = path;
+    if (path.empty()) return absl::OkStatus();
+    std::error_code ec;
+    const std::filesystem::file_status target = std::filesystem::status(path, ec);
+    if (std::filesystem::exists(target) && !std::filesystem::is_regular_file(target)) {
+      if (std::filesystem::is_directory(target)) return CannotWrite(path, "it is a directory");
+      fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd_ < 0) return CannotWrite(path, std::strerror(errno));
+      return absl::OkStatus();
+    }
+    real_ = path;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec))) {
+      real_ = std::filesystem::weakly_canonical(path, ec);
+      if (ec) return CannotWrite(path, "cannot resolve the symlink: " + ec.message());
+    }
+    std::string tmp = real_.string() + ".wlb-XXXXXX";
+    fd_ = ::mkstemp(tmp.data());
+    if (fd_ < 0) {
+      return CannotWrite(path,
+                         std::string("cannot create a temporary file: ") + std::strerror(errno));
+    }
+    tmp_ = tmp;
+    const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file the usual 0666 & ~umask
+    ::umask(mask);
+    if (::fchmod(fd_, 0666 & ~mask) != 0) return CannotWrite(path, std::strerror(errno));
     return absl::OkStatus();
   }
-  std::filesystem::path real = path;
-  if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec))) {
-    real = std::filesystem::weakly_canonical(path, ec);
-    if (ec) return CannotWrite(path, "cannot resolve the symlink: " + ec.message());
+
+  absl::Status Write(std::string_view text) {
+    if (path_.empty()) {
+      if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::ferror(stdout)) {
+        return absl::UnavailableError(
+            absl::StrFormat("cannot write the output to stdout: %s", std::strerror(errno)));
+      }
+      return absl::OkStatus();
+    }
+    if (!WriteAll(fd_, text)) return CannotWrite(path_, std::strerror(errno));
+    return absl::OkStatus();
   }
-  std::string tmp = real.string() + ".wlb-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) return CannotWrite(path, std::string("cannot create a temporary file: ") +
-                                           std::strerror(errno));
-  const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file the usual 0666 & ~umask
-  ::umask(mask);
-  const bool written = ::fchmod(fd, 0666 & ~mask) == 0 && WriteAll(fd, text);
-  const int write_errno = errno;
-  if (::close(fd) != 0 || !written) {
-    std::filesystem::remove(tmp, ec);
-    return CannotWrite(path, std::strerror(written ? errno : write_errno));
+
+  // Flushes stdout, or closes --out and renames its temporary over it.
+  absl::Status Commit() {
+    if (path_.empty()) {
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        return absl::UnavailableError(
+            absl::StrFormat("cannot write the output to stdout: %s", std::strerror(errno)));
+      }
+      return absl::OkStatus();
+    }
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) return CannotWrite(path_, std::strerror(errno));
+    if (tmp_.empty()) return absl::OkStatus();
+    std::error_code ec;
+    std::filesystem::rename(tmp_, real_, ec);
+    if (ec) return CannotWrite(path_, ec.message());
+    tmp_.clear();  // renamed: nothing to remove
+    return absl::OkStatus();
   }
-  std::filesystem::rename(tmp, real, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    return CannotWrite(path, ec.message());
-  }
-  return absl::OkStatus();
-}
+
+ private:
+  std::string path_;
+  std::filesystem::path real_;
+  std::string tmp_;  // the temporary until it is renamed
+  int fd_ = -1;
+};
 
 absl::Status WriteOutput(const std::string& text) {
-  const std::string path = absl::GetFlag(FLAGS_out);
-  if (path.empty()) {
-    // A full disk, a closed stdout or a broken pipe is an error, never a silent success.
-    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
-        std::fflush(stdout) != 0 || std::ferror(stdout)) {
-      return absl::UnavailableError(
-          absl::StrFormat("cannot write the output to stdout: %s", std::strerror(errno)));
-    }
-    return absl::OkStatus();
-  }
-  return WriteFile(path, text);
+  Output out;
+  if (absl::Status s = out.Open(absl::GetFlag(FLAGS_out)); !s.ok()) return s;
+  if (absl::Status s = out.Write(text); !s.ok()) return s;
+  return out.Commit();
 }
 
 // --out must not name a file the run reads: it would be replaced by the output.
@@ -698,12 +745,16 @@ absl::Status Run() {
 
   absl::StatusOr<Result> main = Plan(packer, config, doc_cost, options, arrivals);
   if (!main.ok()) return main.status();
-  CpPlans cp;
-  if (cp_size > 0) {
-    absl::StatusOr<CpPlans> planned =
-        PlanCp(*main, cp_size, settings->strategy, kernel_model, settings->cp_options);
-    if (!planned.ok()) return planned.status();
-    cp = *std::move(planned);
+  CpSummary cp_summary;                   // over steady steps
+  if (cp_size > 0 && format != "json") {  // json plans them while it writes them
+    for (const StepPlan& step : main->run.steps) {
+      if (absl::Status s =
+              PlanStepCp(step, cp_size, settings->strategy, kernel_model, settings->cp_options,
+                         cp_summary, nullptr);
+          !s.ok()) {
+        return s;
+      }
+    }
   }
 
   std::optional<Estimate> estimate;
@@ -717,17 +768,34 @@ absl::Status Run() {
   }
 
   if (format == "json") {
-    nlohmann::json j = PlanToJson(main->run.steps, main->pending, doc_cost, config.max_tokens);
-    for (size_t s = 0; s < cp.plans.size(); ++s) {
-      for (size_t m = 0; m < cp.plans[s].size(); ++m) {
-        nlohmann::json& mb = j["steps"][s]["micro_batches"][m];
-        mb.update(ShardPlanToJson(cp.plans[s][m]));
-        mb["cp_balance"] = CpBalanceToJson(cp.balance[s][m]);
+    // Streamed step by step, byte for byte what PlanToJson(...).dump(1) of the whole run with the
+    // summary would be ({"pending", "steps", "summary"}: nlohmann orders keys), without building
+    // that tree: a step's JSON and its shard plans are written and dropped.
+    Output output;
+    if (absl::Status s = output.Open(absl::GetFlag(FLAGS_out)); !s.ok()) return s;
+    nlohmann::json pending = nlohmann::json::array();
+    for (const Document& d : main->pending) pending.push_back(DocumentToJson(d));
+    std::string text = "{\n \"pending\": " + DumpNested(pending, 1) + ",\n \"steps\": ";
+    text += main->run.steps.empty() ? "[]" : "[\n";
+    for (size_t i = 0; i < main->run.steps.size(); ++i) {
+      const StepPlan& step = main->run.steps[i];
+      nlohmann::json step_json = StepToJson(step, doc_cost, config.max_tokens);
+      if (cp_size > 0) {
+        if (absl::Status s =
+                PlanStepCp(step, cp_size, settings->strategy, kernel_model, settings->cp_options,
+                           cp_summary, &step_json);
+            !s.ok()) {
+          return s;
+        }
       }
+      absl::StrAppend(&text, "  ", DumpNested(step_json, 2),
+                      i + 1 < main->run.steps.size() ? ",\n" : "\n ]");
+      if (absl::Status s = output.Write(text); !s.ok()) return s;
+      text.clear();
     }
     nlohmann::json summary = SummaryToJson(main->summary);
     if (cp_size > 0) {
-      summary["cp"] = CpSummaryToJson(cp.summary);
+      summary["cp"] = CpSummaryToJson(cp_summary);
       summary["cp"]["cp_size"] = cp_size;
       summary["cp"]["sharding"] = absl::GetFlag(FLAGS_sharding);
     }
@@ -767,8 +835,9 @@ absl::Status Run() {
       for (double ms : main->run.plan_ms) total += ms;
       summary["planning_ms_total"] = total;
     }
-    j["summary"] = std::move(summary);
-    return WriteOutput(j.dump(1) + "\n");
+    absl::StrAppend(&text, ",\n \"summary\": ", DumpNested(summary, 1), "\n}\n");
+    if (absl::Status s = output.Write(text); !s.ok()) return s;
+    return output.Commit();
   }
 
   std::string header = absl::StrFormat(
@@ -800,7 +869,7 @@ absl::Status Run() {
     absl::StrAppend(&out, SummaryRow(*other));
   }
   if (cp_size > 0) {
-    const CpSummary& c = cp.summary;
+    const CpSummary& c = cp_summary;
     absl::StrAppendFormat(
         &out,
         "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d "

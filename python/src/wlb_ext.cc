@@ -305,20 +305,28 @@ std::unique_lock<std::mutex> LockPacker(const PyPacker& p) {
   return std::unique_lock<std::mutex>(*p.mutex);
 }
 
-// A shard plan with its index maps and predicted per-rank latencies.
+// A shard plan with its predicted per-rank latencies, and its index maps built on first use: the
+// maps hold every rank's key rows (about C x tokens for per-document sharding), so plan_shards of
+// one long document at a large C stays O(C + documents) until a map is read (BuildShardMaps
+// refuses maps over kMaxShardMapRows rows). Built with the GIL held, so only once.
 struct PyShardPlan {
   wlb::ShardPlan plan;
-  wlb::ShardMaps maps;
   std::vector<double> predicted_ms;
   wlb::CpBalance balance;
   wlb::CpPrediction cp_prediction;  // attention + K/V exchange under the plan's options
+  mutable std::optional<wlb::ShardMaps> maps;
+
+  const wlb::ShardMaps& Maps() const {
+    if (!maps) maps = Unwrap(wlb::BuildShardMaps(plan));
+    return *maps;
+  }
 };
 
 struct RankRef {
   std::shared_ptr<const PyShardPlan> plan;
   int rank = 0;
   const wlb::RankShard& shard() const { return plan->plan.ranks[static_cast<size_t>(rank)]; }
-  const wlb::RankMaps& maps() const { return plan->maps.ranks[static_cast<size_t>(rank)]; }
+  const wlb::RankMaps& maps() const { return plan->Maps().ranks[static_cast<size_t>(rank)]; }
 };
 
 template <typename Fn>
@@ -1099,7 +1107,7 @@ NB_MODULE(_wlb, m) {
           nb::rv_policy::automatic)
       .def_prop_ro(
           "packed_to_gathered",
-          [](const PyShardPlan& p) { return Widen(p.maps.packed_to_gathered); },
+          [](const PyShardPlan& p) { return Widen(p.Maps().packed_to_gathered); },
           "All-gathered row of every packed token (int64).", nb::rv_policy::automatic)
       .def_prop_ro(
           "ranks",
@@ -1151,15 +1159,9 @@ NB_MODULE(_wlb, m) {
           absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, s, model, options);
           if (plan.ok()) {
             out->plan = *std::move(plan);
-            absl::StatusOr<wlb::ShardMaps> maps = wlb::BuildShardMaps(out->plan);
-            if (maps.ok()) {
-              out->maps = *std::move(maps);
-              out->predicted_ms = wlb::PredictRankMs(out->plan, model);
-              out->balance = wlb::MeasureCpBalance(out->plan, model);
-              out->cp_prediction = wlb::PredictCp(out->plan, model, options);
-            } else {
-              status = maps.status();
-            }
+            out->predicted_ms = wlb::PredictRankMs(out->plan, model);
+            out->balance = wlb::MeasureCpBalance(out->plan, model);
+            out->cp_prediction = wlb::PredictCp(out->plan, model, options);
           } else {
             status = plan.status();
           }

@@ -125,3 +125,18 @@ def test_reading_a_fifo_or_device_fails_at_once(tmp_path):
                           capture_output=True, text=True, timeout=60)  # a hang fails here
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("is not a regular file") == 2
+
+
+def test_plan_shards_of_one_long_document_at_a_large_cp_is_bounded():
+    # The plan is O(C) segments; its index maps would hold about C x tokens = 2^36 key rows, so
+    # they are built only when read, and then refused naming the limit.
+    plan = wlb.plan_shards([2**24], 4096, "per-doc")
+    assert len(plan.ranks) == 4096
+    assert int(plan.ranks[0].cu_seqlens_q[-1]) == 2**24 // 8192 * 2
+    with pytest.raises(ValueError, match="kMaxShardMapRows"):
+        plan.ranks[0].key_rows
+    with pytest.raises(ValueError, match="kMaxShardMapRows"):
+        plan.packed_to_gathered
+    # Maps within the limit are built on first use and match the plan.
+    small = wlb.plan_shards([5, 19, 8], 2, "per-seq")
+    assert small.ranks[0].token_indices.tolist() == list(range(8)) + list(range(24, 32))

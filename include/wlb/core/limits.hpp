@@ -23,6 +23,9 @@ inline constexpr int32_t kMaxMicroBatches = 4096;           // N: micro-batches 
 inline constexpr int32_t kMaxWindow = 4096;                 // W: fixed-greedy window, steps
 inline constexpr int64_t kMaxWindowMicroBatches = int64_t{1} << 16;  // W x N: bins of one window
 inline constexpr int kMaxCpSize = 4096;                              // C: context-parallel ranks
+// Rows of one plan's token index maps (BuildShardMaps): every rank's key rows together, about
+// C x tokens under per-document sharding (1 GiB of int32 at the limit).
+inline constexpr int64_t kMaxShardMapRows = int64_t{1} << 28;
 inline constexpr int kMaxOutlierQueues = 16;                   // outlier thresholds of wlb packers
 inline constexpr int64_t kMaxStreamTokens = int64_t{1} << 35;  // tokens of one input stream
 inline constexpr int64_t kMaxPieces = int64_t{1} << 24;        // documents / pieces of one stream

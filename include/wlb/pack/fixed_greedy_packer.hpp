@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -27,53 +28,78 @@ class FixedGreedyPacker final : public WindowedPacker {
   std::vector<MicroBatch> PackWindow(const std::vector<Document>& carry,
                                      const std::vector<Document>& fresh, int steps,
                                      std::vector<Document>& leftover) override {
+    detail::LengthOrdered held(carry);
+    std::vector<MicroBatch> micro_batches = PackHeldWindow(held, fresh, steps);
+    held.AppendTo(leftover);
+    return micro_batches;
+  }
+
+  // Carried documents (longest first), then arrivals, each into the micro-batch with the least
+  // W_a that has room. A carried document longer than the most room left fits nowhere and is
+  // never looked at, so a window costs O((placed + arrivals) log bins) however much is carried.
+  std::vector<MicroBatch> PackHeldWindow(detail::LengthOrdered& carry,
+                                         const std::vector<Document>& fresh, int steps) override {
     const size_t bins = static_cast<size_t>(steps) * config_.micro_batches;
     std::vector<MicroBatch> micro_batches(bins);
     // The least-attention micro-batch with room for the document, from a tournament tree over the
     // micro-batches where one without room for the current document counts as the heaviest there is
     // (O(log N) per document where a scan was O(N)). Documents come longest first, so a
     // micro-batch without room regains it only for shorter ones: those wait in a max-heap of
-    // (room, index) and come back as the documents get short enough. When a group starts again
-    // from a longer document, everything is recomputed.
+    // (room, index) and come back as the documents get short enough. When a longer document
+    // comes (the arrivals after the carried ones), everything is recomputed. The most room left
+    // in any micro-batch is the fewest tokens, from a second tree.
     constexpr double kFull = std::numeric_limits<double>::max();  // ArgminTree's largest key
     std::vector<double> attention(bins, 0.0);
     detail::ArgminTree<double> lightest(bins, 0.0);
+    detail::ArgminTree<int64_t> emptiest(bins, 0);
     std::vector<std::pair<int64_t, size_t>> waiting;  // max-heap of (room, index), no room now
     int64_t previous = INT64_MAX;
-    for (const std::vector<Document>* group : {&carry, &fresh}) {
-      for (const Document& d : *group) {
-        if (d.length > previous) {
-          waiting.clear();
-          for (size_t b = 0; b < bins; ++b) {
-            const int64_t room = config_.context - micro_batches[b].tokens;
-            lightest.Set(b, room >= d.length ? attention[b] : kFull);
-            if (room < d.length) waiting.push_back({room, b});
-          }
-          std::make_heap(waiting.begin(), waiting.end());
+    auto most_room = [&] { return config_.context - micro_batches[emptiest.Min()].tokens; };
+    auto least_attention = [&](int64_t length) {  // bins when no micro-batch has room
+      if (length > previous) {
+        waiting.clear();
+        for (size_t b = 0; b < bins; ++b) {
+          const int64_t room = config_.context - micro_batches[b].tokens;
+          lightest.Set(b, room >= length ? attention[b] : kFull);
+          if (room < length) waiting.push_back({room, b});
         }
-        previous = d.length;
-        while (!waiting.empty() && waiting.front().first >= d.length) {
-          lightest.Set(waiting.front().second, attention[waiting.front().second]);
-          std::pop_heap(waiting.begin(), waiting.end());
-          waiting.pop_back();
-        }
-        const size_t best = lightest.Min();
-        if (lightest.key(best) == kFull) {
-          leftover.push_back(d);
-          continue;
-        }
-        Add(micro_batches[best], d);
-        attention[best] += cost_.Attention(d.length);
-        const int64_t room = config_.context - micro_batches[best].tokens;
-        if (room >= d.length) {
-          lightest.Set(best, attention[best]);
-        } else {
-          lightest.Set(best, kFull);
-          waiting.push_back({room, best});
-          std::push_heap(waiting.begin(), waiting.end());
-        }
+        std::make_heap(waiting.begin(), waiting.end());
       }
+      previous = length;
+      while (!waiting.empty() && waiting.front().first >= length) {
+        lightest.Set(waiting.front().second, attention[waiting.front().second]);
+        std::pop_heap(waiting.begin(), waiting.end());
+        waiting.pop_back();
+      }
+      const size_t best = lightest.Min();
+      return lightest.key(best) == kFull ? bins : best;
+    };
+    auto place = [&](const Document& d, size_t b) {
+      Add(micro_batches[b], d);
+      attention[b] += cost_.Attention(d.length);
+      emptiest.Set(b, micro_batches[b].tokens);
+      const int64_t room = config_.context - micro_batches[b].tokens;
+      if (room >= d.length) {
+        lightest.Set(b, attention[b]);
+      } else {
+        lightest.Set(b, kFull);
+        waiting.push_back({room, b});
+        std::push_heap(waiting.begin(), waiting.end());
+      }
+    };
+    while (std::optional<Document> d = carry.TakeFirstAtMost(most_room())) {
+      place(*d, least_attention(d->length));  // it fits the roomiest micro-batch
     }
+    std::vector<Document> left;
+    for (const Document& d : fresh) {
+      const size_t best = d.length > most_room() ? bins : least_attention(d.length);
+      if (best == bins) {
+        left.push_back(d);
+        continue;
+      }
+      place(d, best);
+    }
+    carry.Merge({}, left);  // after the carried documents of each length
     return micro_batches;
   }
 };

@@ -76,14 +76,14 @@ class LookaheadPacker final : public Packer {
   std::vector<Document> Pending() const override {
     std::vector<Document> pending;
     for (const auto& q : held_.queues) pending.insert(pending.end(), q.begin(), q.end());
-    pending.insert(pending.end(), held_.carry.begin(), held_.carry.end());
+    held_.carry.AppendTo(pending);
     for (const auto& step : buffer_) pending.insert(pending.end(), step.begin(), step.end());
     return pending;
   }
   HeldBack Held() const override {
     HeldBack held;
     for (const auto& q : held_.queues) detail::AddHeld(q, held);
-    detail::AddHeld(held_.carry, held);
+    held = held + HeldBack{held_.carry.size(), held_.carry.tokens()};
     for (const auto& step : buffer_) detail::AddHeld(step, held);
     return held;
   }
@@ -104,7 +104,7 @@ class LookaheadPacker final : public Packer {
     nlohmann::json shadow_queues = nlohmann::json::array();
     for (const auto& q : wlb_shadow_.queues) shadow_queues.push_back(q);
     return {{"queues", queues},
-            {"carry", detail::DocumentsState(held_.carry)},
+            {"carry", detail::DocumentsState(held_.carry.ToVector())},
             {"buffer", buffer},
             {"wlb_delay",
              {{"queues", shadow_queues},
@@ -126,12 +126,18 @@ class LookaheadPacker final : public Packer {
     }
     Holding held;
     for (const nlohmann::json& q : qs) held.queues.push_back(detail::DocumentsFromState(q));
-    held.carry = detail::DocumentsFromState(j.at("carry"));
+    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
+    if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
+      throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
+                                                 &j);
+    }
     std::deque<std::vector<Document>> buffer;
     for (const nlohmann::json& b : bs) buffer.push_back(detail::DocumentsFromState(b));
-    if (const std::string error = ValidateState(held, buffer); !error.empty()) {
+    if (const std::string error = ValidateState(held, carry, buffer); !error.empty()) {
       throw nlohmann::json::out_of_range::create(401, error, &j);
     }
+    held.carry = detail::LengthOrdered(carry);
     const nlohmann::json& delay = j.at("wlb_delay");
     const nlohmann::json& sqs = delay.at("queues");
     if (!sqs.is_array() || sqs.size() != thresholds_.size()) {
@@ -155,12 +161,9 @@ class LookaheadPacker final : public Packer {
   }
 
  protected:
-  // After LoadStateJson's checks and Packer's generic ones: the carry is longest first (as
-  // PackUnderCap keeps it), and the buffered steps are the last ones pushed.
-  absl::Status ValidateState(int64_t pushes) const override {
-    if (!std::is_sorted(held_.carry.begin(), held_.carry.end(), LongerFirst)) {
-      return absl::InvalidArgumentError("carry-over is not ordered longest first");
-    }
+  // After LoadStateJson's checks and Packer's generic ones: the buffered steps are the last ones
+  // pushed.
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
     const auto buffered = static_cast<int64_t>(buffer_.size());
     const int64_t first = next_buffered_arrival(buffer_);
     for (const auto& q : wlb_shadow_.queues) {
@@ -178,6 +181,12 @@ class LookaheadPacker final : public Packer {
             absl::StrFormat("wlb_delay: %d carried tokens arrived at step %d, not before step %d",
                             tokens, arrival, pushes - buffered));
       }
+    }
+    if (next_step < pushes - buffered) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d is below the %d pushes before the %d buffered steps: every step pushed "
+          "before them was planned, so planned steps went backwards",
+          next_step, pushes - buffered, buffered));
     }
     if (buffered > pushes || (first != INT64_MAX && first != pushes - buffered)) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -206,10 +215,7 @@ class LookaheadPacker final : public Packer {
         q.clear();
       }
       if (released.empty() && held_.carry.empty()) break;
-      Holding next;
-      next.queues.resize(held_.queues.size());
-      std::vector<MicroBatch> mbs = PackRefined(released, held_.carry, {}, next.carry);
-      held_ = std::move(next);
+      std::vector<MicroBatch> mbs = PackRefined(released, held_.carry, {});
       steps.push_back(MakeStep(std::move(mbs)));  // each step places at least one piece
     }
     return steps;
@@ -219,7 +225,7 @@ class LookaheadPacker final : public Packer {
   // Queued outliers (FIFO per level) and carry-over (longest first).
   struct Holding {
     std::vector<std::vector<Document>> queues;
-    std::vector<Document> carry;
+    detail::LengthOrdered carry;
   };
 
   // One way to plan a step: which queued outliers it releases, which arrivals it holds back.
@@ -268,12 +274,12 @@ class LookaheadPacker final : public Packer {
     return release;
   }
 
-  std::vector<MicroBatch> PackRefined(std::vector<Document> released,
-                                      const std::vector<Document>& carry,
-                                      std::vector<Document> fresh, std::vector<Document>& carry_out,
+  // Packs a step as wlb-refine does; what fits nowhere stays in `carry`.
+  std::vector<MicroBatch> PackRefined(std::vector<Document> released, detail::LengthOrdered& carry,
+                                      std::vector<Document> fresh,
                                       bool fresh_sorted = false) const {
     std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry, std::move(fresh),
-                                                       config_, cost_, carry_out, fresh_sorted);
+                                                       config_, cost_, fresh_sorted);
     RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return mbs;
   }
@@ -302,14 +308,11 @@ class LookaheadPacker final : public Packer {
       hold.assign(fresh.begin(), fresh.begin() + c.hold_longest);
       fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
     }
-    std::vector<Document> carry_out;
     std::vector<MicroBatch> mbs =
-        PackRefined(std::move(released), held.carry, std::move(fresh), carry_out, true);
-    // What was held back on purpose goes first next step, as carry-over does.
-    std::vector<Document> merged(carry_out.size() + hold.size());
-    std::merge(carry_out.begin(), carry_out.end(), hold.begin(), hold.end(), merged.begin(),
-               LongerFirst);
-    held.carry = std::move(merged);
+        PackRefined(std::move(released), held.carry, std::move(fresh), true);
+    // What was held back on purpose goes first next step, as carry-over does (after what was
+    // carried of its length).
+    held.carry.Merge({}, hold);
     return mbs;
   }
 
@@ -614,7 +617,7 @@ class LookaheadPacker final : public Packer {
   };
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh) const {
     SketchBase s;
-    for (const Document& d : base.carry) AddToSketch(d, s.step);
+    base.carry.ForEach([&](const Document& d) { AddToSketch(d, s.step); });
     s.longest.resize(std::min<size_t>(kMaxHeldArrivals, fresh.size()));
     for (size_t i = 0; i < fresh.size(); ++i) {
       AddToSketch(fresh[i], i < s.longest.size() ? s.longest[i] : s.step);
@@ -695,7 +698,7 @@ class LookaheadPacker final : public Packer {
     SortLongestFirst(fresh);
     const std::vector<Candidate> candidates = Candidates(held, fresh);
     // Real packings while they are cheap (small steps), sketches beyond.
-    size_t pending = fresh.size() + held.carry.size();
+    size_t pending = fresh.size() + static_cast<size_t>(held.carry.size());
     for (const auto& step : buffer_) pending += step.size();
     const bool exact = candidates.size() * pending <= kExactScoringDocuments;
     SketchBase sketch;
@@ -728,7 +731,7 @@ class LookaheadPacker final : public Packer {
   // Returns "" when a loaded state fits the configuration, else what is wrong: every piece in
   // [1, S] with piece >= 0, each queued outlier in its queue's length range, no (id, offset)
   // twice, arrival steps before the next push, and the buffered steps the last ones pushed.
-  std::string ValidateState(const Holding& held,
+  std::string ValidateState(const Holding& held, const std::vector<Document>& carry,
                             const std::deque<std::vector<Document>>& buffer) const {
     std::vector<std::pair<int64_t, int64_t>> seen;  // (id, offset)
     auto check = [&](const Document& d, int64_t lo, int64_t hi, const char* where) -> std::string {
@@ -753,7 +756,7 @@ class LookaheadPacker final : public Packer {
         previous = d.arrival_step;
       }
     }
-    for (const Document& d : held.carry) {
+    for (const Document& d : carry) {
       if (std::string e = check(d, 1, config_.context, "carried"); !e.empty()) return e;
       if (d.arrival_step >= first_buffered) {
         return absl::StrFormat("carried document %d arrived at step %d, not before step %d", d.id,
@@ -862,7 +865,9 @@ class LookaheadPacker final : public Packer {
       q.erase(q.begin(), q.begin() + n);
     }
     for (const auto& [arrival, tokens] : wlb_shadow_.carry) place(arrival, tokens, true);
-    if (fresh > 0) place(step, fresh, true);
+    // The fluid keeps its push index as its arrival, as queued lengths do: after a Flush() step
+    // indices run ahead of push indices, and a saved shadow must hold arrivals before the pushes.
+    if (fresh > 0) place(arrivals.front().arrival_step, fresh, true);
     wlb_shadow_.carry = std::move(carry);
     return delay;
   }

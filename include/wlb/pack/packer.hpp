@@ -14,9 +14,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +37,13 @@ namespace wlb {
 struct HeldBack {
   int64_t documents = 0;
   int64_t tokens = 0;
+
+  friend HeldBack operator+(HeldBack a, HeldBack b) {
+    return {a.documents + b.documents, a.tokens + b.tokens};
+  }
+  friend HeldBack operator-(HeldBack a, HeldBack b) {
+    return {a.documents - b.documents, a.tokens - b.tokens};
+  }
 };
 
 namespace detail {
@@ -73,13 +84,15 @@ inline Document DocumentFromState(const nlohmann::json& j) {
                   .offset = StateInteger(j[3], 0, kMaxStreamTokens, "offset"),
                   .arrival_step = StateInteger(j[4], 0, kMaxStateCounter, "arrival step")};
 }
-inline nlohmann::json DocumentsState(const std::vector<Document>& docs) {
+template <typename Documents>  // a vector or deque of Document
+nlohmann::json DocumentsState(const Documents& docs) {
   nlohmann::json a = nlohmann::json::array();
   for (const Document& d : docs) a.push_back(DocumentState(d));
   return a;
 }
 // Adds `docs` to a held-back count.
-inline void AddHeld(const std::vector<Document>& docs, HeldBack& held) {
+template <typename Documents>
+void AddHeld(const Documents& docs, HeldBack& held) {
   held.documents += static_cast<int64_t>(docs.size());
   for (const Document& d : docs) held.tokens += d.length;
 }
@@ -178,7 +191,9 @@ class Packer {
   // Consumes one step of arrivals (pieces of <= S tokens, in stream order) and returns the steps
   // that became ready: one for most packers, W at every W-th call for a window of W steps.
   // Accepts exactly what a saved state can hold (ids, piece indices, offsets within the state's
-  // limits), so a packer's own SaveState() always restores.
+  // limits, the pieces of a document disjoint and in piece order: CheckPiecesTile), so a packer's
+  // own SaveState() always restores. Pieces of one document pushed in different calls are checked
+  // when a state is restored, not by every Push() (that would cost O(held) a push).
   absl::StatusOr<std::vector<StepPlan>> Push(std::vector<Document> arrivals) {
     if (pushes_ >= kMaxStateCounter) {
       return absl::FailedPreconditionError(
@@ -204,6 +219,13 @@ class Packer {
             "document %d piece %d: offset %d is outside [0, %d]", d.id, d.piece, d.offset,
             kMaxStreamTokens));
       }
+    }
+    // Arrivals in stream order are sorted by (id, offset) already: checked without a copy.
+    if (absl::Status s = std::is_sorted(arrivals.begin(), arrivals.end(), ByIdAndOffset)
+                             ? CheckSortedPiecesTile(arrivals)
+                             : CheckPiecesTile(arrivals);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat("arrivals: %s", s.message()));
     }
     int64_t tokens = 0;
     for (Document& d : arrivals) {
@@ -311,7 +333,7 @@ class Packer {
       const int64_t short_from =
           detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
       LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
-      invalid = ValidateRestored(pushes);
+      invalid = ValidateRestored(pushes, next_step);
       if (invalid.ok()) {
         pushes_ = pushes;
         next_step_ = next_step;
@@ -337,13 +359,17 @@ class Packer {
   virtual std::vector<StepPlan> DoFlush() = 0;
 
   // Packer-specific consistency of a just-loaded state (queue levels, orders, counters), checked
-  // after the generic checks of ValidateRestored(); `pushes` is the restored Push() count.
-  virtual absl::Status ValidateState(int64_t /*pushes*/) const { return absl::OkStatus(); }
+  // after the generic checks of ValidateRestored(); `pushes` and `next_step` are the restored
+  // Push() count and index of the next step to plan.
+  virtual absl::Status ValidateState(int64_t /*pushes*/, int64_t /*next_step*/) const {
+    return absl::OkStatus();
+  }
 
   // Checks a just-loaded state: every held piece has a length in [1, S], arrived before `pushes`,
-  // and no (document, piece) is held twice; then ValidateState(). These are what Flush() needs to
-  // end with plans that place every held piece exactly once.
-  absl::Status ValidateRestored(int64_t pushes) const {
+  // no (document, piece) is held twice, and the pieces held of each document are disjoint token
+  // ranges in piece order (CheckPiecesTile); then ValidateState(). These are what Flush() needs
+  // to end with plans that place every held piece exactly once.
+  absl::Status ValidateRestored(int64_t pushes, int64_t next_step) const {
     std::vector<Document> pending = Pending();
     for (const Document& d : pending) {
       if (d.length < 1 || d.length > config_.context) {
@@ -366,7 +392,50 @@ class Packer {
             absl::StrFormat("document %d piece %d is held twice", pending[i].id, pending[i].piece));
       }
     }
-    return ValidateState(pushes);
+    if (absl::Status s = CheckPiecesTile(std::move(pending)); !s.ok()) return s;
+    return ValidateState(pushes, next_step);
+  }
+
+  // The pieces held of one document are parts of one tiling of it: sorted by offset, no two start
+  // at the same token, none overlaps the next, piece indices increase with offsets, and pieces
+  // p and p + 1 are adjacent (p + 1 starts where p ends). A subset of the pieces may be held (the
+  // others were planned), so gaps between non-consecutive pieces are allowed.
+  static absl::Status CheckPiecesTile(std::vector<Document> pieces) {
+    std::sort(pieces.begin(), pieces.end(), ByIdAndOffset);
+    return CheckSortedPiecesTile(pieces);
+  }
+  static bool ByIdAndOffset(const Document& a, const Document& b) {
+    return std::pair(a.id, a.offset) < std::pair(b.id, b.offset);
+  }
+  // The same on pieces already sorted by (id, offset).
+  static absl::Status CheckSortedPiecesTile(const std::vector<Document>& pieces) {
+    for (size_t i = 1; i < pieces.size(); ++i) {
+      const Document& a = pieces[i - 1];
+      const Document& b = pieces[i];
+      if (a.id != b.id) continue;
+      if (a.offset == b.offset) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("document %d offset %d is held twice (pieces %d and %d)", a.id,
+                            a.offset, a.piece, b.piece));
+      }
+      if (a.offset + a.length > b.offset) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d [%d, %d) overlaps piece %d starting at offset %d", a.id, a.piece,
+            a.offset, a.offset + a.length, b.piece, b.offset));
+      }
+      if (a.piece >= b.piece) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d at offset %d comes after piece %d at offset %d (piece "
+            "indices must follow offsets)",
+            a.id, b.piece, b.offset, a.piece, a.offset));
+      }
+      if (b.piece == a.piece + 1 && b.offset != a.offset + a.length) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "document %d: piece %d starts at offset %d, not where piece %d ends (%d)", a.id,
+            b.piece, b.offset, a.piece, a.offset + a.length));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Wraps micro-batches into the next step, recording what is still held back.
@@ -423,5 +492,103 @@ inline void SortLongestFirst(std::vector<Document>& docs) {
   for (size_t i : order) sorted.push_back(docs[i]);
   docs.swap(sorted);
 }
+
+namespace detail {
+
+// Documents held in a stable longest-first order (longest first, equal lengths in the order they
+// were added): one sorted vector, where taking the first document of at most a given length is a
+// binary search plus a skip over the taken ones (forward pointers, path-compressed), so a packer
+// that drains a carry of millions of documents step by step never rescans or copies it; taken
+// slots are compacted away once they are half the vector. Adding documents (Merge) is one stable
+// merge, O(held + added), done once per step that leaves documents over.
+class LengthOrdered {
+ public:
+  LengthOrdered() = default;
+  // Holds `docs` in a stable longest-first order.
+  explicit LengthOrdered(std::vector<Document> docs) {
+    SortLongestFirst(docs);
+    Reset(std::move(docs));
+  }
+
+  bool empty() const { return count_ == 0; }
+  int64_t size() const { return count_; }
+  int64_t tokens() const { return tokens_; }
+
+  // Removes and returns the first document (in the held order) of at most `max_length` tokens.
+  std::optional<Document> TakeFirstAtMost(int64_t max_length) {
+    const auto first =
+        std::partition_point(docs_.begin(), docs_.end(),
+                             [max_length](const Document& d) { return d.length > max_length; });
+    const size_t i = NextHeld(static_cast<size_t>(first - docs_.begin()));
+    if (i == docs_.size()) return std::nullopt;
+    const Document d = docs_[i];
+    skip_[i] = i + 1;
+    --count_;
+    tokens_ -= d.length;
+    if (docs_.size() > 64 && static_cast<int64_t>(docs_.size()) > 2 * count_) Reset(ToVector());
+    return d;
+  }
+  // Adds `front` before and `back` after the held documents of each length; both longest first.
+  void Merge(const std::vector<Document>& front, const std::vector<Document>& back) {
+    if (front.empty() && back.empty()) return;
+    const std::vector<Document> held = ToVector();
+    std::vector<Document> front_held;
+    front_held.reserve(front.size() + held.size());
+    std::merge(front.begin(), front.end(), held.begin(), held.end(), std::back_inserter(front_held),
+               LongerFirst);
+    std::vector<Document> all;
+    all.reserve(front_held.size() + back.size());
+    std::merge(front_held.begin(), front_held.end(), back.begin(), back.end(),
+               std::back_inserter(all), LongerFirst);
+    Reset(std::move(all));
+  }
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (size_t i = 0; i < docs_.size();) {
+      if (skip_[i] == i) {
+        fn(docs_[i]);
+        ++i;
+      } else {
+        i = skip_[i];  // every slot before skip_[i] is taken
+      }
+    }
+  }
+  // The held documents in order, appended to `out`.
+  void AppendTo(std::vector<Document>& out) const {
+    out.reserve(out.size() + static_cast<size_t>(count_));
+    ForEach([&out](const Document& d) { out.push_back(d); });
+  }
+  std::vector<Document> ToVector() const {
+    std::vector<Document> out;
+    AppendTo(out);
+    return out;
+  }
+  void Clear() { *this = LengthOrdered(); }
+
+ private:
+  // Holds exactly `sorted` (longest first), nothing taken.
+  void Reset(std::vector<Document> sorted) {
+    docs_ = std::move(sorted);
+    skip_.resize(docs_.size() + 1);
+    for (size_t i = 0; i < skip_.size(); ++i) skip_[i] = i;
+    count_ = static_cast<int64_t>(docs_.size());
+    tokens_ = TotalTokens(docs_);
+  }
+  // The first held slot at or after `i` (docs_.size() if none); compresses the path it followed.
+  size_t NextHeld(size_t i) {
+    size_t held = i;
+    while (skip_[held] != held) held = skip_[held];
+    while (skip_[i] != i) i = std::exchange(skip_[i], held);
+    return held;
+  }
+
+  std::vector<Document> docs_;      // longest first, taken slots included
+  std::vector<size_t> skip_ = {0};  // skip_[i] == i: slot i is held (or i is the end); else
+                                    // slots [i, skip_[i]) are taken
+  int64_t count_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace detail
 
 }  // namespace wlb

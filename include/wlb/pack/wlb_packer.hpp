@@ -14,7 +14,9 @@
 #pragma once
 
 #include <algorithm>
+#include <deque>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_join.h"
@@ -46,23 +48,34 @@ inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, i
 
 namespace detail {
 
-// One step of Algorithm 1's placement: `released` outliers, then `carry` (already longest first),
-// then `fresh` arrivals go, each longest first, to the micro-batch with the least W if it fits
-// under S_max, else to the one with the fewest tokens if it fits; what fits nowhere is appended to
-// `carry_out`, longest first (the order a stable sort of the three groups would give).
+// One step of Algorithm 1's placement: `released` outliers, then `carry`, then `fresh` arrivals go,
+// each longest first, to the micro-batch with the least W if it fits under S_max, else to the one
+// with the fewest tokens if it fits; what fits nowhere stays in `carry`, in the order a stable
+// longest-first sort of the three groups would give (released, carry, fresh among equal lengths).
 // `fresh_sorted` says `fresh` is already longest first (stable), which saves sorting it again.
-inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
-                                            const std::vector<Document>& carry,
+// Time: O((placed + released + fresh) log) for a step, plus one merge of the carry when the step
+// leaves documents over (not in a drain): a carried document that does not fit the emptiest
+// micro-batch is never looked at.
+inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, LengthOrdered& carry,
                                             std::vector<Document> fresh, const PackerConfig& config,
-                                            const DocumentCost& cost,
-                                            std::vector<Document>& carry_out,
-                                            bool fresh_sorted = false) {
+                                            const DocumentCost& cost, bool fresh_sorted = false) {
   SortLongestFirst(released);
   if (!fresh_sorted) SortLongestFirst(fresh);
   std::vector<MicroBatch> mbs(config.micro_batches);
-  // Room for a fair share and some more up front: growing every micro-batch's vector one
-  // doubling at a time was a tenth of the packing time at N = 64.
-  const size_t share = (released.size() + carry.size() + fresh.size()) / mbs.size();
+  // Room for a fair share of what the step can take and some more up front: growing every
+  // micro-batch's vector one doubling at a time was a tenth of the packing time at N = 64. The
+  // share is scaled down when the step holds more than N x S_max tokens, so a carry of millions
+  // of documents does not reserve millions of slots per micro-batch.
+  int64_t tokens = carry.tokens();
+  for (const Document& d : released) tokens += d.length;
+  for (const Document& d : fresh) tokens += d.length;
+  const int64_t capacity = config.max_tokens * config.micro_batches;
+  const size_t count = released.size() + static_cast<size_t>(carry.size()) + fresh.size();
+  size_t share = count / mbs.size();
+  if (tokens > capacity) {
+    share = static_cast<size_t>(static_cast<double>(share) * static_cast<double>(capacity) /
+                                static_cast<double>(tokens));
+  }
   for (MicroBatch& mb : mbs) mb.documents.reserve(share + share / 4 + 4);
   // The least-W micro-batch, and the fewest-tokens one for a document that does not fit there
   // (it fits in the lightest, so in the emptiest too, whenever it fits anywhere), each from a
@@ -86,37 +99,38 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released,
     stale.clear();
     return emptiest.Min();
   };
-  const size_t first_carried = carry_out.size();
-  size_t carried_runs[3] = {0, 0, 0};
-  int run = 0;
-  const std::vector<Document>* groups[] = {&released, &carry, &fresh};
-  for (const std::vector<Document>* group : groups) {
-    for (const Document& d : *group) {
-      size_t target = lightest.Min();
-      if (mbs[target].tokens + d.length > config.max_tokens) {
-        target = find_emptiest();
-        if (mbs[target].tokens + d.length > config.max_tokens) {
-          carry_out.push_back(d);  // not even the emptiest micro-batch has room
-          continue;
-        }
-      }
-      MicroBatch& mb = mbs[target];
-      mb.documents.push_back(d);
-      mb.tokens += d.length;
-      mb.cost += cost(d.length);
-      lightest.Set(target, mb.cost);
-      if (!is_stale[target]) {
-        is_stale[target] = 1;
-        stale.push_back(target);
-      }
+  auto place = [&](const Document& d) {
+    size_t target = lightest.Min();
+    if (mbs[target].tokens + d.length > config.max_tokens) {
+      target = find_emptiest();
+      if (mbs[target].tokens + d.length > config.max_tokens) return false;
     }
-    carried_runs[run++] = carry_out.size();
+    MicroBatch& mb = mbs[target];
+    mb.documents.push_back(d);
+    mb.tokens += d.length;
+    mb.cost += cost(d.length);
+    lightest.Set(target, mb.cost);
+    if (!is_stale[target]) {
+      is_stale[target] = 1;
+      stale.push_back(target);
+    }
+    return true;
+  };
+  std::vector<Document> released_left;
+  for (const Document& d : released) {
+    if (!place(d)) released_left.push_back(d);  // not even the emptiest micro-batch has room
   }
-  // The carried documents form three runs, each longest first; merging keeps them sorted.
-  const auto begin = carry_out.begin() + static_cast<std::ptrdiff_t>(first_carried);
-  std::inplace_merge(begin, carry_out.begin() + carried_runs[0],
-                     carry_out.begin() + carried_runs[1], LongerFirst);
-  std::inplace_merge(begin, carry_out.begin() + carried_runs[1], carry_out.end(), LongerFirst);
+  // The carried documents in order that fit the emptiest micro-batch are exactly the ones a scan
+  // of the carry would place; the others stay where they are.
+  while (std::optional<Document> d =
+             carry.TakeFirstAtMost(config.max_tokens - mbs[find_emptiest()].tokens)) {
+    place(*d);  // it fits the emptiest, so it is placed
+  }
+  std::vector<Document> fresh_left;
+  for (const Document& d : fresh) {
+    if (!place(d)) fresh_left.push_back(d);
+  }
+  carry.Merge(released_left, fresh_left);
   return mbs;
 }
 
@@ -138,16 +152,11 @@ class WlbPacker final : public Packer {
   std::vector<Document> Pending() const override {
     std::vector<Document> pending;
     for (const auto& q : queues_) pending.insert(pending.end(), q.begin(), q.end());
-    pending.insert(pending.end(), carry_.begin(), carry_.end());
+    carry_.AppendTo(pending);
     return pending;
   }
 
-  HeldBack Held() const override {
-    HeldBack held;
-    for (const auto& q : queues_) detail::AddHeld(q, held);
-    detail::AddHeld(carry_, held);
-    return held;
-  }
+  HeldBack Held() const override { return queued_ + HeldBack{carry_.size(), carry_.tokens()}; }
 
   nlohmann::json ConfigJson() const override {
     nlohmann::json j = Packer::ConfigJson();
@@ -158,24 +167,50 @@ class WlbPacker final : public Packer {
   nlohmann::json StateJson() const override {
     nlohmann::json queues = nlohmann::json::array();
     for (const auto& q : queues_) queues.push_back(detail::DocumentsState(q));
-    return {{"queues", queues}, {"carry", detail::DocumentsState(carry_)}};
+    return {{"queues", queues}, {"carry", detail::DocumentsState(carry_.ToVector())}};
   }
   void LoadStateJson(const nlohmann::json& j) override {
     const nlohmann::json& qs = j.at("queues");
     if (!qs.is_array() || qs.size() != queues_.size()) {
       throw nlohmann::json::out_of_range::create(401, "queue count does not match thresholds", &j);
     }
-    std::vector<std::vector<Document>> queues;
-    for (const nlohmann::json& q : qs) queues.push_back(detail::DocumentsFromState(q));
-    std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    std::vector<std::deque<Document>> queues;
+    HeldBack queued;
+    for (const nlohmann::json& q : qs) {
+      std::vector<Document> docs = detail::DocumentsFromState(q);
+      detail::AddHeld(docs, queued);
+      queues.emplace_back(docs.begin(), docs.end());
+    }
+    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+    // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
+    if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
+      throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
+                                                 &j);
+    }
     queues_ = std::move(queues);
-    carry_ = std::move(carry);
+    queued_ = queued;
+    carry_ = detail::LengthOrdered(carry);
   }
 
  protected:
-  // Queue i holds only lengths of level i, and the carry is longest first (PackStep merges it).
-  absl::Status ValidateState(int64_t) const override {
+  // Queue i holds only lengths of level i, oldest first; every push planned a step.
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
+    if (next_step < pushes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "next_step %d is below the %d pushes: every push plans a step, so planned steps went "
+          "backwards",
+          next_step, pushes));
+    }
     for (size_t i = 0; i < queues_.size(); ++i) {
+      for (size_t k = 1; k < queues_[i].size(); ++k) {
+        if (queues_[i][k].arrival_step < queues_[i][k - 1].arrival_step) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "outlier queue %d: document %d (arrival step %d) is queued after document %d "
+              "(arrival step %d), but queues are first in, first out",
+              i, queues_[i][k - 1].id, queues_[i][k - 1].arrival_step, queues_[i][k].id,
+              queues_[i][k].arrival_step));
+        }
+      }
       for (const Document& d : queues_[i]) {
         if (QueueLevel(d.length) != static_cast<int>(i)) {
           return absl::InvalidArgumentError(absl::StrFormat(
@@ -183,9 +218,6 @@ class WlbPacker final : public Packer {
               d.piece, d.length, i, QueueLevel(d.length)));
         }
       }
-    }
-    if (!std::is_sorted(carry_.begin(), carry_.end(), LongerFirst)) {
-      return absl::InvalidArgumentError("carry-over is not ordered longest first");
     }
     return absl::OkStatus();
   }
@@ -195,15 +227,21 @@ class WlbPacker final : public Packer {
     fresh.reserve(arrivals.size());
     for (const Document& d : arrivals) {
       const int level = QueueLevel(d.length);
-      (level < 0 ? fresh : queues_[level]).push_back(d);
+      if (level < 0) {
+        fresh.push_back(d);
+        continue;
+      }
+      queues_[level].push_back(d);
+      queued_ = queued_ + HeldBack{1, d.length};
     }
     std::vector<Document> released;
     const size_t n = static_cast<size_t>(config_.micro_batches);
     for (auto& q : queues_) {
       if (q.size() < n) continue;
-      released.insert(released.end(), q.begin(), q.begin() + n);
-      q.erase(q.begin(), q.begin() + n);
+      released.insert(released.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+      q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));  // a deque: O(n)
     }
+    queued_ = queued_ - HeldBack{static_cast<int64_t>(released.size()), TotalTokens(released)};
     std::vector<StepPlan> steps;
     steps.push_back(PackStep(std::move(released), std::move(fresh)));
     return steps;
@@ -212,12 +250,13 @@ class WlbPacker final : public Packer {
   // End of input: every queue releases everything, and steps are planned until nothing is held.
   std::vector<StepPlan> DoFlush() override {
     std::vector<StepPlan> steps;
-    while (!Pending().empty()) {  // each step places at least one piece, so this ends
+    while (Held().documents > 0) {  // each step places at least one piece, so this ends
       std::vector<Document> released;
       for (auto& q : queues_) {
         released.insert(released.end(), q.begin(), q.end());
         q.clear();
       }
+      queued_ = {};
       steps.push_back(PackStep(std::move(released), {}));
     }
     return steps;
@@ -233,17 +272,16 @@ class WlbPacker final : public Packer {
   }
 
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
-    std::vector<Document> carry = std::move(carry_);
-    carry_.clear();
     std::vector<MicroBatch> mbs =
-        detail::PackUnderCap(std::move(released), carry, std::move(fresh), config_, cost_, carry_);
+        detail::PackUnderCap(std::move(released), carry_, std::move(fresh), config_, cost_);
     if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return MakeStep(std::move(mbs));
   }
 
   std::vector<int64_t> thresholds_;
-  std::vector<std::vector<Document>> queues_;  // FIFO per level
-  std::vector<Document> carry_;                // did not fit in the last step
+  std::vector<std::deque<Document>> queues_;  // FIFO per level
+  HeldBack queued_;                           // documents and tokens in queues_
+  detail::LengthOrdered carry_;               // did not fit in the last step
   int refine_rounds_;
 };
 

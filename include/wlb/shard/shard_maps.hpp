@@ -15,6 +15,7 @@
 // packed rows [k_pos, k_pos + q_end), matching the rank's cu_seqlens_k.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -53,6 +54,19 @@ inline absl::StatusOr<ShardMaps> BuildShardMaps(const ShardPlan& plan) {
     return absl::OutOfRangeError(absl::StrFormat(
         "shard plan: %d tokens, %d ranks x rank_capacity %d; gathered rows must fit int32 (%d)",
         plan.tokens, plan.cp_size, plan.rank_capacity, kInt32Max));
+  }
+  // Every rank gathers the keys [0, q_end) of each of its segments: about C x tokens rows under
+  // per-document sharding. Refused before anything is allocated beyond kMaxShardMapRows.
+  int64_t rows = 2 * plan.tokens;  // packed_to_gathered and the local rows
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) rows += std::clamp<int64_t>(s.q_end, 0, kInt32Max);
+    if (rows > kMaxShardMapRows) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "shard plan of %d tokens over %d ranks: its index maps need more than %d rows (the limit "
+          "kMaxShardMapRows; per-document sharding gathers about C x tokens key rows); plan a "
+          "smaller micro-batch or CP size, or use the plan's segments and cu_seqlens directly",
+          plan.tokens, plan.cp_size, kMaxShardMapRows));
+    }
   }
   ShardMaps maps;
   maps.packed_to_gathered.assign(static_cast<size_t>(plan.tokens), -1);
