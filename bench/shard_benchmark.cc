@@ -1,4 +1,5 @@
-// Shard planning time per micro-batch (issue target: <= 50 us for a 128K micro-batch at C = 8).
+// Shard planning time per micro-batch (issue targets: <= 50 us for a 128K micro-batch at C = 8,
+// <= 30 us for adaptive).
 //
 //   build/bench/shard_benchmark --benchmark_filter=BM_Shard/
 //

@@ -5,8 +5,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -836,6 +838,220 @@ TEST(ShardPlanTest, MaskedSegmentMsCountsTheMaskedBlocks) {
       // Tiles only add work: never below the pair count's share of the causal segment.
       EXPECT_LE(MaskedSegmentMs(model, m, qb, qe), model.SegmentMs(qe - qb, qe) * (1 + 1e-12));
     }
+  }
+}
+
+// ---- The fast paths against straightforward references (issue 25: plans must not change) ----
+
+// The order search's objective recomputed from scratch (the evaluator before incremental swaps).
+int64_t ReferenceMaxPairs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp) {
+  std::vector<int64_t> starts(order.size() + 1, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    starts[i + 1] = starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+  }
+  const int64_t total = starts.back();
+  const int64_t chunk = (total + 2 * cp - 1) / (2 * cp);
+  std::vector<int64_t> rank(static_cast<size_t>(cp), 0);
+  auto pairs_up_to = [&](int64_t x) {  // causal pairs of the packed tokens before x
+    int64_t p = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (starts[i] >= x) break;
+      p += CausalPairs(0, std::min(x, starts[i + 1]) - starts[i]);
+    }
+    return p;
+  };
+  for (int64_t j = 0; j < 2 * cp; ++j) {
+    const int64_t lo = std::min(j * chunk, total), hi = std::min((j + 1) * chunk, total);
+    rank[static_cast<size_t>(j < cp ? j : 2 * cp - 1 - j)] += pairs_up_to(hi) - pairs_up_to(lo);
+  }
+  return *std::max_element(rank.begin(), rank.end());
+}
+
+// SearchPerSequenceOrder as it was before the incremental evaluator: every swap is applied and
+// the whole order re-evaluated from scratch.
+std::vector<int64_t> ReferencePerSequenceOrder(const MicroBatch& mb, int cp,
+                                               const KernelModel& model) {
+  const int64_t n = static_cast<int64_t>(mb.documents.size());
+  std::vector<int64_t> given(static_cast<size_t>(n));
+  std::iota(given.begin(), given.end(), int64_t{0});
+  const double given_ms = detail::PerSequenceMaxMs(mb, given, cp, model);
+  const auto [shortest, longest] =
+      std::minmax_element(mb.documents.begin(), mb.documents.end(),
+                          [](const Document& a, const Document& b) { return a.length < b.length; });
+  if (n < 2 || cp < 2 || shortest->length == longest->length) return given;
+  std::vector<int64_t> best = given;
+  int64_t best_pairs = ReferenceMaxPairs(mb, best, cp);
+  const std::vector<int64_t> pipe = detail::OrganPipeOrder(mb);  // unchanged by the fast path
+  if (const int64_t p = ReferenceMaxPairs(mb, pipe, cp); p < best_pairs) {
+    best = pipe;
+    best_pairs = p;
+  }
+  int64_t budget = std::min(detail::kOrderSearchEvaluationsPerDocument * n,
+                            detail::kOrderSearchWorkBudget / (n + 2 * int64_t{cp}));
+  std::vector<int64_t> order = best;
+  for (bool improved = true; improved && budget > 0;) {
+    improved = false;
+    for (int64_t i = 0; i < n && budget > 0; ++i) {
+      for (int64_t j = i + 1; j < n && budget > 0; ++j) {
+        if (mb.documents[static_cast<size_t>(order[i])].length ==
+            mb.documents[static_cast<size_t>(order[j])].length) {
+          continue;
+        }
+        std::swap(order[i], order[j]);
+        --budget;
+        if (const int64_t p = ReferenceMaxPairs(mb, order, cp); p < best_pairs) {
+          best = order;
+          best_pairs = p;
+          improved = true;
+        } else {
+          std::swap(order[i], order[j]);
+        }
+      }
+    }
+  }
+  return detail::PerSequenceMaxMs(mb, best, cp, model) < given_ms ? best : given;
+}
+
+// Micro-batches for the equality tests: the property shapes plus 128K-like heavy-tailed ones with
+// repeated lengths.
+MicroBatch EqualityMicroBatch(std::mt19937_64& rng, int iter) {
+  if (iter % 5 != 4) return RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::vector<int64_t> lengths;
+  for (int64_t n = uniform(2, 60); n > 0; --n) {
+    const int64_t kind = uniform(0, 9);
+    lengths.push_back(kind == 0 ? uniform(8000, 60000) : kind < 3 ? 512 : uniform(1, 4000));
+  }
+  return ::wlb::testing::MakeMicroBatch(lengths);
+}
+
+TEST(ShardPlanFastPathTest, SwapEvaluationIsExact) {
+  std::mt19937_64 rng(2525);
+  for (int iter = 0; iter < 400; ++iter) {
+    const MicroBatch mb = EqualityMicroBatch(rng, iter);
+    const int cp = 1 + iter % 12;
+    const size_t n = mb.documents.size();
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::shuffle(order.begin(), order.end(), rng);
+    detail::PerSequencePairEvaluator eval(mb, cp);
+    const int64_t loaded = eval.Load(order);
+    ASSERT_EQ(loaded, ReferenceMaxPairs(mb, order, cp));
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = i + 1; j < n; ++j) {
+        std::swap(order[i], order[j]);
+        const int64_t want = ReferenceMaxPairs(mb, order, cp);
+        std::swap(order[i], order[j]);
+        ASSERT_EQ(eval.SwapMaxPairs(i, j), want) << "iter " << iter << " swap " << i << "," << j;
+        // With a bound, the answer is exact below it and never below it otherwise.
+        for (const int64_t below : {loaded, want, want + 1}) {
+          const int64_t got = eval.SwapMaxPairs(i, j, below);
+          if (want < below) {
+            ASSERT_EQ(got, want);
+          } else {
+            ASSERT_GE(got, below);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardPlanFastPathTest, OrderSearchMatchesTheReference) {
+  std::mt19937_64 rng(2526);
+  const KernelModel model = KernelModel::Default();
+  const KernelModel pair_model = PairModel();
+  for (int iter = 0; iter < 4000; ++iter) {
+    const MicroBatch mb = EqualityMicroBatch(rng, iter);
+    const int cp = std::vector<int>{1, 2, 3, 4, 8, 16}[static_cast<size_t>(iter % 6)];
+    const KernelModel& m = iter % 7 == 3 ? pair_model : model;
+    absl::StatusOr<std::vector<int64_t>> order = PerSequenceOrder(mb, cp, m);
+    ASSERT_TRUE(order.ok()) << order.status();
+    ASSERT_EQ(*order, ReferencePerSequenceOrder(mb, cp, m)) << "iter " << iter;
+  }
+}
+
+TEST(ShardPlanFastPathTest, AdaptiveMatchesTheReference) {
+  std::mt19937_64 rng(2527);
+  const KernelModel model = KernelModel::Default();
+  for (int iter = 0; iter < 2000; ++iter) {
+    const MicroBatch mb = EqualityMicroBatch(rng, iter);
+    const int cp = std::vector<int>{1, 2, 4, 8, 16}[static_cast<size_t>(iter % 5)];
+    absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, cp, model);
+    ASSERT_TRUE(c.ok()) << c.status();
+    // Every maximum as the built plan predicts it, to the bit.
+    auto plan_max = [&](ShardStrategy s) {
+      const std::vector<double> ms = PredictRankMs(MustPlan(mb, cp, s, model), model);
+      return *std::max_element(ms.begin(), ms.end());
+    };
+    EXPECT_EQ(c->per_seq_max_ms, plan_max(ShardStrategy::kPerSequence));
+    EXPECT_EQ(c->per_seq_ordered_max_ms, plan_max(ShardStrategy::kPerSequenceOrdered));
+    EXPECT_EQ(c->per_doc_max_ms, plan_max(ShardStrategy::kPerDocument));
+    EXPECT_EQ(c->hybrid_max_ms, plan_max(ShardStrategy::kHybrid));
+    ShardStrategy want = ShardStrategy::kPerSequenceOrdered;
+    double best = c->per_seq_ordered_max_ms;
+    if (c->per_doc_max_ms < best) {
+      want = ShardStrategy::kPerDocument;
+      best = c->per_doc_max_ms;
+    }
+    if (c->hybrid_max_ms < best) want = ShardStrategy::kHybrid;
+    EXPECT_EQ(c->chosen, want);
+  }
+}
+
+TEST(ShardPlanFastPathTest, SegmentMsShortcutIsBitExact) {
+  std::mt19937_64 rng(2528);
+  std::vector<KernelModel> models = {KernelModel::Default(), PairModel()};
+  for (const AnalyticKernelParams& p :
+       {AnalyticKernelParams{.shape = {.tile_q = 64, .tile_k = 64}, .kv_half = 512.0},
+        AnalyticKernelParams{.shape = {.tile_q = 256, .tile_k = 64}, .q_half = 7.5},
+        AnalyticKernelParams{.shape = {.tile_q = 64, .tile_k = 128}},    // tile_q % tile_k != 0
+        AnalyticKernelParams{.shape = {.tile_q = 96, .tile_k = 32}}}) {  // not a power of two
+    absl::StatusOr<KernelModel> m = KernelModel::Analytic(p);
+    ASSERT_TRUE(m.ok()) << m.status();
+    models.push_back(*m);
+  }
+  for (const KernelModel& m : models) {
+    for (int iter = 0; iter < 20000; ++iter) {
+      const int64_t kv = std::uniform_int_distribution<int64_t>(1, 200000)(rng);
+      const int64_t q = iter % 3 == 0 ? kv : std::uniform_int_distribution<int64_t>(1, kv)(rng);
+      const double want = m.PaddedFlops(q, kv) / m.FlopsPerMs(q, kv) + m.segment_overhead_ms();
+      ASSERT_EQ(m.SegmentMs(q, kv), want) << q << " " << kv;
+    }
+  }
+}
+
+// ForEachDocExchange's causal shortcut gives the general path's calls, in its order: a window
+// longer than the document sees every earlier key, as causal does, and takes the general path.
+TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
+  std::mt19937_64 rng(2529);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const AttentionMask wide = *AttentionMask::SlidingWindow(int64_t{1} << 20);
+  for (int iter = 0; iter < 3000; ++iter) {
+    // Cut a document into shards dealt to random ranks.
+    const int64_t length = uniform(1, 5000);
+    std::vector<int64_t> cuts = {0, length};
+    for (int64_t k = uniform(0, 20); k > 0; --k) cuts.push_back(uniform(0, length));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<DocShard> shards;
+    const int ranks = static_cast<int>(uniform(1, 8));
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      shards.push_back({static_cast<int>(uniform(0, ranks - 1)), cuts[k], cuts[k + 1]});
+    }
+    std::shuffle(shards.begin(), shards.end(), rng);
+    std::vector<std::tuple<int, int, int64_t>> causal_calls, wide_calls;
+    ForEachDocExchange(shards, AttentionMask::Causal(), [&](int to, int from, int64_t rows) {
+      causal_calls.push_back({to, from, rows});
+    });
+    ForEachDocExchange(shards, wide, [&](int to, int from, int64_t rows) {
+      wide_calls.push_back({to, from, rows});
+    });
+    ASSERT_EQ(causal_calls, wide_calls) << "iter " << iter;
   }
 }
 

@@ -138,6 +138,7 @@ class KernelModel {
     }
     KernelModel m(AnalyticKernelParams{.shape = shape, .segment_overhead_ms = segment_overhead_ms});
     m.analytic_ = false;
+    m.fast_ = false;
     for (const auto& [key, sum_n] : acc) {
       const auto [q, kv] = key;
       const double flops_per_ms = m.PaddedFlops(q, kv) / (sum_n.first / sum_n.second);
@@ -200,6 +201,24 @@ class KernelModel {
   // Predicted latency (ms) of one segment; 0 for an empty one.
   double SegmentMs(int64_t q_len, int64_t kv_len) const {
     if (q_len <= 0) return 0.0;
+    if (fast_ && kv_len > 0) {
+      // The analytic model with power-of-two tiles, tile_q a multiple of tile_k: the same
+      // operations as PaddedFlops / FlopsPerMs (so the same bits), tile divisions as shifts,
+      // constant factors precomputed, and the key factor kvp / (kvp + kv_half) skipped when
+      // kv_half is 0 (it is exactly 1 for kvp > 0).
+      const int64_t full = q_len >> q_shift_;
+      const int64_t offset = kv_len - q_len;
+      int64_t blocks = full * CeilShift(offset, k_shift_) + tile_ratio_ * full * (full + 1) / 2;
+      if ((q_len & (params_.shape.tile_q - 1)) != 0) blocks += CeilShift(kv_len, k_shift_);
+      const double flops = flops_per_block_ * static_cast<double>(blocks);
+      const double qp = static_cast<double>(CeilShift(q_len, q_shift_) << q_shift_);
+      double per_ms = peak_per_ms_ * (qp / (qp + params_.q_half));
+      if (params_.kv_half != 0.0) {
+        const double kvp = static_cast<double>(CeilShift(kv_len, k_shift_) << k_shift_);
+        per_ms = per_ms * (kvp / (kvp + params_.kv_half));
+      }
+      return flops / per_ms + params_.segment_overhead_ms;
+    }
     return PaddedFlops(q_len, kv_len) / FlopsPerMs(q_len, kv_len) + params_.segment_overhead_ms;
   }
 
@@ -220,7 +239,24 @@ class KernelModel {
     }
   };
 
-  explicit KernelModel(const AnalyticKernelParams& p) : params_(p) {}
+  explicit KernelModel(const AnalyticKernelParams& p) : params_(p) {
+    const int64_t tq = p.shape.tile_q, tk = p.shape.tile_k;
+    fast_ = tq > 0 && tk > 0 && (tq & (tq - 1)) == 0 && (tk & (tk - 1)) == 0 && tq % tk == 0;
+    if (fast_) {
+      while ((int64_t{1} << q_shift_) < tq) ++q_shift_;
+      while ((int64_t{1} << k_shift_) < tk) ++k_shift_;
+      tile_ratio_ = tq / tk;
+    }
+    // The leading factors of PaddedFlops and FlopsPerMs, multiplied in their order.
+    flops_per_block_ =
+        4.0 * static_cast<double>(p.shape.head_dim * p.shape.heads) * static_cast<double>(tq * tk);
+    peak_per_ms_ = p.peak_tflops * 1e9;
+  }
+
+  // CeilDiv(a, 2^shift).
+  static int64_t CeilShift(int64_t a, int shift) {
+    return a <= 0 ? 0 : (a >> shift) + ((a & ((int64_t{1} << shift) - 1)) != 0);
+  }
 
   static int64_t CeilDiv(int64_t a, int64_t b) { return a <= 0 ? 0 : a / b + (a % b != 0); }
 
@@ -237,6 +273,11 @@ class KernelModel {
 
   AnalyticKernelParams params_;
   bool analytic_ = true;
+  bool fast_ = false;              // SegmentMs's shortcut applies (analytic, power-of-two tiles)
+  int q_shift_ = 0, k_shift_ = 0;  // log2 of the tiles (fast_ only)
+  int64_t tile_ratio_ = 1;         // tile_q / tile_k (fast_ only)
+  double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k
+  double peak_per_ms_ = 0.0;       // peak_tflops * 1e9
   std::vector<Row> rows_;  // q_len ascending (table models only)
 };
 

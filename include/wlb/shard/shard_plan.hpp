@@ -289,6 +289,27 @@ struct DocShard {
 // union over its shards of the keys [mask.KeyBegin(q_begin), q_end), less its own rows.
 template <typename Fn>
 void ForEachDocExchange(std::span<const DocShard> shards, const AttentionMask& mask, Fn&& fn) {
+  if (mask.causal()) {
+    // Every key range starts at 0, so a rank's need is the one interval [0, its largest q_end):
+    // the general path's result and call order, without its interval list.
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int r = shards[i].rank;
+      bool first = true;
+      for (size_t j = 0; j < i; ++j) first = first && shards[j].rank != r;
+      if (!first) continue;
+      int64_t hi = 0;
+      for (const DocShard& s : shards) {
+        if (s.rank == r) hi = std::max(hi, s.q_end);
+      }
+      for (const DocShard& s : shards) {
+        if (s.rank == r) continue;
+        const int64_t rows =
+            std::max<int64_t>(0, std::min(hi, s.q_end) - std::max<int64_t>(0, s.q_begin));
+        if (rows > 0) fn(r, s.rank, rows);
+      }
+    }
+    return;
+  }
   std::vector<std::pair<int64_t, int64_t>> need;
   for (size_t i = 0; i < shards.size(); ++i) {
     const int r = shards[i].rank;
@@ -527,6 +548,63 @@ inline std::vector<double> PredictRankMsOf(const ShardPlan& plan, const KernelMo
   return ms;
 }
 
+// kHybrid's placement: calls on_shard(rank, doc_index, q_begin, q_end) for every per-document
+// shard of the long documents (ForEachPerDocumentSegment order), then deals the short ones and
+// returns each document's owner (-1: sharded). sharded_ms gets every rank's predicted ms of its
+// shards (summed in that order), whole_ms[i] a short document's SegmentMs(d, d).
+template <typename Fn>
+std::vector<int> PlaceHybrid(const MicroBatch& mb, int cp_size, const KernelModel& model,
+                             std::vector<double>& sharded_ms, std::vector<double>& whole_ms,
+                             Fn&& on_shard) {
+  const size_t docs = mb.documents.size();
+  const int64_t min_length = HybridMinLength(cp_size, model);
+  auto is_long = [&](size_t i) { return mb.documents[i].length >= min_length; };
+  std::vector<double> load(static_cast<size_t>(cp_size), 0.0);
+  std::vector<int64_t> held(static_cast<size_t>(cp_size), 0);
+  ForEachPerDocumentSegment(mb, cp_size, is_long, [&](int r, int64_t i, int64_t qb, int64_t qe) {
+    on_shard(r, i, qb, qe);
+    load[r] += model.SegmentMs(qe - qb, qe);
+    held[r] += qe - qb;
+  });
+  sharded_ms = load;
+  whole_ms.assign(docs, 0.0);
+  std::vector<std::pair<double, size_t>> whole;  // (predicted ms, doc index)
+  for (size_t i = 0; i < docs; ++i) {
+    const int64_t d = mb.documents[i].length;
+    if (!is_long(i)) {
+      whole_ms[i] = model.SegmentMs(d, d);
+      whole.push_back({whole_ms[i], i});
+    }
+  }
+  std::sort(whole.begin(), whole.end(), [](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first > y.first : x.second < y.second;
+  });
+  std::vector<int> owner(docs, -1);
+  for (const auto& [ms, i] : whole) {
+    int best = 0;
+    for (int r = 1; r < cp_size; ++r) {
+      if (load[r] < load[best] || (load[r] == load[best] && held[r] < held[best])) best = r;
+    }
+    owner[i] = best;
+    load[best] += ms;
+    held[best] += mb.documents[i].length;
+  }
+  return owner;
+}
+
+// Predicted slowest-rank latency of kHybrid's plan without building it: every rank's shards,
+// then its whole documents in micro-batch order (its segment order, so the sums are
+// PredictRankMsOf's exactly).
+inline double HybridMaxMs(const MicroBatch& mb, int cp_size, const KernelModel& model) {
+  std::vector<double> ms, whole_ms;
+  const std::vector<int> owner =
+      PlaceHybrid(mb, cp_size, model, ms, whole_ms, [](int, int64_t, int64_t, int64_t) {});
+  for (size_t i = 0; i < owner.size(); ++i) {
+    if (owner[i] >= 0) ms[static_cast<size_t>(owner[i])] += whole_ms[i];
+  }
+  return MaxOf(ms);
+}
+
 // Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
 // in a given order.
 inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp_size,
@@ -543,8 +621,11 @@ inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>&
 }
 
 // The order search's objective: the largest per-rank count of causal (query, key) pairs under
-// per-sequence chunks, computed in O(documents + C) with integer arithmetic (the kernel model is
-// about 10x slower per segment; the search's result is checked against it).
+// per-sequence chunks, with integer arithmetic (the kernel model is about 10x slower per segment;
+// the search's result is checked against it). Load(order) computes it in O(documents + C) and
+// keeps the order's layout; SwapMaxPairs(i, j) then gives the objective of that order with
+// positions i and j swapped in O(C + chunk boundaries between them), exactly (only the chunk
+// boundaries inside the swapped span see different documents).
 class PerSequencePairEvaluator {
  public:
   PerSequencePairEvaluator(const MicroBatch& mb, int cp_size)
@@ -552,17 +633,30 @@ class PerSequencePairEvaluator {
         cp_size_(cp_size),
         starts_(mb.documents.size() + 1, 0),
         pairs_before_(mb.documents.size() + 1, 0),
-        rank_pairs_(static_cast<size_t>(cp_size), 0) {}
+        length_(mb.documents.size(), 0),
+        bound_(2 * static_cast<size_t>(cp_size), 0),
+        bound_pairs_(2 * static_cast<size_t>(cp_size), 0),
+        rank_pairs_(static_cast<size_t>(cp_size), 0),
+        scratch_(static_cast<size_t>(cp_size), 0),
+        first_bound_(mb.documents.size() + 1, 0),
+        rank_of_chunk_(2 * static_cast<size_t>(cp_size), 0),
+        bound_doc_(2 * static_cast<size_t>(cp_size), 0) {
+    for (size_t t = 0; t < rank_of_chunk_.size(); ++t) {
+      rank_of_chunk_[t] = static_cast<size_t>(RankOfChunk(static_cast<int64_t>(t), cp_size));
+    }
+  }
 
-  int64_t MaxPairs(const std::vector<int64_t>& order) {
+  // The objective of `order`, which becomes the loaded order.
+  int64_t Load(const std::vector<int64_t>& order) {
     const size_t n = order.size();
     for (size_t i = 0; i < n; ++i) {
       const int64_t len = mb_.documents[static_cast<size_t>(order[i])].length;
+      length_[i] = len;
       starts_[i + 1] = starts_[i] + len;
       pairs_before_[i + 1] = pairs_before_[i] + CausalPairs(0, len);
     }
     const int64_t total = starts_[n];
-    const int64_t chunk = PerSequenceChunk(total, cp_size_);
+    chunk_ = PerSequenceChunk(total, cp_size_);
     std::fill(rank_pairs_.begin(), rank_pairs_.end(), 0);
     size_t k = 0;  // document holding position x (boundaries only grow)
     auto pairs_up_to = [&](int64_t x) {
@@ -570,25 +664,102 @@ class PerSequencePairEvaluator {
       return k < n ? pairs_before_[k] + CausalPairs(0, x - starts_[k]) : pairs_before_[n];
     };
     int64_t previous = 0;
-    for (int64_t j = 0; j < 2 * static_cast<int64_t>(cp_size_); ++j) {
-      const int64_t here = pairs_up_to(std::min((j + 1) * chunk, total));
-      rank_pairs_[static_cast<size_t>(RankOfChunk(j, cp_size_))] += here - previous;
-      previous = here;
+    for (size_t j = 0; j < bound_.size(); ++j) {
+      bound_[j] = std::min((static_cast<int64_t>(j) + 1) * chunk_, total);
+      bound_pairs_[j] = pairs_up_to(bound_[j]);
+      bound_doc_[j] = std::min(k, n - 1);
+      rank_pairs_[static_cast<size_t>(RankOfChunk(static_cast<int64_t>(j), cp_size_))] +=
+          bound_pairs_[j] - previous;
+      previous = bound_pairs_[j];
     }
-    return *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
+    size_t t = 0;  // first_bound_[i]: the first boundary at or after document i's start
+    for (size_t i = 0; i <= n; ++i) {
+      while (t < bound_.size() && bound_[t] < starts_[i]) ++t;
+      first_bound_[i] = t;
+    }
+    max_ = *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
+    max_ranks_.clear();
+    for (int r = 0; r < cp_size_; ++r) {
+      if (rank_pairs_[static_cast<size_t>(r)] == max_) max_ranks_.push_back(r);
+    }
+    return max_;
+  }
+
+  // The objective of the loaded order with positions i < j swapped (the loaded order stays), or,
+  // when that is not below `below`, possibly only some value >= below (a swap that moves no
+  // chunk of a rank holding the loaded maximum >= below cannot bring the maximum below it).
+  int64_t SwapMaxPairs(size_t i, size_t j, int64_t below = std::numeric_limits<int64_t>::max()) {
+    // Boundaries first_bound_[i] .. first_bound_[j + 1] - 1 can move, so chunks
+    // first_bound_[i] .. first_bound_[j + 1] can change.
+    const size_t c0 = first_bound_[i], c1 = first_bound_[j + 1];
+    if (c0 == c1) return max_;
+    const int64_t a = starts_[i], e = starts_[j + 1];
+    const int64_t li = length_[i], lj = length_[j];
+    const int64_t delta = lj - li;                                  // shift of documents i+1..j-1
+    const int64_t shift = CausalPairs(0, lj) - CausalPairs(0, li);  // and of their pairs before
+    const int64_t last_start = e - li;                              // where document i lands
+    const int64_t last_before = pairs_before_[j + 1] - CausalPairs(0, li);
+    // Pairs before boundary t after the swap, less before it (0 outside c0 .. c1 - 1).
+    auto moved = [&](int64_t t) -> int64_t {
+      if (t < static_cast<int64_t>(c0) || t >= static_cast<int64_t>(c1)) return 0;
+      const int64_t x = bound_[static_cast<size_t>(t)];
+      int64_t p;
+      if (x < a + lj) {
+        p = pairs_before_[i] + CausalPairs(0, x - a);
+      } else if (x >= last_start) {
+        p = last_before + CausalPairs(0, x - last_start);
+      } else {  // a middle document, at its old position y
+        const int64_t y = x - delta;
+        // From the document holding x before the swap, step to the one holding y.
+        size_t k = std::clamp(bound_doc_[static_cast<size_t>(t)], i + 1, j - 1);
+        while (starts_[k] > y) --k;
+        while (starts_[k + 1] <= y) ++k;
+        p = pairs_before_[k] + shift + CausalPairs(0, y - starts_[k]);
+      }
+      return p - bound_pairs_[static_cast<size_t>(t)];
+    };
+    const int64_t last = 2 * static_cast<int64_t>(cp_size_) - 1;
+    if (max_ >= below) {
+      // A rank holding the maximum that stays at or above `below` decides it. Rank r's chunks
+      // are r and 2C-1-r; chunk t gains moved(t) - moved(t - 1).
+      for (const int r : max_ranks_) {
+        const int64_t late = last - r;
+        const int64_t after = max_ + moved(r) - moved(r - 1) + moved(late) - moved(late - 1);
+        if (after >= below) return max_;
+      }
+    }
+    std::copy(rank_pairs_.begin(), rank_pairs_.end(), scratch_.begin());
+    int64_t previous = 0;  // moved(t - 1)
+    for (int64_t t = static_cast<int64_t>(c0); t <= static_cast<int64_t>(c1); ++t) {
+      const int64_t m = moved(t);
+      scratch_[rank_of_chunk_[static_cast<size_t>(t)]] += m - previous;
+      previous = m;
+    }
+    return *std::max_element(scratch_.begin(), scratch_.end());
   }
 
  private:
   const MicroBatch& mb_;
   int cp_size_;
-  std::vector<int64_t> starts_;
-  std::vector<int64_t> pairs_before_;
+  int64_t chunk_ = 0;
+  std::vector<int64_t> starts_;        // of the loaded order
+  std::vector<int64_t> pairs_before_;  // causal pairs of the documents before each position
+  std::vector<int64_t> length_;        // document length at each position
+  std::vector<int64_t> bound_;         // end of chunk t
+  std::vector<int64_t> bound_pairs_;   // causal pairs before bound_[t]
   std::vector<int64_t> rank_pairs_;
+  std::vector<int64_t> scratch_;
+  std::vector<size_t> first_bound_;  // first boundary >= starts_[i]
+  int64_t max_ = 0;                  // the loaded order's objective
+  std::vector<int> max_ranks_;       // ranks holding it
+  std::vector<size_t> rank_of_chunk_;
+  std::vector<size_t> bound_doc_;  // document holding bound_[t] (the last one for the total)
 };
 
 // Bounds on the swap search of PerSequenceOrder: at most kOrderSearchEvaluationsPerDocument
 // orders per document, and at most kOrderSearchWorkBudget (documents + 2C) units in all, which
-// keeps a 128K micro-batch of ~40 documents in the tens of microseconds.
+// keeps a 128K micro-batch of ~40 documents near ten microseconds (swaps are evaluated
+// incrementally, see PerSequencePairEvaluator).
 inline constexpr int64_t kOrderSearchEvaluationsPerDocument = 12;
 inline constexpr int64_t kOrderSearchWorkBudget = int64_t{1} << 16;
 
@@ -596,27 +767,16 @@ inline constexpr int64_t kOrderSearchWorkBudget = int64_t{1} << 16;
 struct OrderResult {
   std::vector<int64_t> order;  // document indices in packing order
   double max_ms = 0.0;
+  double given_max_ms = 0.0;  // the micro-batch order's (plain kPerSequence)
 };
 
-// The search behind PerSequenceOrder (inputs already checked).
-inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
-                                          const KernelModel& model) {
-  const int64_t n = static_cast<int64_t>(mb.documents.size());
-  OrderResult given;
-  given.order.resize(static_cast<size_t>(n));
-  std::iota(given.order.begin(), given.order.end(), int64_t{0});
-  given.max_ms = PerSequenceMaxMs(mb, given.order, cp_size, model);
-  const auto [shortest, longest] =
-      std::minmax_element(mb.documents.begin(), mb.documents.end(),
-                          [](const Document& a, const Document& b) { return a.length < b.length; });
-  if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
-  PerSequencePairEvaluator eval(mb, cp_size);
-  std::vector<int64_t> best = given.order;
-  int64_t best_pairs = eval.MaxPairs(best);
-  // Candidate: "organ pipe": longest in the middle, the next ones alternately left and right of
-  // it (to the side with fewer tokens), shortest at the ends, so documents of similar length sit
-  // at mirrored positions, whose chunks the head-tail pairing gives to the same rank.
-  std::vector<int64_t> by_length = given.order;
+// The search's first candidate, the "organ pipe": longest in the middle, the next ones
+// alternately left and right of it (to the side with fewer tokens), shortest at the ends, so
+// documents of similar length sit at mirrored positions, whose chunks the head-tail pairing gives
+// to the same rank.
+inline std::vector<int64_t> OrganPipeOrder(const MicroBatch& mb) {
+  std::vector<int64_t> by_length(mb.documents.size());
+  std::iota(by_length.begin(), by_length.end(), int64_t{0});
   std::stable_sort(by_length.begin(), by_length.end(), [&](int64_t a, int64_t b) {
     return mb.documents[static_cast<size_t>(a)].length >
            mb.documents[static_cast<size_t>(b)].length;
@@ -635,10 +795,31 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
   }
   std::vector<int64_t> pipe(left.rbegin(), left.rend());
   pipe.insert(pipe.end(), right.begin(), right.end());
-  if (const int64_t p = eval.MaxPairs(pipe); p < best_pairs) {
+  return pipe;
+}
+
+// The search behind PerSequenceOrder (inputs already checked).
+inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
+                                          const KernelModel& model) {
+  const int64_t n = static_cast<int64_t>(mb.documents.size());
+  OrderResult given;
+  given.order.resize(static_cast<size_t>(n));
+  std::iota(given.order.begin(), given.order.end(), int64_t{0});
+  given.max_ms = PerSequenceMaxMs(mb, given.order, cp_size, model);
+  given.given_max_ms = given.max_ms;
+  const auto [shortest, longest] =
+      std::minmax_element(mb.documents.begin(), mb.documents.end(),
+                          [](const Document& a, const Document& b) { return a.length < b.length; });
+  if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
+  PerSequencePairEvaluator eval(mb, cp_size);
+  std::vector<int64_t> best = given.order;
+  int64_t best_pairs = eval.Load(best);
+  const std::vector<int64_t> pipe = OrganPipeOrder(mb);
+  if (const int64_t p = eval.Load(pipe); p < best_pairs) {
     best = pipe;
     best_pairs = p;
   }
+  eval.Load(best);
   // Improve it by first-improvement swaps of documents of different lengths, within a bounded
   // number of evaluations.
   int64_t budget = std::min(kOrderSearchEvaluationsPerDocument * n,
@@ -652,14 +833,15 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
             mb.documents[static_cast<size_t>(order[j])].length) {
           continue;
         }
-        std::swap(order[i], order[j]);
         --budget;
-        if (const int64_t p = eval.MaxPairs(order); p < best_pairs) {
+        if (const int64_t p =
+                eval.SwapMaxPairs(static_cast<size_t>(i), static_cast<size_t>(j), best_pairs);
+            p < best_pairs) {
+          std::swap(order[i], order[j]);
+          eval.Load(order);
           best = order;
           best_pairs = p;
           improved = true;
-        } else {
-          std::swap(order[i], order[j]);
         }
       }
     }
@@ -667,7 +849,7 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
   // The kernel model decides between the search's order and the given one, so ordering is never
   // predicted worse than plain per-sequence sharding.
   const double best_ms = PerSequenceMaxMs(mb, best, cp_size, model);
-  if (best_ms < given.max_ms) return {std::move(best), best_ms};
+  if (best_ms < given.max_ms) return {std::move(best), best_ms, given.max_ms};
   return given;
 }
 
@@ -715,14 +897,11 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb
                                                             int cp_size, const KernelModel& model,
                                                             std::vector<int64_t>* order) {
   AdaptiveChoice c;
-  c.per_seq_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerSequence, model));
   OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
+  c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
   c.per_seq_ordered_max_ms = ordered.max_ms;
   c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
-  absl::StatusOr<ShardPlan> hybrid =
-      PlanResolved(mb, starts, cp_size, ShardStrategy::kHybrid, ShardStrategy::kHybrid, model, {});
-  if (!hybrid.ok()) return hybrid.status();
-  c.hybrid_max_ms = MaxOf(PredictRankMsOf(*hybrid, model));
+  c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
   c.chosen = ShardStrategy::kPerSequenceOrdered;
   double best = c.per_seq_ordered_max_ms;
   if (c.per_doc_max_ms < best) {
@@ -1111,35 +1290,11 @@ inline absl::StatusOr<ShardPlan> PlanResolved(const MicroBatch& mb,
       return b.Finish(strategy, requested, cp_size, -1);
     }
     case ShardStrategy::kHybrid: {
-      const int64_t min_length = HybridMinLength(cp_size, model);
-      auto is_long = [&](size_t i) { return mb.documents[i].length >= min_length; };
       detail::PlanBuilder b(mb, starts, cp_size, docs * 2 * static_cast<size_t>(cp_size));
-      std::vector<double> load(static_cast<size_t>(cp_size), 0.0);
-      std::vector<int64_t> held(static_cast<size_t>(cp_size), 0);
-      detail::ForEachPerDocumentSegment(mb, cp_size, is_long,
-                                        [&](int r, int64_t i, int64_t qb, int64_t qe) {
-                                          b.Add(r, i, qb, qe);
-                                          load[r] += model.SegmentMs(qe - qb, qe);
-                                          held[r] += qe - qb;
-                                        });
-      std::vector<std::pair<double, size_t>> whole;  // (predicted ms, doc index)
-      for (size_t i = 0; i < docs; ++i) {
-        const int64_t d = mb.documents[i].length;
-        if (!is_long(i)) whole.push_back({model.SegmentMs(d, d), i});
-      }
-      std::sort(whole.begin(), whole.end(), [](const auto& x, const auto& y) {
-        return x.first != y.first ? x.first > y.first : x.second < y.second;
-      });
-      std::vector<int> owner(docs, -1);
-      for (const auto& [ms, i] : whole) {
-        int best = 0;
-        for (int r = 1; r < cp_size; ++r) {
-          if (load[r] < load[best] || (load[r] == load[best] && held[r] < held[best])) best = r;
-        }
-        owner[i] = best;
-        load[best] += ms;
-        held[best] += mb.documents[i].length;
-      }
+      std::vector<double> sharded_ms, whole_ms;
+      const std::vector<int> owner =
+          PlaceHybrid(mb, cp_size, model, sharded_ms, whole_ms,
+                      [&](int r, int64_t i, int64_t qb, int64_t qe) { b.Add(r, i, qb, qe); });
       for (size_t i = 0; i < docs; ++i) {
         if (owner[i] >= 0) b.Add(owner[i], static_cast<int64_t>(i), 0, mb.documents[i].length);
       }
