@@ -53,12 +53,9 @@ constexpr wlb::ShardStrategy kStrategies[] = {
     wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
     wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
 
-// The exchange table (see the file comment).
-absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
-                           const wlb::CostModel& cost, const wlb::KernelModel& kernel) {
-  const wlb::CpPlanOptions options{.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)}};
-  if (absl::Status s = wlb::ValidateCpPlanOptions(options); !s.ok()) return s;
-  const int64_t context = 131072;
+// The --packer plan of `steps` steps of `base` (lengths scaled from 128K to `context`).
+absl::StatusOr<wlb::PackRun> PackSteps(const wlb::Lengths& base, int64_t context, int32_t n,
+                                       int64_t steps, const wlb::CostModel& cost) {
   absl::StatusOr<wlb::Input> input =
       wlb::CutSteps(base, context, n, {.max_steps = steps, .scale_from = 131072});
   if (!input.ok()) return input.status();
@@ -68,7 +65,15 @@ absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
       wlb::MakePacker(absl::GetFlag(FLAGS_packer), config, cost,
                       {.thresholds = wlb::DefaultThresholds(context, 2)});
   if (!packer.ok()) return packer.status();
-  absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, input->steps);
+  return wlb::RunPacker(**packer, input->steps);
+}
+
+// The exchange table (see the file comment).
+absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
+                           const wlb::CostModel& cost, const wlb::KernelModel& kernel) {
+  const wlb::CpPlanOptions options{.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)}};
+  if (absl::Status s = wlb::ValidateCpPlanOptions(options); !s.ok()) return s;
+  absl::StatusOr<wlb::PackRun> run = PackSteps(base, 131072, n, steps, cost);
   if (!run.ok()) return run.status();
   std::printf(
       "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %d steps; "
@@ -150,17 +155,7 @@ absl::Status Run() {
   std::vector<std::string> csv;
   for (int64_t k : {32, 64, 128, 160}) {
     const int64_t context = k * 1024;
-    absl::StatusOr<wlb::Input> input =
-        wlb::CutSteps(*base, context, n, {.max_steps = steps, .scale_from = 131072});
-    if (!input.ok()) return input.status();
-    const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
-    const wlb::PackerConfig config{
-        .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
-    absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-        wlb::MakePacker(absl::GetFlag(FLAGS_packer), config, cost,
-                        {.thresholds = wlb::DefaultThresholds(context, 2)});
-    if (!packer.ok()) return packer.status();
-    absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
+    absl::StatusOr<wlb::PackRun> run = PackSteps(*base, context, n, steps, cost);
     if (!run.ok()) return run.status();
     for (int c : {2, 4, 8, 16}) {
       std::fprintf(stderr, "sharding_table: S = %dK, C = %d\n", k, c);

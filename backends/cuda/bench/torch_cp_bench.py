@@ -242,7 +242,7 @@ def time_ms(torch, device, fn, warmup, iters):
 
 
 def bench(torch, wlb, attention, a, device, dtype, model, js):
-    """Section 2 of the docstring; returns {(C, strategy): [summed max ms, ...]} rows."""
+    """Section 2 of the docstring: prints per-rank rows and per-C sums, writes JSON lines."""
     from wlb.torch.attention import select_backend
     backend = select_backend(torch.device(device), dtype, a.backend)
     q, k, v, d_out = random_inputs(torch, a.tokens, a, device, dtype, a.seed + 1)
@@ -310,7 +310,6 @@ def bench(torch, wlb, attention, a, device, dtype, model, js):
             print(f"  {strategy:<15} {t:10.3f} ms{ratio}{model_err}")
         if len([s for s in a.strategies if s != "adaptive"]) > 1:
             print(f"  {'oracle':<15} {oracle:10.3f} ms  (fastest measured strategy per micro-batch)")
-    return totals
 
 
 def compare(paths, torch_rows_path):

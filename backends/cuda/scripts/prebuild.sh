@@ -92,8 +92,9 @@ for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/
 strip --strip-unneeded "${out}"/bin/*
 
 # The Python package for the device's Python (3.12 there, 3.11 here): its own build tree and a
-# venv with nanobind, the extension only (no stubs), then the package's sources beside it. Its
-# libraries (Abseil) join lib/ through the same ldd closure check below.
+# venv with nanobind; only the extension target is built (type stubs are not needed to run), then
+# the package's sources are copied beside it. Its libraries (Abseil) join lib/ through the same
+# ldd closure check below.
 device_python="${WLB_DEVICE_PYTHON:-}"
 if [[ -z "${device_python}" ]] && command -v pyenv >/dev/null; then
   device_python=$(PYENV_VERSION="$(pyenv versions --bare | grep -E '^3\.12' | tail -1)" pyenv which python3.12 2>/dev/null || true)
