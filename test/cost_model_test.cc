@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/io/profile.hpp"
 
 namespace wlb {

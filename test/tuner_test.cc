@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wlb/core/steps.hpp"
 #include "wlb/io/default_distribution.hpp"
 
 namespace wlb {

@@ -3,8 +3,11 @@
 #pragma once
 
 #include "wlb/core/document.hpp"
+#include "wlb/core/step_plan.hpp"
+#include "wlb/core/steps.hpp"
 #include "wlb/core/varlen_layout.hpp"
 #include "wlb/cost/attention_mask.hpp"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/cost/document_cost.hpp"
 #include "wlb/io/default_distribution.hpp"

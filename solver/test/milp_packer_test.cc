@@ -5,6 +5,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "wlb/core/steps.hpp"
 #include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"

@@ -37,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/cp_bench_util.h"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/cuda/communicator.h"
 #include "wlb/cuda/cp_packed_run.h"
 #include "wlb/cuda/layer_analysis.h"

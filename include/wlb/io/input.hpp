@@ -26,9 +26,9 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
+#include "wlb/core/steps.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/lengths.hpp"
-#include "wlb/pack/stream.hpp"
 
 namespace wlb {
 

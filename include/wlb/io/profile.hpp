@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "wlb/core/limits.hpp"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/io/read_file.hpp"
 

@@ -17,8 +17,8 @@
 #include <span>
 #include <vector>
 
+#include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
-#include "wlb/pack/packer.hpp"
 
 namespace wlb {
 

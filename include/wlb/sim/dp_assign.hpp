@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
-#include "wlb/pack/packer.hpp"
+#include "wlb/core/step_plan.hpp"
 #include "wlb/sim/step_time.hpp"
 
 namespace wlb {

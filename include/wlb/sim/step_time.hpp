@@ -47,8 +47,8 @@
 #include "absl/strings/str_split.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
+#include "wlb/core/step_plan.hpp"
 #include "wlb/cost/cost_model.hpp"
-#include "wlb/pack/packer.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
