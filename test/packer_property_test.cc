@@ -311,7 +311,7 @@ TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) 
           const nlohmann::json state = p->StateJson();  // outlives the loop over its queues
           for (const nlohmann::json& queue : state.at("queues")) {
             for (const nlohmann::json& d : queue) {
-              ASSERT_GE(d[4].get<int64_t>() + LookaheadPacker::kMaxOutlierWait, next)
+              ASSERT_GE(d[4].get<int64_t>() + lookahead::kMaxOutlierWait, next)
                   << "document " << d[0] << " queued since step " << d[4];
             }
           }

@@ -37,6 +37,8 @@ class OriginalPacker final : public Packer {
             {"last_id", last_id_},
             {"next_piece", next_piece_}};
   }
+
+ protected:
   void LoadStateJson(const nlohmann::json& j) override {
     std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
     const int64_t last_id = detail::StateInteger(j.at("last_id"), -1, kMaxStateCounter, "last_id");
@@ -49,12 +51,12 @@ class OriginalPacker final : public Packer {
     next_piece_ = next_piece;
   }
 
- protected:
   // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less. The part
   // numbering (last_id, next_piece) is the state of NextPieceIndex(): nothing emitted (last_id -1,
   // next_piece 0) exactly while no step was planned, and after the first part next_piece >= 1;
   // next-fit never numbers parts, so it stays at (-1, 0).
-  absl::Status ValidateState(int64_t, int64_t next_step) const override {
+  absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
+    if (absl::Status s = CheckHeldPieces(pushes); !s.ok()) return s;
     if (buffer_tokens_ >= config_.context * config_.micro_batches) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "buffer holds %d tokens, but a buffer of S x N = %d or more is always cut into steps",

@@ -65,7 +65,7 @@ inline Document DocumentFromState(const nlohmann::json& j) {
     throw nlohmann::json::type_error::create(302, "document entry is not a 5-element array", &j);
   }
   // Ranges that keep every sum below 2^63; the packer checks length <= S and the rest against
-  // its configuration and counters after loading (Packer::ValidateRestored).
+  // its configuration and counters after loading (Packer::ValidateState).
   return Document{.id = StateInteger(j[0], 0, kMaxStateCounter, "document id"),
                   .length = StateInteger(j[1], 1, kMaxContext, "document length"),
                   .piece = static_cast<int32_t>(StateInteger(j[2], 0, kMaxPieces, "piece")),
@@ -211,11 +211,9 @@ class Packer {
             {"micro_batches", config_.micro_batches}};
   }
 
-  // The packer's mutable state (queues, carry-over, counters) as JSON, and its inverse. LoadState
-  // may throw nlohmann::json::exception on malformed input; RestoreState() turns that into a
-  // Status.
+  // The packer's mutable state (queues, carry-over, counters) as JSON (SaveState() holds it;
+  // RestoreState() is its inverse).
   virtual nlohmann::json StateJson() const = 0;
-  virtual void LoadStateJson(const nlohmann::json& state) = 0;
 
   // The whole state as a self-checking blob: a magic line, an FNV-1a checksum of the payload,
   // then JSON holding ConfigJson(), the step counters and StateJson().
@@ -271,7 +269,7 @@ class Packer {
       const int64_t short_from =
           detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
       LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
-      invalid = ValidateRestored(pushes, next_step);
+      invalid = ValidateState(pushes, next_step);
       if (invalid.ok()) {
         pushes_ = pushes;
         next_step_ = next_step;
@@ -296,18 +294,24 @@ class Packer {
   virtual std::vector<StepPlan> DoPush(std::vector<Document> arrivals) = 0;
   virtual std::vector<StepPlan> DoFlush() = 0;
 
-  // Packer-specific consistency of a just-loaded state (queue levels, orders, counters), checked
-  // after the generic checks of ValidateRestored(); `pushes` and `next_step` are the restored
-  // Push() count and index of the next step to plan.
-  virtual absl::Status ValidateState(int64_t /*pushes*/, int64_t /*next_step*/) const {
-    return absl::OkStatus();
+  // Loads a StateJson() of this packer, all or nothing (implementations assign only at the end).
+  // Internal to RestoreState(), which catches what it throws: nlohmann::json::exception on a
+  // malformed state (a missing field, a value of the wrong type or out of range).
+  virtual void LoadStateJson(const nlohmann::json& state) = 0;
+
+  // The one state validation of a packer: whether a just-loaded state is one this packer could
+  // have produced, given `pushes` (the restored Push() count) and `next_step` (the index of the
+  // next step to plan). Every override runs CheckHeldPieces() along with its own checks
+  // (queue levels, orders, counters); the default runs it alone.
+  virtual absl::Status ValidateState(int64_t pushes, int64_t /*next_step*/) const {
+    return CheckHeldPieces(pushes);
   }
 
-  // Checks a just-loaded state: every held piece has a length in [1, S], arrived before `pushes`,
-  // no (document, piece) is held twice, and the pieces held of each document are disjoint token
-  // ranges in piece order (CheckPiecesTile); then ValidateState(). These are what Flush() needs
-  // to end with plans that place every held piece exactly once.
-  absl::Status ValidateRestored(int64_t pushes, int64_t next_step) const {
+  // What every packer's state must satisfy: every held piece has a length in [1, S], arrived
+  // before `pushes`, no (document, piece) is held twice, and the pieces held of each document are
+  // disjoint token ranges in piece order (CheckPiecesTile). These are what Flush() needs to end
+  // with plans that place every held piece exactly once.
+  absl::Status CheckHeldPieces(int64_t pushes) const {
     std::vector<Document> pending = Pending();
     for (const Document& d : pending) {
       if (d.length < 1 || d.length > config_.context) {
@@ -330,8 +334,7 @@ class Packer {
             absl::StrFormat("document %d piece %d is held twice", pending[i].id, pending[i].piece));
       }
     }
-    if (absl::Status s = CheckPiecesTile(std::move(pending)); !s.ok()) return s;
-    return ValidateState(pushes, next_step);
+    return CheckPiecesTile(std::move(pending));
   }
 
   // The pieces held of one document are parts of one tiling of it: sorted by offset, no two start

@@ -36,6 +36,8 @@ class WindowedPacker : public Packer {
             {"buffer", detail::DocumentsState(buffer_)},
             {"buffered_steps", buffered_steps_}};
   }
+
+ protected:
   void LoadStateJson(const nlohmann::json& j) final {
     const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
     std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
@@ -48,10 +50,10 @@ class WindowedPacker : public Packer {
     buffered_steps_ = buffered;
   }
 
- protected:
   // The buffer holds exactly the arrivals of the last `buffered_steps` pushes; the carry arrived
   // before them; every push before the open window was planned (a window plans a step per push).
   absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
+    if (absl::Status s = CheckHeldPieces(pushes); !s.ok()) return s;
     const int64_t window_start = pushes - buffered_steps_;
     if (window_start < 0) {
       return absl::InvalidArgumentError(

@@ -14,37 +14,22 @@
 #pragma once
 
 #include <algorithm>
-#include <deque>
 #include <functional>
 #include <optional>
 #include <vector>
 
-#include "absl/strings/str_join.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "wlb/core/document.hpp"
+#include "wlb/core/step_plan.hpp"
+#include "wlb/cost/document_cost.hpp"
 #include "wlb/pack/argmin_tree.hpp"
+#include "wlb/pack/outlier_queues.hpp"
 #include "wlb/pack/packer.hpp"
 #include "wlb/pack/refine.hpp"
 
 namespace wlb {
-
-// Checks outlier thresholds: at most kMaxOutlierQueues, strictly increasing, each in [1, S].
-inline absl::Status ValidateThresholds(const std::vector<int64_t>& thresholds, int64_t context) {
-  if (thresholds.size() > static_cast<size_t>(kMaxOutlierQueues)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d outlier thresholds, at most %d are allowed", thresholds.size(), kMaxOutlierQueues));
-  }
-  for (size_t i = 0; i < thresholds.size(); ++i) {
-    if (thresholds[i] < 1 || thresholds[i] > context) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "outlier threshold %d is outside [1, %d] (the context window)", thresholds[i], context));
-    }
-    if (i > 0 && thresholds[i] <= thresholds[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("outlier thresholds must be strictly increasing, got %s",
-                          absl::StrJoin(thresholds, ",")));
-    }
-  }
-  return absl::OkStatus();
-}
 
 namespace detail {
 
@@ -142,45 +127,37 @@ class WlbPacker final : public Packer {
   WlbPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
             int refine_rounds)
       : Packer(config, std::move(cost)),
-        thresholds_(std::move(thresholds)),
-        queues_(thresholds_.size()),
+        queues_(std::move(thresholds), config.context),
         refine_rounds_(refine_rounds) {}
 
   std::string_view name() const override { return refine_rounds_ > 0 ? "wlb-refine" : "wlb"; }
-  const std::vector<int64_t>& thresholds() const { return thresholds_; }
+  const std::vector<int64_t>& thresholds() const { return queues_.thresholds(); }
 
   std::vector<Document> Pending() const override {
     std::vector<Document> pending;
-    for (const auto& q : queues_) pending.insert(pending.end(), q.begin(), q.end());
+    queues_.AppendTo(pending);
     carry_.AppendTo(pending);
     return pending;
   }
 
-  HeldBack Held() const override { return queued_ + HeldBack{carry_.size(), carry_.tokens()}; }
+  HeldBack Held() const override {
+    return queues_.held() + HeldBack{carry_.size(), carry_.tokens()};
+  }
 
   nlohmann::json ConfigJson() const override {
     nlohmann::json j = Packer::ConfigJson();
-    j["thresholds"] = thresholds_;
+    j["thresholds"] = queues_.thresholds();
     j["refine_rounds"] = refine_rounds_;
     return j;
   }
   nlohmann::json StateJson() const override {
-    nlohmann::json queues = nlohmann::json::array();
-    for (const auto& q : queues_) queues.push_back(detail::DocumentsState(q));
-    return {{"queues", queues}, {"carry", detail::DocumentsState(carry_.ToVector())}};
+    return {{"queues", queues_.StateJson()}, {"carry", detail::DocumentsState(carry_.ToVector())}};
   }
+
+ protected:
   void LoadStateJson(const nlohmann::json& j) override {
-    const nlohmann::json& qs = j.at("queues");
-    if (!qs.is_array() || qs.size() != queues_.size()) {
-      throw nlohmann::json::out_of_range::create(401, "queue count does not match thresholds", &j);
-    }
-    std::vector<std::deque<Document>> queues;
-    HeldBack queued;
-    for (const nlohmann::json& q : qs) {
-      std::vector<Document> docs = detail::DocumentsFromState(q);
-      detail::AddHeld(docs, queued);
-      queues.emplace_back(docs.begin(), docs.end());
-    }
+    OutlierQueues<Document> queues = queues_;
+    queues.LoadStateJson(j.at("queues"));
     const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
     // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
     if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
@@ -188,60 +165,30 @@ class WlbPacker final : public Packer {
                                                  &j);
     }
     queues_ = std::move(queues);
-    queued_ = queued;
     carry_ = detail::LengthOrdered(carry);
   }
 
- protected:
-  // Queue i holds only lengths of level i, oldest first; every push planned a step.
+  // The held pieces (CheckHeldPieces), every push planned a step, and each outlier queue holds
+  // only lengths of its level, oldest first (OutlierQueues::Validate).
   absl::Status ValidateState(int64_t pushes, int64_t next_step) const override {
+    if (absl::Status s = CheckHeldPieces(pushes); !s.ok()) return s;
     if (next_step < pushes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "next_step %d is below the %d pushes: every push plans a step, so planned steps went "
           "backwards",
           next_step, pushes));
     }
-    for (size_t i = 0; i < queues_.size(); ++i) {
-      for (size_t k = 1; k < queues_[i].size(); ++k) {
-        if (queues_[i][k].arrival_step < queues_[i][k - 1].arrival_step) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "outlier queue %d: document %d (arrival step %d) is queued after document %d "
-              "(arrival step %d), but queues are first in, first out",
-              i, queues_[i][k - 1].id, queues_[i][k - 1].arrival_step, queues_[i][k].id,
-              queues_[i][k].arrival_step));
-        }
-      }
-      for (const Document& d : queues_[i]) {
-        if (QueueLevel(d.length) != static_cast<int>(i)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "document %d piece %d of %d tokens is in outlier queue %d, not its queue %d", d.id,
-              d.piece, d.length, i, QueueLevel(d.length)));
-        }
-      }
-    }
-    return absl::OkStatus();
+    return queues_.Validate(pushes);
   }
 
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
     std::vector<Document> fresh;
     fresh.reserve(arrivals.size());
     for (const Document& d : arrivals) {
-      const int level = QueueLevel(d.length);
-      if (level < 0) {
-        fresh.push_back(d);
-        continue;
-      }
-      queues_[level].push_back(d);
-      queued_ = queued_ + HeldBack{1, d.length};
+      if (!queues_.Enqueue(d)) fresh.push_back(d);
     }
     std::vector<Document> released;
-    const size_t n = static_cast<size_t>(config_.micro_batches);
-    for (auto& q : queues_) {
-      if (q.size() < n) continue;
-      released.insert(released.end(), q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
-      q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));  // a deque: O(n)
-    }
-    queued_ = queued_ - HeldBack{static_cast<int64_t>(released.size()), TotalTokens(released)};
+    queues_.ReleaseFull(static_cast<size_t>(config_.micro_batches), released);
     std::vector<StepPlan> steps;
     steps.push_back(PackStep(std::move(released), std::move(fresh)));
     return steps;
@@ -252,25 +199,13 @@ class WlbPacker final : public Packer {
     std::vector<StepPlan> steps;
     while (Held().documents > 0) {  // each step places at least one piece, so this ends
       std::vector<Document> released;
-      for (auto& q : queues_) {
-        released.insert(released.end(), q.begin(), q.end());
-        q.clear();
-      }
-      queued_ = {};
+      queues_.ReleaseAll(released);
       steps.push_back(PackStep(std::move(released), {}));
     }
     return steps;
   }
 
  private:
-  int QueueLevel(int64_t length) const {
-    int level = -1;
-    for (size_t i = 0; i < thresholds_.size() && length >= thresholds_[i]; ++i) {
-      level = static_cast<int>(i);
-    }
-    return level;
-  }
-
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
     std::vector<MicroBatch> mbs =
         detail::PackUnderCap(std::move(released), carry_, std::move(fresh), config_, cost_);
@@ -278,10 +213,8 @@ class WlbPacker final : public Packer {
     return MakeStep(std::move(mbs));
   }
 
-  std::vector<int64_t> thresholds_;
-  std::vector<std::deque<Document>> queues_;  // FIFO per level
-  HeldBack queued_;                           // documents and tokens in queues_
-  detail::LengthOrdered carry_;               // did not fit in the last step
+  OutlierQueues<Document> queues_;  // Algorithm 1's outlier queues, first in, first out
+  detail::LengthOrdered carry_;     // did not fit in the last step
   int refine_rounds_;
 };
 

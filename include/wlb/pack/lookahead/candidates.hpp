@@ -1,0 +1,284 @@
+// wlb-lookahead's candidates: the ways to plan one step that it compares (wlb/pack/
+// lookahead_packer.hpp). Each starts from wlb's rule (the same outlier queues, thresholds and
+// carry-over) and changes which queued outliers the step releases or which arrivals it holds
+// back; PlanStep() packs a step under a candidate as wlb-refine packs one.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "wlb/core/document.hpp"
+#include "wlb/core/step_plan.hpp"
+#include "wlb/cost/document_cost.hpp"
+#include "wlb/pack/outlier_queues.hpp"
+#include "wlb/pack/packer.hpp"
+#include "wlb/pack/refine.hpp"
+#include "wlb/pack/wlb_packer.hpp"
+
+namespace wlb::lookahead {
+
+// Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on, with a
+// look-ahead (K >= 1); below it a step has few outliers to pair, and the plans stay those of
+// the small-N packer measured on the paper's data. kMaxOutlierWait: from there on, an outlier
+// queued at step t leaves its queue by step t + kMaxOutlierWait (wlb's rule alone has no such
+// bound: a level holding fewer than N waits for more). Measured: 8 steps forced a few lone
+// outliers out on the default stream at 70B (N = 256 and 1,024: mean imbalance 1.032 -> 1.041
+// and 1.034 -> 1.046); 16 never binds on the streams of docs/RESULTS.md.
+inline constexpr size_t kEvenReleaseFrom = 16;
+inline constexpr int64_t kMaxOutlierWait = 16;
+// Steps a queue level may be held back beyond wlb's release, windows of alike outliers tried
+// per level and step, and the most arrivals (longest first) a candidate holds back.
+inline constexpr int64_t kMaxExtraWait = 2;
+inline constexpr size_t kMaxWindows = 4;
+inline constexpr int kMaxHeldArrivals = 2;
+
+// Queued outliers (first in, first out per level) and carry-over (longest first).
+struct Holding {
+  OutlierQueues<Document> queues;
+  detail::LengthOrdered carry;
+};
+
+// One way to plan a step: which queued outliers it releases, which arrivals it holds back.
+struct Candidate {
+  std::vector<std::vector<size_t>> release;  // per level: positions in the queue, increasing
+  int hold_longest = 0;  // the longest non-queued arrivals to hold back to the next step
+};
+
+// How the look-ahead packs a step: as wlb-refine packs one.
+struct StepPacking {
+  const PackerConfig& config;
+  const DocumentCost& cost;
+  int refine_rounds;
+
+  // Packs a step as wlb-refine does; what fits nowhere stays in `carry`.
+  std::vector<MicroBatch> PackRefined(std::vector<Document> released, detail::LengthOrdered& carry,
+                                      std::vector<Document> fresh,
+                                      bool fresh_sorted = false) const {
+    std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry, std::move(fresh),
+                                                       config, cost, fresh_sorted);
+    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
+    return mbs;
+  }
+
+  // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
+  // under `c`; leaves in `held` what the step does not take.
+  std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh, Holding& held,
+                                   bool fresh_sorted = false) const {
+    if (!fresh_sorted) SortLongestFirst(fresh);
+    std::vector<Document> released;
+    for (size_t l = 0; l < held.queues.levels(); ++l) {
+      held.queues.Release(l, c.release[l], released);
+    }
+    std::vector<Document> hold;
+    if (c.hold_longest > 0) {
+      hold.assign(fresh.begin(), fresh.begin() + c.hold_longest);
+      fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
+    }
+    std::vector<MicroBatch> mbs =
+        PackRefined(std::move(released), held.carry, std::move(fresh), true);
+    // What was held back on purpose goes first next step, as carry-over does (after what was
+    // carried of its length).
+    held.carry.Merge({}, hold);
+    return mbs;
+  }
+};
+
+// Queues the outliers of `arrivals` and returns the rest.
+inline std::vector<Document> Enqueue(const std::vector<Document>& arrivals, Holding& held) {
+  std::vector<Document> fresh;
+  fresh.reserve(arrivals.size());
+  for (const Document& d : arrivals) {
+    if (!held.queues.Enqueue(d)) fresh.push_back(d);
+  }
+  return fresh;
+}
+
+// Tokens of queued outliers `c` releases minus the arrivals it holds back.
+inline double TrainedTokens(const Candidate& c, const Holding& held,
+                            const std::vector<Document>& fresh) {
+  int64_t tokens = 0;
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    for (size_t i : c.release[l]) tokens += held.queues.queue(l)[i].length;
+  }
+  for (int i = 0; i < c.hold_longest; ++i) tokens -= fresh[i].length;
+  return static_cast<double>(tokens);
+}
+
+// wlb's rule: a level holding >= N (`n`) documents releases its N oldest.
+inline std::vector<std::vector<size_t>> WlbRelease(const Holding& held, size_t n) {
+  std::vector<std::vector<size_t>> release(held.queues.levels());
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    if (held.queues.queue(l).size() < n) continue;
+    for (size_t i = 0; i < n; ++i) release[l].push_back(i);
+  }
+  return release;
+}
+
+// Whether `c` releases any queued outlier.
+inline bool ReleasesAny(const Candidate& c) {
+  for (const auto& r : c.release)
+    if (!r.empty()) return true;
+  return false;
+}
+
+// Every queued outlier, no arrival held back.
+inline Candidate ReleaseAll(const Holding& held) {
+  Candidate all{.release = std::vector<std::vector<size_t>>(held.queues.levels())};
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    all.release[l].resize(held.queues.queue(l).size());
+    for (size_t i = 0; i < held.queues.queue(l).size(); ++i) all.release[l][i] = i;
+  }
+  return all;
+}
+
+// Adds to `c` every queued outlier that has waited kMaxOutlierWait steps by `next_step` (from N =
+// kEvenReleaseFrom on, with a look-ahead): no outlier stays queued longer, whichever candidate
+// wins.
+inline void ReleaseOverdue(const Holding& held, int64_t next_step, Candidate& c) {
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    const std::vector<Document>& q = held.queues.queue(l);
+    std::vector<size_t> overdue;
+    for (size_t i = 0; i < q.size() && q[i].arrival_step + kMaxOutlierWait <= next_step; ++i) {
+      overdue.push_back(i);  // queues are in arrival order: the overdue ones come first
+    }
+    if (overdue.empty()) continue;
+    std::vector<size_t> merged;
+    std::set_union(overdue.begin(), overdue.end(), c.release[l].begin(), c.release[l].end(),
+                   std::back_inserter(merged));
+    c.release[l] = std::move(merged);
+  }
+}
+
+// Even releases, from N = kEvenReleaseFrom on: sets of queued outliers of all levels together
+// that a step can absorb evenly. wlb's rule puts the N oldest of one level into one step, one
+// per micro-batch; at the cap a micro-batch holding a long outlier weighs what no filler can
+// match, so the step is as unbalanced as its outliers are unlike (1.2-1.4 at N = 1,024 on a
+// heavy tail). The candidates, in length order across levels:
+//   - the k shortest, k = 3N/2 and 2N: more outliers than micro-batches, so the placement pairs
+//     the shortest (two of 70K weigh about one of 99K) up to the level the longest sets;
+//   - windows of 3N/2 alike ones around the oldest queued outlier, at up to kMaxWindows
+//     offsets: a band of similar lengths, paired likewise, that still trains the oldest now.
+// Measured (docs/RESULTS.md, "Planning at scale"): windows of N alike ones as well made the
+// default stream at 70B 0.03-0.05 worse (they leave the longest outliers for a later step that
+// the one-step look-ahead cannot see coming), so they are not tried.
+// They compete with the other candidates on the same score, and the delay account still holds
+// the packer to wlb's delay; every candidate also takes the overdue outliers (ReleaseOverdue),
+// so the long ones that even releases pass over wait at most kMaxOutlierWait steps.
+inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate>& out) {
+  struct Queued {
+    int64_t length;
+    size_t level;
+    size_t position;
+  };
+  std::vector<Queued> queued;
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    for (size_t i = 0; i < held.queues.queue(l).size(); ++i) {
+      queued.push_back({held.queues.queue(l)[i].length, l, i});
+    }
+  }
+  if (queued.size() < n) return;
+  // Shortest first; ties by level and queue position, so the order is deterministic.
+  std::sort(queued.begin(), queued.end(), [](const Queued& a, const Queued& b) {
+    return std::tie(a.length, a.level, a.position) < std::tie(b.length, b.level, b.position);
+  });
+  auto arrival = [&](const Queued& q) {
+    return held.queues.queue(q.level)[q.position].arrival_step;
+  };
+  // Releases queued[first, first + k).
+  auto add = [&](size_t first, size_t k) {
+    Candidate c{.release = std::vector<std::vector<size_t>>(held.queues.levels())};
+    for (size_t j = 0; j < queued.size(); ++j) {
+      if (j >= first && j < first + k) c.release[queued[j].level].push_back(queued[j].position);
+    }
+    for (std::vector<size_t>& r : c.release) std::sort(r.begin(), r.end());
+    out.push_back(std::move(c));
+  };
+  for (size_t k : {n + n / 2, 2 * n}) {
+    if (k <= queued.size()) add(0, k);
+  }
+  size_t oldest = 0;  // the first of the longest-waiting, in length order
+  for (size_t j = 1; j < queued.size(); ++j) {
+    if (arrival(queued[j]) < arrival(queued[oldest])) oldest = j;
+  }
+  if (const size_t k = n + n / 2; k <= queued.size()) {
+    const size_t first = oldest + 1 >= k ? oldest + 1 - k : 0;
+    const size_t last = std::min(oldest, queued.size() - k);
+    const size_t stride = std::max<size_t>(1, (last - first + 1) / kMaxWindows);
+    for (size_t w = first; w <= last; w += stride) add(w, k);
+  }
+}
+
+// The alternatives to wlb's rule for the step `next_step` whose outliers are queued in `held`,
+// with N = `n` micro-batches and a look-ahead of `lookahead` steps (0: wlb's rule alone).
+inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh,
+                                         size_t n, int lookahead, int64_t next_step) {
+  const Candidate wlb{.release = WlbRelease(held, n)};
+  std::vector<Candidate> out = {wlb};
+  if (lookahead == 0) return out;
+  for (size_t l = 0; l < held.queues.levels(); ++l) {
+    const std::vector<Document>& q = held.queues.queue(l);
+    if (q.empty()) continue;
+    if (q.size() < n) {
+      Candidate c = wlb;  // release this level's waiting outliers now
+      for (size_t i = 0; i < q.size(); ++i) c.release[l].push_back(i);
+      out.push_back(c);
+      continue;
+    }
+    // Hold this level back one more step, unless its oldest has waited long enough.
+    if (q.front().arrival_step >= next_step - kMaxExtraWait) {
+      Candidate c = wlb;
+      c.release[l].clear();
+      out.push_back(c);
+    }
+    // Release the oldest with the N - 1 queued outliers closest to it in length, so the
+    // released outliers are alike and one micro-batch each balances (a 128K outlier next to
+    // three of 70K cannot be balanced under the cap).
+    if (q.size() > n) {
+      std::vector<size_t> order(q.size());
+      for (size_t i = 0; i < q.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return q[a].length > q[b].length; });
+      const size_t oldest = std::find(order.begin(), order.end(), size_t{0}) - order.begin();
+      const size_t first = oldest + 1 >= n ? oldest + 1 - n : 0;
+      const size_t last = std::min(oldest, q.size() - n);
+      const size_t stride = std::max<size_t>(1, (last - first + 1) / kMaxWindows);
+      for (size_t w = first; w <= last; w += stride) {
+        Candidate c = wlb;
+        c.release[l].assign(order.begin() + w, order.begin() + w + n);
+        std::sort(c.release[l].begin(), c.release[l].end());
+        if (c.release[l] != wlb.release[l]) out.push_back(c);
+      }
+    }
+  }
+  // Release every queued outlier: mid-size ones can balance a long one (two 70K documents in
+  // one micro-batch weigh about as much as one 120K document with 40K of short ones).
+  const Candidate all = ReleaseAll(held);
+  out.push_back(all);
+  // A level that releases takes the whole level below with it.
+  for (size_t l = 1; l < held.queues.levels(); ++l) {
+    if (wlb.release[l].empty() || !wlb.release[l - 1].empty() || held.queues.queue(l - 1).empty()) {
+      continue;
+    }
+    Candidate c = wlb;
+    c.release[l - 1] = all.release[l - 1];
+    out.push_back(c);
+  }
+  if (n >= kEvenReleaseFrom) AddEvenReleases(held, n, out);
+  // Hold back the longest arrival, or the two longest, to the next step.
+  for (int h = 1; h <= kMaxHeldArrivals && static_cast<size_t>(h) <= fresh.size(); ++h) {
+    Candidate c = wlb;
+    c.hold_longest = h;
+    out.push_back(c);
+  }
+  if (n >= kEvenReleaseFrom) {
+    for (Candidate& c : out) ReleaseOverdue(held, next_step, c);
+  }
+  return out;
+}
+
+}  // namespace wlb::lookahead
