@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/io/profile.hpp"
 
 namespace wlb::cuda {

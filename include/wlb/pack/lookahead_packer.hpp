@@ -106,28 +106,31 @@ class LookaheadPacker final : public Packer {
  protected:
   // Parses every field (ValidateState checks them against the configuration) and assigns only at
   // the end.
-  void LoadStateJson(const nlohmann::json& j) override {
-    lookahead::Holding held{.queues = held_.queues, .carry = {}};
-    held.queues.LoadStateJson(j.at("queues"));
-    const nlohmann::json& bs = j.at("buffer");
-    if (!bs.is_array() || bs.size() > static_cast<size_t>(lookahead_)) {
-      throw nlohmann::json::out_of_range::create(
-          401, "more buffered steps than the look-ahead allows", &j);
-    }
-    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
-    // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
-    if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
-      throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
-                                                 &j);
-    }
-    std::deque<std::vector<Document>> buffer;
-    for (const nlohmann::json& b : bs) buffer.push_back(detail::DocumentsFromState(b));
-    held.carry = detail::LengthOrdered(carry);
-    lookahead::DelayAccount delay = delay_;
-    delay.LoadStateJson(j.at("wlb_delay"));
-    held_ = std::move(held);
-    buffer_ = std::move(buffer);
-    delay_ = std::move(delay);
+  absl::Status LoadStateJson(const nlohmann::json& j) override {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      lookahead::Holding held{.queues = held_.queues, .carry = {}};
+      if (absl::Status s = held.queues.LoadStateJson(j.at("queues")); !s.ok()) return s;
+      const nlohmann::json& bs = j.at("buffer");
+      if (!bs.is_array() || bs.size() > static_cast<size_t>(lookahead_)) {
+        throw nlohmann::json::out_of_range::create(
+            401, "more buffered steps than the look-ahead allows", &j);
+      }
+      const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+      // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
+      if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
+        throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
+                                                   &j);
+      }
+      std::deque<std::vector<Document>> buffer;
+      for (const nlohmann::json& b : bs) buffer.push_back(detail::DocumentsFromState(b));
+      held.carry = detail::LengthOrdered(carry);
+      lookahead::DelayAccount delay = delay_;
+      if (absl::Status s = delay.LoadStateJson(j.at("wlb_delay")); !s.ok()) return s;
+      held_ = std::move(held);
+      buffer_ = std::move(buffer);
+      delay_ = std::move(delay);
+      return absl::OkStatus();
+    });
   }
 
   // Queued outliers at their levels in arrival order, carried and queued documents before the

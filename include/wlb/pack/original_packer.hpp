@@ -39,16 +39,20 @@ class OriginalPacker final : public Packer {
   }
 
  protected:
-  void LoadStateJson(const nlohmann::json& j) override {
-    std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
-    const int64_t last_id = detail::StateInteger(j.at("last_id"), -1, kMaxStateCounter, "last_id");
-    const auto next_piece =
-        static_cast<int32_t>(detail::StateInteger(j.at("next_piece"), 0, kMaxPieces, "next_piece"));
-    buffer_tokens_ = TotalTokens(buffer);
-    buffer_ = std::move(buffer);
-    head_ = 0;
-    last_id_ = last_id;
-    next_piece_ = next_piece;
+  absl::Status LoadStateJson(const nlohmann::json& j) override {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
+      const int64_t last_id =
+          detail::StateInteger(j.at("last_id"), -1, kMaxStateCounter, "last_id");
+      const auto next_piece = static_cast<int32_t>(
+          detail::StateInteger(j.at("next_piece"), 0, kMaxPieces, "next_piece"));
+      buffer_tokens_ = TotalTokens(buffer);
+      buffer_ = std::move(buffer);
+      head_ = 0;
+      last_id_ = last_id;
+      next_piece_ = next_piece;
+      return absl::OkStatus();
+    });
   }
 
   // Push() cuts steps while the buffer holds a whole step, so a saved buffer holds less. The part

@@ -201,28 +201,31 @@ class OutlierQueues {
     }
     return levels;
   }
-  // Loads a StateJson() of queues with these thresholds, all or nothing; throws
-  // nlohmann::json::exception on a malformed one (Packer::RestoreState catches it). `owner`
-  // names the state in errors ("" for a packer's own queues). Documents are checked against
-  // their levels by Validate(); ArrivedTokens, which carry no identity, as they are read.
-  void LoadStateJson(const nlohmann::json& j, const std::string& owner = "") {
-    if (!j.is_array() || j.size() != queues_.size()) {
-      throw nlohmann::json::out_of_range::create(
-          401, (owner.empty() ? "" : owner + ": ") + "queue count does not match thresholds", &j);
-    }
-    std::vector<std::vector<Entry>> queues;
-    HeldBack held;
-    for (size_t l = 0; l < queues_.size(); ++l) {
-      if constexpr (std::is_same_v<Entry, Document>) {
-        queues.push_back(detail::DocumentsFromState(j[l]));
-      } else {
-        queues.push_back(detail::ArrivedTokensListFromState(j[l], MinLength(l), MaxLength(l), owner,
-                                                            owner + " queued length"));
+  // Loads a StateJson() of queues with these thresholds, all or nothing; a malformed one is an
+  // error naming what is wrong (the text of the nlohmann::json::exception the readers throw).
+  // `owner` names the state in errors ("" for a packer's own queues). Documents are checked
+  // against their levels by Validate(); ArrivedTokens, which carry no identity, as they are read.
+  absl::Status LoadStateJson(const nlohmann::json& j, const std::string& owner = "") {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      if (!j.is_array() || j.size() != queues_.size()) {
+        throw nlohmann::json::out_of_range::create(
+            401, (owner.empty() ? "" : owner + ": ") + "queue count does not match thresholds", &j);
       }
-      for (const Entry& e : queues.back()) held = held + HeldBack{1, e.length};
-    }
-    queues_ = std::move(queues);
-    held_ = held;
+      std::vector<std::vector<Entry>> queues;
+      HeldBack held;
+      for (size_t l = 0; l < queues_.size(); ++l) {
+        if constexpr (std::is_same_v<Entry, Document>) {
+          queues.push_back(detail::DocumentsFromState(j[l]));
+        } else {
+          queues.push_back(detail::ArrivedTokensListFromState(j[l], MinLength(l), MaxLength(l),
+                                                              owner, owner + " queued length"));
+        }
+        for (const Entry& e : queues.back()) held = held + HeldBack{1, e.length};
+      }
+      queues_ = std::move(queues);
+      held_ = held;
+      return absl::OkStatus();
+    });
   }
 
   // Checks loaded queues: each entry at the level of its length, each level first in, first out,

@@ -92,6 +92,18 @@ inline std::vector<Document> DocumentsFromState(const nlohmann::json& j) {
   for (const nlohmann::json& e : j) docs.push_back(DocumentFromState(e));
   return docs;
 }
+// Runs a state loader `load` (returning absl::Status) and returns what it throws reading a
+// malformed state (nlohmann::json::exception: a missing field, a wrong type, a value out of
+// range, as the readers above throw) as an error with the exception's text, so no exception
+// leaves a state loader.
+template <typename Load>
+absl::Status LoadStateOrError(Load&& load) {
+  try {
+    return load();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(e.what());
+  }
+}
 // True when `text` nests JSON arrays/objects deeper than `max_depth` (brackets inside strings do
 // not count). Comparing or dumping a deeper value would recurse once per level.
 inline bool JsonNestedDeeperThan(std::string_view text, int max_depth) {
@@ -260,29 +272,30 @@ class Packer {
                           QuoteForMessage(j["config"].dump(), 256), ConfigJson().dump()));
     }
     const nlohmann::json previous = StateJson();
-    absl::Status invalid;
-    try {
-      const int64_t pushes = detail::StateInteger(j.at("pushes"), 0, kMaxStateCounter, "pushes");
-      const int64_t next_step =
-          detail::StateInteger(j.at("next_step"), 0, kMaxStateCounter, "next_step");
+    int64_t pushes = 0;
+    int64_t next_step = 0;
+    int64_t short_from = -1;
+    const absl::Status malformed = detail::LoadStateOrError([&]() -> absl::Status {
+      pushes = detail::StateInteger(j.at("pushes"), 0, kMaxStateCounter, "pushes");
+      next_step = detail::StateInteger(j.at("next_step"), 0, kMaxStateCounter, "next_step");
       // short_from is a push index (or -1: no short push yet), so it is below `pushes`.
-      const int64_t short_from =
-          detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
-      LoadStateJson(j.at("state"));  // all-or-nothing: implementations assign only at the end
-      invalid = ValidateState(pushes, next_step);
-      if (invalid.ok()) {
-        pushes_ = pushes;
-        next_step_ = next_step;
-        short_from_ = short_from;
-        return absl::OkStatus();
-      }
-    } catch (const nlohmann::json::exception& e) {
-      // Thrown before LoadStateJson assigned anything: this packer is unchanged.
-      return absl::DataLossError(absl::StrFormat("packer state: malformed payload (%s)", e.what()));
+      short_from = detail::StateInteger(j.at("short_from"), -1, pushes - 1, "short_from");
+      return LoadStateJson(j.at("state"));  // all-or-nothing: assigns only when it succeeds
+    });
+    if (!malformed.ok()) {  // nothing was loaded: this packer is unchanged
+      return absl::DataLossError(
+          absl::StrFormat("packer state: malformed payload (%s)", malformed.message()));
+    }
+    const absl::Status invalid = ValidateState(pushes, next_step);
+    if (invalid.ok()) {
+      pushes_ = pushes;
+      next_step_ = next_step;
+      short_from_ = short_from;
+      return absl::OkStatus();
     }
     // Loaded but not a state this packer could have produced: put back what it held. Its own
-    // state always loads (Push() accepts only what a state can hold), so this cannot throw.
-    LoadStateJson(previous);
+    // state always loads (Push() accepts only what a state can hold).
+    LoadStateJson(previous).IgnoreError();
     return absl::DataLossError(absl::StrFormat("packer state: %s", invalid.message()));
   }
 
@@ -294,10 +307,11 @@ class Packer {
   virtual std::vector<StepPlan> DoPush(std::vector<Document> arrivals) = 0;
   virtual std::vector<StepPlan> DoFlush() = 0;
 
-  // Loads a StateJson() of this packer, all or nothing (implementations assign only at the end).
-  // Internal to RestoreState(), which catches what it throws: nlohmann::json::exception on a
-  // malformed state (a missing field, a value of the wrong type or out of range).
-  virtual void LoadStateJson(const nlohmann::json& state) = 0;
+  // Loads a StateJson() of this packer, all or nothing (implementations assign only at the end);
+  // a malformed state (a missing field, a value of the wrong type or out of range) is an error
+  // naming it, and nothing is loaded. Internal to RestoreState(); implementations run their
+  // reading in detail::LoadStateOrError, so no exception leaves them.
+  virtual absl::Status LoadStateJson(const nlohmann::json& state) = 0;
 
   // The one state validation of a packer: whether a just-loaded state is one this packer could
   // have produced, given `pushes` (the restored Push() count) and `next_step` (the index of the

@@ -38,16 +38,19 @@ class WindowedPacker : public Packer {
   }
 
  protected:
-  void LoadStateJson(const nlohmann::json& j) final {
-    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
-    std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
-    const int buffered = static_cast<int>(
-        detail::StateInteger(j.at("buffered_steps"), 0, window_ - 1, "buffered_steps"));
-    carry_ = detail::LengthOrdered(carry);
-    buffered_ = {};
-    detail::AddHeld(buffer, buffered_);
-    buffer_ = std::move(buffer);
-    buffered_steps_ = buffered;
+  absl::Status LoadStateJson(const nlohmann::json& j) final {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+      std::vector<Document> buffer = detail::DocumentsFromState(j.at("buffer"));
+      const int buffered = static_cast<int>(
+          detail::StateInteger(j.at("buffered_steps"), 0, window_ - 1, "buffered_steps"));
+      carry_ = detail::LengthOrdered(carry);
+      buffered_ = {};
+      detail::AddHeld(buffer, buffered_);
+      buffer_ = std::move(buffer);
+      buffered_steps_ = buffered;
+      return absl::OkStatus();
+    });
   }
 
   // The buffer holds exactly the arrivals of the last `buffered_steps` pushes; the carry arrived

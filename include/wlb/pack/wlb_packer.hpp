@@ -155,17 +155,20 @@ class WlbPacker final : public Packer {
   }
 
  protected:
-  void LoadStateJson(const nlohmann::json& j) override {
-    OutlierQueues<Document> queues = queues_;
-    queues.LoadStateJson(j.at("queues"));
-    const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
-    // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
-    if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
-      throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
-                                                 &j);
-    }
-    queues_ = std::move(queues);
-    carry_ = detail::LengthOrdered(carry);
+  absl::Status LoadStateJson(const nlohmann::json& j) override {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      OutlierQueues<Document> queues = queues_;
+      if (absl::Status s = queues.LoadStateJson(j.at("queues")); !s.ok()) return s;
+      const std::vector<Document> carry = detail::DocumentsFromState(j.at("carry"));
+      // PackUnderCap keeps the carry longest first; a carry in another order is not a saved one.
+      if (!std::is_sorted(carry.begin(), carry.end(), LongerFirst)) {
+        throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
+                                                   &j);
+      }
+      queues_ = std::move(queues);
+      carry_ = detail::LengthOrdered(carry);
+      return absl::OkStatus();
+    });
   }
 
   // The held pieces (CheckHeldPieces), every push planned a step, and each outlier queue holds

@@ -90,20 +90,23 @@ class DelayAccount {
             {"wlb_token_steps", wlb_token_steps_},
             {"tokens", tokens_}};
   }
-  // Loads a StateJson(), all or nothing; throws nlohmann::json::exception on a malformed one.
-  void LoadStateJson(const nlohmann::json& j) {
-    OutlierQueues<ArrivedTokens> queues = wlb_queues_;
-    queues.LoadStateJson(j.at("queues"), "wlb_delay");
-    std::vector<ArrivedTokens> carry = detail::ArrivedTokensListFromState(
-        j.at("carry"), 1, kMaxStreamTokens, "wlb_delay", "wlb_delay carried tokens");
-    const double token_steps = Total(j.at("token_steps"));
-    const double wlb_token_steps = Total(j.at("wlb_token_steps"));
-    const double tokens = Total(j.at("tokens"));
-    wlb_queues_ = std::move(queues);
-    wlb_carry_ = std::move(carry);
-    token_steps_ = token_steps;
-    wlb_token_steps_ = wlb_token_steps;
-    tokens_ = tokens;
+  // Loads a StateJson(), all or nothing; a malformed one is an error naming what is wrong.
+  absl::Status LoadStateJson(const nlohmann::json& j) {
+    return detail::LoadStateOrError([&]() -> absl::Status {
+      OutlierQueues<ArrivedTokens> queues = wlb_queues_;
+      if (absl::Status s = queues.LoadStateJson(j.at("queues"), "wlb_delay"); !s.ok()) return s;
+      std::vector<ArrivedTokens> carry = detail::ArrivedTokensListFromState(
+          j.at("carry"), 1, kMaxStreamTokens, "wlb_delay", "wlb_delay carried tokens");
+      const double token_steps = Total(j.at("token_steps"));
+      const double wlb_token_steps = Total(j.at("wlb_token_steps"));
+      const double tokens = Total(j.at("tokens"));
+      wlb_queues_ = std::move(queues);
+      wlb_carry_ = std::move(carry);
+      token_steps_ = token_steps;
+      wlb_token_steps_ = wlb_token_steps;
+      tokens_ = tokens;
+      return absl::OkStatus();
+    });
   }
   // Checks a loaded account: wlb's queues as OutlierQueues::Validate checks them, and everything
   // it follows arrived before step `arrived_before`.
