@@ -32,6 +32,7 @@
 // would. K = 0 considers no alternative and equals wlb-refine exactly.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
