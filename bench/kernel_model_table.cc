@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli_help.h"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/kernel_model.hpp"
 
 ABSL_FLAG(std::string, profiles, "",

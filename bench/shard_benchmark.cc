@@ -17,6 +17,7 @@
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/shard/shard_strategies.hpp"
 
 namespace {
 
@@ -69,12 +70,9 @@ void Run(benchmark::State& state, wlb::ShardStrategy strategy,
 }
 
 void Register() {
-  for (wlb::ShardStrategy s :
-       {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
-        wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive,
-        wlb::ShardStrategy::kHybrid, wlb::ShardStrategy::kPerDocumentPadded,
-        wlb::ShardStrategy::kDocumentDegree}) {
-    const std::string name(wlb::ShardStrategyName(s));
+  for (const wlb::ShardStrategyInfo& info : wlb::ShardStrategies()) {
+    const wlb::ShardStrategy s = info.strategy;
+    const std::string name(info.name);
     benchmark::RegisterBenchmark(("BM_Shard/" + name).c_str(),
                                  [s](benchmark::State& st) { Run(st, s, RealisticMicroBatches()); })
         ->ArgName("C")

@@ -191,10 +191,13 @@ absl::Status Run() {
       const double gap = imbalance[0] - imbalance[2];
       const std::string closed =
           gap > 0 ? absl::StrFormat("%.0f%%", 100.0 * (imbalance[0] - imbalance[1]) / gap) : "-";
-      std::printf("%s | %s |\n", line.c_str(),
-                  absl::StrFormat("%s | %d / %d / %d of %d", closed, adaptive.per_seq_ordered,
-                                  adaptive.per_doc, adaptive.hybrid, adaptive.micro_batches)
-                      .c_str());
+      std::printf(
+          "%s | %s |\n", line.c_str(),
+          absl::StrFormat("%s | %d / %d / %d of %d", closed,
+                          adaptive.count(wlb::ShardStrategy::kPerSequenceOrdered),
+                          adaptive.count(wlb::ShardStrategy::kPerDocument),
+                          adaptive.count(wlb::ShardStrategy::kHybrid), adaptive.micro_batches)
+              .c_str());
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wlb/io/kernel_profile.hpp"
 
 namespace wlb {
 namespace {

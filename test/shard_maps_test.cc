@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <iterator>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/shard/shard_strategies.hpp"
 
 namespace wlb {
 namespace {
@@ -35,12 +37,8 @@ TEST(ShardMapsTest, WorkedExamplePerSequence) {
 
 TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
   std::mt19937_64 rng(7);
-  const ShardStrategy strategies[] = {
-      ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
-      ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
-      ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
-      ShardStrategy::kDocumentDegree};
-  constexpr int kStrategies = static_cast<int>(std::size(strategies));
+  const std::span<const ShardStrategyInfo> strategies = ShardStrategies();
+  const int kStrategies = static_cast<int>(strategies.size());
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<int64_t> lengths(1 + rng() % 10);
     for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % 3000);
@@ -48,8 +46,8 @@ TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
     const int cp = 1 + static_cast<int>(rng() % 8);
     // doc-degree also under a slow link (documents stay whole) and a fast one (sharded).
     const CpPlanOptions options{.comm = {.link_gbps = trial % 3 == 0 ? 0.5 : 4000.0}};
-    const ShardPlan plan =
-        *PlanShards(mb, cp, strategies[trial % kStrategies], KernelModel::Default(), options);
+    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % kStrategies].strategy,
+                                       KernelModel::Default(), options);
     absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan);
     ASSERT_TRUE(maps.ok()) << maps.status();
     // The gathered buffer: rank r's local row i at r * rank_capacity + i.

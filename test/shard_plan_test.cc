@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -127,10 +129,24 @@ TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   summary.Add(MustPlan(mb, 2, ShardStrategy::kPerSequence), seq);
   summary.Add(exact, doc);
   EXPECT_EQ(summary.micro_batches, 2);
-  EXPECT_EQ(summary.per_seq, 1);
-  EXPECT_EQ(summary.per_doc, 1);
+  EXPECT_EQ(summary.count(ShardStrategy::kPerSequence), 1);
+  EXPECT_EQ(summary.count(ShardStrategy::kPerDocument), 1);
+  EXPECT_EQ(summary.count(ShardStrategy::kHybrid), 0);
+  EXPECT_EQ(CpStrategyCounts(summary, false), "1 per-seq, 0 per-seq-ordered, 1 per-doc, 0 hybrid");
+  EXPECT_EQ(CpStrategyCounts(summary, true), "");
+  const nlohmann::json j = CpSummaryToJson(summary);
+  EXPECT_EQ(j.at("per_seq"), 1);
+  EXPECT_EQ(j.at("per_doc"), 1);
+  EXPECT_EQ(j.at("per_seq_ordered"), 0);
+  EXPECT_EQ(j.at("hybrid"), 0);
+  EXPECT_FALSE(j.contains("te_zigzag") || j.contains("doc_degree") || j.contains("adaptive"));
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_max, 184.0 / 120.5);
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_mean, (184.0 + 121.0) / 2 / 120.5);
+  // te-zigzag and doc-degree counts appear once used.
+  summary.Add(MustPlan(mb, 2, ShardStrategy::kPerDocumentPadded), doc);
+  EXPECT_EQ(CpStrategyCounts(summary, true), "1 te-zigzag, 0 doc-degree");
+  EXPECT_EQ(CpSummaryToJson(summary).at("te_zigzag"), 1);
+  EXPECT_FALSE(CpSummaryToJson(summary).contains("doc_degree"));
 }
 
 TEST(ShardPlanTest, JsonShape) {
@@ -160,10 +176,10 @@ TEST(ShardPlanTest, JsonShape) {
 }
 
 TEST(ShardPlanTest, StrategyNames) {
-  for (ShardStrategy s :
-       {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument, ShardStrategy::kAdaptive,
-        ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered,
-        ShardStrategy::kPerDocumentPadded, ShardStrategy::kDocumentDegree}) {
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    const ShardStrategy s = info.strategy;
+    EXPECT_EQ(ShardStrategyName(s), info.name);
+    EXPECT_EQ(FindShardStrategy(s), &info);
     absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(ShardStrategyName(s));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
@@ -178,6 +194,36 @@ TEST(ShardPlanTest, StrategyNames) {
   }
   EXPECT_EQ(ShardStrategyName(ShardStrategy::kPerDocumentPadded), "te-zigzag");
   EXPECT_EQ(ShardStrategyName(ShardStrategy::kDocumentDegree), "doc-degree");
+  EXPECT_EQ(ShardStrategyName(static_cast<ShardStrategy>(99)), "unknown");
+  EXPECT_EQ(ShardStrategyNameList(" or "),
+            "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag or doc-degree");
+}
+
+TEST(ShardPlanTest, RegistryListsEveryStrategyOnce) {
+  ASSERT_EQ(ShardStrategies().size(), kShardStrategyCount);
+  std::set<int> values;
+  std::set<std::string_view> names, keys;
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    EXPECT_TRUE(values.insert(static_cast<int>(info.strategy)).second) << info.name;
+    EXPECT_TRUE(names.insert(info.name).second) << info.name;
+    EXPECT_FALSE(info.summary.empty()) << info.name;
+    EXPECT_NE(info.plan, nullptr) << info.name;
+    // Every strategy but adaptive is recorded in plans, so it has a summary key.
+    EXPECT_EQ(info.summary_key.empty(), info.strategy == ShardStrategy::kAdaptive) << info.name;
+    if (!info.summary_key.empty()) EXPECT_TRUE(keys.insert(info.summary_key).second) << info.name;
+  }
+  EXPECT_EQ(*values.begin(), 0);
+  EXPECT_EQ(*values.rbegin(), static_cast<int>(kShardStrategyCount) - 1);
+  // Only doc-degree reads the link and the layer mix.
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    EXPECT_EQ(info.uses.cp_link, info.strategy == ShardStrategy::kDocumentDegree) << info.name;
+    EXPECT_EQ(info.uses.layer_mix, info.strategy == ShardStrategy::kDocumentDegree) << info.name;
+  }
+  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
+  absl::StatusOr<ShardPlan> bad =
+      PlanShards(mb, 2, static_cast<ShardStrategy>(99), KernelModel::Default());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown shard strategy value 99"));
 }
 
 TEST(ShardPlanTest, BadInputsNameTheValue) {
@@ -296,9 +342,8 @@ TEST(ShardPlanTest, ShortAndEmptyMicroBatches) {
   EXPECT_TRUE(ValidateShardPlan(doc, tiny).ok());
 
   const MicroBatch empty;
-  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                          ShardStrategy::kAdaptive, ShardStrategy::kHybrid}) {
-    const ShardPlan p = MustPlan(empty, 3, s, model);
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    const ShardPlan p = MustPlan(empty, 3, info.strategy, model);
     ASSERT_EQ(p.ranks.size(), 3u);
     EXPECT_EQ(p.rank_capacity, 0);
     for (const RankShard& r : p.ranks) {
@@ -556,6 +601,28 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
 }
 
 // Adaptive's plan is the fixed plan it chose, field for field except `requested`.
+// Every registered strategy: a valid, complete plan that records what was asked and what was used.
+TEST(ShardPlanPropertyTest, EveryRegisteredStrategyPlansValidly) {
+  std::mt19937_64 rng(23);
+  const KernelModel model = KernelModel::Default();
+  for (int iter = 0; iter < 300; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
+    for (const ShardStrategyInfo& info : ShardStrategies()) {
+      SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s", iter, cp, info.name));
+      const ShardPlan plan = MustPlan(mb, cp, info.strategy, model);
+      ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
+      CheckCoverage(plan, mb);
+      EXPECT_EQ(plan.requested, info.strategy);
+      EXPECT_NE(plan.strategy, ShardStrategy::kAdaptive);
+      if (info.strategy != ShardStrategy::kAdaptive &&
+          info.strategy != ShardStrategy::kDocumentDegree) {
+        EXPECT_EQ(plan.strategy, info.strategy);  // only these two pick another strategy
+      }
+    }
+  }
+}
+
 TEST(ShardPlanPropertyTest, AdaptiveEqualsChosenFixedPlan) {
   std::mt19937_64 rng(7);
   const KernelModel model = KernelModel::Default();

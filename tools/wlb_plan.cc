@@ -80,8 +80,7 @@ ABSL_FLAG(int32_t, cp, -1,
           "context-parallel size C in [1, 4096]: add CP shard plans to every micro-batch (omit "
           "for none)");
 ABSL_FLAG(std::string, sharding, "adaptive",
-          "with --cp or --estimate: per-seq, per-seq-ordered, per-doc, adaptive, hybrid, "
-          "te-zigzag or doc-degree");
+          "with --cp or --estimate: " + wlb::ShardStrategyNameList(" or "));
 ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps,
           "with --sharding doc-degree: K/V link bandwidth per rank and direction in GB/s "
           "(default 450: NVLink 4, 900 GB/s both ways); in (0, 1e6]");
@@ -646,8 +645,11 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   s.cp_options.comm.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps);
   if (masked_model.ok()) s.cp_options.mix = masked_model->mix;  // doc-degree plans for its masks
   if (Given("cp_link_gbps")) {
-    if (s.strategy != ShardStrategy::kDocumentDegree || s.cp_size < 1) {
-      return Unused("cp-link-gbps", "it applies to --cp with --sharding doc-degree");
+    if (!FindShardStrategy(s.strategy)->uses.cp_link || s.cp_size < 1) {
+      return Unused("cp-link-gbps",
+                    "it applies to --cp with --sharding " +
+                        ShardStrategyNameList(
+                            " or ", [](const ShardStrategyInfo& i) { return i.uses.cp_link; }));
     }
     if (absl::Status st = ValidateCommModel(s.cp_options.comm); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat("--cp-link-gbps: %s", st.message()));
@@ -872,16 +874,14 @@ absl::Status Run() {
     const CpSummary& c = cp_summary;
     absl::StrAppendFormat(
         &out,
-        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %d per-seq, %d "
-        "per-seq-ordered, %d per-doc, %d hybrid):\n"
+        "\nCP shard plans of %s (C = %d, --sharding %s; %d micro-batches: %s):\n"
         "CP imbalance (max/mean over ranks) in causal pairs: mean %.3f, max %.3f; under the kernel "
         "model: mean %.3f, max %.3f; predicted slowest-rank attention %.1f ms in all\n",
-        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches, c.per_seq,
-        c.per_seq_ordered, c.per_doc, c.hybrid, c.pair_imbalance_mean, c.pair_imbalance_max,
+        packer, cp_size, absl::GetFlag(FLAGS_sharding), c.micro_batches,
+        CpStrategyCounts(c, /*optional=*/false), c.pair_imbalance_mean, c.pair_imbalance_max,
         c.model_imbalance_mean, c.model_imbalance_max, c.max_rank_ms_total);
-    if (c.te_zigzag > 0 || c.doc_degree > 0) {
-      absl::StrAppendFormat(&out, "(%d te-zigzag, %d doc-degree micro-batches)\n", c.te_zigzag,
-                            c.doc_degree);
+    if (const std::string used = CpStrategyCounts(c, /*optional=*/true); !used.empty()) {
+      absl::StrAppendFormat(&out, "(%s micro-batches)\n", used);
     }
   }
   if (estimate) {

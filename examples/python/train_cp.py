@@ -35,8 +35,7 @@ import torch.nn.functional as F
 import wlb
 from wlb.torch import PackedDataset, cp_attention, cp_slice, varlen_causal_attention
 
-STRATEGIES = ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
-              "doc-degree"]
+STRATEGIES = wlb.shard_strategy_names()  # the CP strategy registry
 VOCAB, DIM, Q_HEADS, KV_HEADS, HEAD_DIM, LAYERS, HIDDEN = 97, 32, 4, 2, 8, 2, 64
 
 

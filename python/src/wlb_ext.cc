@@ -778,6 +778,16 @@ NB_MODULE(_wlb, m) {
         return names;
       },
       "Names MakePacker accepts.");
+  m.def(
+      "shard_strategy_names",
+      [] {
+        std::vector<std::string> names;
+        for (const wlb::ShardStrategyInfo& info : wlb::ShardStrategies()) {
+          names.emplace_back(info.name);
+        }
+        return names;
+      },
+      "Names plan_shards accepts (the CP strategy registry, wlb/shard/shard_strategies.hpp).");
 
   // ---- packers ------------------------------------------------------------------------------
   nb::class_<PyPacker>(m, "Packer",
@@ -1142,6 +1152,16 @@ NB_MODULE(_wlb, m) {
           "to_json", [](const PyShardPlan& p) { return wlb::ShardPlanToJson(p.plan).dump(); },
           "The plan's keys as wlb-plan --cp writes them on a micro-batch.");
 
+  // The strategy list comes from the registry; nanobind keeps the pointer, hence static.
+  static const std::string plan_shards_doc =
+      "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: " +
+      wlb::ShardStrategyNameList(" or ") +
+      " (see shard_strategy_names()). cp_link_gbps (K/V link GB/s per direction) and layer_mix "
+      "('window:4096x27,causalx5': the layers' attention masks) steer " +
+      wlb::ShardStrategyNameList(
+          " and ",
+          [](const wlb::ShardStrategyInfo& i) { return i.uses.cp_link || i.uses.layer_mix; }) +
+      " and cp_prediction.";
   m.def(
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,
@@ -1174,10 +1194,7 @@ NB_MODULE(_wlb, m) {
       nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
               "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None, "
               "cp_link_gbps: float = 450.0, layer_mix: str = 'causal') -> ShardPlan"),
-      "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: "
-      "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag or doc-degree. "
-      "cp_link_gbps (K/V link GB/s per direction) and layer_mix ('window:4096x27,causalx5': "
-      "the layers' attention masks) steer doc-degree and cp_prediction.");
+      plan_shards_doc.c_str());
 
   BindData(m);
 }

@@ -17,8 +17,7 @@ from cp_workers import case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
-STRATEGIES = ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
-              "doc-degree"]
+STRATEGIES = wlb.shard_strategy_names()  # the CP strategy registry
 CI = os.environ.get("CI") == "true"
 
 

@@ -10,8 +10,19 @@ import pytest
 import wlb
 from conftest import binary, random_lengths
 
-STRATEGIES = ["per-seq", "per-doc", "adaptive", "hybrid", "per-seq-ordered", "te-zigzag",
-              "doc-degree"]
+STRATEGIES = wlb.shard_strategy_names()
+
+
+def test_shard_strategy_names_are_the_registry():
+    assert STRATEGIES == ["per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid",
+                          "te-zigzag", "doc-degree"]
+    # Every name plans, records what was asked, and appears in plan_shards' docstring.
+    for name in STRATEGIES:
+        plan = wlb.plan_shards(np.array([300, 40, 9], dtype=np.int64), 2, name)
+        assert plan.requested == name
+        assert name in wlb.plan_shards.__doc__
+    with pytest.raises(ValueError, match="expected one of per-seq, per-seq-ordered"):
+        wlb.plan_shards(np.array([8], dtype=np.int64), 2, "zigzag")
 
 
 def check_plan(plan, lengths):

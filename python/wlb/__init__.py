@@ -33,6 +33,7 @@ from ._wlb import (
     read_megatron_index,
     read_lengths,
     sample_default_lengths,
+    shard_strategy_names,
     split_into_steps,
     summarize,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "read_megatron_index",
     "read_lengths",
     "sample_default_lengths",
+    "shard_strategy_names",
     "split_into_steps",
     "summarize",
 ]

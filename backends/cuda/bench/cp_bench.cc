@@ -30,6 +30,7 @@
 #include "wlb/cuda/communicator.h"
 #include "wlb/cuda/cp_packed_run.h"
 #include "wlb/cuda/cp_workload.h"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"

@@ -28,6 +28,7 @@
 #include "bench/cp_bench_util.h"
 #include "wlb/cuda/attention_problem.h"
 #include "wlb/cuda/varlen_attention.h"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/kernel_model.hpp"
 
 namespace {

@@ -17,6 +17,7 @@
 #include "test/test_util.h"
 #include "wlb/cuda/cp_reference.h"
 #include "wlb/cuda/cpu_reference.h"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
 namespace wlb::cuda {

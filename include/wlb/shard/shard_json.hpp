@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/shard/shard_strategies.hpp"
 
 namespace wlb {
 
@@ -63,21 +64,21 @@ inline nlohmann::json CpBalanceToJson(const CpBalance& b) {
           {"mean_rank_ms", b.mean_rank_ms}};
 }
 
-// "te_zigzag" and "doc_degree" counts appear only when non-zero, so summaries of the older
-// strategies keep their exact form.
+// Every strategy's count under its registry summary key ("per_seq", ...); the keys of strategies
+// marked summary_only_when_used ("te_zigzag", "doc_degree") appear only when non-zero, so
+// summaries of the older strategies keep their exact form.
 inline nlohmann::json CpSummaryToJson(const CpSummary& s) {
   nlohmann::json j = {{"micro_batches", s.micro_batches},
-                      {"per_seq", s.per_seq},
-                      {"per_seq_ordered", s.per_seq_ordered},
-                      {"per_doc", s.per_doc},
-                      {"hybrid", s.hybrid},
                       {"cp_pair_imbalance_mean", s.pair_imbalance_mean},
                       {"cp_pair_imbalance_max", s.pair_imbalance_max},
                       {"cp_model_imbalance_mean", s.model_imbalance_mean},
                       {"cp_model_imbalance_max", s.model_imbalance_max},
                       {"max_rank_ms_total", s.max_rank_ms_total}};
-  if (s.te_zigzag > 0) j["te_zigzag"] = s.te_zigzag;
-  if (s.doc_degree > 0) j["doc_degree"] = s.doc_degree;
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    if (info.summary_key.empty()) continue;
+    const int64_t n = s.count(info.strategy);
+    if (n > 0 || !info.summary_only_when_used) j[std::string(info.summary_key)] = n;
+  }
   return j;
 }
 

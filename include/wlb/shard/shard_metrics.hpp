@@ -12,12 +12,18 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/shard/shard_strategies.hpp"
+#include "wlb/shard/shard_types.hpp"
 
 namespace wlb {
 
@@ -68,17 +74,20 @@ inline CpBalance MeasureCpBalance(const ShardPlan& plan, const KernelModel& mode
 // CP balance over many micro-batches (a run's summary line).
 struct CpSummary {
   int64_t micro_batches = 0;
-  int64_t per_seq = 0;  // micro-batches planned per sequence (adaptive's picks included)
-  int64_t per_seq_ordered = 0;
-  int64_t per_doc = 0;
-  int64_t hybrid = 0;
-  int64_t te_zigzag = 0;
-  int64_t doc_degree = 0;
+  // Micro-batches planned with each strategy (adaptive's and doc-degree's picks counted under the
+  // strategy used), indexed by ShardStrategy; read it with count().
+  std::array<int64_t, kShardStrategyCount> planned{};
   double pair_imbalance_mean = 0.0;
   double pair_imbalance_max = 0.0;
   double model_imbalance_mean = 0.0;
   double model_imbalance_max = 0.0;
   double max_rank_ms_total = 0.0;  // sum over micro-batches of the slowest rank's latency
+
+  // Micro-batches planned with `strategy` (0 for kAdaptive: plans never hold it).
+  int64_t count(ShardStrategy strategy) const {
+    const size_t i = static_cast<size_t>(strategy);
+    return i < planned.size() ? planned[i] : 0;
+  }
 
   // Adds one micro-batch; means are kept up to date.
   void Add(const ShardPlan& plan, const CpBalance& b) {
@@ -89,29 +98,23 @@ struct CpSummary {
     model_imbalance_max = std::max(model_imbalance_max, b.model_imbalance);
     max_rank_ms_total += b.max_rank_ms;
     ++micro_batches;
-    switch (plan.strategy) {
-      case ShardStrategy::kPerSequence:
-        ++per_seq;
-        break;
-      case ShardStrategy::kPerDocument:
-        ++per_doc;
-        break;
-      case ShardStrategy::kHybrid:
-        ++hybrid;
-        break;
-      case ShardStrategy::kPerSequenceOrdered:
-        ++per_seq_ordered;
-        break;
-      case ShardStrategy::kPerDocumentPadded:
-        ++te_zigzag;
-        break;
-      case ShardStrategy::kDocumentDegree:
-        ++doc_degree;
-        break;
-      case ShardStrategy::kAdaptive:
-        break;  // plans never hold it
-    }
+    if (const size_t i = static_cast<size_t>(plan.strategy); i < planned.size()) ++planned[i];
   }
 };
+
+// The per-strategy counts of a summary as text, in registry order: "3 per-seq, 0 per-seq-ordered,
+// 5 per-doc, 0 hybrid" for the strategies with a summary key that always appear, or (optional)
+// "1 te-zigzag, 0 doc-degree" for those that appear only when used, "" when none of them is.
+inline std::string CpStrategyCounts(const CpSummary& s, bool optional) {
+  std::string out;
+  bool used = false;
+  for (const ShardStrategyInfo& info : ShardStrategies()) {
+    if (info.summary_key.empty() || info.summary_only_when_used != optional) continue;
+    const int64_t n = s.count(info.strategy);
+    used = used || n > 0;
+    absl::StrAppendFormat(&out, "%s%d %s", out.empty() ? "" : ", ", n, info.name);
+  }
+  return optional && !used ? std::string() : out;
+}
 
 }  // namespace wlb

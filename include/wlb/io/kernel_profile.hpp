@@ -1,0 +1,123 @@
+// Reading kernel profiles: CSV tables of measured single-segment attention calls (q_len, kv_len,
+// ms rows) that become a table KernelModel (wlb/shard/kernel_model.hpp).
+//
+//   absl::StatusOr<wlb::KernelModel> measured = wlb::ReadKernelProfileCsv("h200-fwd.csv");
+//   absl::StatusOr<std::vector<wlb::KernelProfilePoint>> points =
+//       wlb::ReadKernelProfilePoints("h200-fwd.csv");  // e.g. for FitAnalyticKernelParams
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "wlb/core/limits.hpp"
+#include "wlb/io/read_file.hpp"
+#include "wlb/shard/kernel_model.hpp"
+
+namespace wlb {
+
+// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and ms (any order,
+// other columns ignored), then one row per measured call. `source` names the text in error
+// messages, which also give the 1-based line and the bad value.
+inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
+    absl::string_view text, absl::string_view source) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  size_t header_line = 0;
+  while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
+    ++header_line;
+  }
+  if (header_line == lines.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: empty kernel profile (need a header q_len,kv_len,ms)", source));
+  }
+  std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
+  int q_col = -1, kv_col = -1, ms_col = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
+    if (h == "q_len") q_col = static_cast<int>(i);
+    if (h == "kv_len") kv_col = static_cast<int>(i);
+    if (h == "ms") ms_col = static_cast<int>(i);
+  }
+  if (q_col < 0 || kv_col < 0 || ms_col < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s:%d: header %s must name the columns q_len, kv_len and ms", source, header_line + 1,
+        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200)));
+  }
+  std::vector<KernelProfilePoint> points;
+  for (size_t li = header_line + 1; li < lines.size(); ++li) {
+    if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
+    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], ',');
+    if (cells.size() != header.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
+    }
+    KernelProfilePoint p;
+    const absl::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
+    const absl::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
+    const absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
+    if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0 || p.q_len > kMaxContext) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: q_len %s is not an integer in [1, %d]", source, li + 1,
+                          QuoteForMessage(q_text), kMaxContext));
+    }
+    if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: kv_len %s is not an integer in [q_len %d, %d] (causal segments see at least "
+          "their own queries)",
+          source, li + 1, QuoteForMessage(kv_text), p.q_len, kMaxContext));
+    }
+    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s:%d: ms %s is not a number in [%g, %g]",
+                                                        source, li + 1, QuoteForMessage(ms_text),
+                                                        kMinProfileMs, kMaxProfileMs));
+    }
+    points.push_back(p);
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: kernel profile has a header but no rows", source));
+  }
+  return points;
+}
+
+// The table model of a kernel profile CSV (ParseKernelProfilePoints, then
+// KernelModel::FromProfile).
+inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
+                                                         absl::string_view source,
+                                                         const KernelShape& shape = {},
+                                                         double segment_overhead_ms = 0.0) {
+  absl::StatusOr<std::vector<KernelProfilePoint>> points = ParseKernelProfilePoints(text, source);
+  if (!points.ok()) return points.status();
+  absl::StatusOr<KernelModel> model = KernelModel::FromProfile(*points, shape, segment_overhead_ms);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrFormat("%s: %s", source, model.status().message()));
+  }
+  return model;
+}
+
+// Reads the points of a kernel profile CSV file (see ParseKernelProfilePoints).
+inline absl::StatusOr<std::vector<KernelProfilePoint>> ReadKernelProfilePoints(
+    const std::string& path) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
+  if (!text.ok()) return text.status();
+  return ParseKernelProfilePoints(*text, absl::CHexEscape(path));
+}
+
+// Reads a kernel profile CSV file (see ParseKernelProfileCsv).
+inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(const std::string& path,
+                                                        const KernelShape& shape = {},
+                                                        double segment_overhead_ms = 0.0) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
+  if (!text.ok()) return text.status();
+  return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms);
+}
+
+}  // namespace wlb

@@ -1,0 +1,223 @@
+// Predicting shard plans: kernel time per rank (PredictRankMs), time under attention masks
+// (MaskedSegmentMs), the K/V rows ranks exchange (ExchangedKvRows) and the predicted CP time of a
+// layer mix with its exchange over a link (PredictCp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "wlb/cost/attention_mask.hpp"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/shard_types.hpp"
+
+namespace wlb {
+
+// Predicted latency (ms) of queries [q_begin, q_end) of one document under `mask`, with the keys
+// the mask lets them see, [mask.KeyBegin(q_begin), q_end), as the kernel's key range. Causal is
+// exactly model.SegmentMs(q_end - q_begin, q_end). Otherwise the tiled kernel's blocks are
+// counted query tile by query tile (tiles start at q_begin, key tiles at the key range's start):
+// tile queries [a, b) visit the key tiles from KeyBegin(a) to b - 1.
+inline double MaskedSegmentMs(const KernelModel& model, const AttentionMask& mask, int64_t q_begin,
+                              int64_t q_end) {
+  if (q_end <= q_begin) return 0.0;
+  if (mask.causal()) return model.SegmentMs(q_end - q_begin, q_end);
+  const int64_t tq = model.tile_q();
+  const int64_t tk = model.tile_k();
+  const int64_t k0 = mask.KeyBegin(q_begin);
+  int64_t blocks = 0;
+  for (int64_t a = q_begin; a < q_end; a += tq) {
+    const int64_t b = std::min(a + tq, q_end);
+    blocks += (b - 1 - k0) / tk - (mask.KeyBegin(a) - k0) / tk + 1;
+  }
+  const double flops = 4.0 * static_cast<double>(model.shape().head_dim * model.shape().heads) *
+                       static_cast<double>(tq * tk) * static_cast<double>(blocks);
+  return flops / model.FlopsPerMs(q_end - q_begin, q_end - k0) + model.segment_overhead_ms();
+}
+
+// One shard of one document in an exchange computation: queries [q_begin, q_end) on `rank`.
+struct DocShard {
+  int rank = 0;
+  int64_t q_begin = 0;
+  int64_t q_end = 0;
+};
+
+// For the shards of ONE document (exact coverage), calls fn(receiver, sender, rows) for every
+// pair of ranks where `receiver` needs `rows` > 0 key rows that `sender` holds: a rank needs the
+// union over its shards of the keys [mask.KeyBegin(q_begin), q_end), less its own rows.
+template <typename Fn>
+void ForEachDocExchange(std::span<const DocShard> shards, const AttentionMask& mask, Fn&& fn) {
+  if (mask.causal()) {
+    // Every key range starts at 0, so a rank's need is the one interval [0, its largest q_end):
+    // the general path's result and call order, without its interval list.
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const int r = shards[i].rank;
+      bool first = true;
+      for (size_t j = 0; j < i; ++j) first = first && shards[j].rank != r;
+      if (!first) continue;
+      int64_t hi = 0;
+      for (const DocShard& s : shards) {
+        if (s.rank == r) hi = std::max(hi, s.q_end);
+      }
+      for (const DocShard& s : shards) {
+        if (s.rank == r) continue;
+        const int64_t rows =
+            std::max<int64_t>(0, std::min(hi, s.q_end) - std::max<int64_t>(0, s.q_begin));
+        if (rows > 0) fn(r, s.rank, rows);
+      }
+    }
+    return;
+  }
+  std::vector<std::pair<int64_t, int64_t>> need;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int r = shards[i].rank;
+    bool first = true;  // handle each rank once, at its first shard
+    for (size_t j = 0; j < i; ++j) first = first && shards[j].rank != r;
+    if (!first) continue;
+    need.clear();
+    for (const DocShard& s : shards) {
+      if (s.rank == r) need.push_back({mask.KeyBegin(s.q_begin), s.q_end});
+    }
+    std::sort(need.begin(), need.end());
+    size_t merged = 0;
+    for (size_t k = 1; k < need.size(); ++k) {
+      if (need[k].first <= need[merged].second) {
+        need[merged].second = std::max(need[merged].second, need[k].second);
+      } else {
+        need[++merged] = need[k];
+      }
+    }
+    need.resize(merged + 1);
+    for (const DocShard& s : shards) {
+      if (s.rank == r) continue;
+      int64_t rows = 0;
+      for (const auto& [lo, hi] : need) {
+        rows += std::max<int64_t>(0, std::min(hi, s.q_end) - std::max(lo, s.q_begin));
+      }
+      if (rows > 0) fn(r, s.rank, rows);
+    }
+  }
+}
+
+// K/V rows one rank receives from and sends to the other ranks of a plan under one mask (a
+// selective exchange: a rank gets exactly the rows its queries see and it does not hold).
+struct RankExchange {
+  int64_t recv_rows = 0;
+  int64_t send_rows = 0;
+};
+
+namespace detail {
+
+// The plan's segments grouped by document, as DocShards.
+inline std::vector<std::vector<DocShard>> ShardsByDocument(const ShardPlan& plan) {
+  std::vector<std::vector<DocShard>> by_doc;
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) {
+      const size_t i = static_cast<size_t>(s.doc_index);
+      if (i >= by_doc.size()) by_doc.resize(i + 1);
+      by_doc[i].push_back({r.rank, s.q_begin, s.q_end});
+    }
+  }
+  return by_doc;
+}
+
+inline std::vector<RankExchange> ExchangeOf(const std::vector<std::vector<DocShard>>& by_doc,
+                                            size_t ranks, const AttentionMask& mask) {
+  std::vector<RankExchange> x(ranks);
+  for (const std::vector<DocShard>& shards : by_doc) {
+    ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+      x[static_cast<size_t>(to)].recv_rows += rows;
+      x[static_cast<size_t>(from)].send_rows += rows;
+    });
+  }
+  return x;
+}
+
+}  // namespace detail
+
+// Per rank: K/V rows exchanged under `mask` (plan segments must have valid doc_index values, as
+// every plan PlanShards returns has).
+inline std::vector<RankExchange> ExchangedKvRows(const ShardPlan& plan,
+                                                 const AttentionMask& mask = {}) {
+  return detail::ExchangeOf(detail::ShardsByDocument(plan), plan.ranks.size(), mask);
+}
+
+// Predicted CP attention time of a plan, per layer: every layer kind of the mix is weighted by
+// its share of the layers. Within one layer kind a rank takes attention (MaskedSegmentMs of its
+// segments) + max(sent, received) K/V rows x CommModel::RowMs; the layer ends with its slowest
+// rank.
+struct CpPrediction {
+  double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange
+  double attention_max_ms = 0.0;  // mix mean of max over ranks of attention alone
+  double exchanged_bytes = 0.0;   // mix mean of K/V bytes received, summed over ranks
+  double max_rank_bytes = 0.0;    // mix mean of max over ranks of max(sent, received) bytes
+  double allgather_bytes = 0.0;   // C x (C-1) x rank_capacity rows: what an all-gather of every
+                                  // rank's padded buffer (the backends' executors) moves
+  std::vector<double> rank_ms;    // per rank: mix mean of attention + exchange
+  // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
+  // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
+  std::vector<int64_t> rank_pairs;
+};
+
+inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
+                              const CpPlanOptions& options = {}) {
+  CpPrediction p;
+  const size_t ranks = plan.ranks.size();
+  p.rank_ms.assign(ranks, 0.0);
+  p.rank_pairs.assign(ranks, 0);
+  const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
+  const double row_ms = options.comm.RowMs(model);
+  const double row_bytes = static_cast<double>(options.comm.RowBytes(model));
+  const double total = static_cast<double>(std::max<int64_t>(1, options.mix.total_layers()));
+  for (const auto& [mask, count] : options.mix.layers) {
+    const double w = static_cast<double>(count) / total;
+    const std::vector<RankExchange> x = detail::ExchangeOf(by_doc, ranks, mask);
+    double worst = 0.0, worst_attention = 0.0, worst_rows = 0.0, received = 0.0;
+    for (size_t r = 0; r < ranks; ++r) {
+      double attention = 0.0;
+      for (const Segment& s : plan.ranks[r].segments) {
+        attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
+        p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
+      }
+      const double rows = static_cast<double>(std::max(x[r].recv_rows, x[r].send_rows));
+      const double t = attention + rows * row_ms;
+      p.rank_ms[r] += w * t;
+      worst = std::max(worst, t);
+      worst_attention = std::max(worst_attention, attention);
+      worst_rows = std::max(worst_rows, rows);
+      received += static_cast<double>(x[r].recv_rows);
+    }
+    p.max_ms += w * worst;
+    p.attention_max_ms += w * worst_attention;
+    p.max_rank_bytes += w * worst_rows * row_bytes;
+    p.exchanged_bytes += w * received * row_bytes;
+  }
+  const double c = static_cast<double>(plan.cp_size);
+  p.allgather_bytes = c * (c - 1.0) * static_cast<double>(plan.rank_capacity) * row_bytes;
+  return p;
+}
+
+namespace detail {
+
+// Predicted latency (ms) of every rank of a plan.
+inline std::vector<double> PredictRankMsOf(const ShardPlan& plan, const KernelModel& model) {
+  std::vector<double> ms;
+  ms.reserve(plan.ranks.size());
+  for (const RankShard& r : plan.ranks) {
+    double total = 0.0;
+    for (const Segment& s : r.segments) total += model.SegmentMs(s.q_len(), s.q_end);
+    ms.push_back(total);
+  }
+  return ms;
+}
+
+}  // namespace detail
+
+// Predicted latency (ms) of every rank of a plan under `model`.
+inline std::vector<double> PredictRankMs(const ShardPlan& plan, const KernelModel& model) {
+  return detail::PredictRankMsOf(plan, model);
+}
+
+}  // namespace wlb

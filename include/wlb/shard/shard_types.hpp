@@ -1,0 +1,135 @@
+// The types of CP shard plans (see shard_plan.hpp for the strategies and rules): the strategy
+// enum, segments, rank shards, plans, and the planner options with their validation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "wlb/core/limits.hpp"
+#include "wlb/cost/attention_mask.hpp"
+#include "wlb/shard/kernel_model.hpp"
+
+namespace wlb {
+
+// How a micro-batch is split across CP ranks (see shard_plan.hpp; the registry of strategies is
+// shard_strategies.hpp).
+enum class ShardStrategy {
+  kPerSequence,
+  kPerDocument,
+  kAdaptive,
+  kHybrid,
+  kPerSequenceOrdered,
+  kPerDocumentPadded,
+  kDocumentDegree
+};
+
+// Number of ShardStrategy values (the registry, shard_strategies.hpp, lists each once).
+inline constexpr size_t kShardStrategyCount = 7;
+
+// Queries [q_begin, q_end) of one document piece on one rank; keys are [0, q_end) of the piece.
+struct Segment {
+  int64_t id = 0;         // Document::id
+  int32_t piece = 0;      // Document::piece
+  int64_t q_begin = 0;    // first query, counted from the piece's first token
+  int64_t q_end = 0;      // one past the last query; also the key length
+  int64_t doc_index = 0;  // position of the piece in MicroBatch::documents
+  int64_t q_pos = 0;      // packed micro-batch index of query q_begin
+  int64_t k_pos = 0;      // packed micro-batch index of key 0 (the piece's first token)
+
+  int64_t q_len() const { return q_end - q_begin; }
+  friend bool operator==(const Segment&, const Segment&) = default;
+};
+
+// One CP rank's share of a micro-batch and the arrays a varlen attention kernel takes.
+struct RankShard {
+  int rank = 0;
+  std::vector<Segment> segments;      // chunk r's segments, then chunk 2C-1-r's
+  std::vector<int32_t> cu_seqlens_q;  // segments + 1 prefix sums of query lengths, from 0
+  std::vector<int32_t> cu_seqlens_k;  // segments + 1 prefix sums of key lengths (q_end), from 0
+  int64_t max_seqlen_q = 0;           // longest query range (0 without segments)
+  int64_t max_seqlen_k = 0;           // longest key range
+  int64_t tokens = 0;                 // queries held, padding excluded
+  int64_t causal_pairs = 0;           // (query, key) pairs its queries attend
+
+  friend bool operator==(const RankShard&, const RankShard&) = default;
+};
+
+// The shard plan of one micro-batch for CP size C.
+struct ShardPlan {
+  ShardStrategy strategy = ShardStrategy::kPerSequence;   // the one used; never kAdaptive
+  ShardStrategy requested = ShardStrategy::kPerSequence;  // what the caller asked for
+  int cp_size = 1;
+  int64_t tokens = 0;         // micro-batch tokens
+  int64_t rank_capacity = 0;  // tokens per rank buffer, padding included (what each rank gathers)
+  std::vector<RankShard> ranks;  // ranks[r].rank == r
+
+  // Padding tokens over all ranks.
+  int64_t padding_tokens() const { return cp_size * rank_capacity - tokens; }
+  friend bool operator==(const ShardPlan&, const ShardPlan&) = default;
+};
+
+// (query, key) pairs that queries [q_begin, q_end) attend under a causal mask: query i sees i+1
+// keys.
+inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
+  return (q_end * (q_end + 1) - q_begin * (q_begin + 1)) / 2;
+}
+
+// NVLink-class default of --cp-link-gbps: an H100 SXM's NVLink 4 gives 900 GB/s per GPU in both
+// directions together, 450 GB/s each way; a rank sends and receives at the same time.
+inline constexpr double kDefaultCpLinkGbps = 450.0;
+
+// What exchanging K/V rows between CP ranks costs: one token's K and V rows of one layer
+// (kv_row_bytes) over a link of link_gbps GB/s (1e9 bytes) per direction.
+struct CommModel {
+  double link_gbps = kDefaultCpLinkGbps;
+  // 0: 2 (K and V) x heads x head_dim x 2 bytes (bf16) of the kernel model's shape, i.e. 16 KiB
+  // for the default 32 x 128 (multi-head; pass kv_heads x head_dim x 4 for grouped-query).
+  int64_t kv_row_bytes = 0;
+
+  int64_t RowBytes(const KernelModel& model) const {
+    return kv_row_bytes > 0 ? kv_row_bytes : 4 * model.shape().heads * model.shape().head_dim;
+  }
+  // Milliseconds to move one row one way.
+  double RowMs(const KernelModel& model) const {
+    return static_cast<double>(RowBytes(model)) / (link_gbps * 1e9) * 1e3;
+  }
+};
+
+// InvalidArgument naming the bad value: link_gbps must be in (0, 1e6], kv_row_bytes in
+// [0, 2^30].
+inline absl::Status ValidateCommModel(const CommModel& c) {
+  if (!(c.link_gbps > 0.0) || !(c.link_gbps <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CP link bandwidth must be in (0, 1e6] GB/s, got %g", c.link_gbps));
+  }
+  if (c.kv_row_bytes < 0 || c.kv_row_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("K/V bytes per row must be in [0, 2^30], got %d", c.kv_row_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Planner inputs beyond the kernel model: the link, and the layers' attention masks. Only
+// kDocumentDegree plans with them (the other strategies keep their causal plans).
+struct CpPlanOptions {
+  CommModel comm;
+  LayerMix mix = LayerMix::Causal();
+};
+
+inline absl::Status ValidateCpPlanOptions(const CpPlanOptions& o) {
+  if (absl::Status s = ValidateCommModel(o.comm); !s.ok()) return s;
+  if (o.mix.layers.empty()) return absl::InvalidArgumentError("CP layer mix has no layers");
+  for (const auto& [mask, count] : o.mix.layers) {
+    if (count < 1 || o.mix.total_layers() > kMaxMixLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("CP layer mix %s: every count must be >= 1 and the total <= %d",
+                          o.mix.Name(), kMaxMixLayers));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wlb

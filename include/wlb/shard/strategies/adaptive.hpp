@@ -1,0 +1,102 @@
+// kAdaptive ("adaptive"): per micro-batch, the fastest predicted of kPerSequenceOrdered,
+// kPerDocument and kHybrid (see shard_plan.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "wlb/shard/kernel_model.hpp"
+#include "wlb/shard/per_seq_order.hpp"
+#include "wlb/shard/plan_builder.hpp"
+#include "wlb/shard/shard_types.hpp"
+#include "wlb/shard/strategies/hybrid.hpp"
+#include "wlb/shard/strategies/per_doc.hpp"
+#include "wlb/shard/strategies/per_seq_ordered.hpp"
+
+namespace wlb {
+
+// Predicted max-rank latency (ms) of the fixed strategies and adaptive's pick.
+struct AdaptiveChoice {
+  ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
+  double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
+  double per_seq_ordered_max_ms = 0.0;
+  double per_doc_max_ms = 0.0;
+  double hybrid_max_ms = 0.0;
+};
+
+namespace detail {
+
+// Predicted latency of every rank under per-sequence or per-document sharding, without
+// building the plan.
+inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<int64_t>& starts,
+                                        int cp_size, ShardStrategy strategy,
+                                        const KernelModel& model) {
+  std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
+  auto add = [&](int rank, int64_t, int64_t q_begin, int64_t q_end) {
+    ms[static_cast<size_t>(rank)] += model.SegmentMs(q_end - q_begin, q_end);
+  };
+  if (strategy == ShardStrategy::kPerSequence) {
+    ForEachPerSequenceSegment(starts, cp_size, add);
+  } else {
+    ForEachPerDocumentSegment(
+        mb, cp_size, [](size_t) { return true; }, add);
+  }
+  return ms;
+}
+
+// ChooseAdaptive on a checked micro-batch; also returns the ordered search's order.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb,
+                                                            const std::vector<int64_t>& starts,
+                                                            int cp_size, const KernelModel& model,
+                                                            std::vector<int64_t>* order) {
+  AdaptiveChoice c;
+  OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
+  c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
+  c.per_seq_ordered_max_ms = ordered.max_ms;
+  c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
+  c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
+  c.chosen = ShardStrategy::kPerSequenceOrdered;
+  double best = c.per_seq_ordered_max_ms;
+  if (c.per_doc_max_ms < best) {
+    c.chosen = ShardStrategy::kPerDocument;
+    best = c.per_doc_max_ms;
+  }
+  if (c.hybrid_max_ms < best) c.chosen = ShardStrategy::kHybrid;
+  if (order != nullptr) *order = std::move(ordered.order);
+  return c;
+}
+
+}  // namespace detail
+
+// What kAdaptive would choose for this micro-batch; errors as PlanShards.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
+                                                     const KernelModel& model) {
+  absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
+  if (!starts.ok()) return starts.status();
+  return detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, nullptr);
+}
+
+namespace detail {
+
+// Plans what ChooseAdaptive picks (the plan records it; requested stays kAdaptive).
+inline absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r) {
+  std::vector<int64_t> order;
+  absl::StatusOr<AdaptiveChoice> c =
+      ChooseAdaptiveChecked(r.mb, r.starts, r.cp_size, r.model, &order);
+  if (!c.ok()) return c.status();
+  switch (c->chosen) {
+    case ShardStrategy::kPerDocument:
+      return PlanPerDocument(r);
+    case ShardStrategy::kHybrid:
+      return PlanHybrid(r);
+    default:
+      return PlanPerSequenceOrdered(r, std::move(order));
+  }
+}
+
+}  // namespace detail
+}  // namespace wlb

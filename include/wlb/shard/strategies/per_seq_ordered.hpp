@@ -1,0 +1,39 @@
+// kPerSequenceOrdered ("per-seq-ordered"): per-sequence chunks of the documents laid out in the
+// order PerSequenceOrder picks (see shard_plan.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "wlb/shard/per_seq_order.hpp"
+#include "wlb/shard/plan_builder.hpp"
+#include "wlb/shard/shard_types.hpp"
+
+namespace wlb {
+namespace detail {
+
+// `order`: the packing order (document indices), or empty to search for one.
+inline absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& r,
+                                                        std::vector<int64_t> order = {}) {
+  const MicroBatch& mb = r.mb;
+  const size_t docs = mb.documents.size();
+  if (order.empty()) order = SearchPerSequenceOrder(mb, r.cp_size, r.model).order;
+  std::vector<int64_t> ordered_starts(docs + 1, 0);
+  for (size_t i = 0; i < docs; ++i) {
+    ordered_starts[i + 1] = ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+  }
+  PlanBuilder b(mb, r.starts, r.cp_size, docs + 2 * static_cast<size_t>(r.cp_size));
+  ForEachPerSequenceSegment(ordered_starts, r.cp_size,
+                            [&](int rank, int64_t i, int64_t qb, int64_t qe) {
+                              b.Add(rank, order[static_cast<size_t>(i)], qb, qe);
+                            });
+  return b.Finish(ShardStrategy::kPerSequenceOrdered, r.requested, r.cp_size,
+                  2 * PerSequenceChunk(r.starts.back(), r.cp_size));
+}
+
+}  // namespace detail
+}  // namespace wlb
