@@ -1,4 +1,4 @@
-// Tests of include/wlb/shard/shard_plan.hpp, shard_metrics.hpp and shard_json.hpp.
+// Tests of include/wlb/shard/shard_plan.hpp (with the CP balance of its worked examples).
 #include "wlb/shard/shard_plan.hpp"
 
 #include <algorithm>
@@ -16,7 +16,6 @@
 #include "test_util.hpp"
 #include "wlb/cost/attention_mask.hpp"
 #include "wlb/shard/kernel_model.hpp"
-#include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb {
