@@ -1,12 +1,10 @@
 #include "wlb/cost/cost_model.hpp"
 
 #include <cmath>
-#include <filesystem>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wlb/cost/cost_fit.hpp"
-#include "wlb/io/profile.hpp"
 
 namespace wlb {
 namespace {
@@ -99,51 +97,6 @@ TEST(FitCostModel, RejectsTooFewOrBadPoints) {
   EXPECT_THAT(FitCostModel(two).status().message(), HasSubstr("at least 3"));
   std::vector<ProfilePoint> bad = {{1, 1.0}, {2, -2.0}, {3, 3.0}};
   EXPECT_THAT(FitCostModel(bad).status().message(), HasSubstr("-2"));
-}
-
-TEST(ParseProfileCsv, KeepsSingleGpuRowsAndAveragesRepeats) {
-  auto pts = ParseProfileCsv(
-      "L,cp,tp,duration_per_doc\n64,1,1,0.5\n64,2,1,9\n128,1,1,1.0\n128,1,1,2.0\n", "p.csv");
-  ASSERT_TRUE(pts.ok()) << pts.status();
-  ASSERT_EQ(pts->size(), 2u);
-  EXPECT_EQ((*pts)[0].length, 64);
-  EXPECT_DOUBLE_EQ((*pts)[0].ms, 0.5);
-  EXPECT_DOUBLE_EQ((*pts)[1].ms, 1.5);
-}
-
-TEST(ParseProfileCsv, ErrorsNameTheLineAndValue) {
-  EXPECT_THAT(ParseProfileCsv("L,ms\n64,0.5\nabc,1\n", "p.csv").status().message(),
-              HasSubstr("p.csv:3: length 'abc'"));
-  EXPECT_THAT(ParseProfileCsv("L,ms\n64,-1\n", "p.csv").status().message(),
-              HasSubstr("latency '-1'"));
-  // 1e308 ms used to fit into inf/NaN costs and null imbalances; lengths are bounded like S.
-  EXPECT_THAT(ParseProfileCsv("L,ms\n64,1e308\n", "p.csv").status().message(),
-              HasSubstr("latency '1e308' is not a number in [1e-06, 1e+07] ms"));
-  EXPECT_THAT(ParseProfileCsv("L,ms\n9223372036854775807,1\n", "p.csv").status().message(),
-              HasSubstr("length '9223372036854775807' is not an integer in [1, 16777216]"));
-  EXPECT_THAT(ParseProfileCsv("L,ms\n64\n", "p.csv").status().message(),
-              HasSubstr("1 fields, the header has 2"));
-  EXPECT_THAT(ParseProfileCsv("a,b\n1,2\n", "p.csv").status().message(),
-              HasSubstr("needs a length column"));
-}
-
-TEST(ResolveCostModel, PresetOrFileElseAnError) {
-  EXPECT_TRUE(ResolveCostModel("llama2-70b").ok());
-  absl::StatusOr<ProfileFit> bad = ResolveCostModel("no-such-model");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("'no-such-model'"));
-}
-
-TEST(ResolveCostModel, FitsTheH100AttentionProfile) {
-  const std::string path = std::string(WLB_SHARED_DATA_DIR) + "/h100/compute-attn-H100.csv";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "public data not present: " << path;
-  absl::StatusOr<ProfileFit> fit = ResolveCostModel(path);
-  ASSERT_TRUE(fit.ok()) << fit.status();
-  // Attention latency is flat below ~256 tokens and quadratic above: a + b d + c d^2 fits it to
-  // within a few percent on average (measured: see README, "Cost models").
-  EXPECT_LT(fit->rms_relative_error, 0.15) << fit->model.description;
-  EXPECT_GT(fit->model.attn_quadratic, 0);
-  EXPECT_GT(fit->model.per_document, 0);  // the flat part: fixed launch cost per document
 }
 
 }  // namespace

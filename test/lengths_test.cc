@@ -1,14 +1,10 @@
 #include "wlb/io/lengths.hpp"
 
-#include <sys/stat.h>
-
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "wlb/io/default_distribution.hpp"
 
 namespace wlb {
 namespace {
@@ -62,50 +58,6 @@ TEST(ReadLengthsFile, ReadsAFile) {
   std::remove(path.c_str());
 }
 
-TEST(DefaultDistribution, SameSeedSameLengthsDifferentSeedDifferent) {
-  const auto a = SampleDefaultLengths(1 << 22, 7);
-  const auto b = SampleDefaultLengths(1 << 22, 7);
-  const auto c = SampleDefaultLengths(1 << 22, 8);
-  EXPECT_EQ(a, b);
-  EXPECT_NE(a, c);
-  int64_t total = 0;
-  for (int64_t x : a) {
-    ASSERT_GE(x, 1);
-    ASSERT_LE(x, 131072);
-    total += x;
-  }
-  EXPECT_GE(total, 1 << 22);
-  EXPECT_LT(total - a.back(), 1 << 22);  // stops as soon as the total is reached
-}
-
-TEST(DefaultDistribution, MatchesTheSourceShape) {
-  // The source (README of ../shared/data): median ~3.2K, mean ~4K, ~97% of documents <= 6,250.
-  const auto lengths = SampleDefaultLengths(int64_t{400} << 20, 1);
-  std::vector<int64_t> sorted = lengths;
-  std::sort(sorted.begin(), sorted.end());
-  double mean = 0;
-  int64_t short_docs = 0;
-  for (int64_t x : lengths) {
-    mean += static_cast<double>(x);
-    short_docs += x <= 6250;
-  }
-  mean /= static_cast<double>(lengths.size());
-  EXPECT_NEAR(static_cast<double>(sorted[sorted.size() / 2]), 3227, 150);
-  EXPECT_NEAR(mean, 3962, 200);
-  EXPECT_NEAR(static_cast<double>(short_docs) / lengths.size(), 0.97, 0.01);
-}
-
-TEST(SampleLengths, DrawsInsideTheBins) {
-  const LengthBin bins[] = {{10, 12, 1}, {100, 100, 3}};
-  const auto lengths = SampleLengths(bins, 100000, 3);
-  int64_t hundreds = 0;
-  for (int64_t x : lengths) {
-    ASSERT_TRUE((x >= 10 && x <= 12) || x == 100) << x;
-    hundreds += x == 100;
-  }
-  EXPECT_NEAR(static_cast<double>(hundreds) / lengths.size(), 0.75, 0.03);
-}
-
 TEST(ParseLengths, DeeplyNestedJsonIsRejectedAtOnceWithoutEchoingIt) {
   // 100,000 levels used to crash (SIGSEGV) while the error path dumped the element recursively.
   const std::string nested = std::string(100000, '[') + std::string(100000, ']');
@@ -143,31 +95,6 @@ TEST(ReadLengthsFile, DirectoryIsAnErrorNotZeroDocuments) {
   ASSERT_FALSE(lengths.ok());
   EXPECT_EQ(lengths.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(lengths.status().message(), HasSubstr("is a directory"));
-}
-
-TEST(ReadInputFile, StopsAtTheByteLimit) {
-  const std::string path = ::testing::TempDir() + "/wlb_big_input.txt";
-  std::ofstream(path) << std::string(5000, '7');
-  auto text = ReadInputFile(path, "lengths file", 4096);
-  ASSERT_FALSE(text.ok());
-  EXPECT_THAT(text.status().message(), HasSubstr("larger than the limit of 4096 bytes"));
-  EXPECT_TRUE(ReadInputFile(path, "lengths file", 5000).ok());
-  std::remove(path.c_str());
-}
-
-TEST(ReadInputFile, RefusesFifosAndDevicesAtOnceInsteadOfHangingOrReadingForever) {
-  const std::string fifo = ::testing::TempDir() + "/wlb_input_fifo";
-  std::filesystem::remove(fifo);
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  // No writer: a blocking open would never return.
-  for (const std::string& path : {fifo, std::string("/dev/zero"), std::string("/dev/urandom"),
-                                  std::string("/dev/null")}) {
-    auto text = ReadInputFile(path, "lengths file");
-    ASSERT_FALSE(text.ok()) << path;
-    EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument) << path;
-    EXPECT_THAT(text.status().message(), HasSubstr("is not a regular file")) << path;
-  }
-  std::filesystem::remove(fifo);
 }
 
 TEST(ParseLengths, ANulByteIsAnErrorNotTheEndOfTheInput) {

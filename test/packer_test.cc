@@ -171,22 +171,6 @@ TEST(WlbRefine, RespectsTheTokenCap) {
   EXPECT_EQ(RefineMicroBatches(mbs, 10, Quadratic(), 16), 0);
 }
 
-TEST(MakePacker, RejectsBadSettingsNamingTheValue) {
-  const CostModel cost = Quadratic();
-  EXPECT_THAT(MakePacker("best-fit", {}, cost, {}).status().message(),
-              HasSubstr("unknown packer 'best-fit'"));
-  EXPECT_THAT(MakePacker("wlb", {.micro_batches = 0}, cost, {}).status().message(),
-              HasSubstr("got 0"));
-  EXPECT_THAT(MakePacker("wlb", {.context = 100, .max_tokens = 99}, cost, {}).status().message(),
-              HasSubstr("S_max) 99 is below the context window (S) 100"));
-  EXPECT_THAT(MakePacker("fixed-greedy", {}, cost, {.window = 0}).status().message(),
-              HasSubstr("window must be in [1, 4096] steps, got 0"));
-  EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {100, 50}}).status().message(),
-              HasSubstr("strictly increasing, got 100,50"));
-  EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = {200000}}).status().message(),
-              HasSubstr("200000 is outside"));
-}
-
 TEST(Packer, PushRejectsPiecesLongerThanTheContextWithoutChangingState) {
   PackerConfig config{.context = 10, .max_tokens = 10, .micro_batches = 1};
   auto packer = *MakePacker("wlb", config, Quadratic(), {});
@@ -491,20 +475,6 @@ TEST(LookaheadPacker, RejectsStatesThatDoNotFitTheConfigurationAndStaysUnchanged
   EXPECT_EQ(other_k->RestoreState(blob).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(MakePacker, RejectsABadLookahead) {
-  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = -1}).status().message(),
-              HasSubstr("look-ahead must be in [0, 8] steps, got -1"));
-  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.lookahead = 9}).status().message(),
-              HasSubstr("got 9"));
-  EXPECT_THAT(
-      MakePacker("wlb-lookahead", {}, Quadratic(), {.delay_budget = -0.5}).status().message(),
-      HasSubstr("delay budget must be >= 0 steps, got -0.5"));
-  EXPECT_THAT(MakePacker("wlb-lookahead", {}, Quadratic(), {.delay_budget = std::nan("")})
-                  .status()
-                  .message(),
-              HasSubstr("got nan"));
-}
-
 TEST(PackerConfig, EverySizeHasADocumentedUpperBound) {
   const CostModel cost = Quadratic();
   auto message = [&](const PackerConfig& c, const PackerOptions& o = {}) {
@@ -529,29 +499,6 @@ TEST(PackerConfig, EverySizeHasADocumentedUpperBound) {
   for (int64_t t = 1; t <= 17; ++t) seventeen.push_back(t);
   EXPECT_THAT(MakePacker("wlb", {}, cost, {.thresholds = seventeen}).status().message(),
               HasSubstr("17 outlier thresholds, at most 16"));
-}
-
-TEST(SplitIntoSteps, RejectsStepSizesThatCannotBeRight) {
-  const std::vector<Document> pieces = Docs({5, 7}, 10);
-  for (int64_t bad : {int64_t{0}, int64_t{-4}, kMaxContext * kMaxMicroBatches + 1}) {
-    auto steps = SplitIntoSteps(pieces, bad);  // 0 used to divide by zero (SIGFPE)
-    ASSERT_FALSE(steps.ok()) << bad;
-    EXPECT_THAT(steps.status().message(), HasSubstr(absl::StrFormat("got %d", bad)));
-  }
-  EXPECT_FALSE(SplitIntoSteps(std::vector<Document>{{.id = 0, .length = 0}}, 10).ok());
-  auto steps = SplitIntoSteps(pieces, 5);
-  ASSERT_TRUE(steps.ok());
-  EXPECT_EQ(steps->size(), 2u);
-}
-
-TEST(StreamTokensForSteps, ChecksTheProductAgainstTheStreamLimit) {
-  const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
-  EXPECT_EQ(*StreamTokensForSteps(config, 100), 100 * 4 * 131072);
-  EXPECT_THAT(StreamTokensForSteps(config, 0).status().message(), HasSubstr("got 0"));
-  EXPECT_THAT(StreamTokensForSteps(config, int64_t{1} << 50).status().message(),
-              HasSubstr("steps must be in [1, 1048576]"));
-  EXPECT_THAT(StreamTokensForSteps(config, 65537).status().message(),
-              HasSubstr("at most 65536 steps at this S and N"));
 }
 
 TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {

@@ -1,4 +1,4 @@
-// Tests of include/wlb/shard/shard_plan.hpp, shard_metrics.hpp and shard_json.hpp.
+// Tests of include/wlb/shard/shard_plan.hpp (with the CP balance of its worked examples).
 #include "wlb/shard/shard_plan.hpp"
 
 #include <algorithm>
@@ -18,7 +18,6 @@
 #include "test_util.hpp"
 #include "wlb/cost/attention_mask.hpp"
 #include "wlb/shard/kernel_model.hpp"
-#include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb {
@@ -147,32 +146,6 @@ TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   EXPECT_EQ(CpStrategyCounts(summary, true), "1 te-zigzag, 0 doc-degree");
   EXPECT_EQ(CpSummaryToJson(summary).at("te_zigzag"), 1);
   EXPECT_FALSE(CpSummaryToJson(summary).contains("doc_degree"));
-}
-
-TEST(ShardPlanTest, JsonShape) {
-  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const nlohmann::json j = ShardPlanToJson(MustPlan(mb, 2, ShardStrategy::kPerDocument));
-  EXPECT_EQ(j.at("sharding"), "per-doc");
-  EXPECT_EQ(j.at("cp_size"), 2);
-  ASSERT_EQ(j.at("shards").size(), 2u);
-  const nlohmann::json& s0 = j.at("shards")[0];
-  EXPECT_EQ(s0.at("rank"), 0);
-  EXPECT_EQ(s0.at("cu_seqlens_q"), nlohmann::json({0, 2, 6, 8, 9, 14, 16}));
-  EXPECT_EQ(s0.at("cu_seqlens_k"), nlohmann::json({0, 2, 6, 8, 13, 32, 40}));
-  const nlohmann::json& seg = s0.at("segments")[4];
-  EXPECT_EQ(seg.at("id"), 1);
-  EXPECT_EQ(seg.at("piece"), 0);
-  EXPECT_EQ(seg.at("q_begin"), 14);
-  EXPECT_EQ(seg.at("q_end"), 19);
-  EXPECT_EQ(seg.at("q_pos"), 19);
-  EXPECT_EQ(seg.at("k_pos"), 5);
-  nlohmann::json mb_json = {{"tokens", 32}};
-  mb_json.update(j);
-  EXPECT_EQ(mb_json.at("tokens"), 32);
-  EXPECT_EQ(mb_json.at("sharding"), "per-doc");
-  const nlohmann::json b = CpBalanceToJson(
-      MeasureCpBalance(MustPlan(mb, 2, ShardStrategy::kPerSequence), KernelModel::Default()));
-  EXPECT_TRUE(b.contains("pair_imbalance") && b.contains("model_imbalance"));
 }
 
 TEST(ShardPlanTest, StrategyNames) {

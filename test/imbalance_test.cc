@@ -1,5 +1,7 @@
-#include "gtest/gtest.h"
+// Tests of include/wlb/metrics/imbalance.hpp: balance and delay metrics of packed steps.
 #include "wlb/metrics/imbalance.hpp"
+
+#include "gtest/gtest.h"
 
 namespace wlb {
 namespace {
@@ -86,6 +88,60 @@ TEST(Summarize, LeavesThePartialLastStepOutAndReportsItApart) {
   EXPECT_DOUBLE_EQ(s.partial_imbalance_max, 2.0);
   EXPECT_GE(s.cap_lower_bound_mean, s.lower_bound_mean);
   EXPECT_LE(s.cap_lower_bound_mean, s.imbalance_mean);
+}
+
+TEST(ImbalanceDegree, EmptyAndAllZeroStepsArePerfect) {
+  EXPECT_DOUBLE_EQ(ImbalanceDegree(std::vector<MicroBatch>{}), 1.0);
+  EXPECT_DOUBLE_EQ(ImbalanceDegree(std::vector<MicroBatch>(4)), 1.0);
+  EXPECT_DOUBLE_EQ(LowerBound(std::vector<MicroBatch>{}, kSquares), 1.0);
+  EXPECT_DOUBLE_EQ(LowerBound(std::vector<MicroBatch>(3), kSquares), 1.0);
+  // One non-empty micro-batch of N carries N times the mean.
+  EXPECT_DOUBLE_EQ(ImbalanceDegree(std::vector<MicroBatch>{Mb({4}), Mb({}), Mb({}), Mb({})}), 4.0);
+}
+
+TEST(TokenDelay, P99IsTheDelayWhereTheTokensReach99PercentAndNegativeDelaysCount) {
+  std::vector<StepPlan> steps(3);
+  steps[0].step = 0;
+  steps[0].micro_batches = {Mb({97}, 0), Mb({1}, 2)};  // 1 token trained 2 steps early
+  steps[1].step = 5;
+  steps[1].micro_batches = {Mb({2}, 0)};  // 2 tokens 5 steps late
+  steps[2].step = 6;
+  const DelayStats d = TokenDelay(steps);
+  // Sorted by delay: 1 token at -2, 97 at 0 (98 in all, below 99), 2 at 5 (100).
+  EXPECT_DOUBLE_EQ(d.p99, 5.0);
+  EXPECT_DOUBLE_EQ(d.max, 5.0);
+  EXPECT_DOUBLE_EQ(d.mean, (-2.0 + 10.0) / 100.0);
+  const DelayStats none = TokenDelay(std::vector<StepPlan>{});
+  EXPECT_DOUBLE_EQ(none.mean, 0.0);
+  EXPECT_DOUBLE_EQ(none.max, 0.0);
+}
+
+TEST(Summarize, P90IsTheNinthOfTenSortedStepsAndNoCapMeansTheBoundItself) {
+  // Step k: micro-batches {k} and {1}: imbalance 2k^2 / (k^2 + 1), increasing in k; in shuffled
+  // step order.
+  std::vector<StepPlan> steps;
+  for (int64_t k : {3, 10, 1, 7, 9, 2, 5, 8, 4, 6}) {
+    StepPlan s;
+    s.micro_batches = {Mb({k}), Mb({1})};
+    steps.push_back(s);
+  }
+  const StreamSummary s = Summarize(steps, kSquares);
+  EXPECT_EQ(s.steps, 10);
+  auto imbalance = [](double k) { return 2 * k * k / (k * k + 1); };
+  EXPECT_DOUBLE_EQ(s.imbalance_p90, imbalance(9));
+  EXPECT_DOUBLE_EQ(s.imbalance_max, imbalance(10));
+  double mean = 0;
+  for (int k = 1; k <= 10; ++k) mean += imbalance(k) / 10;
+  EXPECT_NEAR(s.imbalance_mean, mean, 1e-12);
+  EXPECT_DOUBLE_EQ(s.cap_lower_bound_mean, s.lower_bound_mean);
+  // No steady step: every mean stays at its perfect 1.0.
+  std::vector<StepPlan> drained(1);
+  drained[0].drain = true;
+  drained[0].micro_batches = {Mb({5}), Mb({})};
+  const StreamSummary d = Summarize(drained, kSquares);
+  EXPECT_EQ(d.steps, 0);
+  EXPECT_DOUBLE_EQ(d.imbalance_mean, 1.0);
+  EXPECT_DOUBLE_EQ(d.imbalance_max, 1.0);
 }
 
 }  // namespace

@@ -1,0 +1,161 @@
+// Tests of include/wlb/pack/refine.hpp: refinement lowers or keeps the heaviest micro-batch,
+// keeps the step's documents and respects the token cap.
+#include "wlb/pack/refine.hpp"
+
+#include <algorithm>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace wlb {
+namespace {
+
+const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
+const CostModel kMixed{.attn_quadratic = 1.0, .linear_per_token = 500.0, .unit = "mixed"};
+
+MicroBatch Mb(const DocumentCost& cost, std::vector<int64_t> lengths, int64_t first_id) {
+  MicroBatch mb;
+  for (int64_t l : lengths) {
+    mb.documents.push_back({.id = first_id++, .length = l});
+    mb.tokens += l;
+    mb.cost += cost(l);
+  }
+  return mb;
+}
+
+double MaxCost(const std::vector<MicroBatch>& mbs) {
+  double m = 0.0;
+  for (const MicroBatch& mb : mbs) m = std::max(m, mb.cost);
+  return m;
+}
+
+double SumOfSquares(const std::vector<MicroBatch>& mbs) {
+  double s = 0.0;
+  for (const MicroBatch& mb : mbs) s += mb.cost * mb.cost;
+  return s;
+}
+
+std::vector<std::tuple<int64_t, int64_t, int32_t>> AllDocuments(
+    const std::vector<MicroBatch>& mbs) {
+  std::vector<std::tuple<int64_t, int64_t, int32_t>> all;
+  for (const MicroBatch& mb : mbs) {
+    for (const Document& d : mb.documents) all.push_back({d.id, d.length, d.piece});
+  }
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+TEST(RefineMicroBatches, MovesOneDocumentToAnEmptyPartner) {
+  std::vector<MicroBatch> mbs = {Mb(kSquares, {4, 4}, 0), Mb(kSquares, {}, 2)};
+  EXPECT_EQ(RefineMicroBatches(mbs, 100, kSquares, 16), 1);
+  EXPECT_DOUBLE_EQ(mbs[0].cost, 16.0);
+  EXPECT_DOUBLE_EQ(mbs[1].cost, 16.0);
+  EXPECT_EQ(mbs[0].tokens, 4);
+  EXPECT_EQ(mbs[1].tokens, 4);
+}
+
+TEST(RefineMicroBatches, SwapsWhenNoMoveHelps) {
+  // {6, 5} = 61 against {4, 4, 4} = 48: moving 5 or 6 makes the light side 73 or 84; swapping 5
+  // for a 4 gives 52 and 57 (the best change), swapping 6 for a 4 gives 41 and 68.
+  std::vector<MicroBatch> mbs = {Mb(kSquares, {6, 5}, 0), Mb(kSquares, {4, 4, 4}, 2)};
+  EXPECT_EQ(RefineMicroBatches(mbs, 13, kSquares, 16), 1);  // then no change lowers 57
+  EXPECT_DOUBLE_EQ(mbs[0].cost, 52.0);
+  EXPECT_DOUBLE_EQ(mbs[1].cost, 57.0);
+  EXPECT_EQ(mbs[0].tokens, 10);
+  EXPECT_EQ(mbs[1].tokens, 13);
+  // At a cap of 12 tokens the swap would put 13 tokens on the light side: nothing changes.
+  std::vector<MicroBatch> capped = {Mb(kSquares, {6, 5}, 0), Mb(kSquares, {4, 4, 4}, 2)};
+  EXPECT_EQ(RefineMicroBatches(capped, 12, kSquares, 16), 0);
+  EXPECT_DOUBLE_EQ(MaxCost(capped), 61.0);
+}
+
+TEST(RefineMicroBatches, AMoveThatBalancesThePairExactly) {
+  // {6, 2} = 40 against {4, 4} = 32: moving 2 gives 36 and 36; both swaps give 52.
+  std::vector<MicroBatch> mbs = {Mb(kSquares, {6, 2}, 0), Mb(kSquares, {4, 4}, 2)};
+  EXPECT_EQ(RefineMicroBatches(mbs, 100, kSquares, 16), 1);
+  EXPECT_DOUBLE_EQ(mbs[0].cost, 36.0);
+  EXPECT_DOUBLE_EQ(mbs[1].cost, 36.0);
+}
+
+TEST(RefineMicroBatches, NothingToDoForFewerThanTwoMicroBatchesOrZeroRounds) {
+  std::vector<MicroBatch> one = {Mb(kSquares, {9, 9}, 0)};
+  EXPECT_EQ(RefineMicroBatches(one, 100, kSquares, 16), 0);
+  std::vector<MicroBatch> none;
+  EXPECT_EQ(RefineMicroBatches(none, 100, kSquares, 16), 0);
+  std::vector<MicroBatch> two = {Mb(kSquares, {4, 4}, 0), Mb(kSquares, {}, 2)};
+  EXPECT_EQ(RefineMicroBatches(two, 100, kSquares, 0), 0);
+  EXPECT_EQ(two[0].documents.size(), 2u);
+}
+
+// On seeded random steps: never raises the maximum, each change strictly lowers the sum of
+// squared costs, documents and cached token/cost sums are kept exactly, the cap holds, and the
+// change count stays within max_rounds.
+TEST(RefineMicroBatches, RandomStepsNeverWorseConservedAndUnderTheCap) {
+  std::mt19937_64 rng(2024);
+  for (int trial = 0; trial < 300; ++trial) {
+    const DocumentCost cost = trial % 2 ? DocumentCost(kSquares) : DocumentCost(kMixed);
+    const int n = std::uniform_int_distribution<int>(2, 12)(rng);
+    const int64_t cap = std::uniform_int_distribution<int64_t>(64, 400)(rng);
+    std::vector<MicroBatch> mbs;
+    int64_t id = 0;
+    for (int b = 0; b < n; ++b) {
+      std::vector<int64_t> lengths;
+      int64_t tokens = 0;
+      const int docs = std::uniform_int_distribution<int>(0, 8)(rng);
+      for (int k = 0; k < docs; ++k) {
+        const int64_t l = std::uniform_int_distribution<int64_t>(1, 64)(rng);
+        if (tokens + l > cap) break;
+        lengths.push_back(l);
+        tokens += l;
+      }
+      mbs.push_back(Mb(cost, lengths, id));
+      id += static_cast<int64_t>(lengths.size());
+    }
+    const auto before_docs = AllDocuments(mbs);
+    const double before_max = MaxCost(mbs);
+    const int rounds = std::uniform_int_distribution<int>(1, 64)(rng);
+    // One round at a time, to check each change on its own.
+    int applied = 0;
+    for (int r = 0; r < rounds; ++r) {
+      const double squares = SumOfSquares(mbs);
+      const double max_before_round = MaxCost(mbs);
+      const int changed = RefineMicroBatches(mbs, cap, cost, 1);
+      ASSERT_LE(changed, 1);
+      if (changed == 0) break;
+      ++applied;
+      ASSERT_LT(SumOfSquares(mbs), squares) << "trial " << trial;
+      ASSERT_LE(MaxCost(mbs), max_before_round * (1 + 1e-12)) << "trial " << trial;
+    }
+    EXPECT_LE(MaxCost(mbs), before_max * (1 + 1e-12)) << "trial " << trial;
+    EXPECT_EQ(AllDocuments(mbs), before_docs) << "trial " << trial;
+    for (const MicroBatch& mb : mbs) {
+      int64_t tokens = 0;
+      double c = 0.0;
+      for (const Document& d : mb.documents) {
+        tokens += d.length;
+        c += cost(d.length);
+      }
+      EXPECT_EQ(mb.tokens, tokens);
+      EXPECT_NEAR(mb.cost, c, 1e-6 * std::max(1.0, c));
+      EXPECT_LE(mb.tokens, cap) << "trial " << trial;
+    }
+    (void)applied;
+  }
+}
+
+TEST(RefineMicroBatches, ReturnsAtMostMaxRoundsChanges) {
+  std::vector<MicroBatch> mbs = {Mb(kSquares, std::vector<int64_t>(40, 3), 0), Mb(kSquares, {}, 40),
+                                 Mb(kSquares, {}, 41), Mb(kSquares, {}, 42)};
+  const std::vector<MicroBatch> start = mbs;
+  EXPECT_EQ(RefineMicroBatches(mbs, 1000, kSquares, 5), 5);
+  const int more = RefineMicroBatches(mbs, 1000, kSquares, 1000);
+  EXPECT_GT(more, 0);
+  EXPECT_LT(more, 1000);
+  EXPECT_EQ(RefineMicroBatches(mbs, 1000, kSquares, 1000), 0) << "a fixed point stays put";
+  EXPECT_LT(MaxCost(mbs), MaxCost(start));
+}
+
+}  // namespace
+}  // namespace wlb
