@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/core/steps.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/pack/make_packer.hpp"
 

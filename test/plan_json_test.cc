@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wlb/core/steps.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
 

@@ -89,8 +89,8 @@ TEST(CpBalanceToJson, HoldsEveryField) {
 TEST(CpSummaryToJson, NewerStrategyCountsAppearOnlyWhenNonZero) {
   CpSummary s;
   s.micro_batches = 3;
-  s.per_seq = 1;
-  s.per_doc = 2;
+  s.planned[static_cast<size_t>(ShardStrategy::kPerSequence)] = 1;
+  s.planned[static_cast<size_t>(ShardStrategy::kPerDocument)] = 2;
   s.pair_imbalance_mean = 1.125;
   s.max_rank_ms_total = 2.5;
   const nlohmann::json j = CpSummaryToJson(s);
@@ -101,10 +101,10 @@ TEST(CpSummaryToJson, NewerStrategyCountsAppearOnlyWhenNonZero) {
   EXPECT_EQ(j.at("per_doc"), 2);
   EXPECT_EQ(j.at("cp_pair_imbalance_mean"), 1.125);
   EXPECT_EQ(j.at("max_rank_ms_total"), 2.5);
-  s.te_zigzag = 4;
+  s.planned[static_cast<size_t>(ShardStrategy::kTeZigzag)] = 4;
   EXPECT_EQ(CpSummaryToJson(s).at("te_zigzag"), 4);
   EXPECT_FALSE(CpSummaryToJson(s).contains("doc_degree"));
-  s.doc_degree = 1;
+  s.planned[static_cast<size_t>(ShardStrategy::kDocumentDegree)] = 1;
   EXPECT_EQ(CpSummaryToJson(s).at("doc_degree"), 1);
 }
 

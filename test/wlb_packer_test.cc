@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
+#include "wlb/core/steps.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
 
