@@ -24,6 +24,7 @@
 #include "wlb/pack/tuner.hpp"
 #include "wlb/pack/windowed_packer.hpp"
 #include "wlb/pack/wlb_packer.hpp"
+#include "wlb/plan_spec.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_json.hpp"
 #include "wlb/shard/shard_maps.hpp"
