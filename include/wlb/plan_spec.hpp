@@ -262,7 +262,7 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
     return absl::InvalidArgumentError(
         "--thresholds and --queues both choose the outlier queues: give one of them");
   }
-  if (thresholds) {
+  if (thresholds && thresholds_used) {
     if (absl::Status st = ValidateThresholds(*thresholds, context); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--thresholds%s: %s", wlb_family ? "" : " (used by the table's wlb comparison row)",
