@@ -215,12 +215,7 @@ absl::Status CheckOutputIsNotAnInput(const Settings& settings) {
 
 absl::Status WriteJson(const Planned& p) {
   const Settings& settings = p.settings;
-  const Result& main = p.main;
-  const Input& input = p.input;
-  const DocumentCost& cost = p.cost;
   const PackerConfig& config = settings.plan.config;
-  const PackerOptions& options = p.options;
-  const std::string& packer = settings.plan.packer;
   const int32_t cp_size = settings.plan.cp_size;
   CpSummary cp_summary;  // over steady steps, planned while the steps are written
   // Streamed step by step, byte for byte what PlanToJson(...).dump(1) of the whole run with the
@@ -229,12 +224,12 @@ absl::Status WriteJson(const Planned& p) {
   Output output;
   if (absl::Status s = output.Open(settings.out); !s.ok()) return s;
   nlohmann::json pending = nlohmann::json::array();
-  for (const Document& d : main.pending) pending.push_back(DocumentToJson(d));
+  for (const Document& d : p.main.pending) pending.push_back(DocumentToJson(d));
   std::string text = "{\n \"pending\": " + DumpNested(pending, 1) + ",\n \"steps\": ";
-  text += main.run.steps.empty() ? "[]" : "[\n";
-  for (size_t i = 0; i < main.run.steps.size(); ++i) {
-    const StepPlan& step = main.run.steps[i];
-    nlohmann::json step_json = StepToJson(step, cost, config.max_tokens);
+  text += p.main.run.steps.empty() ? "[]" : "[\n";
+  for (size_t i = 0; i < p.main.run.steps.size(); ++i) {
+    const StepPlan& step = p.main.run.steps[i];
+    nlohmann::json step_json = StepToJson(step, p.cost, config.max_tokens);
     if (cp_size > 0) {
       if (absl::Status s = PlanStepCp(step, settings.plan, p.kernel_model, cp_summary, &step_json);
           !s.ok()) {
@@ -242,11 +237,11 @@ absl::Status WriteJson(const Planned& p) {
       }
     }
     absl::StrAppend(&text, "  ", DumpNested(step_json, 2),
-                    i + 1 < main.run.steps.size() ? ",\n" : "\n ]");
+                    i + 1 < p.main.run.steps.size() ? ",\n" : "\n ]");
     if (absl::Status s = output.Write(text); !s.ok()) return s;
     text.clear();
   }
-  nlohmann::json summary = SummaryToJson(main.summary);
+  nlohmann::json summary = SummaryToJson(p.main.summary);
   if (cp_size > 0) {
     summary["cp"] = CpSummaryToJson(cp_summary);
     summary["cp"]["cp_size"] = cp_size;
@@ -272,20 +267,20 @@ absl::Status WriteJson(const Planned& p) {
           {"speedup", p.estimate->dp_round_robin_seconds / *p.estimate->dp_assigned_seconds}};
     }
   }
-  summary["packer"] = packer;
+  summary["packer"] = settings.plan.packer;
   summary["context"] = config.context;
   summary["max_tokens"] = config.max_tokens;
   summary["micro_batches"] = config.micro_batches;
-  summary["thresholds"] = options.thresholds;
-  summary["window"] = options.window;
-  summary["cost_model"] = cost.description();
-  summary["cost_unit"] = cost.unit();
-  summary["documents"] = input.lengths.size();
-  summary["tokens"] = TotalTokens(input.pieces);
+  summary["thresholds"] = p.options.thresholds;
+  summary["window"] = p.options.window;
+  summary["cost_model"] = p.cost.description();
+  summary["cost_unit"] = p.cost.unit();
+  summary["documents"] = p.input.lengths.size();
+  summary["tokens"] = TotalTokens(p.input.pieces);
   if (settings.timing) {
-    summary["planning_ms_per_step_median"] = Median(main.run.plan_ms);
+    summary["planning_ms_per_step_median"] = Median(p.main.run.plan_ms);
     double total = 0.0;
-    for (double ms : main.run.plan_ms) total += ms;
+    for (double ms : p.main.run.plan_ms) total += ms;
     summary["planning_ms_total"] = total;
   }
   absl::StrAppend(&text, ",\n \"summary\": ", DumpNested(summary, 1), "\n}\n");
