@@ -3,7 +3,8 @@
 //
 //   build/bench/plan_step_benchmark --benchmark_filter=N64
 //
-// BM_PlanStep/<packer>/N: one Push() of a step of the embedded default distribution (N x 128K
+// BM_PlanStep/<packer>/N (every packer of wlb::kPackers, configured by a wlb::PlanSpec as
+// wlb-plan would): one Push() of a step of the embedded default distribution (N x 128K
 // tokens, about 33 documents per micro-batch); the packer keeps its state across iterations, as in
 // training (wlb-lookahead, K = 1, returns the plan of the step pushed one call earlier, so every
 // Push() after the first plans one step). BM_Scaling/<packer>/N: the same for N = 4 ... 4,096 at
@@ -15,7 +16,9 @@
 //   build/bench/plan_step_benchmark --benchmark_filter='BM_Scaling/' --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <map>
+#include <string>
 
 #include "wlb/wlb.hpp"
 
@@ -38,8 +41,15 @@ Stream MakeStream(int32_t n, int64_t context, int64_t steps) {
 
 void RunSteps(benchmark::State& state, const std::string& packer, const Stream& s,
               const wlb::DocumentCost& cost = *wlb::CostModelFromPreset("llama2-7b")) {
-  auto p = wlb::MakePacker(packer, s.config, cost,
-                           {.thresholds = wlb::DefaultThresholds(s.config.context, 2)});
+  // wlb-plan's defaults for this packer, S and N (two default outlier queues, S_max = S + S/4).
+  const wlb::PlanSpec spec{
+      .packer = packer, .context = s.config.context, .micro_batches = s.config.micro_batches};
+  absl::StatusOr<wlb::PlanSettings> plan = spec.Validate();
+  if (!plan.ok()) {
+    state.SkipWithError(std::string(plan.status().message()).c_str());
+    return;
+  }
+  auto p = wlb::MakePacker(plan->packer, plan->config, cost, plan->options);
   if (!p.ok()) {
     state.SkipWithError(std::string(p.status().message()).c_str());
     return;
@@ -130,36 +140,30 @@ BENCHMARK_CAPTURE(BM_PlanStepCost, table, std::string("table"))
     ->Arg(4)
     ->Arg(64)
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, original, std::string("original"))
-    ->Arg(4)
-    ->Arg(64)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, fixed_greedy, std::string("fixed-greedy"))
-    ->Arg(4)
-    ->Arg(64)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, wlb, std::string("wlb"))
-    ->Arg(4)
-    ->Arg(64)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, wlb_refine, std::string("wlb-refine"))
-    ->Arg(4)
-    ->Arg(64)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_PlanStep, wlb_lookahead, std::string("wlb-lookahead"))
-    ->Arg(4)
-    ->Arg(64)
-    ->Unit(benchmark::kMicrosecond);
-#define WLB_SCALING(name, packer)                          \
-  BENCHMARK_CAPTURE(BM_Scaling, name, std::string(packer)) \
-      ->RangeMultiplier(4)                                 \
-      ->Range(4, 4096)                                     \
-      ->Unit(benchmark::kMicrosecond)
-WLB_SCALING(original, "original");
-WLB_SCALING(fixed_greedy, "fixed-greedy");
-WLB_SCALING(wlb, "wlb");
-WLB_SCALING(wlb_refine, "wlb-refine");
-WLB_SCALING(wlb_lookahead, "wlb-lookahead");
+// BM_PlanStep/<packer>/N and BM_Scaling/<packer>/N for every packer of the registry
+// (wlb::kPackers; '-' in a name becomes '_').
+[[maybe_unused]] const bool kPackerBenchmarks = [] {
+  const auto label = [](const char* name) {
+    std::string l = name;
+    std::replace(l.begin(), l.end(), '-', '_');
+    return l;
+  };
+  for (const wlb::PackerInfo& p : wlb::kPackers) {
+    benchmark::RegisterBenchmark(("BM_PlanStep/" + label(p.name)).c_str(), BM_PlanStep,
+                                 std::string(p.name))
+        ->Arg(4)
+        ->Arg(64)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (const wlb::PackerInfo& p : wlb::kPackers) {
+    benchmark::RegisterBenchmark(("BM_Scaling/" + label(p.name)).c_str(), BM_Scaling,
+                                 std::string(p.name))
+        ->RangeMultiplier(4)
+        ->Range(4, 4096)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  return true;
+}();
 BENCHMARK_CAPTURE(BM_ScalingDocs, wlb, std::string("wlb"))
     ->RangeMultiplier(10)
     ->Range(100, 1000000)

@@ -50,8 +50,15 @@ Measured PushAndFlush(const std::string& packer, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     docs[i] = {.id = i, .length = std::max<int64_t>(1, std::llround(std::exp(u(rng))))};
   }
-  auto p = wlb::MakePacker(packer, config, *wlb::CostModelFromPreset("llama2-7b"),
-                           {.window = 4, .thresholds = wlb::DefaultThresholds(context, 2)});
+  // The packer as wlb-plan would make it (two default outlier queues), fixed-greedy with W = 4.
+  const wlb::PlanSpec spec{.packer = packer,
+                           .context = config.context,
+                           .micro_batches = config.micro_batches,
+                           .window = 4};
+  absl::StatusOr<wlb::PlanSettings> plan = spec.Validate();
+  auto p = plan.ok() ? wlb::MakePacker(plan->packer, plan->config,
+                                       *wlb::CostModelFromPreset("llama2-7b"), plan->options)
+                     : absl::StatusOr<std::unique_ptr<wlb::Packer>>(plan.status());
   if (!p.ok()) {
     std::fprintf(stderr, "%s\n", std::string(p.status().message()).c_str());
     std::exit(1);

@@ -25,17 +25,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     WLB_FUZZ_CHECK(settings.status().message().size() < 1024);
     return 0;
   }
-  WLB_FUZZ_CHECK(wlb::ValidateConfig(settings->config).ok());
+  const wlb::PlanSettings& plan = settings->plan;
+  WLB_FUZZ_CHECK(wlb::ValidateConfig(plan.config).ok());
   WLB_FUZZ_CHECK(settings->steps >= 0 && settings->steps <= wlb::kMaxSteps);
-  WLB_FUZZ_CHECK(settings->cp_size == -1 ||
-                 (settings->cp_size >= 1 && settings->cp_size <= wlb::kMaxCpSize));
-  WLB_FUZZ_CHECK(
-      wlb::MakePacker(settings->packer, settings->config, wlb::CostModel{}, settings->options)
-          .ok());
+  WLB_FUZZ_CHECK(plan.cp_size == -1 || (plan.cp_size >= 1 && plan.cp_size <= wlb::kMaxCpSize));
+  WLB_FUZZ_CHECK(wlb::MakePacker(plan.packer, plan.config, wlb::CostModel{}, plan.options).ok());
   if (settings->estimate) {
     const wlb::ParallelSizes& e = *settings->estimate;
     for (int v : {e.tp, e.cp, e.pp, e.dp}) WLB_FUZZ_CHECK(v >= 1 && v <= wlb::kMaxPipelineSize);
-    WLB_FUZZ_CHECK(int64_t{e.pp} * e.dp == settings->config.micro_batches);
+    WLB_FUZZ_CHECK(int64_t{e.pp} * e.dp == plan.config.micro_batches);
   }
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "fuzz_check.hpp"
 #include "wlb/wlb.hpp"
@@ -27,10 +28,16 @@ std::string Blob(const std::string& payload) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 5) return 0;
-  // The first four keep the indices the committed corpus was written with.
-  const char* names[] = {"original",   "fixed-greedy",     "wlb",
-                         "wlb-refine", "original-nextfit", "wlb-lookahead"};
-  const std::string name = names[data[0] % 6];
+  // Every packer of the registry; the first four keep the indices the committed corpus was
+  // written with, the rest follow in the registry's order.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {"original", "fixed-greedy", "wlb", "wlb-refine"};
+    for (const wlb::PackerInfo& p : wlb::kPackers) {
+      if (std::find(n.begin(), n.end(), p.name) == n.end()) n.push_back(p.name);
+    }
+    return n;
+  }();
+  const std::string& name = names[data[0] % names.size()];
   wlb::PackerConfig config;
   config.context = 1 + data[1] % 64;
   config.max_tokens = config.context + data[2] % 32;

@@ -18,6 +18,30 @@ using ::testing::HasSubstr;
 
 CostModel Quadratic() { return CostModel{.attn_quadratic = 1.0, .unit = "tokens^2"}; }
 
+TEST(PackerRegistry, NamesSummariesAndTheOptionsEachPackerChecks) {
+  ASSERT_EQ(std::size(kPackerNames), std::size(kPackers));
+  const PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
+  for (size_t i = 0; i < std::size(kPackers); ++i) {
+    const PackerInfo& p = kPackers[i];
+    SCOPED_TRACE(p.name);
+    EXPECT_STREQ(kPackerNames[i], p.name);
+    EXPECT_EQ(FindPacker(p.name), &p);
+    EXPECT_GT(std::string_view(p.summary).size(), 10u);
+    auto made = MakePacker(p.name, config, Quadratic(), {});
+    ASSERT_TRUE(made.ok()) << made.status();
+    EXPECT_EQ((*made)->name(), p.name);
+    // An option a packer declares is checked by its factory; one it does not declare is not read.
+    EXPECT_EQ(MakePacker(p.name, config, Quadratic(), {.window = 0}).ok(), !p.Uses(kUsesWindow));
+    EXPECT_EQ(MakePacker(p.name, config, Quadratic(), {.thresholds = {90, 10}}).ok(),
+              !p.Uses(kUsesThresholds));
+    EXPECT_EQ(MakePacker(p.name, config, Quadratic(), {.lookahead = -1}).ok(),
+              !p.Uses(kUsesLookahead));
+    EXPECT_EQ(MakePacker(p.name, config, Quadratic(), {.delay_budget = -1.0}).ok(),
+              !p.Uses(kUsesDelayBudget));
+  }
+  EXPECT_EQ(FindPacker("best-fit"), nullptr);
+}
+
 TEST(MakePacker, EveryKnownNameBuildsAPackerOfThatName) {
   const PackerConfig config{.context = 1024, .max_tokens = 1280, .micro_batches = 4};
   for (const char* name : kPackerNames) {

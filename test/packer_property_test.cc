@@ -17,18 +17,24 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
   const int64_t t2 = std::uniform_int_distribution<int64_t>(t1, context)(rng);
   std::vector<int64_t> two = {t1};
   if (t2 > t1) two.push_back(t2);
-  return {{"original", {}},
-          {"original-nextfit", {}},
-          {"fixed-greedy", {.window = 1}},
-          {"fixed-greedy", {.window = 3}},
-          {"wlb", {}},
-          {"wlb", {.thresholds = two}},
-          {"wlb-refine", {.thresholds = two}},
-          {"wlb-refine", {.thresholds = {context / 2 + 1}, .refine_rounds = 3}},
-          {"wlb-lookahead", {.thresholds = two}},
-          {"wlb-lookahead", {.thresholds = {std::max<int64_t>(1, context / 2)}, .lookahead = 2}},
-          {"wlb-lookahead", {.thresholds = two, .refine_rounds = 3, .lookahead = 0}},
-          {"wlb-lookahead", {.thresholds = two, .delay_budget = 0.3}}};
+  // Every packer of the registry with default options, then a variant per option it uses.
+  std::vector<Case> cases;
+  for (const PackerInfo& p : kPackers) {
+    cases.push_back({p.name, {}});
+    if (p.Uses(kUsesWindow)) cases.push_back({p.name, {.window = 3}});
+    if (p.Uses(kUsesThresholds)) cases.push_back({p.name, {.thresholds = two}});
+    if (p.Uses(kUsesRefineRounds)) {
+      cases.push_back({p.name, {.thresholds = {context / 2 + 1}, .refine_rounds = 3}});
+    }
+    if (p.Uses(kUsesLookahead)) {
+      cases.push_back(
+          {p.name, {.thresholds = {std::max<int64_t>(1, context / 2)}, .lookahead = 2}});
+      cases.push_back({p.name, {.thresholds = two, .refine_rounds = 3, .lookahead = 0}});
+    }
+    if (p.Uses(kUsesDelayBudget))
+      cases.push_back({p.name, {.thresholds = two, .delay_budget = 0.3}});
+  }
+  return cases;
 }
 
 struct Stream {
@@ -90,8 +96,7 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
       for (size_t k = 0; k < run->steps.size(); ++k) {
         if (!run->steps[k].drain && !run->steps[k].partial) last_steady = k;
       }
-      const bool fixed =
-          c.packer != "wlb" && c.packer != "wlb-refine" && c.packer != "wlb-lookahead";
+      const bool fixed = !FindPacker(c.packer)->Uses(kUsesThresholds);  // not wlb's S_max
       const int64_t cap = fixed ? s.config.context : s.config.max_tokens;
       for (size_t k = 0; k < run->steps.size(); ++k) {
         const StepPlan& step = run->steps[k];

@@ -101,7 +101,7 @@ TEST(CpSummaryToJson, NewerStrategyCountsAppearOnlyWhenNonZero) {
   EXPECT_EQ(j.at("per_doc"), 2);
   EXPECT_EQ(j.at("cp_pair_imbalance_mean"), 1.125);
   EXPECT_EQ(j.at("max_rank_ms_total"), 2.5);
-  s.planned[static_cast<size_t>(ShardStrategy::kTeZigzag)] = 4;
+  s.planned[static_cast<size_t>(ShardStrategy::kPerDocumentPadded)] = 4;
   EXPECT_EQ(CpSummaryToJson(s).at("te_zigzag"), 4);
   EXPECT_FALSE(CpSummaryToJson(s).contains("doc_degree"));
   s.planned[static_cast<size_t>(ShardStrategy::kDocumentDegree)] = 1;

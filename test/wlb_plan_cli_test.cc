@@ -52,6 +52,18 @@ TEST(WlbPlan, DefaultRunPrintsStepsAndComparesOriginalWithWlb) {
   EXPECT_THAT(r.out, HasSubstr("   11  |"));  // a row per step
 }
 
+TEST(WlbPlan, HelpListsItsOwnFlagsByGroupAndThePackers) {
+  Result r = RunPlan("--help");
+  EXPECT_THAT(r.out, HasSubstr("Packing (a plan: wlb::PlanSpec):"));
+  EXPECT_THAT(r.out, HasSubstr("CP shard plans:"));
+  EXPECT_THAT(r.out, HasSubstr("--micro-batches ("));
+  for (const PackerInfo& p : kPackers) {
+    EXPECT_THAT(r.out, HasSubstr(absl::StrFormat("    %-17s %s\n", p.name, p.summary)));
+  }
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("--flagfile")));  // Abseil's stay in --helpfull
+  EXPECT_EQ(RunPlan("--helpshort").out, r.out);
+}
+
 TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
   const std::string args =
       "--steps 20 --seed 3 --packer wlb-refine --format json --timing=false --micro-batches 3";

@@ -1,5 +1,5 @@
 // --help for wlb's command-line programs: Abseil's default lists only flags declared in a file
-// named after the program (wlb-plan has none: its flags live in wlb_plan.cc), so it printed
+// named after the program (wlb-plan has none: its flags live in wlb_plan_flags.cc), so it printed
 // "No flags matched". This lists every flag the program declares itself (Abseil's own flags
 // stay under --helpfull).
 #pragma once

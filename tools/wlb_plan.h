@@ -7,14 +7,20 @@
 //
 // On any error wlb-plan prints one line "wlb-plan: error: ..." naming the problem, exits 1 and
 // writes no output file.
+//
+// The program is split by concept: wlb_plan_flags.cc (flags -> Settings, through wlb::PlanSpec,
+// and --help), wlb_plan_run.cc (read, plan, estimate) and wlb_plan_output.cc (the table, the JSON
+// and the output file).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "wlb/plan_spec.hpp"
 #include "wlb/wlb.hpp"
 
 namespace wlb::cli {
@@ -24,19 +30,28 @@ namespace wlb::cli {
 // malformed value and positional arguments are errors naming them.
 absl::Status ParseArgs(const std::vector<std::string>& args);
 
-// What the flags ask for, checked against each other and wlb's limits before any input is read.
+// What the flags ask for, checked against each other and wlb's limits before any input is read:
+// the plan (a PlanSpec, checked by its Validate()) and what only the program does with it.
 struct Settings {
-  PackerConfig config;
-  std::string packer;
-  PackerOptions options;
+  PlanSpec spec;      // the plan's flags (--packer, --context, --cost, --cp, ...)
+  PlanSettings plan;  // spec.Validate()
   std::string format;
   int64_t steps = 0;
-  int32_t cp_size = -1;  // -1: no shard plans
-  ShardStrategy strategy = ShardStrategy::kAdaptive;
-  CpPlanOptions cp_options;               // --cp-link-gbps
+  // The input: --docs, or --distribution sampled with --seed.
+  std::string docs;
+  std::string distribution;
+  uint64_t seed = 1;
+  std::string out;      // --out; empty: stdout
+  bool timing = true;   // --format json: planning times in the summary
+  bool compare = true;  // --format table: original and wlb rows on the same stream
   std::optional<ParallelSizes> estimate;  // --estimate TP,CP,PP,DP
+  double gemm_tflops = 0.0;
+  bool dp_assign = false;
 };
 absl::StatusOr<Settings> SettingsFromFlags();
+
+// wlb-plan --help: its own flags by group, and the packers with their summaries.
+std::string HelpText();
 
 // The whole program: parse, validate, read, plan, write. Returns the exit status.
 int Main(int argc, char** argv);

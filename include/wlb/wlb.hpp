@@ -32,6 +32,7 @@
 #include "wlb/pack/tuner.hpp"
 #include "wlb/pack/windowed_packer.hpp"
 #include "wlb/pack/wlb_packer.hpp"
+#include "wlb/plan_spec.hpp"
 #include "wlb/shard/cp_prediction.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/per_seq_order.hpp"

@@ -2,11 +2,13 @@
 //
 //   auto packer = wlb::MakePacker("wlb-refine", config, cost, {.thresholds = {32768, 65536}});
 //
-// Names: "original", "original-nextfit" (whole documents), "fixed-greedy" (uses window), "wlb"
-// and "wlb-refine" (use thresholds), and "wlb-lookahead" (thresholds and lookahead: K prefetched
-// steps).
+// kPackers below is the registry: every packer's name, one-line summary, the PackerOptions it
+// uses and its factory; MakePacker, kPackerNames, wlb-plan (--packer, --help, its "not used by
+// this run" checks), the Python binding and the tests read it.
 #pragma once
 
+#include <array>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string_view>
@@ -31,9 +33,6 @@ struct PackerOptions {
   double delay_budget = std::numeric_limits<double>::infinity();
 };
 
-inline constexpr const char* kPackerNames[] = {"original", "original-nextfit", "fixed-greedy",
-                                               "wlb",      "wlb-refine",       "wlb-lookahead"};
-
 // The most steps wlb-lookahead may see ahead (each costs a step of buffered arrivals and of
 // planning work per candidate).
 inline constexpr int kMaxLookahead = 8;
@@ -53,6 +52,131 @@ inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
   return t;
 }
 
+// Which PackerOptions a packer reads (bits of PackerInfo::options).
+enum PackerOption : unsigned {
+  kUsesWindow = 1u << 0,        // window
+  kUsesThresholds = 1u << 1,    // thresholds (wlb-plan: --thresholds or --queues)
+  kUsesRefineRounds = 1u << 2,  // refine_rounds
+  kUsesLookahead = 1u << 3,     // lookahead
+  kUsesDelayBudget = 1u << 4,   // delay_budget
+};
+
+// One packer of the registry: what MakePacker builds for `name`. The factory gets a valid config
+// and cost and checks the options it uses (errors name the bad value).
+struct PackerInfo {
+  const char* name;
+  const char* summary;  // one line, for --help
+  unsigned options;     // PackerOption bits
+  absl::StatusOr<std::unique_ptr<Packer>> (*make)(const PackerConfig& config, DocumentCost cost,
+                                                  const PackerOptions& options);
+
+  bool Uses(PackerOption option) const { return (options & option) != 0; }
+};
+
+namespace detail {
+
+inline absl::Status CheckWindow(const PackerConfig& config, const PackerOptions& options) {
+  if (options.window < 1 || options.window > kMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fixed-greedy window must be in [1, %d] steps, got %d", kMaxWindow, options.window));
+  }
+  if (int64_t{options.window} * config.micro_batches > kMaxWindowMicroBatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fixed-greedy window W = %d times N = %d is %d micro-batches per window, over the limit "
+        "of %d",
+        options.window, config.micro_batches, int64_t{options.window} * config.micro_batches,
+        kMaxWindowMicroBatches));
+  }
+  return absl::OkStatus();
+}
+
+// The thresholds and refinement rounds of wlb's packers: the rounds a packer runs (`refines`:
+// 0 = 4N), or an error.
+inline absl::StatusOr<int> CheckWlbOptions(const PackerConfig& config, const PackerOptions& options,
+                                           bool refines) {
+  if (absl::Status s = ValidateThresholds(options.thresholds, config.context); !s.ok()) return s;
+  if (options.refine_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
+  }
+  if (!refines) return 0;
+  return options.refine_rounds > 0 ? options.refine_rounds : 4 * config.micro_batches;
+}
+
+}  // namespace detail
+
+// Every packer MakePacker builds, in the order wlb-plan --help and packer_names() list them.
+// Adding a packer: one entry here (its options and factory); wlb-plan, the Python binding, the
+// state fuzzer and the tests that loop over packers pick it up.
+inline constexpr PackerInfo kPackers[] = {
+    {"original", "the baseline: greedy fill in arrival order, documents split at the cap", 0,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions&) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       return std::make_unique<OriginalPacker>(config, std::move(cost));
+     }},
+    {"original-nextfit", "the baseline with whole documents (next-fit, never split)", 0,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions&) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       return std::make_unique<OriginalPacker>(config, std::move(cost),
+                                               OriginalPacker::WholeDocuments::kYes);
+     }},
+    {"fixed-greedy", "balances each window of W steps at a fixed cap (--window)", kUsesWindow,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       if (absl::Status s = detail::CheckWindow(config, options); !s.ok()) return s;
+       return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
+     }},
+    {"wlb", "WLB-LLM: variable-length packing with outlier queues (--thresholds / --queues)",
+     kUsesThresholds,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       absl::StatusOr<int> rounds = detail::CheckWlbOptions(config, options, false);
+       if (!rounds.ok()) return rounds.status();
+       return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, *rounds);
+     }},
+    {"wlb-refine", "wlb, then moves pieces between micro-batches to cut the step's imbalance",
+     kUsesThresholds | kUsesRefineRounds,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       absl::StatusOr<int> rounds = detail::CheckWlbOptions(config, options, true);
+       if (!rounds.ok()) return rounds.status();
+       return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, *rounds);
+     }},
+    {"wlb-lookahead",
+     "wlb-refine that sees K prefetched steps ahead (--lookahead), within a delay budget",
+     kUsesThresholds | kUsesRefineRounds | kUsesLookahead | kUsesDelayBudget,
+     [](const PackerConfig& config, DocumentCost cost,
+        const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
+       absl::StatusOr<int> rounds = detail::CheckWlbOptions(config, options, true);
+       if (!rounds.ok()) return rounds.status();
+       if (options.lookahead < 0 || options.lookahead > kMaxLookahead) {
+         return absl::InvalidArgumentError(absl::StrFormat(
+             "look-ahead must be in [0, %d] steps, got %d", kMaxLookahead, options.lookahead));
+       }
+       if (!(options.delay_budget >= 0.0)) {
+         return absl::InvalidArgumentError(absl::StrFormat(
+             "wlb-lookahead delay budget must be >= 0 steps, got %g", options.delay_budget));
+       }
+       return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds,
+                                                *rounds, options.lookahead, options.delay_budget);
+     }},
+};
+
+// The registry's names, in its order.
+inline constexpr auto kPackerNames = [] {
+  std::array<const char*, std::size(kPackers)> names{};
+  for (size_t i = 0; i < names.size(); ++i) names[i] = kPackers[i].name;
+  return names;
+}();
+
+// The registry entry named `name`, or nullptr.
+inline const PackerInfo* FindPacker(std::string_view name) {
+  for (const PackerInfo& p : kPackers) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
 // Validates everything and builds the named packer; errors name the bad value.
 inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerConfig& config,
@@ -60,50 +184,12 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateCost(cost); !s.ok()) return s;
-  if (name == "original") return std::make_unique<OriginalPacker>(config, std::move(cost));
-  if (name == "original-nextfit") {
-    return std::make_unique<OriginalPacker>(config, std::move(cost),
-                                            OriginalPacker::WholeDocuments::kYes);
+  const PackerInfo* info = FindPacker(name);
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
   }
-  if (name == "fixed-greedy") {
-    if (options.window < 1 || options.window > kMaxWindow) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "fixed-greedy window must be in [1, %d] steps, got %d", kMaxWindow, options.window));
-    }
-    if (int64_t{options.window} * config.micro_batches > kMaxWindowMicroBatches) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "fixed-greedy window W = %d times N = %d is %d micro-batches per window, over the limit "
-          "of %d",
-          options.window, config.micro_batches, int64_t{options.window} * config.micro_batches,
-          kMaxWindowMicroBatches));
-    }
-    return std::make_unique<FixedGreedyPacker>(config, std::move(cost), options.window);
-  }
-  if (name == "wlb" || name == "wlb-refine" || name == "wlb-lookahead") {
-    if (absl::Status s = ValidateThresholds(options.thresholds, config.context); !s.ok()) return s;
-    if (options.refine_rounds < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("refine rounds must be >= 0, got %d", options.refine_rounds));
-    }
-    const int rounds = name == "wlb" ? 0
-                                     : (options.refine_rounds > 0 ? options.refine_rounds
-                                                                  : 4 * config.micro_batches);
-    if (name != "wlb-lookahead") {
-      return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, rounds);
-    }
-    if (options.lookahead < 0 || options.lookahead > kMaxLookahead) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "look-ahead must be in [0, %d] steps, got %d", kMaxLookahead, options.lookahead));
-    }
-    if (!(options.delay_budget >= 0.0)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "wlb-lookahead delay budget must be >= 0 steps, got %g", options.delay_budget));
-    }
-    return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds, rounds,
-                                             options.lookahead, options.delay_budget);
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
+  return info->make(config, std::move(cost), options);
 }
 
 }  // namespace wlb

@@ -1,0 +1,173 @@
+// wlb._wlb bindings: cost models (CostModel, presets, profile fits) and the kernel model.
+#include "py_common.h"
+
+namespace wlb_py {
+
+void BindCost(nb::module_& m) {
+  // ---- cost models --------------------------------------------------------------------------
+  nb::class_<wlb::CostModel>(m, "CostModel",
+                             "W(d) = attn_quadratic*d^2 + attn_linear*d + linear_per_token*d + "
+                             "per_document: the work of one document of d tokens.")
+      .def(
+          "__init__",
+          [](wlb::CostModel* self, double attn_quadratic, double attn_linear,
+             double linear_per_token, double per_document, std::string unit,
+             std::string description) {
+            wlb::CostModel c{.attn_quadratic = attn_quadratic,
+                             .attn_linear = attn_linear,
+                             .linear_per_token = linear_per_token,
+                             .per_document = per_document,
+                             .unit = std::move(unit),
+                             .description = std::move(description)};
+            CheckCostModel(c);
+            new (self) wlb::CostModel(std::move(c));
+          },
+          "attn_quadratic"_a = 0.0, "attn_linear"_a = 0.0, "linear_per_token"_a = 0.0,
+          "per_document"_a = 0.0, "unit"_a = "flop", "description"_a = "")
+      .def_static(
+          "from_preset",
+          [](const std::string& name) { return Unwrap(wlb::CostModelFromPreset(name)); }, "name"_a,
+          "Forward-FLOP model of a preset (see CostModel.presets()).")
+      .def_static(
+          "presets",
+          [] {
+            std::vector<std::string> names;
+            for (const wlb::TransformerShape& s : wlb::TransformerPresets())
+              names.push_back(s.name);
+            return names;
+          },
+          "Names of the built-in transformer shapes.")
+      .def_static(
+          "from_shape",
+          [](int64_t hidden, int64_t ffn, int64_t heads, int64_t kv_heads, int64_t layers,
+             std::string name) {
+            return Unwrap(wlb::CostModelFromShape({.name = std::move(name),
+                                                   .hidden = hidden,
+                                                   .ffn = ffn,
+                                                   .heads = heads,
+                                                   .kv_heads = kv_heads,
+                                                   .layers = layers}));
+          },
+          "hidden"_a, "ffn"_a, "heads"_a, "kv_heads"_a, "layers"_a, "name"_a = "custom",
+          "Forward-FLOP model of a LLaMA-style shape.")
+      .def_static(
+          "fit",
+          [](nb::handle lengths, nb::handle latencies) {
+            const std::vector<int64_t> l = ToInt64(lengths, "lengths");
+            const std::vector<double> ms = ToDouble(latencies, "latencies");
+            if (l.size() != ms.size()) {
+              Raise(absl::InvalidArgumentError(absl::StrFormat(
+                  "lengths has %d entries but latencies has %d", l.size(), ms.size())));
+            }
+            std::vector<wlb::ProfilePoint> points;
+            for (size_t i = 0; i < l.size(); ++i) points.push_back({l[i], ms[i]});
+            return Unwrap(wlb::FitCostModel(points)).model;
+          },
+          "lengths"_a, "latencies"_a,
+          nb::sig("def fit(lengths: numpy.typing.ArrayLike, latencies: numpy.typing.ArrayLike) -> "
+                  "CostModel"),
+          "Fits a*d^2 + b*d + c (ms, all >= 0) to measured latencies; the fit errors are in "
+          "`description`.")
+      .def_static(
+          "from_profile",
+          [](const std::string& path) {
+            return Unwrap(wlb::FitCostModel(Unwrap(wlb::ReadProfileCsv(path), ErrorKind::kFile)))
+                .model;
+          },
+          "path"_a, "Reads a length -> latency CSV (as wlb-plan --cost) and fits it.")
+      .def_ro("attn_quadratic", &wlb::CostModel::attn_quadratic)
+      .def_ro("attn_linear", &wlb::CostModel::attn_linear)
+      .def_ro("linear_per_token", &wlb::CostModel::linear_per_token)
+      .def_ro("per_document", &wlb::CostModel::per_document)
+      .def_ro("unit", &wlb::CostModel::unit)
+      .def_ro("description", &wlb::CostModel::description)
+      .def(
+          "__call__", [](const wlb::CostModel& c, int64_t d) { return c(d); }, "length"_a,
+          "W(d) of one document.")
+      .def(
+          "__call__",
+          [](const wlb::CostModel& c, nb::handle lengths) {
+            std::vector<double> out;
+            for (int64_t d : ToInt64(lengths, "lengths")) out.push_back(c(d));
+            return ToNumpy(std::move(out));
+          },
+          "lengths"_a, "W(d) of every length (float64 array).")
+      .def(
+          "attention", [](const wlb::CostModel& c, int64_t d) { return c.Attention(d); },
+          "length"_a, "The attention part W_a(d).")
+      .def(
+          "linear", [](const wlb::CostModel& c, int64_t d) { return c.Linear(d); }, "length"_a,
+          "The linear part W_l(d), per-document constant included.")
+      .def("__repr__", [](const wlb::CostModel& c) {
+        return absl::StrFormat("CostModel(%s)", c.description.empty() ? c.unit : c.description);
+      });
+
+  nb::class_<wlb::KernelModel>(m, "KernelModel",
+                               "Predicted latency of causal varlen attention segments (the "
+                               "kernel model of adaptive and hybrid sharding).")
+      .def(
+          "__init__",
+          [](wlb::KernelModel* self) { new (self) wlb::KernelModel(wlb::KernelModel::Default()); },
+          "The analytic default (tile 128, 32 heads x 128, FlashAttention-2 H100 fit).")
+      .def_static(
+          "analytic",
+          [](int64_t heads, int64_t head_dim, int64_t tile_q, int64_t tile_k, double peak_tflops,
+             double q_half, double kv_half, double segment_overhead_ms) {
+            return Unwrap(wlb::KernelModel::Analytic(
+                {.shape = MakeKernelShape(heads, head_dim, tile_q, tile_k),
+                 .peak_tflops = peak_tflops,
+                 .q_half = q_half,
+                 .kv_half = kv_half,
+                 .segment_overhead_ms = segment_overhead_ms}));
+          },
+          "heads"_a = 32, "head_dim"_a = 128, "tile_q"_a = 128, "tile_k"_a = 128,
+          "peak_tflops"_a = 345.0, "q_half"_a = 160.0, "kv_half"_a = 0.0,
+          "segment_overhead_ms"_a = 1e-3, "The analytic model with custom constants.")
+      .def_static(
+          "from_profile",
+          [](const std::string& path, int64_t heads, int64_t head_dim, int64_t tile_q,
+             int64_t tile_k, double segment_overhead_ms) {
+            return Unwrap(
+                wlb::ReadKernelProfileCsv(path, MakeKernelShape(heads, head_dim, tile_q, tile_k),
+                                          segment_overhead_ms),
+                ErrorKind::kFile);
+          },
+          "path"_a, "heads"_a = 32, "head_dim"_a = 128, "tile_q"_a = 128, "tile_k"_a = 128,
+          "segment_overhead_ms"_a = 0.0,
+          "Reads a q_len,kv_len,ms profile table (as wlb-plan --kernel-profile).")
+      .def_static(
+          "from_points",
+          [](nb::handle q_len, nb::handle kv_len, nb::handle ms, int64_t heads, int64_t head_dim,
+             int64_t tile_q, int64_t tile_k, double segment_overhead_ms) {
+            const std::vector<int64_t> q = ToInt64(q_len, "q_len");
+            const std::vector<int64_t> kv = ToInt64(kv_len, "kv_len");
+            const std::vector<double> t = ToDouble(ms, "ms");
+            if (q.size() != kv.size() || q.size() != t.size()) {
+              Raise(absl::InvalidArgumentError(
+                  absl::StrFormat("q_len, kv_len and ms must have the same size, got %d, %d, %d",
+                                  q.size(), kv.size(), t.size())));
+            }
+            std::vector<wlb::KernelProfilePoint> points;
+            for (size_t i = 0; i < q.size(); ++i) points.push_back({q[i], kv[i], t[i]});
+            return Unwrap(wlb::KernelModel::FromProfile(
+                points, MakeKernelShape(heads, head_dim, tile_q, tile_k), segment_overhead_ms));
+          },
+          "q_len"_a, "kv_len"_a, "ms"_a, "heads"_a = 32, "head_dim"_a = 128, "tile_q"_a = 128,
+          "tile_k"_a = 128, "segment_overhead_ms"_a = 0.0, "A table model from measured points.")
+      .def(
+          "segment_ms",
+          [](const wlb::KernelModel& k, int64_t q_len, int64_t kv_len) {
+            if (q_len < 0 || kv_len < q_len) {
+              Raise(absl::InvalidArgumentError(
+                  absl::StrFormat("segment_ms: need 0 <= q_len <= kv_len, got q_len %d, kv_len %d",
+                                  q_len, kv_len)));
+            }
+            return k.SegmentMs(q_len, kv_len);
+          },
+          "q_len"_a, "kv_len"_a, "Predicted latency (ms) of q_len queries over kv_len keys.")
+      .def_prop_ro("tile_q", &wlb::KernelModel::tile_q, nb::rv_policy::automatic)
+      .def_prop_ro("tile_k", &wlb::KernelModel::tile_k, nb::rv_policy::automatic)
+      .def_prop_ro("analytic_model", &wlb::KernelModel::analytic, nb::rv_policy::automatic);
+}
+
+}  // namespace wlb_py

@@ -1,0 +1,226 @@
+// wlb._wlb bindings: the packers (the registry of make_packer.hpp, built through wlb::PlanSpec).
+#include "py_common.h"
+
+namespace wlb_py {
+
+void BindPacker(nb::module_& m) {
+  // ---- packers ------------------------------------------------------------------------------
+  nb::class_<PyPacker>(m, "Packer",
+                       "A stateful packer: push() each step's documents, flush() at the end.")
+      .def(
+          "__init__",
+          [](PyPacker* self, const std::string& name, int64_t context,
+             std::optional<int64_t> max_tokens, int32_t micro_batches,
+             std::variant<wlb::CostModel, std::string> cost,
+             std::optional<std::string> profile_cost,
+             std::optional<std::vector<int64_t>> thresholds, int queues, int window,
+             int refine_rounds, int lookahead, std::optional<double> delay_budget) {
+            // The keyword arguments as a wlb::PlanSpec: checked as wlb-plan checks its flags.
+            wlb::PlanSpec spec;
+            spec.packer = name;
+            spec.context = context;
+            spec.max_tokens = max_tokens.value_or(0);
+            spec.micro_batches = micro_batches;
+            const auto* cost_model = std::get_if<wlb::CostModel>(&cost);
+            if (cost_model == nullptr) spec.cost = std::get<std::string>(cost);
+            if (profile_cost.has_value()) {
+              if (cost_model != nullptr) {
+                Raise(absl::InvalidArgumentError(
+                    "profile_cost applies to a profile CSV in cost, and cost is a CostModel"));
+              }
+              spec.profile_cost = *profile_cost;
+              spec.MarkGiven("profile_cost");
+            }
+            spec.thresholds = std::move(thresholds);
+            spec.queues = queues;
+            spec.window = window;
+            spec.refine_rounds = refine_rounds;
+            spec.lookahead = lookahead;
+            if (delay_budget.has_value()) {
+              spec.delay_budget = *delay_budget;
+              spec.MarkGiven("delay_budget");
+            }
+            const wlb::PlanSettings plan = Unwrap(spec.Validate());
+            wlb::DocumentCost doc_cost =
+                cost_model != nullptr ? wlb::DocumentCost(*cost_model) : Unwrap(spec.MakeCost());
+            std::unique_ptr<wlb::Packer> packer =
+                Unwrap(wlb::MakePacker(plan.packer, plan.config, doc_cost, plan.options));
+            new (self)
+                PyPacker{.packer = std::move(packer),
+                         .cost = std::make_shared<const wlb::DocumentCost>(std::move(doc_cost)),
+                         .options = plan.options};
+          },
+          "name"_a = "wlb", nb::kw_only(), "context"_a = 131072, "max_tokens"_a = nb::none(),
+          "micro_batches"_a = 4, "cost"_a = "llama2-7b", "profile_cost"_a = nb::none(),
+          "thresholds"_a = nb::none(), "queues"_a = 2, "window"_a = 1, "refine_rounds"_a = 0,
+          "lookahead"_a = 1, "delay_budget"_a = nb::none(),
+          "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
+          "None = default thresholds for `queues` queues, [] = no queues; cost is a preset name, "
+          "a masked preset (llama2-7b-swa4k, ...: mask-aware FLOPs), a profile CSV path or a "
+          "CostModel; profile_cost = 'fit' (quadratic, the default) or 'table' (tile-aware "
+          "interpolation) for a profile CSV; lookahead = K prefetched steps (wlb-lookahead: "
+          "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
+          "wlb-lookahead's most mean token delay in steps (None: within wlb's).")
+      .def(
+          "push",
+          [](PyPacker& p, nb::handle arrivals, nb::handle ids) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            std::vector<wlb::Document> docs;
+            int64_t next_id = p.next_document_id;
+            Documents* given = nullptr;
+            if (nb::try_cast(arrivals, given) && given != nullptr) {
+              if (!ids.is_none()) {
+                throw nb::type_error("push(): ids apply to an array of lengths, not to Documents");
+              }
+              docs = given->docs;
+            } else {
+              const std::vector<int64_t> lengths = ToInt64(arrivals, "lengths");
+              if (ids.is_none()) {
+                docs = PiecesOf(lengths, nullptr, next_id, p.packer->config().context);
+              } else {
+                const std::vector<int64_t> id = ToInt64(ids, "ids");
+                docs = PiecesOf(lengths, &id, 0, p.packer->config().context);
+              }
+            }
+            for (const wlb::Document& d : docs) next_id = std::max(next_id, d.id + 1);
+            absl::StatusOr<std::vector<wlb::StepPlan>> ready;
+            {
+              nb::gil_scoped_release release;
+              ready = p.packer->Push(std::move(docs));
+            }
+            nb::list steps =
+                ToSteps(Unwrap(std::move(ready)), p.cost, p.packer->config().max_tokens);
+            p.next_document_id = next_id;
+            return steps;
+          },
+          "arrivals"_a, "ids"_a = nb::none(),
+          nb::sig("def push(self, arrivals: Documents | numpy.typing.ArrayLike, ids: "
+                  "numpy.typing.ArrayLike | None = None) -> list[StepPlan]"),
+          "Consumes one step of arrivals: an array of document lengths (split into pieces of <= "
+          "S tokens; ids continue from next_document_id unless given) or a Documents object of "
+          "pieces. Returns the steps that became ready.")
+      .def(
+          "flush",
+          [](PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            std::vector<wlb::StepPlan> plans;
+            {
+              nb::gil_scoped_release release;
+              plans = p.packer->Flush();
+            }
+            return ToSteps(std::move(plans), p.cost, p.packer->config().max_tokens);
+          },
+          nb::sig("def flush(self) -> list[StepPlan]"),
+          "Plans everything still held into final (drain) steps.")
+      .def_prop_ro(
+          "pending",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            return Documents{p.packer->Pending()};
+          },
+          "The pieces held back (queued or carried).", nb::rv_policy::automatic)
+      .def(
+          "save_state",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            const std::string blob = p.packer->SaveState();
+            return nb::bytes(blob.data(), blob.size());
+          },
+          "The C++ SaveState() blob, byte for byte.")
+      .def(
+          "restore_state",
+          [](PyPacker& p, nb::bytes blob) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            Check(p.packer->RestoreState(std::string_view(blob.c_str(), blob.size())));
+            // The blob does not hold the id counter: never hand out an id the state holds.
+            for (const wlb::Document& d : p.packer->Pending()) {
+              p.next_document_id = std::max(p.next_document_id, d.id + 1);
+            }
+          },
+          "blob"_a,
+          "Restores a SaveState() blob (from Python or C++); on error nothing changes. The blob "
+          "holds no id counter: next_document_id becomes at least one above every id the state "
+          "holds (state_dict() / load_state_dict() carry the counter exactly).")
+      .def(
+          "state_dict",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            const std::string blob = p.packer->SaveState();
+            nb::dict d;
+            d["packer_state"] = nb::bytes(blob.data(), blob.size());
+            d["next_document_id"] = p.next_document_id;
+            return d;
+          },
+          "{'packer_state': the C++ SaveState blob, 'next_document_id': int}.")
+      .def(
+          "load_state_dict",
+          [](PyPacker& p, nb::dict state) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            if (!state.contains("packer_state")) {
+              Raise(absl::InvalidArgumentError("state dict has no 'packer_state' entry"));
+            }
+            nb::handle blob = state["packer_state"];
+            if (!nb::isinstance<nb::bytes>(blob)) {
+              throw nb::type_error("state dict 'packer_state' must be bytes");
+            }
+            // Without the counter, push() could hand out ids the restored state already holds.
+            if (!state.contains("next_document_id")) {
+              Raise(absl::InvalidArgumentError("state dict has no 'next_document_id' entry"));
+            }
+            // One above the largest id push() accepts.
+            constexpr int64_t kMaxNextId = wlb::kMaxStateCounter + 1;
+            int64_t next_id = 0;
+            nb::handle given = state["next_document_id"];
+            if (nb::isinstance<nb::bool_>(given) ||
+                !nb::try_cast(given, next_id, /*convert=*/false) || next_id < 0 ||
+                next_id > kMaxNextId) {
+              const std::string shown = nb::cast<std::string>(nb::repr(given));
+              Raise(absl::InvalidArgumentError(absl::StrFormat(
+                  "state dict 'next_document_id' must be an integer in [0, %d], got %s", kMaxNextId,
+                  wlb::QuoteForMessage(shown))));
+            }
+            nb::bytes b = nb::borrow<nb::bytes>(blob);
+            Check(p.packer->RestoreState(std::string_view(b.c_str(), b.size())));
+            p.next_document_id = next_id;
+          },
+          "state"_a, "Restores a state_dict(); on error nothing changes.")
+      .def_prop_ro(
+          "name", [](const PyPacker& p) { return std::string(p.packer->name()); },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "context", [](const PyPacker& p) { return p.packer->config().context; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "max_tokens", [](const PyPacker& p) { return p.packer->config().max_tokens; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "micro_batches", [](const PyPacker& p) { return p.packer->config().micro_batches; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "thresholds", [](const PyPacker& p) { return p.options.thresholds; },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "window", [](const PyPacker& p) { return p.options.window; }, nb::rv_policy::automatic)
+      .def_prop_ro(
+          "cost",
+          [](const PyPacker& p) -> std::optional<wlb::CostModel> {
+            const wlb::CostModel* polynomial = p.cost->polynomial();
+            if (polynomial == nullptr) return std::nullopt;
+            return *polynomial;
+          },
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "next_document_id",
+          [](const PyPacker& p) {
+            const std::unique_lock<std::mutex> lock = LockPacker(p);
+            return p.next_document_id;
+          },
+          nb::rv_policy::automatic)
+      .def("__repr__", [](const PyPacker& p) {
+        return absl::StrFormat("Packer('%s', context=%d, max_tokens=%d, micro_batches=%d)",
+                               p.packer->name(), p.packer->config().context,
+                               p.packer->config().max_tokens, p.packer->config().micro_batches);
+      });
+}
+
+}  // namespace wlb_py

@@ -1,0 +1,129 @@
+// Tests of wlb::PlanSpec: parsing key/value pairs, the one Validate() and the cost it resolves.
+#include "wlb/plan_spec.hpp"
+
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wlb {
+namespace {
+
+using ::testing::HasSubstr;
+using Pairs = std::vector<std::pair<std::string, std::string>>;
+
+std::string ValidateError(const Pairs& pairs) {
+  absl::StatusOr<PlanSpec> spec = ParsePlanSpec(pairs);
+  if (!spec.ok()) return std::string(spec.status().message());
+  absl::StatusOr<PlanSettings> plan = spec->Validate();
+  return plan.ok() ? "" : std::string(plan.status().message());
+}
+
+TEST(PlanSpec, DefaultsAreWlbPlansDefaults) {
+  absl::StatusOr<PlanSettings> plan = PlanSpec{}.Validate();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->packer, "wlb");
+  EXPECT_EQ(plan->config.context, 131072);
+  EXPECT_EQ(plan->config.max_tokens, DefaultMaxTokens(131072));
+  EXPECT_EQ(plan->config.micro_batches, 4);
+  EXPECT_EQ(plan->options.thresholds, DefaultThresholds(131072, 2));
+  EXPECT_EQ(plan->cp_size, -1);
+  EXPECT_EQ(plan->strategy, ShardStrategy::kAdaptive);
+}
+
+TEST(PlanSpec, ParsesKeysSpelledLikeTheFlags) {
+  absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "wlb-lookahead"},
+                                                 {"micro-batches", "8"},
+                                                 {"max_tokens", "200000"},
+                                                 {"thresholds", "1000,5000"},
+                                                 {"lookahead", "2"},
+                                                 {"delay-budget", "0.5"},
+                                                 {"cp", "4"},
+                                                 {"sharding", "per-doc"}});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<PlanSettings> plan = spec->Validate();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config.micro_batches, 8);
+  EXPECT_EQ(plan->config.max_tokens, 200000);
+  EXPECT_EQ(plan->options.thresholds, (std::vector<int64_t>{1000, 5000}));
+  EXPECT_EQ(plan->options.lookahead, 2);
+  EXPECT_EQ(plan->options.delay_budget, 0.5);
+  EXPECT_EQ(plan->cp_size, 4);
+  EXPECT_EQ(plan->strategy, ShardStrategy::kPerDocument);
+}
+
+TEST(PlanSpec, ErrorsNameTheValue) {
+  EXPECT_THAT(ValidateError({{"colour", "red"}}), HasSubstr("unknown plan setting 'colour'"));
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp", "8"}}), HasSubstr("--cp is given more than once"));
+  EXPECT_THAT(ValidateError({{"context", "big"}}), HasSubstr("--context: 'big' is not an integer"));
+  EXPECT_THAT(ValidateError({{"thresholds", "1,x"}}), HasSubstr("'x' is not an integer"));
+  EXPECT_THAT(ValidateError({{"delay_budget", "-1"}}),
+              HasSubstr("--delay-budget must be a finite number >= 0, got -1"));
+  EXPECT_THAT(ValidateError({{"packer", "best-fit"}}), HasSubstr("unknown packer 'best-fit'"));
+  EXPECT_THAT(ValidateError({{"profile_cost", "exact"}}),
+              HasSubstr("--profile-cost must be fit or table, got 'exact'"));
+  EXPECT_THAT(ValidateError({{"queues", "17"}}), HasSubstr("--queues must be in [0, 16], got 17"));
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"sharding", "diagonal"}}), HasSubstr("diagonal"));
+  EXPECT_THAT(ValidateError({{"cp", "0"}}), HasSubstr("--cp must be a context-parallel size"));
+}
+
+TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
+  EXPECT_THAT(ValidateError({{"window", "2"}}),
+              HasSubstr("--window is not used by this run: it sets fixed-greedy's window"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"lookahead", "2"}}),
+              HasSubstr("--lookahead is not used by this run"));
+  EXPECT_THAT(ValidateError({{"packer", "original"}, {"queues", "3"}}),
+              HasSubstr("--queues is not used by this run"));
+  EXPECT_THAT(ValidateError({{"thresholds", "10"}, {"queues", "3"}}),
+              HasSubstr("give one of them"));
+  EXPECT_THAT(ValidateError({{"cost", "llama2-7b"}, {"profile_cost", "table"}}),
+              HasSubstr("--profile-cost is not used by this run"));
+  EXPECT_THAT(ValidateError({{"sharding", "per-doc"}}),
+              HasSubstr("--sharding is not used by this run"));
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_link_gbps", "100"}}),
+              HasSubstr("--cp-link-gbps is not used by this run"));
+  // A wlb comparison (wlb-plan's table) uses the thresholds whatever the packer.
+  absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "original"}, {"queues", "3"}});
+  ASSERT_TRUE(spec.ok());
+  spec->wlb_comparison = true;
+  EXPECT_TRUE(spec->Validate().ok());
+}
+
+TEST(PlanSpec, MaskedPresetCostAndLayerMix) {
+  absl::StatusOr<PlanSpec> spec =
+      ParsePlanSpec({{"cost", "llama2-7b-swa4k"}, {"cp", "4"}, {"sharding", "doc-degree"}});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<PlanSettings> plan = spec->Validate();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->cp_options.mix.total_layers(),
+            FindMaskedModel("llama2-7b-swa4k")->mix.total_layers());
+  absl::StatusOr<DocumentCost> cost = spec->MakeCost();
+  ASSERT_TRUE(cost.ok()) << cost.status();
+  EXPECT_EQ(cost->polynomial(), nullptr);  // mask-aware, not a polynomial
+  const DocumentCost causal = *ParsePlanSpec({{"cost", "llama2-7b-causal"}})->MakeCost();
+  EXPECT_LT((*cost)(65536), causal(65536));  // a window sees fewer keys
+}
+
+TEST(PlanSpec, ProfileCostTableAndFit) {
+  const std::string path = ::testing::TempDir() + "/plan_spec_profile.csv";
+  {
+    std::ofstream csv(path);
+    csv << "seq_len,latency(ms)\n128,0.02\n1024,0.1\n8192,3.1\n65536,190\n";
+  }
+  absl::StatusOr<DocumentCost> fit = ParsePlanSpec({{"cost", path}})->MakeCost();
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NE(fit->polynomial(), nullptr);
+  absl::StatusOr<PlanSpec> table = ParsePlanSpec({{"cost", path}, {"profile_cost", "table"}});
+  ASSERT_TRUE(table->Validate().ok());
+  absl::StatusOr<DocumentCost> tabulated = table->MakeCost();
+  ASSERT_TRUE(tabulated.ok()) << tabulated.status();
+  EXPECT_EQ(tabulated->polynomial(), nullptr);
+  EXPECT_THAT(tabulated->description(), HasSubstr("tile-aware table of 4 measured lengths"));
+  EXPECT_EQ(tabulated->unit(), "ms");
+}
+
+}  // namespace
+}  // namespace wlb

@@ -1,0 +1,216 @@
+// wlb-plan's run: resolve the plan's models, read the input, plan (and tune, estimate), then hand
+// the result to the writers of wlb_plan_output.cc. Main() is the whole program.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "cli_help.h"
+#include "wlb/wlb.hpp"
+#include "wlb_plan.h"
+#include "wlb_plan_internal.h"
+
+namespace wlb::cli {
+namespace {
+
+constexpr const char* kHelpFlags[] = {"help", "helpfull", "helpshort", "helppackage", "version"};
+
+absl::StatusOr<Result> Plan(const std::string& name, const PackerConfig& config,
+                            const DocumentCost& cost, const PackerOptions& options,
+                            const std::vector<std::vector<Document>>& arrivals) {
+  absl::StatusOr<std::unique_ptr<Packer>> packer = MakePacker(name, config, cost, options);
+  if (!packer.ok()) return packer.status();
+  absl::StatusOr<PackRun> run = RunPacker(**packer, arrivals);
+  if (!run.ok()) return run.status();
+  Result r{.packer = name, .run = *std::move(run)};
+  r.summary = Summarize(r.run.steps, cost, config.max_tokens);
+  r.pending = (*packer)->Pending();
+  return r;
+}
+
+absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy strategy,
+                                       bool dp_assign, const Result& planned,
+                                       const Result& baseline) {
+  Estimate e{.sizes = model.job().sizes, .steps = static_cast<int64_t>(planned.run.steps.size())};
+  absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
+  if (!t.ok()) return t.status();
+  absl::StatusOr<double> b =
+      model.StreamSeconds(baseline.run.steps, {.candidates = {ShardStrategy::kPerSequence}});
+  if (!b.ok()) return b.status();
+  e.seconds = *t;
+  e.baseline_seconds = *b;
+  if (dp_assign) {
+    e.dp_assigned_seconds = 0.0;
+    for (const StepPlan& step : planned.run.steps) {
+      absl::StatusOr<DpAssignment> a = AssignStepDpRanks(model, step, {.candidates = {strategy}});
+      if (!a.ok()) return a.status();
+      *e.dp_assigned_seconds += a->step_seconds;
+      e.dp_round_robin_seconds += a->round_robin_seconds;
+    }
+  }
+  return e;
+}
+
+absl::Status Run(const Settings& settings) {
+  const PlanSettings& plan = settings.plan;
+  const PackerConfig& config = plan.config;
+  const std::string& packer = plan.packer;
+  PackerOptions options = plan.options;
+  absl::StatusOr<DocumentCost> cost = settings.spec.MakeCost();
+  if (!cost.ok()) return cost.status();
+  const DocumentCost& doc_cost = *cost;
+  absl::StatusOr<KernelModel> kernel_model = settings.spec.MakeKernelModel();
+  if (!kernel_model.ok()) return kernel_model.status();
+
+  std::optional<StepTimeModel> step_model;
+  if (settings.estimate) {
+    absl::StatusOr<TransformerShape> shape = FindTransformerShape(settings.spec.cost);
+    if (!shape.ok()) return shape.status();
+    absl::StatusOr<PipelineJob> job =
+        MakePipelineJob(*shape, *settings.estimate, settings.gemm_tflops);
+    if (!job.ok()) return job.status();
+    if (!settings.spec.kernel_profile.empty()) job->kernel = *kernel_model;
+    absl::StatusOr<StepTimeModel> m = StepTimeModel::Create(*std::move(job));
+    if (!m.ok()) return m.status();
+    step_model = *std::move(m);
+  }
+
+  absl::StatusOr<Input> input = LoadInput({.docs = settings.docs,
+                                           .distribution = settings.distribution,
+                                           .seed = settings.seed,
+                                           .steps = settings.steps},
+                                          config.context, config.micro_batches);
+  if (!input.ok()) return input.status();
+  const std::vector<std::vector<Document>>& arrivals = input->steps;
+
+  std::string tune_note;
+  if (settings.spec.tune) {
+    const PackerInfo* info = FindPacker(packer);
+    if (info == nullptr || !info->Uses(kUsesThresholds)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--tune applies to wlb, wlb-refine and wlb-lookahead, not %s", QuoteForMessage(packer)));
+    }
+    absl::StatusOr<TunedThresholds> tuned = TuneThresholds(
+        arrivals, config, doc_cost, {.delay_budget = settings.spec.delay_budget, .packer = packer});
+    if (!tuned.ok()) return tuned.status();
+    options.thresholds = tuned->thresholds;
+    tune_note = absl::StrFormat(" (tuned over %d sets for mean delay <= %g)", tuned->evaluated,
+                                settings.spec.delay_budget);
+  }
+
+  absl::StatusOr<Result> main = Plan(packer, config, doc_cost, options, arrivals);
+  if (!main.ok()) return main.status();
+  CpSummary cp_summary;                                 // over steady steps
+  if (plan.cp_size > 0 && settings.format != "json") {  // json plans them while it writes them
+    for (const StepPlan& step : main->run.steps) {
+      if (absl::Status s = PlanStepCp(step, plan, *kernel_model, cp_summary, nullptr); !s.ok()) {
+        return s;
+      }
+    }
+  }
+
+  std::optional<Estimate> estimate;
+  if (step_model) {
+    absl::StatusOr<Result> baseline =
+        packer == "original" ? main : Plan("original", config, doc_cost, options, arrivals);
+    if (!baseline.ok()) return baseline.status();
+    absl::StatusOr<Estimate> e =
+        EstimateSteps(*step_model, plan.strategy, settings.dp_assign, *main, *baseline);
+    if (!e.ok()) return e.status();
+    estimate = *e;
+  }
+
+  Planned planned{.settings = settings,
+                  .input = *input,
+                  .cost = doc_cost,
+                  .kernel_model = *kernel_model,
+                  .main = *main,
+                  .options = options,
+                  .tune_note = tune_note,
+                  .estimate = estimate};
+  if (settings.format == "json") return WriteJson(planned);
+
+  // The table's summary rows: original and wlb on the same stream, then the chosen packer.
+  std::vector<std::string> compared = {"original", "wlb"};
+  if (packer != "original" && packer != "wlb") compared.push_back(packer);
+  if (!settings.compare) compared = {packer};
+  std::vector<Result> others;
+  others.reserve(compared.size());
+  for (const std::string& name : compared) {
+    if (name == packer) {
+      planned.rows.push_back(&*main);
+      continue;
+    }
+    absl::StatusOr<Result> other = Plan(name, config, doc_cost, options, arrivals);
+    if (!other.ok()) return other.status();
+    others.push_back(*std::move(other));
+    planned.rows.push_back(&others.back());
+  }
+  return WriteTable(planned, cp_summary);
+}
+
+}  // namespace
+
+absl::Status PlanStepCp(const StepPlan& step, const PlanSettings& settings,
+                        const KernelModel& model, CpSummary& summary, nlohmann::json* step_json) {
+  for (size_t m = 0; m < step.micro_batches.size(); ++m) {
+    absl::StatusOr<ShardPlan> plan = PlanShards(step.micro_batches[m], settings.cp_size,
+                                                settings.strategy, model, settings.cp_options);
+    if (!plan.ok()) return plan.status();
+    const CpBalance balance = MeasureCpBalance(*plan, model);
+    if (!step.drain) summary.Add(*plan, balance);
+    if (step_json != nullptr) {
+      nlohmann::json& mb = (*step_json)["micro_batches"][m];
+      mb.update(ShardPlanToJson(*plan));
+      mb["cp_balance"] = CpBalanceToJson(balance);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  ShowOwnFlagsInHelp();
+  absl::SetProgramUsageMessage(
+      "plans balanced micro-batches for a document stream; see README.md for the flags");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    std::string name = a.substr(
+        a.find_first_not_of('-') == std::string::npos ? a.size() : a.find_first_not_of('-'));
+    name = name.substr(0, name.find('='));
+    if (a.size() > 1 && a[0] == '-' && (name == "help" || name == "helpshort")) {
+      std::fputs(HelpText().c_str(), stdout);  // wlb-plan's own flags, grouped, and the packers
+      return 1;                                // as Abseil's --help (and --helpfull) exit
+    }
+    if (a.size() > 1 && a[0] == '-' &&
+        std::find(std::begin(kHelpFlags), std::end(kHelpFlags), name) != std::end(kHelpFlags)) {
+      absl::ParseCommandLine(argc, argv);  // prints the usage and exits
+    }
+  }
+  absl::Status status = ParseArgs(args);
+  absl::StatusOr<Settings> settings = Settings{};
+  if (status.ok()) settings = SettingsFromFlags();
+  if (status.ok()) status = settings.status();
+  if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
+  if (status.ok()) status = Run(*settings);
+  if (!status.ok()) {
+    std::string message(status.message());
+    std::replace(message.begin(), message.end(), '\n', ' ');  // always one line
+    std::fprintf(stderr, "wlb-plan: error: ");
+    std::fwrite(message.data(), 1, message.size(), stderr);
+    std::fprintf(stderr, "\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace wlb::cli
