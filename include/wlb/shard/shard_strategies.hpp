@@ -6,9 +6,9 @@
 //     // s.name ("per-doc"), s.summary (help), s.uses (which options it reads), s.plan
 //   }
 //
-// Adding a strategy: a ShardStrategy value (shard_types.hpp; kShardStrategyCount counts them),
-// its planning file under shard/strategies/ (absl::StatusOr<ShardPlan>(const ShardPlanRequest&),
-// building the plan with PlanBuilder), and its row in kShardStrategyTable below.
+// Adding a strategy: the next ShardStrategy value (shard_types.hpp), its planning file under
+// shard/strategies/ (absl::StatusOr<ShardPlan>(const ShardPlanRequest&), building the plan with
+// PlanBuilder), and its row in kShardStrategyTable below (plus the file's #include there).
 #pragma once
 
 #include <cstddef>
@@ -112,11 +112,13 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      &detail::PlanDocumentDegree},
 };
 
+// Number of ShardStrategy values (0 .. kShardStrategyCount - 1, one row each).
+inline constexpr size_t kShardStrategyCount = std::size(kShardStrategyTable);
+
 namespace detail {
 
-// Every ShardStrategy value has exactly one row.
+// Every ShardStrategy value 0 .. kShardStrategyCount - 1 has exactly one row.
 constexpr bool ShardStrategyTableComplete() {
-  if (std::size(kShardStrategyTable) != kShardStrategyCount) return false;
   for (size_t v = 0; v < kShardStrategyCount; ++v) {
     int rows = 0;
     for (const ShardStrategyInfo& s : kShardStrategyTable) {

@@ -14,8 +14,8 @@
 
 namespace wlb {
 
-// How a micro-batch is split across CP ranks (see shard_plan.hpp; the registry of strategies is
-// shard_strategies.hpp).
+// How a micro-batch is split across CP ranks (see shard_plan.hpp). Values count from 0 without
+// gaps; the registry (shard_strategies.hpp) has one row per value.
 enum class ShardStrategy {
   kPerSequence,
   kPerDocument,
@@ -25,9 +25,6 @@ enum class ShardStrategy {
   kPerDocumentPadded,
   kDocumentDegree
 };
-
-// Number of ShardStrategy values (the registry, shard_strategies.hpp, lists each once).
-inline constexpr size_t kShardStrategyCount = 7;
 
 // Queries [q_begin, q_end) of one document piece on one rank; keys are [0, q_end) of the piece.
 struct Segment {
