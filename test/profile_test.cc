@@ -82,7 +82,7 @@ TEST(ParseProfileCsv, EmptyInputAndTheBoundsOfEachValue) {
 // file at that line number. ParseProfileCsv numbers only the non-blank lines (the bad row below is
 // line 4 of the file, reported as line 3). Disabled until profile.hpp counts file lines; run with
 // --gtest_also_run_disabled_tests to see it fail.
-TEST(ParseProfileCsv, DISABLED_ErrorsNameTheFileLineAfterBlankLines) {
+TEST(ParseProfileCsv, ErrorsNameTheFileLineAfterBlankLines) {
   EXPECT_THAT(ParseProfileCsv("L,ms\n64,0.5\n\nabc,1\n", "p.csv").status().message(),
               HasSubstr("p.csv:4: length 'abc'"));
 }

@@ -13,8 +13,9 @@ void BindPacker(nb::module_& m) {
              std::optional<int64_t> max_tokens, int32_t micro_batches,
              std::variant<wlb::CostModel, std::string> cost,
              std::optional<std::string> profile_cost,
-             std::optional<std::vector<int64_t>> thresholds, int queues, int window,
-             int refine_rounds, int lookahead, std::optional<double> delay_budget) {
+             std::optional<std::vector<int64_t>> thresholds, std::optional<int> queues,
+             std::optional<int> window, std::optional<int> refine_rounds,
+             std::optional<int> lookahead, std::optional<double> delay_budget) {
             // The keyword arguments as a wlb::PlanSpec: checked as wlb-plan checks its flags.
             wlb::PlanSpec spec;
             spec.packer = name;
@@ -31,11 +32,17 @@ void BindPacker(nb::module_& m) {
               spec.profile_cost = *profile_cost;
               spec.MarkGiven("profile_cost");
             }
-            spec.thresholds = std::move(thresholds);
-            spec.queues = queues;
-            spec.window = window;
-            spec.refine_rounds = refine_rounds;
-            spec.lookahead = lookahead;
+            // An option given to a packer that does not use it is an error, as in wlb-plan.
+            auto set = [&spec](const char* key, const auto& value, auto& field) {
+              if (!value.has_value()) return;
+              field = *value;
+              spec.MarkGiven(key);
+            };
+            set("thresholds", thresholds, spec.thresholds);
+            set("queues", queues, spec.queues);
+            set("window", window, spec.window);
+            set("refine_rounds", refine_rounds, spec.refine_rounds);
+            set("lookahead", lookahead, spec.lookahead);
             if (delay_budget.has_value()) {
               spec.delay_budget = *delay_budget;
               spec.MarkGiven("delay_budget");
@@ -52,10 +59,12 @@ void BindPacker(nb::module_& m) {
           },
           "name"_a = "wlb", nb::kw_only(), "context"_a = 131072, "max_tokens"_a = nb::none(),
           "micro_batches"_a = 4, "cost"_a = "llama2-7b", "profile_cost"_a = nb::none(),
-          "thresholds"_a = nb::none(), "queues"_a = 2, "window"_a = 1, "refine_rounds"_a = 0,
-          "lookahead"_a = 1, "delay_budget"_a = nb::none(),
+          "thresholds"_a = nb::none(), "queues"_a = nb::none(), "window"_a = nb::none(),
+          "refine_rounds"_a = nb::none(), "lookahead"_a = nb::none(), "delay_budget"_a = nb::none(),
           "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
-          "None = default thresholds for `queues` queues, [] = no queues; cost is a preset name, "
+          "None = default thresholds for `queues` queues (None: 2), [] = no queues; an option "
+          "the packer does not use (window, thresholds, queues, refine_rounds, lookahead, "
+          "delay_budget) is an error; cost is a preset name, "
           "a masked preset (llama2-7b-swa4k, ...: mask-aware FLOPs), a profile CSV path or a "
           "CostModel; profile_cost = 'fit' (quadratic, the default) or 'table' (tile-aware "
           "interpolation) for a profile CSV; lookahead = K prefetched steps (wlb-lookahead: "

@@ -77,6 +77,22 @@ def test_unknown_packer_and_window():
     assert budgeted.flush() == []
 
 
+@pytest.mark.parametrize("name, kwargs, option", [
+    ("wlb", {"window": 2}, "window"),
+    ("original", {"thresholds": [1000]}, "thresholds"),
+    ("fixed-greedy", {"queues": 1}, "queues"),
+    ("wlb", {"lookahead": 2}, "lookahead"),
+    ("wlb", {"refine_rounds": 3}, "refine-rounds"),
+    ("wlb-refine", {"delay_budget": 0.5}, "delay-budget"),
+])
+def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, option):
+    # Never silently ignored: the same rule as wlb-plan's "--X is not used by this run".
+    with pytest.raises(ValueError, match=f"{option} is not used by this run"):
+        wlb.Packer(name, context=4096, **kwargs)
+    wlb.Packer("wlb-lookahead", context=4096, queues=1, lookahead=2, refine_rounds=3,
+               delay_budget=0.5)  # all used by wlb-lookahead
+
+
 def test_piece_longer_than_context_is_rejected(packer):
     docs = wlb.Documents([0], [2000])
     with pytest.raises(ValueError, match=r"length 2000 is outside \[1, 1024\]"):

@@ -15,6 +15,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,13 +35,19 @@ namespace wlb {
 // Parses profile text (`source` names it in messages).
 inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_view text,
                                                                  absl::string_view source) {
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
+  // Blank lines are skipped; messages give the line's number in the text (1-based).
+  std::vector<std::pair<size_t, absl::string_view>> lines;
+  size_t number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    if (!absl::StripAsciiWhitespace(line).empty()) lines.emplace_back(number, line);
+  }
   if (lines.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: empty profile", source));
   }
-  const char delimiter = lines[0].find('\t') != absl::string_view::npos ? '\t' : ',';
+  const char delimiter = lines[0].second.find('\t') != absl::string_view::npos ? '\t' : ',';
   std::vector<std::string> header;
-  for (absl::string_view h : absl::StrSplit(lines[0], delimiter)) {
+  for (absl::string_view h : absl::StrSplit(lines[0].second, delimiter)) {
     header.push_back(std::string(absl::StripAsciiWhitespace(h)));
   }
   auto find_column = [&](std::initializer_list<absl::string_view> names) -> int {
@@ -57,15 +64,16 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: header %s needs a length column (L, seq_len, ctx_length, length, q_len) and a "
         "latency column (duration_per_doc, latency(ms), latency_ms, ms)",
-        source, QuoteForMessage(lines[0], 200)));
+        source, QuoteForMessage(lines[0].second, 200)));
   }
   const int filter_cols[] = {find_column({"cp"}), find_column({"tp"})};
   std::map<int64_t, std::pair<double, int>> by_length;  // length -> (sum ms, rows)
   for (size_t li = 1; li < lines.size(); ++li) {
-    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], delimiter);
+    const auto& [line_number, line] = lines[li];
+    std::vector<absl::string_view> cells = absl::StrSplit(line, delimiter);
     if (cells.size() != header.size()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
+          "%s:%d: %d fields, the header has %d", source, line_number, cells.size(), header.size()));
     }
     bool keep = true;
     for (int col : filter_cols) {
@@ -82,12 +90,12 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
     if (!absl::SimpleAtoi(length_text, &length) || length <= 0 || length > kMaxContext) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: length %s is not an integer in [1, %d]", source, li + 1,
+          absl::StrFormat("%s:%d: length %s is not an integer in [1, %d]", source, line_number,
                           QuoteForMessage(length_text), kMaxContext));
     }
     if (!absl::SimpleAtod(ms_text, &ms) || !(ms >= kMinProfileMs) || !(ms <= kMaxProfileMs)) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: latency %s is not a number in [%g, %g] ms", source, li + 1,
+          absl::StrFormat("%s:%d: latency %s is not a number in [%g, %g] ms", source, line_number,
                           QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
     }
     auto& [sum, rows] = by_length[length];
