@@ -26,14 +26,12 @@
 // each step takes wlb's release or, when wlb releases a level, every queued outlier, whichever
 // balances better (a step that must take a long outlier is best filled with the other long ones, so
 // holding outliers for it pays off). The candidate with the lowest summed imbalance wins
-// (lookahead/scoring.hpp). Delay is held to wlb-refine's by a delay account
-// (lookahead/delay_account.hpp), which follows wlb-refine on the same stream exactly (its queues
-// and its placement) alongside: while the look-ahead's delay exceeds 0.9 of wlb's, a price makes
-// each token trained later than wlb's rule would cost (kDelayShare), and a bound (kBoundShare)
-// plans only a candidate whose committed delay (planned steps plus draining what is held) stays
-// within 0.9 of wlb-refine's, when one exists; when the last step finds one, the mean token delay
-// ends within wlb-refine's. Not a guarantee: see kBoundShare for when it fails and how often.
-// K = 0 considers no alternative and equals wlb-refine exactly.
+// (lookahead/scoring.hpp). Delay is steered toward wlb's by a delay account
+// (lookahead/delay_account.hpp): the packer follows an estimate of wlb's token delay on the same
+// stream alongside (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained
+// later than wlb's rule would. This is not a bound: on heavy-tailed streams the mean token delay
+// can end well above wlb-refine's (see PackerOptions::delay_budget for how often). K = 0
+// considers no alternative and equals wlb-refine exactly.
 #pragma once
 
 #include <algorithm>
@@ -72,7 +70,7 @@ class LookaheadPacker final : public Packer {
         refine_rounds_(refine_rounds),
         lookahead_(lookahead),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
-        delay_(config, cost_, std::move(thresholds), delay_budget) {}
+        delay_(config, std::move(thresholds), delay_budget) {}
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
@@ -226,59 +224,24 @@ class LookaheadPacker final : public Packer {
     const lookahead::Sketcher sketcher(config_, cost_);
     lookahead::SketchBase sketch;
     if (!exact && candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
-    const double price = delay_.Price();
-    std::vector<double> scores(candidates.size(), 0.0);
+    size_t best = 0;
+    double best_score = 0.0;
     for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
-      scores[i] = (exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_)
-                         : sketcher.ScoreBySketch(candidates[i], held, sketch)) -
-                  price * lookahead::TrainedTokens(candidates[i], held, fresh) /
-                      (static_cast<double>(config_.micro_batches) * config_.context);
-    }
-    // Best score first; among scores within 1e-9, the earlier candidate (wlb's own comes first).
-    std::vector<size_t> order;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      size_t at = order.size();
-      for (size_t j = 0; j < order.size(); ++j) {
-        if (scores[i] < scores[order[j]] - 1e-9) {
-          at = j;
-          break;
-        }
+      const double score =
+          (exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_)
+                 : sketcher.ScoreBySketch(candidates[i], held, sketch)) -
+          delay_.Price() * lookahead::TrainedTokens(candidates[i], held, fresh) /
+              (static_cast<double>(config_.micro_batches) * config_.context);
+      if (i == 0 || score < best_score - 1e-9) {
+        best = i;
+        best_score = score;
       }
-      order.insert(order.begin() + static_cast<std::ptrdiff_t>(at), i);
     }
-    delay_.Follow(arrivals, next_step_);
-    // The delay bound (kBoundShare): the best-scored candidate whose committed delay stays within
-    // kBoundShare of wlb-refine's, else the one that commits the least.
-    const double limit = kBoundShare * delay_.WlbCommitted(next_step_) + kBoundSlack;
-    lookahead::Holding planned_held;
-    std::vector<MicroBatch> mbs;
-    double least = std::numeric_limits<double>::infinity();
-    for (size_t i : order) {
-      lookahead::Holding h = held;
-      std::vector<MicroBatch> m = packing.PlanStep(candidates[i], fresh, h, /*fresh_sorted=*/true);
-      // With one candidate there is no choice (K = 0: wlb-refine's plan).
-      const double committed = candidates.size() > 1 ? Committed(m, h) : 0.0;
-      if (committed < least) {
-        least = committed;
-        mbs = std::move(m);
-        planned_held = std::move(h);
-      }
-      if (committed <= limit) break;
-    }
-    held = std::move(planned_held);
-    delay_.Record(mbs, next_step_);
+    std::vector<MicroBatch> mbs =
+        packing.PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+    delay_.Record(arrivals, mbs, next_step_);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));
-  }
-
-  // The look-ahead's total token-steps of delay if the stream ended after step next_step_ planned
-  // as `planned`, leaving `held`: the planned steps' delay, this step's, and the drain's.
-  double Committed(const std::vector<MicroBatch>& planned, const lookahead::Holding& held) const {
-    lookahead::Holding h = held;
-    std::vector<Document> released;
-    h.queues.ReleaseAll(released);
-    return delay_.token_steps() + lookahead::DelayAccount::StepDelay(planned, next_step_) +
-           delay_.DrainDelay(std::move(released), h.carry, next_step_ + 1);
   }
 
   // The arrival step of the first buffered step (the first document's; INT64_MAX when the buffer
@@ -289,27 +252,6 @@ class LookaheadPacker final : public Packer {
     }
     return INT64_MAX;
   }
-
-  // The delay bound. Before packing a step, the packer follows wlb-refine's rule on the same
-  // stream exactly (DelayAccount::Follow) and knows its committed delay: the token-steps of delay
-  // wlb-refine would end with if the stream ended after this step (its planned steps' delay plus
-  // that of draining what it holds, DrainDelay). Each candidate, best score first, is packed and
-  // its own committed delay computed the same way (Committed); the first within kBoundShare of
-  // wlb-refine's is planned; when none is, the one that commits the least. When the last step
-  // finds such a candidate, the look-ahead's mean token delay ends within kBoundShare of
-  // wlb-refine's: at the last step "committed" is the final total (the drain is Flush()'s). It is
-  // not a guarantee: no candidate may be within (a candidate's state differs from wlb-refine's,
-  // so wlb's own release need not be), and then the look-ahead can end above wlb-refine.
-  // Measured (test/lookahead_packer_test.cc, 460 heavy-tailed runs: S 16 to 2,048, N 1 to 32,
-  // one to three queues, K 1 to 3, budgets none, 0 and 0.25): kBoundShare 1.0 ended 12 runs
-  // above wlb-refine, 0.95 five, 0.9 two (by 6% and 10%, both K = 2 streams of 11 and 14
-  // steps), 0.85 two; 0.9 costs imbalance where the price alone (kDelayShare) kept delay below
-  // wlb-refine's (the default stream at N = 4: 1.029 -> 1.036). Measured too: when the bound's
-  // fallback committed the least (release early), the balance suffered more than with 0.9.
-  static constexpr double kBoundShare = 0.9;
-  // Rounding slack of the delay bound, in token-steps (the totals are sums of whole token-steps,
-  // exact in a double up to 2^53).
-  static constexpr double kBoundSlack = 1e-6;
 
   int refine_rounds_;
   int lookahead_;
