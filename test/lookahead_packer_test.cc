@@ -3,6 +3,7 @@
 // lost or duplicated, and the cap holds.
 #include "wlb/pack/lookahead_packer.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -83,28 +84,110 @@ TEST(LookaheadPacker, EachPlanComesOutKPushesLaterAndFlushOwesTheLastK) {
   }
 }
 
-// make_packer.hpp documents PackerOptions::delay_budget as "the most mean token delay in steps
-// (>= 0) it may spend; it also stays within wlb's delay on the same stream (0.9 of it)". Neither
-// bound holds on these seeded streams: with a budget of 0 steps, wlb-lookahead (K = 1) spends more
-// mean delay than wlb on the same stream, e.g. 0.490 against 0.314 steps (S = 232, N = 2, two
-// queues, 26 steps: the second case below), 1.314 against 0.804 (S = 263, N = 4, 8 steps); without
-// a budget 0.785 against 0.314. The delay account prices late tokens, it does not bound them.
-// Disabled until the documentation or the packer changes; run with
-// --gtest_also_run_disabled_tests to see it fail.
-TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinTheBudgetAndWlbs) {
+// The issue's demand (issue 25 item 4): wlb-lookahead's mean token delay never ends above
+// wlb-refine's on the same stream, with or without a delay budget. It does not hold: the delay
+// account prices delay, it does not bound it. On these seeded heavy-tailed streams 96 of the 160
+// runs end above wlb-refine (a budget of 0 steps, K = 1: 18 of 40, e.g. 0.490 against 0.314, S =
+// 232, N = 2, two queues, 26 steps). A hard bound tried on branch delay-bound (follow wlb-refine
+// exactly; plan only candidates whose delay committed so far, drain included, stays within 0.9 of
+// wlb-refine's) ended 0 of these 160 and 2 of the 300 below above wlb-refine, but cost the
+// imbalance paper_data_test checks (the WLB-LLM-like data 1.024 -> 1.037, above wlb-refine's
+// 1.036; the heavy tail 1.046 -> 1.091, above wlb-refine's 1.079), so it is not in.
+// wlb and wlb-refine train the same tokens each step (refinement only moves documents between
+// micro-batches), so their delays are equal. Disabled until a bound that keeps the imbalance
+// lands; run with --gtest_also_run_disabled_tests to see it fail.
+TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
   std::mt19937_64 rng(707);
   for (int trial = 0; trial < 40; ++trial) {
     const Case c = RandomCase(rng, 2 + 5 * trial, 600);  // shape 2: a heavy tail of outliers
-    auto delay = [&](const char* name, double budget) {
+    auto delay = [&](const char* name, double budget, int k) {
       auto packer =
           MakePacker(name, c.config, kSquares,
-                     {.thresholds = c.thresholds, .lookahead = 1, .delay_budget = budget});
+                     {.thresholds = c.thresholds, .lookahead = k, .delay_budget = budget});
       return TokenDelay(RunPacker(**packer, c.arrivals)->steps).mean;
     };
-    const double wlb = delay("wlb", 0.0);
-    EXPECT_LE(delay("wlb-lookahead", 0.0), wlb + 1e-9)
-        << "trial " << trial << ": S = " << c.config.context << ", N = " << c.config.micro_batches
-        << ", " << c.thresholds.size() << " queues, " << c.arrivals.size() << " steps";
+    const double inf = std::numeric_limits<double>::infinity();
+    const double refine = delay("wlb-refine", inf, 1);
+    EXPECT_NEAR(delay("wlb", inf, 1), refine, 1e-9) << "trial " << trial;
+    for (const double budget : {0.0, inf}) {
+      for (const int k : {1, 2}) {
+        EXPECT_LE(delay("wlb-lookahead", budget, k), refine + 1e-9)
+            << "trial " << trial << ": budget " << budget << ", K " << k
+            << ", S = " << c.config.context << ", N = " << c.config.micro_batches << ", "
+            << c.thresholds.size() << " queues, " << c.arrivals.size() << " steps";
+      }
+    }
+  }
+}
+
+// The same over 300 generated heavy-tailed streams of different shapes (98 end above wlb-refine):
+// S, N (1 to 32), the outlier share (2% to 30%), the tail's reach (up to 1 to 3 S), the short
+// documents' lengths, stream length, queue count and thresholds (the defaults or random ones), K (1
+// to 3), and the delay budget (none, 0 or 0.25 steps).
+TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
+  std::mt19937_64 rng(2025);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int over = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    PackerConfig config;
+    config.context = uniform(64, 2048);
+    config.max_tokens = DefaultMaxTokens(config.context);
+    config.micro_batches = static_cast<int32_t>(trial % 7 == 6 ? uniform(8, 32) : uniform(1, 6));
+    const double share = 0.02 + 0.28 * std::uniform_real_distribution<double>(0, 1)(rng);
+    const int64_t reach = config.context * uniform(2, 6) / 2;
+    const int64_t short_max = std::max<int64_t>(2, config.context / uniform(4, 32));
+    const int64_t steps = uniform(8, 80);
+    std::vector<int64_t> lengths;
+    const int64_t tokens = steps * config.context * config.micro_batches;
+    for (int64_t t = 0; t < tokens;) {
+      const bool outlier = std::bernoulli_distribution(share)(rng);
+      const int64_t length =
+          outlier ? uniform(config.context / 4 + 1, reach) : uniform(1, short_max);
+      lengths.push_back(length);
+      t += length;
+    }
+    const int levels = static_cast<int>(uniform(1, 3));
+    std::vector<int64_t> thresholds = DefaultThresholds(config.context, levels);
+    if (trial % 2 == 1) {  // random increasing thresholds in [S/8, S]
+      for (int64_t& t : thresholds) t = uniform(config.context / 8, config.context);
+      std::sort(thresholds.begin(), thresholds.end());
+      thresholds.erase(std::unique(thresholds.begin(), thresholds.end()), thresholds.end());
+    }
+    const std::vector<std::vector<Document>> arrivals = *SplitIntoSteps(
+        *MakeDocuments(lengths, config.context), config.context * config.micro_batches);
+    const double inf = std::numeric_limits<double>::infinity();
+    const double budgets[] = {inf, 0.0, 0.25};
+    const double budget = budgets[trial % 3];
+    const int k = static_cast<int>(uniform(1, 3));
+    auto delay = [&](const char* name) {
+      auto packer = MakePacker(name, config, kSquares,
+                               {.thresholds = thresholds, .lookahead = k, .delay_budget = budget});
+      EXPECT_TRUE(packer.ok()) << packer.status();
+      return TokenDelay(RunPacker(**packer, arrivals)->steps).mean;
+    };
+    const double refine = delay("wlb-refine");
+    const double lookahead = delay("wlb-lookahead");
+    if (lookahead > refine + 1e-9) ++over;
+    EXPECT_LE(lookahead, refine + 1e-9)
+        << "trial " << trial << ": S = " << config.context << ", N = " << config.micro_batches
+        << ", outlier share " << share << ", reach " << reach << ", " << thresholds.size()
+        << " queues, " << arrivals.size() << " steps, K " << k << ", budget " << budget;
+  }
+  EXPECT_EQ(over, 0);
+}
+
+// The tests above compare against wlb-refine, as the issue names it; wlb's delay is the same.
+TEST(LookaheadPacker, WlbAndWlbRefineHaveEqualTokenDelay) {
+  std::mt19937_64 rng(707);
+  for (int trial = 0; trial < 40; ++trial) {
+    const Case c = RandomCase(rng, 2 + 5 * trial, 600);
+    auto delay = [&](const char* name) {
+      auto packer = MakePacker(name, c.config, kSquares, {.thresholds = c.thresholds});
+      return TokenDelay(RunPacker(**packer, c.arrivals)->steps).mean;
+    };
+    EXPECT_NEAR(delay("wlb"), delay("wlb-refine"), 1e-9) << "trial " << trial;
   }
 }
 

@@ -26,10 +26,12 @@
 // each step takes wlb's release or, when wlb releases a level, every queued outlier, whichever
 // balances better (a step that must take a long outlier is best filled with the other long ones, so
 // holding outliers for it pays off). The candidate with the lowest summed imbalance wins
-// (lookahead/scoring.hpp). Delay is kept within wlb's by a delay account
-// (lookahead/delay_account.hpp): the packer follows wlb's token delay on the same stream alongside
-// (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained later than wlb's rule
-// would. K = 0 considers no alternative and equals wlb-refine exactly.
+// (lookahead/scoring.hpp). Delay is steered toward wlb's by a delay account
+// (lookahead/delay_account.hpp): the packer follows an estimate of wlb's token delay on the same
+// stream alongside (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained
+// later than wlb's rule would. This is not a bound: on heavy-tailed streams the mean token delay
+// can end well above wlb-refine's (see PackerOptions::delay_budget for how often). K = 0
+// considers no alternative and equals wlb-refine exactly.
 #pragma once
 
 #include <algorithm>

@@ -28,8 +28,12 @@ struct PackerOptions {
   int refine_rounds = 0;            // wlb-refine, wlb-lookahead: max refinement changes per
                                     // step; 0 = 4N
   int lookahead = 1;                // wlb-lookahead: K, steps of arrivals seen ahead (>= 0)
-  // wlb-lookahead: the most mean token delay in steps (>= 0) it may spend; it also stays within
-  // wlb's delay on the same stream (0.9 of it). Infinity: wlb's bound alone.
+  // wlb-lookahead: a target for its mean token delay in steps (>= 0). Neither this nor wlb's
+  // delay is a bound: the packer prices delay beyond 0.9 of each (lookahead/delay_account.hpp),
+  // which steers but does not guarantee. Measured on generated heavy-tailed streams
+  // (test/lookahead_packer_test.cc, the DISABLED_ tests): it ends above wlb-refine's mean delay
+  // (which equals wlb's) on 96 of 160 seeded runs (budget 0: 38 of 80) and 98 of 300 generated
+  // streams, e.g. 0.490 against 0.314 steps. Infinity: the price against wlb's delay alone.
   double delay_budget = std::numeric_limits<double>::infinity();
 };
 

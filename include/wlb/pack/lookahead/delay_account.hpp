@@ -35,7 +35,8 @@ namespace wlb::lookahead {
 // tail's (up to 0.56 steps against wlb's 0.48); this account spends each stream's budget.
 // kDelayPrice 0.005 to 0.02 and kDelayShare 0.9 to 0.97 all reach imbalance within 0.003;
 // at 0.95 one-queue streams ended 1-3% above wlb-refine's delay (the estimate runs high there),
-// at 0.9 every stream tried stays below it.
+// at 0.9 every stream tried then stayed below it. It steers, it does not bound: generated
+// heavy-tailed streams end above wlb-refine's delay (make_packer.hpp, delay_budget).
 inline constexpr double kDelayShare = 0.9;
 inline constexpr double kDelayPrice = 0.01;
 // An explicit delay budget (mean steps) is a second account, against kDelayShare of it, priced
