@@ -43,7 +43,7 @@ ABSL_FLAG(int32_t, queues, wlb::PlanSpec{}.queues,
           "(instead of --thresholds)");
 ABSL_FLAG(bool, tune, wlb::PlanSpec{}.tune,
           "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream "
-          "itself, within --delay_budget");
+          "itself, within --delay-budget");
 ABSL_FLAG(double, delay_budget, wlb::PlanSpec{}.delay_budget,
           "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
           "beyond wlb's delay, 1 with --tune)");
