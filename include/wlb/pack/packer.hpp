@@ -485,7 +485,7 @@ class LengthOrdered {
   // Adds `front` before and `back` after the held documents of each length; both longest first.
   void Merge(const std::vector<Document>& front, const std::vector<Document>& back) {
     if (front.empty() && back.empty()) return;
-    if (front.empty()) {
+    if (front.empty() && main_.size() > kRecentMin) {
       recent_.Reset(StableMerge(recent_.ToVector(), back));
       // Folded in when it outgrows main / 8 and 2 x sqrt(main): a merge with the recent run costs
       // at most that, and a fold O(held) after at least as many added documents.
@@ -522,7 +522,8 @@ class LengthOrdered {
   void Clear() { *this = LengthOrdered(); }
 
  private:
-  // Below this many documents the recent run is never folded in.
+  // A main run of at most this many documents takes every merge itself (one run is the fastest
+  // for a small carry), and a recent run of at most this many is never folded in.
   static constexpr int64_t kRecentMin = 64;
 
   // `a` then `b` merged longest first, `a`'s first among equal lengths.
