@@ -119,6 +119,17 @@ inline std::vector<std::vector<size_t>> WlbRelease(const Holding& held, size_t n
   return release;
 }
 
+// Whether candidate `i` of `candidates` equals an earlier one.
+inline bool RepeatsEarlier(const std::vector<Candidate>& candidates, size_t i) {
+  for (size_t j = 0; j < i; ++j) {
+    if (candidates[j].hold_longest == candidates[i].hold_longest &&
+        candidates[j].release == candidates[i].release) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Whether `c` releases any queued outlier.
 inline bool ReleasesAny(const Candidate& c) {
   for (const auto& r : c.release)
