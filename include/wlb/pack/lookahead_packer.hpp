@@ -239,7 +239,7 @@ class LookaheadPacker final : public Packer {
       const std::optional<double> sum =
           exact
               ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_, loses, step)
-              : sketcher.ScoreBySketch(candidates[i], held, sketch);
+              : sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
       if (!sum) continue;
       const double score = *sum - penalty;
       if (i == 0 || score < to_beat) {

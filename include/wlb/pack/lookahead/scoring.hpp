@@ -25,9 +25,17 @@ namespace wlb::lookahead {
 // N = 64 real packings of every candidate would take ~10 times wlb-refine's planning time.
 inline constexpr size_t kExactScoringDocuments = 6000;
 
-// The least ImbalanceDegree() returns: the heaviest micro-batch weighs at least the mean; with
-// costs >= 0 the computed mean exceeds it by a few ulps at most, far within this margin.
+// The least a step's imbalance can be, from ImbalanceDegree() or Sketcher::EstimateStep(): the
+// heaviest micro-batch weighs at least the mean; with costs >= 0 the computed mean exceeds it by
+// about N ulps at most, far within this margin.
 inline constexpr double kMinImbalance = 1.0 - 1e-6;
+
+// The least a score can end at that has reached `sum` with `steps_left` steps to add: each adds at
+// least kMinImbalance, and a floating-point sum only grows with its terms.
+inline double ScoreLowerBound(double sum, size_t steps_left) {
+  for (size_t i = 0; i < steps_left; ++i) sum += kMinImbalance;
+  return sum;
+}
 
 // A step planned under a candidate and what it leaves held: scoring keeps the winner's, so the
 // winner is not packed a second time.
@@ -42,18 +50,13 @@ struct PlannedStep {
 // whichever balances better: the step that must take a long outlier is best filled with the
 // other long ones, so holding them for it pays.
 // `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt) as
-// soon as a bound on the sum (each step left adds at least kMinImbalance, and floating-point sums
-// only grow with their terms) loses, so the candidate is not followed further.
+// soon as ScoreLowerBound() loses, so the candidate is not followed further.
 template <typename Loses>
 std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate& c,
                                      const Holding& base, const std::vector<Document>& fresh,
                                      const std::deque<std::vector<Document>>& buffer,
                                      const Loses& loses, PlannedStep& planned) {
-  auto lower_bound = [&](double sum, size_t steps_left) {
-    for (size_t i = 0; i < steps_left; ++i) sum += kMinImbalance;
-    return sum;
-  };
-  if (loses(lower_bound(kMinImbalance, buffer.size()))) return std::nullopt;
+  if (loses(ScoreLowerBound(kMinImbalance, buffer.size()))) return std::nullopt;
   const size_t n = static_cast<size_t>(packing.config.micro_batches);
   planned.held = base;
   planned.micro_batches = packing.PlanStep(c, fresh, planned.held, /*fresh_sorted=*/true);
@@ -61,7 +64,7 @@ std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate
   if (buffer.empty()) return score;
   Holding held = planned.held;
   for (size_t s = 0; s < buffer.size(); ++s) {
-    if (loses(lower_bound(score, buffer.size() - s))) return std::nullopt;
+    if (loses(ScoreLowerBound(score, buffer.size() - s))) return std::nullopt;
     std::vector<Document> next_fresh = Enqueue(buffer[s], held);
     SortLongestFirst(next_fresh);
     const Candidate wlb{.release = WlbRelease(held, n)};
@@ -226,7 +229,11 @@ class Sketcher {
   // The same as ScoreByPacking from sketches (EstimateStep): far cheaper, a little less exact.
   // `fresh` is sorted longest first, so holding back the h longest arrivals moves
   // `sketch.longest[0, h)` to the carry.
-  double ScoreBySketch(const Candidate& c, const Holding& base, const SketchBase& sketch) const {
+  // Stops early (nullopt) as ScoreByPacking does.
+  template <typename Loses>
+  std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
+                                      const SketchBase& sketch, const Loses& loses) const {
+    if (loses(ScoreLowerBound(kMinImbalance, sketch.ahead.size()))) return std::nullopt;
     Sketch step = sketch.step;
     Sketch carry;
     for (size_t i = 0; i < sketch.longest.size(); ++i) {
@@ -244,7 +251,9 @@ class Sketcher {
     }
     double score = EstimateStep(std::move(step), carry);
     const size_t n = static_cast<size_t>(config_.micro_batches);
-    for (const Arrivals& a : sketch.ahead) {
+    for (size_t s = 0; s < sketch.ahead.size(); ++s) {
+      if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
+      const Arrivals& a = sketch.ahead[s];
       Sketch future = std::move(carry);
       carry = Sketch();
       AddSketch(a.fresh, future);
