@@ -225,6 +225,12 @@ class LookaheadPacker final : public Packer {
     const lookahead::Sketcher sketcher(config_, cost_);
     lookahead::SketchBase sketch;
     if (!exact && candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
+    std::vector<std::vector<Document>> ahead_fresh;  // what every exact score packs ahead
+    if (exact && candidates.size() > 1) {
+      for (const auto& step : buffer_) {
+        ahead_fresh.push_back(lookahead::SortedNonOutliers(step, held.queues));
+      }
+    }
     size_t best = 0;
     double best_score = 0.0;
     lookahead::PlannedStep best_step;  // the best candidate's step, when scored exactly
@@ -237,9 +243,9 @@ class LookaheadPacker final : public Packer {
       auto loses = [&](double at_least) { return i > 0 && at_least - penalty >= to_beat; };
       lookahead::PlannedStep step;
       const std::optional<double> sum =
-          exact
-              ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_, loses, step)
-              : sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
+          exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_,
+                                            ahead_fresh, loses, step)
+                : sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
       if (!sum) continue;
       const double score = *sum - penalty;
       if (i == 0 || score < to_beat) {

@@ -48,13 +48,15 @@ struct PlannedStep {
 // packings (as wlb-refine packs) of every step; the step under `c` goes to `planned`. Each
 // buffered step takes wlb's release or, when wlb releases a level, every queued outlier,
 // whichever balances better: the step that must take a long outlier is best filled with the
-// other long ones, so holding them for it pays.
+// other long ones, so holding them for it pays. `ahead_fresh[s]` is SortedNonOutliers() of
+// `buffer[s]`, the same for every candidate.
 // `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt) as
 // soon as ScoreLowerBound() loses, so the candidate is not followed further.
 template <typename Loses>
 std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate& c,
                                      const Holding& base, const std::vector<Document>& fresh,
                                      const std::deque<std::vector<Document>>& buffer,
+                                     const std::vector<std::vector<Document>>& ahead_fresh,
                                      const Loses& loses, PlannedStep& planned) {
   if (loses(ScoreLowerBound(kMinImbalance, buffer.size()))) return std::nullopt;
   const size_t n = static_cast<size_t>(packing.config.micro_batches);
@@ -65,8 +67,8 @@ std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate
   Holding held = planned.held;
   for (size_t s = 0; s < buffer.size(); ++s) {
     if (loses(ScoreLowerBound(score, buffer.size() - s))) return std::nullopt;
-    std::vector<Document> next_fresh = Enqueue(buffer[s], held);
-    SortLongestFirst(next_fresh);
+    for (const Document& d : buffer[s]) held.queues.Enqueue(d);  // the rest is ahead_fresh[s]
+    std::vector<Document> next_fresh = ahead_fresh[s];
     const Candidate wlb{.release = WlbRelease(held, n)};
     if (!ReleasesAny(wlb)) {
       score += ImbalanceDegree(
