@@ -108,15 +108,8 @@ absl::StatusOr<BenchPlan> PlanFromFlags() {
 PlanSpec ForPacker(PlanSpec base, std::string packer) {
   const PackerInfo* info = FindPacker(packer);
   const auto uses = [&](PackerOption o) { return info != nullptr && info->Uses(o); };
-  const std::pair<const char*, PackerOption> options[] = {{"window", kUsesWindow},
-                                                          {"thresholds", kUsesThresholds},
-                                                          {"queues", kUsesThresholds},
-                                                          {"tune", kUsesThresholds},
-                                                          {"refine_rounds", kUsesRefineRounds},
-                                                          {"lookahead", kUsesLookahead},
-                                                          {"delay_budget", kUsesDelayBudget}};
-  for (const auto& [key, option] : options) {
-    if (!uses(option)) base.given.erase(key);
+  for (const PackerOptionKey& o : kPackerOptionKeys) {
+    if (!uses(o.option)) base.given.erase(o.key);
   }
   base.packer = std::move(packer);
   return base;
