@@ -30,33 +30,19 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "cli_help.h"
+#include "bench_plan_flags.hpp"
 #include "wlb/solver/milp_packer.hpp"
 #include "wlb/wlb.hpp"
 
-ABSL_FLAG(std::string, docs, "",
-          "document lengths file (one per line or a JSON array); empty samples the embedded "
-          "distribution named by --distribution. The paper-like case: "
-          "../shared/data/doc_lengths_wlbllm_like.json");
-ABSL_FLAG(std::string, distribution, "default",
-          "when --docs is empty: default (embedded WLB-LLM-like histogram) or heavy-tail");
-ABSL_FLAG(int64_t, context, 131072, "context window S in tokens");
-ABSL_FLAG(int64_t, max_tokens, 0, "variable-length cap S_max per micro-batch; 0 = S + S/4");
-ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, cost, "llama2-7b", "cost model: a preset name or a profile CSV to fit");
-ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
 ABSL_FLAG(int64_t, steps, 200,
           "steps of input for the non-solver rows (a file is cut after this many; 0 = all of it)");
 ABSL_FLAG(std::string, greedy_windows, "1,2,4,8", "fixed-length greedy windows (steps)");
 ABSL_FLAG(std::string, queue_levels, "1,2,3", "WLB outlier-queue levels (default thresholds)");
-ABSL_FLAG(int32_t, lookahead, 1, "wlb-lookahead rows: K, steps of arrivals seen ahead");
 ABSL_FLAG(bool, solver, true, "run the fixed-length MILP solver rows (CBC; slow on purpose)");
 ABSL_FLAG(std::string, solver_windows, "1,2,4", "fixed-length solver windows (steps)");
 ABSL_FLAG(double, solver_seconds, 2.0, "CBC wall-clock limit per solver window, in seconds");
@@ -70,6 +56,13 @@ ABSL_FLAG(std::string, step_csv, "",
 ABSL_FLAG(int64_t, plot_step, 10, "the step --step_csv describes");
 
 namespace {
+
+// The rows' packers (wlb::kPackers names, checked at compile time).
+constexpr const char* kOriginal = wlb::bench::Packer("original");
+constexpr const char* kFixedGreedy = wlb::bench::Packer("fixed-greedy");
+constexpr const char* kQueueRowPackers[] = {wlb::bench::Packer("wlb"),
+                                            wlb::bench::Packer("wlb-refine"),
+                                            wlb::bench::Packer("wlb-lookahead")};
 
 // The paper's Table 2 (7B-128K) for the rows it has, keyed by "method/config".
 const std::map<std::string, double>& PaperImbalance() {
@@ -88,14 +81,15 @@ const std::map<std::string, double>& PaperImbalance() {
 }
 
 absl::StatusOr<std::vector<int>> ParseIntList(const std::string& flag, const std::string& text,
-                                              int min_value) {
+                                              int min_value, int max_value) {
   std::vector<int> values;
   if (text.empty()) return values;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     int v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < min_value) {
-      return absl::InvalidArgumentError(absl::StrFormat("--%s: '%s' is not an integer >= %d", flag,
-                                                        std::string(part), min_value));
+    if (!absl::SimpleAtoi(part, &v) || v < min_value || v > max_value) {
+      return absl::InvalidArgumentError(absl::StrFormat("--%s: '%s' is not an integer in [%d, %d]",
+                                                        flag, std::string(part), min_value,
+                                                        max_value));
     }
     values.push_back(v);
   }
@@ -119,7 +113,7 @@ double Median(std::vector<double> v) {
 
 // Pushes every step into `packer` (timing each Push), flushes, and summarises.
 absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Document>> arrivals,
-                           const wlb::CostModel& cost, std::string method, std::string config) {
+                           const wlb::DocumentCost& cost, std::string method, std::string config) {
   const int64_t max_tokens = packer.config().max_tokens;
   using Clock = std::chrono::steady_clock;
   Row row{.method = std::move(method), .config = std::move(config)};
@@ -195,9 +189,10 @@ absl::Status WriteStepCsv(const std::string& path, int64_t step, const std::vect
   if (!out) return absl::NotFoundError(absl::StrFormat("cannot write --step_csv '%s'", path));
   out << "method,config,step,micro_batch,tokens,cost,cost_over_mean\n";
   for (const Row& r : rows) {
-    const bool wanted = r.method == "original" ||
-                        (r.method == "fixed-greedy" && r.config == "window 1") ||
-                        ((r.method == "wlb" || r.method == "wlb-refine") && r.config == "2 queues");
+    const bool wanted = r.method == kOriginal ||
+                        (r.method == kFixedGreedy && r.config == "window 1") ||
+                        ((r.method == kQueueRowPackers[0] || r.method == kQueueRowPackers[1]) &&
+                         r.config == "2 queues");
     if (!wanted) continue;
     if (step < 0 || step >= static_cast<int64_t>(r.steps.size()) || r.steps[step].drain) {
       return absl::OutOfRangeError(absl::StrFormat(
@@ -216,11 +211,12 @@ absl::Status WriteStepCsv(const std::string& path, int64_t step, const std::vect
 }
 
 absl::Status Run() {
-  wlb::PackerConfig config{.context = absl::GetFlag(FLAGS_context),
-                           .max_tokens = absl::GetFlag(FLAGS_max_tokens),
-                           .micro_batches = absl::GetFlag(FLAGS_micro_batches)};
-  if (config.max_tokens == 0) config.max_tokens = wlb::DefaultMaxTokens(config.context);
-  if (absl::Status s = wlb::ValidateConfig(config); !s.ok()) return s;
+  absl::StatusOr<wlb::bench::BenchPlan> shared = wlb::bench::PlanFromFlags();
+  if (!shared.ok()) return shared.status();
+  const wlb::PlanSpec& spec = shared->spec;
+  absl::StatusOr<wlb::PlanSettings> original = wlb::bench::ForPacker(spec, kOriginal).Validate();
+  if (!original.ok()) return original.status();
+  const wlb::PackerConfig config = original->config;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t solver_steps = absl::GetFlag(FLAGS_solver_steps);
   if (steps < 0 || solver_steps < 1) {
@@ -233,26 +229,26 @@ absl::Status Run() {
         absl::StrFormat("--solver_seconds must be > 0, got %g", solver_seconds));
   }
   absl::StatusOr<std::vector<int>> greedy_windows =
-      ParseIntList("greedy_windows", absl::GetFlag(FLAGS_greedy_windows), 1);
+      ParseIntList("greedy_windows", absl::GetFlag(FLAGS_greedy_windows), 1, wlb::kMaxWindow);
   absl::StatusOr<std::vector<int>> solver_windows =
-      ParseIntList("solver_windows", absl::GetFlag(FLAGS_solver_windows), 1);
+      ParseIntList("solver_windows", absl::GetFlag(FLAGS_solver_windows), 1, wlb::kMaxWindow);
   absl::StatusOr<std::vector<int>> levels =
-      ParseIntList("queue_levels", absl::GetFlag(FLAGS_queue_levels), 0);
+      ParseIntList("queue_levels", absl::GetFlag(FLAGS_queue_levels), 0, wlb::kMaxOutlierQueues);
   for (const auto* list : {&greedy_windows, &solver_windows, &levels}) {
     if (!list->ok()) return list->status();
   }
-  absl::StatusOr<wlb::ProfileFit> fit = wlb::ResolveCostModel(absl::GetFlag(FLAGS_cost));
-  if (!fit.ok()) return fit.status();
-  const wlb::CostModel& cost = fit->model;
+  absl::StatusOr<wlb::DocumentCost> made_cost = spec.MakeCost();
+  if (!made_cost.ok()) return made_cost.status();
+  const wlb::DocumentCost& cost = *made_cost;
 
   // The input stream (wlb::LoadInput, as wlb-plan reads it): a sample holds enough full steps
   // for the non-solver and the solver rows.
   const int64_t sample_steps = std::max<int64_t>(steps > 0 ? steps : 200, solver_steps);
   absl::StatusOr<wlb::Input> input =
-      wlb::LoadInput({.docs = absl::GetFlag(FLAGS_docs),
-                      .distribution = absl::GetFlag(FLAGS_distribution),
-                      .seed = absl::GetFlag(FLAGS_seed),
-                      .steps = absl::GetFlag(FLAGS_docs).empty() ? sample_steps : 0},
+      wlb::LoadInput({.docs = shared->input.docs,
+                      .distribution = shared->input.distribution,
+                      .seed = shared->input.seed,
+                      .steps = shared->input.docs.empty() ? sample_steps : 0},
                      config.context, config.micro_batches);
   if (!input.ok()) return input.status();
   const std::string source = input->name;
@@ -267,6 +263,17 @@ absl::Status Run() {
       arrivals.begin(),
       arrivals.begin() + std::min<int64_t>(solver_steps, static_cast<int64_t>(arrivals.size())));
 
+  // A row's packer: the spec's settings with this window and queue level, checked by
+  // PlanSpec::Validate as wlb-plan checks them.
+  auto make = [&](const char* packer, int window,
+                  int queues) -> absl::StatusOr<std::unique_ptr<wlb::Packer>> {
+    wlb::PlanSpec row = wlb::bench::ForPacker(spec, packer);
+    row.window = window;
+    row.queues = queues;
+    absl::StatusOr<wlb::PlanSettings> settings = row.Validate();
+    if (!settings.ok()) return settings.status();
+    return wlb::MakePacker(settings->packer, settings->config, cost, settings->options);
+  };
   std::vector<Row> rows;
   std::vector<std::string> solver_lines;
   auto add = [&](absl::StatusOr<std::unique_ptr<wlb::Packer>> packer, const std::string& method,
@@ -281,21 +288,19 @@ absl::Status Run() {
     if (const auto* milp = dynamic_cast<const wlb::MilpPacker*>(packer->get())) {
       // The greedy of the same window on the same steps, for a like-for-like comparison.
       absl::StatusOr<std::unique_ptr<wlb::Packer>> greedy =
-          wlb::MakePacker("fixed-greedy", config, cost, {.window = milp->options().window});
+          make(kFixedGreedy, milp->options().window, 0);
       if (!greedy.ok()) return greedy.status();
-      absl::StatusOr<Row> same = RunRow(**greedy, input, cost, "fixed-greedy", cfg);
+      absl::StatusOr<Row> same = RunRow(**greedy, input, cost, kFixedGreedy, cfg);
       if (!same.ok()) return same.status();
       solver_lines.push_back(SolverLine(*milp, rows.back(), *same));
     }
     return absl::OkStatus();
   };
 
-  absl::Status status =
-      add(wlb::MakePacker("original", config, cost, {}), "original", "-", arrivals);
+  absl::Status status = add(make(kOriginal, 1, 0), kOriginal, "-", arrivals);
   for (int w : *greedy_windows) {
     if (!status.ok()) break;
-    status = add(wlb::MakePacker("fixed-greedy", config, cost, {.window = w}), "fixed-greedy",
-                 absl::StrFormat("window %d", w), arrivals);
+    status = add(make(kFixedGreedy, w, 0), kFixedGreedy, absl::StrFormat("window %d", w), arrivals);
   }
   for (int w : absl::GetFlag(FLAGS_solver) ? *solver_windows : std::vector<int>{}) {
     if (!status.ok()) break;
@@ -308,13 +313,11 @@ absl::Status Run() {
     status = add(std::unique_ptr<wlb::Packer>(std::move(*milp)), "fixed-solver",
                  absl::StrFormat("window %d", w), solver_arrivals);
   }
-  for (const char* method : {"wlb", "wlb-refine", "wlb-lookahead"}) {
+  for (const char* method : kQueueRowPackers) {
     for (int l : *levels) {
       if (!status.ok()) break;
-      status = add(wlb::MakePacker(method, config, cost,
-                                   {.thresholds = wlb::DefaultThresholds(config.context, l),
-                                    .lookahead = absl::GetFlag(FLAGS_lookahead)}),
-                   method, absl::StrFormat("%d queue%s", l, l == 1 ? "" : "s"), arrivals);
+      status = add(make(method, 1, l), method, absl::StrFormat("%d queue%s", l, l == 1 ? "" : "s"),
+                   arrivals);
     }
   }
   if (!status.ok()) return status;
@@ -322,9 +325,8 @@ absl::Status Run() {
   std::printf(
       "Packing balance on %s: N = %d, S = %d, S_max = %d, cost %s; %zu steps (solver "
       "rows: the first %zu, CBC limit %g s per window, relative gap %g).\n\n",
-      source.c_str(), config.micro_batches, config.context, config.max_tokens,
-      absl::GetFlag(FLAGS_cost).c_str(), arrivals.size(), solver_arrivals.size(), solver_seconds,
-      absl::GetFlag(FLAGS_solver_gap));
+      source.c_str(), config.micro_batches, config.context, config.max_tokens, spec.cost.c_str(),
+      arrivals.size(), solver_arrivals.size(), solver_seconds, absl::GetFlag(FLAGS_solver_gap));
   std::printf(
       "| method | config | steps | imbalance mean | imbalance p90 | gap to lower bound | "
       "gap to cap-aware bound | delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
@@ -360,10 +362,9 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  wlb::cli::ShowOwnFlagsInHelp();
-  absl::SetProgramUsageMessage(
-      "Reproduces the WLB-LLM paper's Table 2 (packing imbalance) with wlb's packers.");
-  absl::ParseCommandLine(argc, argv);
+  wlb::bench::ParseFlags(
+      argc, argv, "Reproduces the WLB-LLM paper's Table 2 (packing imbalance) with wlb's packers.",
+      {"context", "max_tokens", "micro_batches", "cost", "lookahead"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "imbalance_table: %s\n", std::string(s.message()).c_str());
     return 1;

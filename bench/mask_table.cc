@@ -22,25 +22,33 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench_plan_flags.hpp"
 #include "wlb/wlb.hpp"
 
-ABSL_FLAG(std::string, docs, "",
-          "document lengths file; empty samples the embedded default distribution");
-ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
+// Shared flags (bench_plan_flags.hpp): --docs, --distribution, --seed, --packer (both runs),
+// --micro_batches, --cp_link_gbps.
 ABSL_FLAG(int64_t, steps, 50, "steps of input (>= 1)");
-ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N");
-ABSL_FLAG(std::string, packer, "wlb", "packer (both runs)");
 ABSL_FLAG(std::string, models, "llama2-7b-swa4k,llama2-7b-chunk8k",
           "masked model presets, comma separated");
-ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps, "K/V link GB/s per rank and direction");
 
 namespace {
+
+// The CP columns: registry strategies, planned mask-blind (every layer causal) or, where
+// `mask_aware`, for the model's true layer mix.
+struct CpColumn {
+  wlb::ShardStrategy strategy;
+  const char* label_suffix;
+  bool mask_aware;
+};
+constexpr CpColumn kCpColumns[] = {{wlb::ShardStrategy::kPerDocument, "", false},
+                                   {wlb::ShardStrategy::kHybrid, "", false},
+                                   {wlb::ShardStrategy::kAdaptive, "", false},
+                                   {wlb::ShardStrategy::kDocumentDegree, ", mask-blind", false},
+                                   {wlb::ShardStrategy::kDocumentDegree, ", mask-aware", true}};
 
 // The steps with every micro-batch's cost recomputed under `cost`.
 std::vector<wlb::StepPlan> Recost(std::vector<wlb::StepPlan> steps, const wlb::DocumentCost& cost) {
@@ -54,26 +62,27 @@ std::vector<wlb::StepPlan> Recost(std::vector<wlb::StepPlan> steps, const wlb::D
 }
 
 absl::Status Run() {
+  // S = 128K, S_max = S + S/4 and 2 default queues: the spec's defaults.
+  absl::StatusOr<wlb::bench::BenchPlan> shared = wlb::bench::PlanFromFlags();
+  if (!shared.ok()) return shared.status();
+  absl::StatusOr<wlb::PlanSettings> settings = shared->spec.Validate();
+  if (!settings.ok()) return settings.status();
+  const wlb::PackerConfig& config = settings->config;
+  const int64_t context = config.context;
+  const int32_t n = config.micro_batches;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  const int32_t n = absl::GetFlag(FLAGS_micro_batches);
-  if (steps < 1 || n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
+  if (steps < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("--steps must be >= 1, got %d", steps));
   }
-  const int64_t context = 131072;
-  absl::StatusOr<wlb::Lengths> base =
-      wlb::LoadLengths({.docs = absl::GetFlag(FLAGS_docs), .seed = absl::GetFlag(FLAGS_seed)},
-                       (steps + 2) * n * context);
+  absl::StatusOr<wlb::Lengths> base = wlb::LoadLengths(shared->input, (steps + 2) * n * context);
   if (!base.ok()) return base.status();
   absl::StatusOr<wlb::Input> input =
       wlb::CutSteps(*base, context, n, {.max_steps = steps, .scale_from = context});
   if (!input.ok()) return input.status();
-  const wlb::PackerConfig config{
-      .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
-  const std::string packer_name = absl::GetFlag(FLAGS_packer);
+  const std::string& packer_name = settings->packer;
   auto pack = [&](const wlb::DocumentCost& cost) -> absl::StatusOr<wlb::PackRun> {
-    absl::StatusOr<std::unique_ptr<wlb::Packer>> packer = wlb::MakePacker(
-        packer_name, config, cost, {.thresholds = wlb::DefaultThresholds(context, 2)});
+    absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
+        wlb::MakePacker(packer_name, config, cost, settings->options);
     if (!packer.ok()) return packer.status();
     return wlb::RunPacker(**packer, input->steps);
   };
@@ -104,31 +113,19 @@ absl::Status Run() {
                 a.imbalance_max, a.cap_lower_bound_mean);
 
     // CP on the mask-aware packing's micro-batches.
-    const wlb::CpPlanOptions truth_cp{.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)},
-                                      .mix = model->mix};
+    const wlb::CpPlanOptions truth_cp{.comm = shared->cp.comm, .mix = model->mix};
     if (absl::Status s = wlb::ValidateCpPlanOptions(truth_cp); !s.ok()) return s;
     const wlb::CpPlanOptions blind_cp{.comm = truth_cp.comm};
-    struct Planner {
-      const char* label;
-      wlb::ShardStrategy strategy;
-      const wlb::CpPlanOptions* options;
-    };
-    const Planner planners[] = {
-        {"per-doc", wlb::ShardStrategy::kPerDocument, &blind_cp},
-        {"hybrid", wlb::ShardStrategy::kHybrid, &blind_cp},
-        {"adaptive", wlb::ShardStrategy::kAdaptive, &blind_cp},
-        {"doc-degree, mask-blind", wlb::ShardStrategy::kDocumentDegree, &blind_cp},
-        {"doc-degree, mask-aware", wlb::ShardStrategy::kDocumentDegree, &truth_cp}};
     for (int c : {4, 8}) {
       std::string line = absl::StrFormat("| %s | %d", model->name, c);
-      for (const Planner& p : planners) {
+      for (const CpColumn& p : kCpColumns) {
         double imbalance = 0, max_ms = 0, received = 0;
         int64_t count = 0;
         for (const wlb::StepPlan& step : aware_run->steps) {
           for (const wlb::MicroBatch& mb : step.micro_batches) {
             if (mb.documents.empty()) continue;
             absl::StatusOr<wlb::ShardPlan> plan =
-                wlb::PlanShards(mb, c, p.strategy, kernel, *p.options);
+                wlb::PlanShards(mb, c, p.strategy, kernel, p.mask_aware ? truth_cp : blind_cp);
             if (!plan.ok()) return plan.status();
             const wlb::CpPrediction pred = wlb::PredictCp(*plan, kernel, truth_cp);
             imbalance += wlb::MaxOverMean(pred.rank_ms);
@@ -149,10 +146,13 @@ absl::Status Run() {
       "attention per layer kind + K/V exchange at %g GB/s). Cells: CP imbalance (max / mean "
       "rank time) / slowest rank ms per layer / K/V MB received per layer, means over "
       "micro-batches.\n\n",
-      absl::GetFlag(FLAGS_cp_link_gbps));
-  std::printf(
-      "| model | C | per-doc | hybrid | adaptive | doc-degree, mask-blind | doc-degree, "
-      "mask-aware |\n|---|---|---|---|---|---|---|\n");
+      shared->cp.comm.link_gbps);
+  std::string header = "| model | C", rule = "|---|---";
+  for (const CpColumn& p : kCpColumns) {
+    header += " | " + std::string(wlb::ShardStrategyName(p.strategy)) + p.label_suffix;
+    rule += "|---";
+  }
+  std::printf("%s |\n%s|\n", header.c_str(), rule.c_str());
   for (const std::string& line : cp_lines) std::printf("%s\n", line.c_str());
   return absl::OkStatus();
 }
@@ -160,8 +160,8 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Mask-blind vs mask-aware packing and CP sharding.");
-  absl::ParseCommandLine(argc, argv);
+  wlb::bench::ParseFlags(argc, argv, "Mask-blind vs mask-aware packing and CP sharding.",
+                         {"packer", "micro_batches", "cp_link_gbps"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "mask_table: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -20,76 +20,98 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
-#include "cli_help.h"
+#include "bench_plan_flags.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/wlb.hpp"
 
-ABSL_FLAG(std::string, docs, "",
-          "document lengths file; empty samples the embedded default distribution");
-ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
+// Shared flags (bench_plan_flags.hpp): --docs, --distribution, --seed, --packer (whose
+// micro-batches are sharded), --micro_batches, --cp_link_gbps (the exchange table's link).
 ABSL_FLAG(int64_t, steps, 50, "steps of input per context window (>= 1)");
-ABSL_FLAG(int32_t, micro_batches, 4, "micro-batches per step N");
-ABSL_FLAG(std::string, packer, "wlb", "packer whose micro-batches are sharded");
 ABSL_FLAG(std::string, csv, "",
           "also write S,C,strategy,pair_imbalance_mean,model_imbalance_mean,max_rank_ms_mean");
-ABSL_FLAG(double, cp_link_gbps, wlb::kDefaultCpLinkGbps,
-          "K/V link bandwidth per rank and direction (GB/s) of the exchange table");
 ABSL_FLAG(bool, exchange_only, false, "print only the exchange table (S = 128K, C = 2, 4, 8)");
 
 namespace {
 
+// The columns of the table by S and C, and of the exchange table (registry strategies; the
+// headers print their registry names).
 constexpr wlb::ShardStrategy kStrategies[] = {
     wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
     wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
+constexpr wlb::ShardStrategy kExchangeStrategies[] = {
+    wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid,
+    wlb::ShardStrategy::kPerDocumentPadded, wlb::ShardStrategy::kAdaptive,
+    wlb::ShardStrategy::kDocumentDegree};
 
-// The --packer plan of `steps` steps of `base` (lengths scaled from 128K to `context`).
-absl::StatusOr<wlb::PackRun> PackSteps(const wlb::Lengths& base, int64_t context, int32_t n,
-                                       int64_t steps, const wlb::CostModel& cost) {
-  absl::StatusOr<wlb::Input> input =
-      wlb::CutSteps(base, context, n, {.max_steps = steps, .scale_from = 131072});
+// " | per-seq | per-doc ...": header cells of `strategies`.
+std::string HeaderCells(std::span<const wlb::ShardStrategy> strategies) {
+  std::string cells;
+  for (wlb::ShardStrategy s : strategies) cells += " | " + std::string(wlb::ShardStrategyName(s));
+  return cells;
+}
+
+// "|---|---|...|": the Markdown rule under a header of `columns` columns.
+std::string Rule(size_t columns) {
+  std::string rule;
+  for (size_t i = 0; i < columns; ++i) rule += "|---";
+  return rule + "|";
+}
+
+// The --packer plan of `steps` steps of `base` at S = `context` (lengths scaled from 128K), with
+// the spec's other settings (S_max = S + S/4, 2 default queues unless given).
+absl::StatusOr<wlb::PackRun> PackSteps(const wlb::PlanSpec& spec, const wlb::Lengths& base,
+                                       int64_t context, int64_t steps, const wlb::CostModel& cost) {
+  wlb::PlanSpec at_context = spec;
+  at_context.context = context;
+  absl::StatusOr<wlb::PlanSettings> settings = at_context.Validate();
+  if (!settings.ok()) return settings.status();
+  absl::StatusOr<wlb::Input> input = wlb::CutSteps(base, context, settings->config.micro_batches,
+                                                   {.max_steps = steps, .scale_from = 131072});
   if (!input.ok()) return input.status();
-  const wlb::PackerConfig config{
-      .context = context, .max_tokens = wlb::DefaultMaxTokens(context), .micro_batches = n};
   absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-      wlb::MakePacker(absl::GetFlag(FLAGS_packer), config, cost,
-                      {.thresholds = wlb::DefaultThresholds(context, 2)});
+      wlb::MakePacker(settings->packer, settings->config, cost, settings->options);
   if (!packer.ok()) return packer.status();
   return wlb::RunPacker(**packer, input->steps);
 }
 
 // The exchange table (see the file comment).
-absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
-                           const wlb::CostModel& cost, const wlb::KernelModel& kernel) {
-  const wlb::CpPlanOptions options{.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)}};
-  if (absl::Status s = wlb::ValidateCpPlanOptions(options); !s.ok()) return s;
-  absl::StatusOr<wlb::PackRun> run = PackSteps(base, 131072, n, steps, cost);
+absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengths& base,
+                           int64_t steps, const wlb::CostModel& cost,
+                           const wlb::KernelModel& kernel) {
+  const wlb::CpPlanOptions& options = shared.cp;
+  const int32_t n = shared.spec.micro_batches;
+  absl::StatusOr<wlb::PackRun> run = PackSteps(shared.spec, base, 131072, steps, cost);
   if (!run.ok()) return run.status();
   std::printf(
       "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %d steps; "
       "link %g GB/s per direction, 16 KiB K/V per token and layer (LLaMA-2-7B, bf16). Cells: "
       "predicted slowest rank (attention + exchange) ms / its attention alone ms / K/V received "
       "over all ranks MB (selective) / all-gather MB, per layer, means over micro-batches.\n\n",
-      absl::GetFlag(FLAGS_packer).c_str(), n, base.name.c_str(), steps, options.comm.link_gbps);
-  const wlb::ShardStrategy strategies[] = {
-      wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid,
-      wlb::ShardStrategy::kPerDocumentPadded, wlb::ShardStrategy::kAdaptive,
-      wlb::ShardStrategy::kDocumentDegree};
-  constexpr size_t kCount = std::size(strategies);
-  std::printf(
-      "| C | per-doc | hybrid | te-zigzag | adaptive | doc-degree | doc-degree vs per-doc / "
-      "te-zigzag / adaptive | doc-degree's own (greedy) plan |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+      shared.spec.packer.c_str(), n, base.name.c_str(), steps, options.comm.link_gbps);
+  const auto& strategies = kExchangeStrategies;
+  constexpr size_t kCount = std::size(kExchangeStrategies);
+  static_assert(kExchangeStrategies[kCount - 1] == wlb::ShardStrategy::kDocumentDegree,
+                "the last column is doc-degree, compared with the others");
+  // doc-degree against the columns it is compared with.
+  constexpr size_t kVersus[] = {0, 2, 3};
+  std::string versus;
+  for (size_t k : kVersus) {
+    versus += (versus.empty() ? "" : " / ") + std::string(wlb::ShardStrategyName(strategies[k]));
+  }
+  const std::string_view last = wlb::ShardStrategyName(strategies[kCount - 1]);
+  std::printf("| C%s | %s vs %s | %s's own (greedy) plan |\n", HeaderCells(strategies).c_str(),
+              std::string(last).c_str(), versus.c_str(), std::string(last).c_str());
+  std::printf("%s\n", Rule(1 + kCount + 2).c_str());
   for (int c : {2, 4, 8}) {
     std::string line = absl::StrFormat("| %d", c);
     double max_ms[kCount] = {};
@@ -119,43 +141,44 @@ absl::Status ExchangeTable(const wlb::Lengths& base, int64_t steps, int32_t n,
                               received / m / 1e6, gathered / m / 1e6);
     }
     auto faster = [&](size_t k) { return 100.0 * (1.0 - max_ms[kCount - 1] / max_ms[k]); };
-    std::printf("%s | %.1f%% / %.1f%% / %.1f%% faster | %d of %d |\n", line.c_str(), faster(0),
-                faster(2), faster(3), greedy, planned);
+    std::printf("%s | %.1f%% / %.1f%% / %.1f%% faster | %d of %d |\n", line.c_str(),
+                faster(kVersus[0]), faster(kVersus[1]), faster(kVersus[2]), greedy, planned);
   }
   return absl::OkStatus();
 }
 
 absl::Status Run() {
+  absl::StatusOr<wlb::bench::BenchPlan> shared = wlb::bench::PlanFromFlags();
+  if (!shared.ok()) return shared.status();
+  if (absl::StatusOr<wlb::PlanSettings> s = shared->spec.Validate(); !s.ok()) return s.status();
+  const int32_t n = shared->spec.micro_batches;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  const int32_t n = absl::GetFlag(FLAGS_micro_batches);
-  if (steps < 1 || n < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--steps (got %d) and --micro_batches (got %d) must be >= 1", steps, n));
+  if (steps < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("--steps must be >= 1, got %d", steps));
   }
   // Enough for the smallest scale (S = 32K keeps a quarter of the tokens).
   absl::StatusOr<wlb::Lengths> base =
-      wlb::LoadLengths({.docs = absl::GetFlag(FLAGS_docs), .seed = absl::GetFlag(FLAGS_seed)},
-                       (steps + 2) * n * int64_t{131072});
+      wlb::LoadLengths(shared->input, (steps + 2) * n * int64_t{131072});
   if (!base.ok()) return base.status();
   const std::string source = base->name;
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
-  if (absl::GetFlag(FLAGS_exchange_only)) return ExchangeTable(*base, steps, n, cost, kernel);
+  if (absl::GetFlag(FLAGS_exchange_only)) return ExchangeTable(*shared, *base, steps, cost, kernel);
   std::printf(
       "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
       "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
       "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
       "max-rank latency in ms, means over micro-batches.\n\n",
-      absl::GetFlag(FLAGS_packer).c_str(), n, source.c_str(), steps);
+      shared->spec.packer.c_str(), n, source.c_str(), steps);
   std::printf(
-      "| S | C | per-seq | per-seq-ordered | per-doc | adaptive | hybrid | ordering closes of "
-      "the per-seq -> per-doc imbalance gap | adaptive picks ordered / per-doc / hybrid |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "| S | C%s | ordering closes of the per-seq -> per-doc imbalance gap | adaptive picks "
+      "ordered / per-doc / hybrid |\n%s\n",
+      HeaderCells(kStrategies).c_str(), Rule(2 + std::size(kStrategies) + 2).c_str());
   std::vector<std::string> csv;
   for (int64_t k : {32, 64, 128, 160}) {
     const int64_t context = k * 1024;
-    absl::StatusOr<wlb::PackRun> run = PackSteps(*base, context, n, steps, cost);
+    absl::StatusOr<wlb::PackRun> run = PackSteps(shared->spec, *base, context, steps, cost);
     if (!run.ok()) return run.status();
     for (int c : {2, 4, 8, 16}) {
       std::fprintf(stderr, "sharding_table: S = %dK, C = %d\n", k, c);
@@ -208,15 +231,14 @@ absl::Status Run() {
     if (!out) return absl::DataLossError(absl::StrFormat("error writing --csv '%s'", path));
   }
   std::printf("\n");
-  return ExchangeTable(*base, steps, n, cost, kernel);
+  return ExchangeTable(*shared, *base, steps, cost, kernel);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  wlb::cli::ShowOwnFlagsInHelp();
-  absl::SetProgramUsageMessage("Compares CP shard strategies by CP size and context window.");
-  absl::ParseCommandLine(argc, argv);
+  wlb::bench::ParseFlags(argc, argv, "Compares CP shard strategies by CP size and context window.",
+                         {"packer", "micro_batches", "cp_link_gbps"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "sharding_table: %s\n", std::string(s.message()).c_str());
     return 1;

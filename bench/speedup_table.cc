@@ -20,25 +20,20 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
-#include "cli_help.h"
+#include "bench_plan_flags.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/sim/step_time.hpp"
 #include "wlb/wlb.hpp"
 
-ABSL_FLAG(std::string, docs, "",
-          "document lengths file; empty samples the embedded default distribution. Lengths are "
-          "scaled by S / 128K for other context windows, so the shape of the distribution holds");
-ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
+// Shared flags (bench_plan_flags.hpp): --docs, --distribution, --seed (lengths are scaled by
+// S / 128K for other context windows, so the shape of the distribution holds) and --queues.
 ABSL_FLAG(int64_t, steps, 100, "steps of input per configuration (>= 1)");
 ABSL_FLAG(double, tflops, 500.0, "achieved bf16 GEMM TFLOP/s per GPU for the linear part");
 ABSL_FLAG(double, max_tokens_ratio, 1.25, "S_max / S for the variable-length packers (>= 1)");
-ABSL_FLAG(int32_t, queues, 2, "WLB outlier-queue levels (default thresholds)");
 ABSL_FLAG(std::string, csv, "", "also write table,config,packer,cp,speedup,step_seconds as CSV");
 ABSL_FLAG(bool, breakdown, false,
           "print only the attribution table at 7B-128K: every packer (original cutting "
@@ -85,8 +80,8 @@ std::vector<Job> Table1Jobs() {
 // A column: a packer and a CP sharding. The first column is the baseline (Plain-4D).
 struct Method {
   std::string label;
-  std::string packer;
-  wlb::PackerOptions options;
+  const char* packer;  // a wlb::kPackers name (wlb::bench::Packer)
+  int window = 1;      // fixed-greedy's
   wlb::CpPolicy cp;
   std::string cp_name;         // for the CSV
   bool arrival_order = false;  // shard micro-batches with documents in arrival order (by id)
@@ -139,7 +134,8 @@ std::vector<wlb::StepPlan> InArrivalOrder(std::vector<wlb::StepPlan> steps) {
 }
 
 // `kernel` replaces the job's analytic kernel model when given.
-absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_lengths,
+absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::PlanSpec& spec,
+                                 const wlb::Lengths& base_lengths,
                                  const std::vector<Method>& methods,
                                  const wlb::KernelModel* kernel = nullptr) {
   absl::StatusOr<wlb::CostModel> cost = wlb::CostModelFromShape(job.shape);
@@ -150,14 +146,16 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_length
   if (kernel != nullptr) pipeline->kernel = *kernel;
   absl::StatusOr<wlb::StepTimeModel> sim = wlb::StepTimeModel::Create(*pipeline);
   if (!sim.ok()) return sim.status();
-  wlb::PackerConfig config{.context = job.context,
-                           .max_tokens = static_cast<int64_t>(
-                               std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio))),
-                           .micro_batches = job.sizes.pp * job.sizes.dp};
-  const int64_t step_tokens = job.context * config.micro_batches;
+  // The job's plan: --queues (and the spec's other settings) at its S, S_max and N.
+  wlb::PlanSpec job_spec = spec;
+  job_spec.context = job.context;
+  job_spec.max_tokens =
+      static_cast<int64_t>(std::llround(job.context * absl::GetFlag(FLAGS_max_tokens_ratio)));
+  job_spec.micro_batches = job.sizes.pp * job.sizes.dp;
+  const int64_t step_tokens = job.context * job_spec.micro_batches;
   const size_t steps = static_cast<size_t>(absl::GetFlag(FLAGS_steps));
   absl::StatusOr<wlb::Input> input =
-      wlb::CutSteps(base_lengths, job.context, config.micro_batches,
+      wlb::CutSteps(base_lengths, job.context, job_spec.micro_batches,
                     {.max_steps = absl::GetFlag(FLAGS_steps), .scale_from = 131072});
   if (!input.ok()) return input.status();
   const std::vector<std::vector<wlb::Document>>& arrivals = input->steps;
@@ -170,13 +168,13 @@ absl::StatusOr<JobResult> RunJob(const Job& job, const wlb::Lengths& base_length
   result.steps = static_cast<int64_t>(arrivals.size());
   std::map<std::string, wlb::PackRun> runs;  // one packing per packer, shared by CP columns
   for (const Method& m : methods) {
-    wlb::PackerOptions options = m.options;
-    if (m.packer == "wlb" || m.packer == "wlb-refine") {
-      options.thresholds = wlb::DefaultThresholds(job.context, absl::GetFlag(FLAGS_queues));
-    }
     if (!runs.count(m.packer)) {
+      wlb::PlanSpec row = wlb::bench::ForPacker(job_spec, m.packer);
+      row.window = m.window;
+      absl::StatusOr<wlb::PlanSettings> settings = row.Validate();
+      if (!settings.ok()) return settings.status();
       absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-          wlb::MakePacker(m.packer, config, *cost, options);
+          wlb::MakePacker(settings->packer, settings->config, *cost, settings->options);
       if (!packer.ok()) return packer.status();
       absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, arrivals);
       if (!run.ok()) return run.status();
@@ -203,7 +201,8 @@ std::string Tuple(const Job& j) {
 }
 
 // The attribution study at 7B-128K (--breakdown): rows are packers, columns CP shardings.
-absl::Status RunBreakdown(const wlb::Lengths& lengths, const std::string& source) {
+absl::Status RunBreakdown(const wlb::PlanSpec& spec, const wlb::Lengths& lengths,
+                          const std::string& source) {
   using S = wlb::ShardStrategy;
   const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
   struct Column {
@@ -225,27 +224,27 @@ absl::Status RunBreakdown(const wlb::Lengths& lengths, const std::string& source
   };
   struct Row {
     std::string label;
-    std::string packer;
-    wlb::PackerOptions options;
+    const char* packer;
+    int window = 1;
     bool evened = false;
   };
   const std::vector<Row> rows = {
-      {"original (cuts documents at S)", "original", {}},
+      {"original (cuts documents at S)", wlb::bench::Packer("original")},
       {"original, micro-batches evened out within each step (bound on re-packing its steps)",
-       "original",
-       {},
+       wlb::bench::Packer("original"), 1, true},
+      {"original-nextfit (whole documents)", wlb::bench::Packer("original-nextfit")},
+      {"original-nextfit, evened out within each step", wlb::bench::Packer("original-nextfit"), 1,
        true},
-      {"original-nextfit (whole documents)", "original-nextfit", {}},
-      {"original-nextfit, evened out within each step", "original-nextfit", {}, true},
-      {"fixed-greedy, window 1", "fixed-greedy", {.window = 1}},
-      {"wlb (2 queues)", "wlb", {}},
-      {"wlb-refine (2 queues)", "wlb-refine", {}},
+      {"fixed-greedy, window 1", wlb::bench::Packer("fixed-greedy"), 1},
+      {"wlb (2 queues)", wlb::bench::Packer("wlb")},
+      {"wlb-refine (2 queues)", wlb::bench::Packer("wlb-refine")},
   };
   // The baseline (Plain-4D) is the first method: original packing, per-seq CP.
-  std::vector<Method> methods = {{"Plain-4D", "original", {}, per_seq, "per-seq"}};
+  std::vector<Method> methods = {
+      {"Plain-4D", wlb::bench::Packer("original"), 1, per_seq, "per-seq"}};
   for (const Row& r : rows) {
     for (const Column& c : columns) {
-      methods.push_back({r.label, r.packer, r.options, c.cp, c.label, c.arrival_order, r.evened});
+      methods.push_back({r.label, r.packer, r.window, c.cp, c.label, c.arrival_order, r.evened});
     }
   }
   const Job job{"7B-128K", Preset("llama2-7b"), 131072, {8, 2, 4, 1}, 1.33};
@@ -262,12 +261,11 @@ absl::Status RunBreakdown(const wlb::Lengths& lengths, const std::string& source
       "1.28x for WLB packing alone (per-seq CP), 1.05x for adaptive CP alone (original "
       "packing) and 1.33x for both.\n",
       Tuple(job).c_str(), source.c_str(), static_cast<int>(absl::GetFlag(FLAGS_steps)),
-      absl::GetFlag(FLAGS_max_tokens_ratio), absl::GetFlag(FLAGS_queues),
-      absl::GetFlag(FLAGS_tflops));
+      absl::GetFlag(FLAGS_max_tokens_ratio), spec.queues, absl::GetFlag(FLAGS_tflops));
   const std::vector<const wlb::KernelModel*> kernels = {nullptr, &*flop_model};
   for (const wlb::KernelModel* kernel : kernels) {
     std::fprintf(stderr, "speedup_table: breakdown, %s\n", kernel ? "flop model" : "analytic");
-    absl::StatusOr<JobResult> r = RunJob(job, lengths, methods, kernel);
+    absl::StatusOr<JobResult> r = RunJob(job, spec, lengths, methods, kernel);
     if (!r.ok()) return r.status();
     std::printf("\n%s; step time of Plain-4D %.3f s:\n\n",
                 kernel ? "FLOP-proportional kernel model (attention time = causal FLOPs at 345 "
@@ -295,6 +293,15 @@ absl::Status RunBreakdown(const wlb::Lengths& lengths, const std::string& source
 }
 
 absl::Status Run() {
+  absl::StatusOr<wlb::bench::BenchPlan> shared = wlb::bench::PlanFromFlags();
+  if (!shared.ok()) return shared.status();
+  const wlb::PlanSpec& spec = shared->spec;
+  // --queues, checked as wlb-plan checks it (the jobs' S, S_max and N are checked per job).
+  if (absl::StatusOr<wlb::PlanSettings> s =
+          wlb::bench::ForPacker(spec, wlb::bench::Packer("wlb")).Validate();
+      !s.ok()) {
+    return s.status();
+  }
   if (absl::GetFlag(FLAGS_steps) < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--steps must be >= 1, got %d", absl::GetFlag(FLAGS_steps)));
@@ -307,14 +314,9 @@ absl::Status Run() {
     return absl::InvalidArgumentError(absl::StrFormat("--max_tokens_ratio must be >= 1, got %g",
                                                       absl::GetFlag(FLAGS_max_tokens_ratio)));
   }
-  if (absl::GetFlag(FLAGS_queues) < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--queues must be >= 0, got %d", absl::GetFlag(FLAGS_queues)));
-  }
   // The largest job needs steps x N x 160K tokens (N = 8 for 550M-64K).
   absl::StatusOr<wlb::Lengths> lengths =
-      wlb::LoadLengths({.docs = absl::GetFlag(FLAGS_docs), .seed = absl::GetFlag(FLAGS_seed)},
-                       (absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2);
+      wlb::LoadLengths(shared->input, (absl::GetFlag(FLAGS_steps) + 1) * 8 * int64_t{131072} * 2);
   if (!lengths.ok()) return lengths.status();
   const std::string source = lengths->name;
   using S = wlb::ShardStrategy;
@@ -322,24 +324,21 @@ absl::Status Run() {
   const wlb::CpPolicy ordered = {.candidates = {S::kPerSequenceOrdered}};
   const wlb::CpPolicy adaptive = {.candidates = {S::kAdaptive}};
   const wlb::CpPolicy ideal = {.candidates = {S::kPerDocument}, .at_mean_rank = true};
-  if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(*lengths, source);
+  if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(spec, *lengths, source);
   const std::vector<Method> methods = {
-      {"Plain-4D: original, per-seq CP", "original", {}, per_seq, "per-seq"},
-      {"original, adaptive CP", "original", {}, kPaperAdaptive, "adaptive-paper"},
-      {"Fixed-4D: fixed-length greedy, per-seq CP",
-       "fixed-greedy",
-       {.window = 1},
-       per_seq,
+      {"Plain-4D: original, per-seq CP", wlb::bench::Packer("original"), 1, per_seq, "per-seq"},
+      {"original, adaptive CP", wlb::bench::Packer("original"), 1, kPaperAdaptive,
+       "adaptive-paper"},
+      {"Fixed-4D: fixed-length greedy, per-seq CP", wlb::bench::Packer("fixed-greedy"), 1, per_seq,
        "per-seq"},
-      {"WLB packing, per-seq CP", "wlb", {}, per_seq, "per-seq"},
-      {"WLB-LLM: WLB packing, adaptive CP", "wlb", {}, kPaperAdaptive, "adaptive-paper"},
-      {"WLB packing, per-seq-ordered CP", "wlb", {}, ordered, "per-seq-ordered"},
-      {"wlb-refine, adaptive CP (ordered / per-doc / hybrid)",
-       "wlb-refine",
-       {},
-       adaptive,
-       "adaptive"},
-      {"wlb-refine, per-doc CP at mean rank latency", "wlb-refine", {}, ideal, "ideal"},
+      {"WLB packing, per-seq CP", wlb::bench::Packer("wlb"), 1, per_seq, "per-seq"},
+      {"WLB-LLM: WLB packing, adaptive CP", wlb::bench::Packer("wlb"), 1, kPaperAdaptive,
+       "adaptive-paper"},
+      {"WLB packing, per-seq-ordered CP", wlb::bench::Packer("wlb"), 1, ordered, "per-seq-ordered"},
+      {"wlb-refine, adaptive CP (ordered / per-doc / hybrid)", wlb::bench::Packer("wlb-refine"), 1,
+       adaptive, "adaptive"},
+      {"wlb-refine, per-doc CP at mean rank latency", wlb::bench::Packer("wlb-refine"), 1, ideal,
+       "ideal"},
   };
   const size_t kWlb = 3;  // the WLB packing column, for the FLOPs ratio
   std::vector<std::string> csv;
@@ -356,7 +355,7 @@ absl::Status Run() {
       "%s, %d steps per job, S_max = %.2f S, %d queue levels, linear part at %g TFLOP/s "
       "per GPU, attention by wlb::KernelModel::Default().\n\n",
       source.c_str(), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_max_tokens_ratio),
-      absl::GetFlag(FLAGS_queues), absl::GetFlag(FLAGS_tflops));
+      spec.queues, absl::GetFlag(FLAGS_tflops));
   std::printf("| job | (TP,CP,PP,DP) %s | paper: WLB-LLM over Plain-4D |\n", header.c_str());
   std::printf("|---|---%s|---|\n", rule.c_str());
   std::vector<double> sums(methods.size(), 0.0), sums64(methods.size(), 0.0),
@@ -377,7 +376,7 @@ absl::Status Run() {
   const std::vector<Job> jobs = Table1Jobs();
   for (const Job& job : jobs) {
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
-    absl::StatusOr<JobResult> r = RunJob(job, *lengths, methods);
+    absl::StatusOr<JobResult> r = RunJob(job, spec, *lengths, methods);
     if (!r.ok()) return r.status();
     (job.context == 65536 ? n64 : n128)++;
     for (size_t m = 1; m < methods.size(); ++m) {
@@ -408,7 +407,7 @@ absl::Status Run() {
   for (int64_t k : {32, 64, 96, 128, 160}) {
     Job job{absl::StrFormat("7B-%dK", k), Preset("llama2-7b"), k * 1024, {8, 2, 4, 1}};
     std::fprintf(stderr, "speedup_table: %s\n", job.name.c_str());
-    absl::StatusOr<JobResult> r = RunJob(job, *lengths, methods);
+    absl::StatusOr<JobResult> r = RunJob(job, spec, *lengths, methods);
     if (!r.ok()) return r.status();
     const char* paper = k == 160 ? "1.40x" : k == 128 ? "1.33x" : "";
     std::printf("| %dK%s | %.3f | %s |\n", k, record("context", job, *r).c_str(),
@@ -428,10 +427,10 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  wlb::cli::ShowOwnFlagsInHelp();
-  absl::SetProgramUsageMessage(
-      "Estimates end-to-end speedup of balanced packing with a 1F1B pipeline simulator.");
-  absl::ParseCommandLine(argc, argv);
+  wlb::bench::ParseFlags(
+      argc, argv,
+      "Estimates end-to-end speedup of balanced packing with a 1F1B pipeline simulator.",
+      {"queues"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "speedup_table: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -25,14 +25,8 @@ TEST(FixedGreedyPacker, RandomStreamsWindowsCapsCoverageAndDelay) {
   std::mt19937_64 rng(303);
   for (int trial = 0; trial < 120; ++trial) {
     const int window = 1 + trial % 3;
-    PackerConfig config;
-    config.context = std::uniform_int_distribution<int64_t>(8, 200)(rng);
-    config.max_tokens = DefaultMaxTokens(config.context);
-    config.micro_batches = std::uniform_int_distribution<int32_t>(1, 5)(rng);
-    const std::vector<int64_t> lengths = testing::RandomLengths(
-        rng, config.context, trial, std::uniform_int_distribution<int>(1, 80)(rng));
-    auto arrivals = *SplitIntoSteps(*MakeDocuments(lengths, config.context),
-                                    config.context * config.micro_batches);
+    const auto [config, lengths, arrivals] = testing::RandomPackingCase(
+        rng, trial, {.min_context = 8, .max_context = 200, .max_micro_batches = 5, .max_docs = 80});
     auto packer = MakePacker("fixed-greedy", config, kSquares, {.window = window});
     ASSERT_TRUE(packer.ok()) << packer.status();
     EXPECT_EQ((*packer)->name(), "fixed-greedy");

@@ -5,7 +5,9 @@ Each case runs `wlb-plan ARGS` (JSON with --timing=false) in a scratch folder ho
 fixed relative names (output that names a file is the same in every clone) and hashes its standard
 output (SHA-256) and exit status; test/golden/plan_digests.txt holds the expected digests. A
 refactor must leave every digest as it is. A change that is meant to change plans updates the
-file (`--update`) in the same commit and says why.
+file (`--update`) in the same commit and says why. PACKERS and STRATEGIES must name every packer
+and CP strategy of wlb's registries (`wlb-plan --list packers|sharding`): a new one without golden
+cases fails the check.
 
   test/golden_plans.py --wlb-plan build/tools/wlb-plan            # check (ctest runs this)
   test/golden_plans.py --wlb-plan build/tools/wlb-plan --update   # rewrite the digests
@@ -20,6 +22,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGESTS = os.path.join(REPO, "test", "golden", "plan_digests.txt")
+# Every packer and CP strategy of wlb's registries (wlb-plan --list checks these lists).
 PACKERS = ("original", "original-nextfit", "fixed-greedy", "wlb", "wlb-refine", "wlb-lookahead")
 STRATEGIES = ("per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
               "doc-degree")
@@ -96,6 +99,26 @@ def cases():
     return out
 
 
+def check_registries(wlb_plan):
+    """An error message when PACKERS or STRATEGIES differ from wlb-plan's registries, else None."""
+    problems = []
+    for registry, ours in (("packers", PACKERS), ("sharding", STRATEGIES)):
+        r = subprocess.run([wlb_plan, "--list", registry], capture_output=True, timeout=60)
+        if r.returncode != 0:
+            return (f"golden_plans: wlb-plan --list {registry} exited {r.returncode}: "
+                    f"{r.stderr.decode(errors='replace').strip()}")
+        registered = r.stdout.decode().split()
+        missing = [n for n in registered if n not in ours]
+        unknown = [n for n in ours if n not in registered]
+        if missing:
+            problems.append(f"registered {registry} with no golden case: {', '.join(missing)} "
+                            f"(add them to {'PACKERS' if registry == 'packers' else 'STRATEGIES'} "
+                            f"in test/golden_plans.py and record their digests with --update)")
+        if unknown:
+            problems.append(f"golden {registry} not in wlb's registry: {', '.join(unknown)}")
+    return "golden_plans: " + "; ".join(problems) if problems else None
+
+
 def run_case(wlb_plan, args, cwd):
     timing = ["--timing=false"] if "json" in args else []  # tables print no timings
     r = subprocess.run([wlb_plan] + args + timing, cwd=cwd, capture_output=True,
@@ -119,6 +142,10 @@ def main():
     p.add_argument("--show", default="")
     a = p.parse_args()
     wlb_plan = os.path.abspath(a.wlb_plan)
+    problem = check_registries(wlb_plan)
+    if problem:
+        print(problem)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         write_inputs(tmp)
         all_cases = cases()

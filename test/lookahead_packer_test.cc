@@ -21,22 +21,14 @@ namespace {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
-struct Case {
-  PackerConfig config;
-  std::vector<int64_t> lengths;
-  std::vector<std::vector<Document>> arrivals;
+struct Case : testing::PackingCase {
   std::vector<int64_t> thresholds;
 };
 
 Case RandomCase(std::mt19937_64& rng, int trial, int max_docs) {
-  Case c;
-  c.config.context = std::uniform_int_distribution<int64_t>(16, 512)(rng);
-  c.config.max_tokens = DefaultMaxTokens(c.config.context);
-  c.config.micro_batches = std::uniform_int_distribution<int32_t>(1, 6)(rng);
-  c.lengths = testing::RandomLengths(rng, c.config.context, trial,
-                                     std::uniform_int_distribution<int>(1, max_docs)(rng));
-  c.arrivals = *SplitIntoSteps(*MakeDocuments(c.lengths, c.config.context),
-                               c.config.context * c.config.micro_batches);
+  Case c{testing::RandomPackingCase(
+      rng, trial,
+      {.min_context = 16, .max_context = 512, .max_micro_batches = 6, .max_docs = max_docs})};
   c.thresholds = DefaultThresholds(c.config.context, 1 + trial % 3);
   return c;
 }

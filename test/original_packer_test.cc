@@ -19,28 +19,15 @@ namespace {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
-struct Case {
-  PackerConfig config;
-  std::vector<int64_t> lengths;
-  std::vector<std::vector<Document>> arrivals;
-};
-
-Case RandomCase(std::mt19937_64& rng, int trial) {
-  Case c;
-  c.config.context = std::uniform_int_distribution<int64_t>(4, 200)(rng);
-  c.config.max_tokens = DefaultMaxTokens(c.config.context);
-  c.config.micro_batches = std::uniform_int_distribution<int32_t>(1, 5)(rng);
-  c.lengths = testing::RandomLengths(rng, c.config.context, trial,
-                                     std::uniform_int_distribution<int>(1, 80)(rng));
-  c.arrivals = *SplitIntoSteps(*MakeDocuments(c.lengths, c.config.context),
-                               c.config.context * c.config.micro_batches);
-  return c;
+testing::PackingCase RandomCase(std::mt19937_64& rng, int trial) {
+  return testing::RandomPackingCase(
+      rng, trial, {.min_context = 4, .max_context = 200, .max_micro_batches = 5, .max_docs = 80});
 }
 
 TEST(OriginalPacker, CutsTheStreamInOrderIntoSequencesOfExactlyS) {
   std::mt19937_64 rng(101);
   for (int trial = 0; trial < 150; ++trial) {
-    const Case c = RandomCase(rng, trial);
+    const testing::PackingCase c = RandomCase(rng, trial);
     OriginalPacker packer(c.config, kSquares);
     EXPECT_EQ(packer.name(), "original");
     std::vector<StepPlan> steps;
@@ -87,7 +74,7 @@ TEST(OriginalPacker, CutsTheStreamInOrderIntoSequencesOfExactlyS) {
 TEST(OriginalNextFit, KeepsPiecesWholeInOrderAndStartsASequenceOnlyWhenOneDoesNotFit) {
   std::mt19937_64 rng(202);
   for (int trial = 0; trial < 150; ++trial) {
-    const Case c = RandomCase(rng, trial);
+    const testing::PackingCase c = RandomCase(rng, trial);
     auto packer = MakePacker("original-nextfit", c.config, kSquares, {});
     ASSERT_TRUE(packer.ok());
     EXPECT_EQ((*packer)->name(), "original-nextfit");

@@ -77,6 +77,37 @@ inline std::vector<int64_t> RandomLengths(std::mt19937_64& rng, int64_t context,
   return lengths;
 }
 
+// A random stream to pack: its config, lengths and arrivals per step.
+struct PackingCase {
+  PackerConfig config;
+  std::vector<int64_t> lengths;
+  std::vector<std::vector<Document>> arrivals;
+};
+struct PackingCaseBounds {
+  int64_t min_context = 16;
+  int64_t max_context = 512;
+  int32_t max_micro_batches = 6;
+  int max_docs = 80;
+};
+
+// S uniform in [min_context, max_context], S_max = S + S/4, N uniform in [1, max_micro_batches],
+// then a count uniform in [1, max_docs] of RandomLengths of `shape`, cut into steps of N x S
+// tokens (MakeDocuments, SplitIntoSteps). The draws come in this order, so a seed gives the tests
+// that share this helper the streams they had.
+inline PackingCase RandomPackingCase(std::mt19937_64& rng, int shape,
+                                     const PackingCaseBounds& bounds) {
+  PackingCase c;
+  c.config.context =
+      std::uniform_int_distribution<int64_t>(bounds.min_context, bounds.max_context)(rng);
+  c.config.max_tokens = DefaultMaxTokens(c.config.context);
+  c.config.micro_batches = std::uniform_int_distribution<int32_t>(1, bounds.max_micro_batches)(rng);
+  const int count = std::uniform_int_distribution<int>(1, bounds.max_docs)(rng);
+  c.lengths = RandomLengths(rng, c.config.context, shape, count);
+  c.arrivals = *SplitIntoSteps(*MakeDocuments(c.lengths, c.config.context),
+                               c.config.context * c.config.micro_batches);
+  return c;
+}
+
 // A micro-batch of whole documents with ids 0, 1, ... and the given lengths (cost 0).
 inline MicroBatch MakeMicroBatch(const std::vector<int64_t>& lengths) {
   MicroBatch mb;

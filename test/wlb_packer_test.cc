@@ -101,14 +101,9 @@ TEST(WlbPacker, OutliersLeaveTheirQueueNAtATimeOldestFirst) {
 TEST(WlbPacker, RandomStreamsUnderATightCapLoseNothingAndKeepTheCap) {
   std::mt19937_64 rng(505);
   for (int trial = 0; trial < 120; ++trial) {
-    PackerConfig config;
-    config.context = std::uniform_int_distribution<int64_t>(8, 256)(rng);
-    config.max_tokens = DefaultMaxTokens(config.context);
-    config.micro_batches = std::uniform_int_distribution<int32_t>(1, 6)(rng);
-    const std::vector<int64_t> lengths = testing::RandomLengths(
-        rng, config.context, trial, std::uniform_int_distribution<int>(1, 120)(rng));
-    auto arrivals = *SplitIntoSteps(*MakeDocuments(lengths, config.context),
-                                    config.context * config.micro_batches);
+    const auto [config, lengths, arrivals] = testing::RandomPackingCase(
+        rng, trial,
+        {.min_context = 8, .max_context = 256, .max_micro_batches = 6, .max_docs = 120});
     for (const char* name : {"wlb", "wlb-refine"}) {
       auto packer = MakePacker(name, config, kSquares,
                                {.thresholds = DefaultThresholds(config.context, 1 + trial % 2)});

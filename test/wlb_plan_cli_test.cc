@@ -64,6 +64,25 @@ TEST(WlbPlan, HelpListsItsOwnFlagsByGroupAndThePackers) {
   EXPECT_EQ(RunPlan("--helpshort").out, r.out);
 }
 
+TEST(WlbPlan, ListPrintsTheRegistriesNames) {
+  std::string packers, strategies;
+  for (const char* name : kPackerNames) packers += std::string(name) + "\n";
+  for (const ShardStrategyInfo& s : ShardStrategies()) strategies += std::string(s.name) + "\n";
+  Result p = RunPlan("--list packers");
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out, packers);
+  Result s = RunPlan("--list=sharding");
+  EXPECT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out, strategies);
+  Result bad = RunPlan("--list costs");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--list must be packers or sharding, got 'costs'"));
+  Result more = RunPlan("--list packers --steps 3");
+  EXPECT_EQ(more.exit_code, 1);
+  EXPECT_THAT(more.err, HasSubstr("--list prints the registry's names and takes no other flag"));
+  EXPECT_TRUE(more.out.empty());
+}
+
 TEST(WlbPlan, JsonCoversEveryTokenAndIsByteIdenticalForASeed) {
   const std::string args =
       "--steps 20 --seed 3 --packer wlb-refine --format json --timing=false --micro-batches 3";

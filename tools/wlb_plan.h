@@ -47,8 +47,13 @@ struct Settings {
   std::optional<ParallelSizes> estimate;  // --estimate TP,CP,PP,DP
   double gemm_tflops = 0.0;
   bool dp_assign = false;
+  std::string list;  // --list packers|sharding: print the registry's names, plan nothing
 };
 absl::StatusOr<Settings> SettingsFromFlags();
+
+// wlb-plan --list: the names of the registry `registry` ("packers": kPackers; "sharding": the CP
+// strategies), one per line, for scripts (test/golden_plans.py checks its cases cover them).
+std::string RegistryNames(const std::string& registry);
 
 // wlb-plan --help: its own flags by group, and the packers with their summaries.
 std::string HelpText();

@@ -83,6 +83,9 @@ ABSL_FLAG(std::string, format, "table", "table or json");
 ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout");
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
 ABSL_FLAG(bool, compare, true, "table: also run original and wlb packing on the same stream");
+ABSL_FLAG(std::string, list, "",
+          "packers or sharding: print the registry's packer or CP strategy names, one per line, "
+          "and plan nothing (takes no other flag)");
 
 namespace wlb::cli {
 namespace {
@@ -102,7 +105,7 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"Cost model", {"cost", "profile_cost"}},
       {"CP shard plans", {"cp", "sharding", "cp_link_gbps", "kernel_profile"}},
       {"Step-time estimate", {"estimate", "gemm_tflops", "dp_assign"}},
-      {"Output", {"format", "out", "timing", "compare"}},
+      {"Output", {"format", "out", "timing", "compare", "list"}},
   };
   return groups;
 }
@@ -190,6 +193,17 @@ absl::Status ParseArgs(const std::vector<std::string>& args) {
 
 absl::StatusOr<Settings> SettingsFromFlags() {
   Settings s;
+  if (Given("list")) {
+    s.list = absl::GetFlag(FLAGS_list);
+    if (s.list != "packers" && s.list != "sharding") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--list must be packers or sharding, got %s", QuoteForMessage(s.list)));
+    }
+    if (GivenFlags().size() > 1) {
+      return absl::InvalidArgumentError(
+          "--list prints the registry's names and takes no other flag");
+    }
+  }  // the rest: wlb-plan's defaults, checked as always
   // The plan: the given plan flags, as ParsePlanSpec reads them (a flag not given keeps its
   // default, which is PlanSpec's).
   std::vector<std::pair<std::string, std::string>> plan_flags;
@@ -283,6 +297,18 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     return UnusedOption("compare", "it applies to --format table");
   }
   return s;
+}
+
+std::string RegistryNames(const std::string& registry) {
+  std::string text;
+  if (registry == "packers") {
+    for (const char* name : kPackerNames) absl::StrAppend(&text, name, "\n");
+  } else {
+    for (const ShardStrategyInfo& s : ShardStrategies()) {
+      absl::StrAppend(&text, std::string(s.name), "\n");
+    }
+  }
+  return text;
 }
 
 std::string HelpText() {

@@ -200,6 +200,10 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Settings> settings = Settings{};
   if (status.ok()) settings = SettingsFromFlags();
   if (status.ok()) status = settings.status();
+  if (status.ok() && !settings->list.empty()) {
+    std::fputs(RegistryNames(settings->list).c_str(), stdout);
+    return 0;
+  }
   if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
   if (status.ok()) status = Run(*settings);
   if (!status.ok()) {

@@ -96,6 +96,20 @@ struct PlanSpec {
   absl::StatusOr<KernelModel> MakeKernelModel() const;
 };
 
+// The plan keys that set a packer's options, and the PackerInfo bit of the packers that read them
+// (thresholds and queues both choose wlb's outlier queues; wlb-plan's --tune tunes them).
+struct PackerOptionKey {
+  const char* key;
+  PackerOption option;
+};
+inline constexpr PackerOptionKey kPackerOptionKeys[] = {{"window", kUsesWindow},
+                                                        {"thresholds", kUsesThresholds},
+                                                        {"queues", kUsesThresholds},
+                                                        {"tune", kUsesThresholds},
+                                                        {"refine_rounds", kUsesRefineRounds},
+                                                        {"lookahead", kUsesLookahead},
+                                                        {"delay_budget", kUsesDelayBudget}};
+
 // "--flag is not used by this run: why": an option the run would not use is an error, never
 // silently ignored. `key` is spelled with '_' or '-'.
 inline absl::Status UnusedOption(std::string key, std::string_view why) {

@@ -1,4 +1,8 @@
 // wlb._wlb bindings: the packers (the registry of make_packer.hpp, built through wlb::PlanSpec).
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "py_common.h"
 
 namespace wlb_py {
@@ -32,21 +36,36 @@ void BindPacker(nb::module_& m) {
               spec.profile_cost = *profile_cost;
               spec.MarkGiven("profile_cost");
             }
-            // An option given to a packer that does not use it is an error, as in wlb-plan.
-            auto set = [&spec](const char* key, const auto& value, auto& field) {
+            // An option given to a packer that does not use it is an error, as in wlb-plan,
+            // spelled as the keyword argument (`shown`: key -> "key=value").
+            std::map<std::string, std::string> shown;
+            auto set = [&](const char* key, const auto& value, auto& field) {
               if (!value.has_value()) return;
               field = *value;
               spec.MarkGiven(key);
+              shown[key] =
+                  absl::StrCat(key, "=", nb::cast<std::string>(nb::repr(nb::cast(*value))));
             };
             set("thresholds", thresholds, spec.thresholds);
             set("queues", queues, spec.queues);
             set("window", window, spec.window);
             set("refine_rounds", refine_rounds, spec.refine_rounds);
             set("lookahead", lookahead, spec.lookahead);
-            if (delay_budget.has_value()) {
-              spec.delay_budget = *delay_budget;
-              spec.MarkGiven("delay_budget");
-            }
+            set("delay_budget", delay_budget, spec.delay_budget);
+            if (const wlb::PackerInfo* info = wlb::FindPacker(name); info != nullptr) {
+              for (const wlb::PackerOptionKey& o : wlb::kPackerOptionKeys) {
+                if (shown.count(o.key) && !info->Uses(o.option)) {
+                  std::vector<std::string> readers;
+                  for (const wlb::PackerInfo& p : wlb::kPackers) {
+                    if (p.Uses(o.option)) readers.push_back(p.name);
+                  }
+                  Raise(absl::InvalidArgumentError(absl::StrFormat(
+                      "%s is not used by packer %s: only %s read%s it", shown[o.key],
+                      wlb::QuoteForMessage(name), absl::StrJoin(readers, ", "),
+                      readers.size() == 1 ? "s" : "")));
+                }
+              }
+            }  // an unknown name: Validate's error lists the packers
             const wlb::PlanSettings plan = Unwrap(spec.Validate());
             wlb::DocumentCost doc_cost =
                 cost_model != nullptr ? wlb::DocumentCost(*cost_model) : Unwrap(spec.MakeCost());

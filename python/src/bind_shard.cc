@@ -16,31 +16,84 @@ void BindShards(nb::module_& m) {
       .def_prop_ro(
           "key_indices",
           [](const RankRef& r) {
+            const wlb::AttentionMask& mask = r.plan->Mask();
             std::vector<int64_t> keys;
             for (const wlb::Segment& s : r.shard().segments) {
-              for (int64_t j = 0; j < s.q_end; ++j) keys.push_back(s.k_pos + j);
+              wlb::ForEachKernelSegment(mask, s.q_begin, s.q_end,
+                                        [&](int64_t, int64_t q1, int64_t k0) {
+                                          for (int64_t j = k0; j < q1; ++j) {
+                                            keys.push_back(s.k_pos + j);
+                                          }
+                                        });
             }
             return ToNumpy(std::move(keys));
           },
-          "Packed rows of this rank's keys, in its cu_seqlens_k layout (int64).",
+          "Packed rows of this rank's keys under plan.mask, in its cu_seqlens_k layout (int64).",
           nb::rv_policy::automatic)
       .def_prop_ro(
-          "key_rows", [](const RankRef& r) { return Widen(r.maps().key_rows); },
+          "key_rows", [](const RankRef& r) { return Widen(r.masked_maps().key_rows); },
           "Rows of the all-gathered K/V (cp_size x rank_capacity, rank-major) holding this "
-          "rank's keys, in its cu_seqlens_k layout (int64).",
+          "rank's keys under plan.mask, in its cu_seqlens_k layout (int64).",
           nb::rv_policy::automatic)
       .def_prop_ro(
-          "cu_seqlens_q", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_q); },
+          "cu_seqlens_q",
+          [](const RankRef& r) {
+            return ToNumpy(r.causal() ? r.shard().cu_seqlens_q : r.masked_maps().cu_seqlens_q);
+          },
+          "Query prefix sums of the kernel segments under plan.mask (int32): the plan's "
+          "segments, except that a chunked mask cuts them at chunk boundaries.",
           nb::rv_policy::automatic)
       .def_prop_ro(
-          "cu_seqlens_k", [](const RankRef& r) { return ToNumpy(r.shard().cu_seqlens_k); },
+          "cu_seqlens_k",
+          [](const RankRef& r) {
+            return ToNumpy(r.causal() ? r.shard().cu_seqlens_k : r.masked_maps().cu_seqlens_k);
+          },
+          "Key prefix sums of the kernel segments under plan.mask (int32): segment i has the "
+          "piece keys [key_begin[i], its last query], bottom-right aligned.",
           nb::rv_policy::automatic)
       .def_prop_ro(
-          "max_seqlen_q", [](const RankRef& r) { return r.shard().max_seqlen_q; },
+          "max_seqlen_q",
+          [](const RankRef& r) {
+            return r.causal() ? r.shard().max_seqlen_q : r.masked_maps().max_seqlen_q;
+          },
           nb::rv_policy::automatic)
       .def_prop_ro(
-          "max_seqlen_k", [](const RankRef& r) { return r.shard().max_seqlen_k; },
+          "max_seqlen_k",
+          [](const RankRef& r) {
+            return r.causal() ? r.shard().max_seqlen_k : r.masked_maps().max_seqlen_k;
+          },
           nb::rv_policy::automatic)
+      .def_prop_ro(
+          "key_begin",
+          [](const RankRef& r) {
+            if (r.causal()) return ToNumpy(std::vector<int64_t>(r.shard().segments.size(), 0));
+            return ToNumpy(r.masked_maps().key_begin);
+          },
+          "Per kernel segment: the position in its piece of its first key (int64; 0 under "
+          "causal masks).",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "kernel_segment",
+          [](const RankRef& r) {
+            if (r.causal()) {
+              std::vector<int64_t> all(r.shard().segments.size());
+              for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+              return ToNumpy(std::move(all));
+            }
+            return Widen(r.masked_maps().segment);
+          },
+          "Per kernel segment: its plan segment (an index into segment_ids, q_begin, ...).",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "pairs",
+          [](const RankRef& r) {
+            const wlb::AttentionMask& mask = r.plan->Mask();
+            int64_t pairs = 0;
+            for (const wlb::Segment& s : r.shard().segments)
+              pairs += mask.Pairs(s.q_begin, s.q_end);
+            return pairs;
+          },
+          "(query, key) pairs its queries attend under plan.mask.", nb::rv_policy::automatic)
       .def_prop_ro(
           "tokens", [](const RankRef& r) { return r.shard().tokens; }, nb::rv_policy::automatic)
       .def_prop_ro(
@@ -103,6 +156,44 @@ void BindShards(nb::module_& m) {
           "rank_capacity", [](const PyShardPlan& p) { return p.plan.rank_capacity; },
           "Rows of every rank's local buffer, padding included.", nb::rv_policy::automatic)
       .def_prop_ro(
+          "layer_mix", [](const PyShardPlan& p) { return p.mix.Name(); },
+          "The layer mix plan_shards planned for ('window:4096x27,causalx5').",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "mask",
+          [](const PyShardPlan& p) -> std::optional<std::string> {
+            if (!p.mask) return std::nullopt;
+            return p.mask->Name();
+          },
+          "The attention mask the plan's key rows and kernel segments are for, and that "
+          "wlb.torch.cp_attention applies: the layer mix's mask when it has one, else None until "
+          "for_mask picks one.",
+          nb::rv_policy::automatic)
+      .def_prop_ro(
+          "kernel_window", [](const PyShardPlan& p) { return wlb::KernelWindow(p.Mask()); },
+          "Keys per query row an executor keeps, the last ones up to its own, in every kernel "
+          "segment: the window w of a sliding-window mask, 0 for no limit.",
+          nb::rv_policy::automatic)
+      .def(
+          "for_mask",
+          [](const PyShardPlan& p, const std::string& text) {
+            const wlb::AttentionMask mask = Unwrap(wlb::AttentionMask::Parse(text));
+            bool in_mix = false;
+            for (const auto& [m, count] : p.mix.layers) in_mix |= m == mask;
+            if (!in_mix) {
+              throw nb::value_error(("mask " + mask.Name() + " is not in the plan's layer mix " +
+                                     p.mix.Name() + "; plan with layer_mix naming it")
+                                        .c_str());
+            }
+            auto out = std::make_shared<PyShardPlan>(p);
+            out->mask = mask;
+            out->maps.reset();  // under the new mask on first use
+            return out;
+          },
+          "mask"_a,
+          "The same plan for one layer's mask of its layer mix ('causal', 'window:W', "
+          "'chunk:C'): key rows, kernel segments and cp_attention follow it.")
+      .def_prop_ro(
           "padding_tokens", [](const PyShardPlan& p) { return p.plan.padding_tokens(); },
           nb::rv_policy::automatic)
       .def_prop_ro(
@@ -151,7 +242,9 @@ void BindShards(nb::module_& m) {
       wlb::ShardStrategyNameList(
           " and ",
           [](const wlb::ShardStrategyInfo& i) { return i.uses.cp_link || i.uses.layer_mix; }) +
-      " and cp_prediction.";
+      " and cp_prediction. The plan carries the mix (layer_mix); its key rows, kernel segments "
+      "and wlb.torch.cp_attention follow plan.mask, the mix's mask (for a mix of several, "
+      "plan.for_mask(mask) picks the layer's).";
   m.def(
       "shard_strategy_names",
       [] {
@@ -173,6 +266,12 @@ void BindShards(nb::module_& m) {
         wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps}};
         options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
         auto out = std::make_shared<PyShardPlan>();
+        out->mix = options.mix;
+        // The executor's mask is the mix's when it has only one.
+        out->mask = options.mix.layers.front().first;
+        for (const auto& [mask, count] : options.mix.layers) {
+          if (mask != *out->mask) out->mask.reset();
+        }
         absl::Status status;
         {
           nb::gil_scoped_release release;

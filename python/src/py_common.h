@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "wlb/wlb.hpp"
 
 namespace nb = nanobind;
@@ -302,20 +303,44 @@ inline std::unique_lock<std::mutex> LockPacker(const PyPacker& p) {
   return std::unique_lock<std::mutex>(*p.mutex);
 }
 
-// A shard plan with its predicted per-rank latencies, and its index maps built on first use: the
-// maps hold every rank's key rows (about C x tokens for per-document sharding), so plan_shards of
-// one long document at a large C stays O(C + documents) until a map is read (BuildShardMaps
-// refuses maps over kMaxShardMapRows rows). Built with the GIL held, so only once.
+// A shard plan with its predicted per-rank latencies, the layer mix it was planned for, the mask
+// its executor runs (one of the mix's; unset while a mix of several masks has not been narrowed
+// to one with ShardPlan.for_mask), and its index maps under that mask built on first use: the
+// maps hold every rank's key rows (about C x tokens for per-document sharding under causal
+// masks), so plan_shards of one long document at a large C stays O(C + documents) until a map is
+// read (BuildShardMaps refuses maps over kMaxShardMapRows rows). Built with the GIL held, so only
+// once.
 struct PyShardPlan {
   wlb::ShardPlan plan;
   std::vector<double> predicted_ms;
   wlb::CpBalance balance;
   wlb::CpPrediction cp_prediction;  // attention + K/V exchange under the plan's options
+  wlb::LayerMix mix = wlb::LayerMix::Causal();
+  std::optional<wlb::AttentionMask> mask;
   mutable std::optional<wlb::ShardMaps> maps;
 
+  // The maps' mask-free rows (local_to_packed, packed_to_gathered) are the same under every
+  // mask; without a chosen mask they come from the maps of the mix's first.
   const wlb::ShardMaps& Maps() const {
-    if (!maps) maps = Unwrap(wlb::BuildShardMaps(plan));
+    if (!maps) maps = Unwrap(wlb::BuildShardMaps(plan, mask.value_or(mix.layers.front().first)));
     return *maps;
+  }
+  // The executor's mask; ValueError naming the mix while none is chosen.
+  const wlb::AttentionMask& Mask() const {
+    if (!mask) {
+      std::vector<std::string> names;
+      for (const auto& [m, count] : mix.layers) names.push_back(m.Name());
+      throw nb::value_error(absl::StrFormat("the plan's layer mix %s has several masks; pick the "
+                                            "layer's with plan.for_mask(mask), mask one of %s",
+                                            mix.Name(), absl::StrJoin(names, ", "))
+                                .c_str());
+    }
+    return *mask;
+  }
+  // The maps under the executor's mask (key rows, kernel segments).
+  const wlb::ShardMaps& MaskedMaps() const {
+    Mask();
+    return Maps();
   }
 };
 
@@ -324,6 +349,11 @@ struct RankRef {
   int rank = 0;
   const wlb::RankShard& shard() const { return plan->plan.ranks[static_cast<size_t>(rank)]; }
   const wlb::RankMaps& maps() const { return plan->Maps().ranks[static_cast<size_t>(rank)]; }
+  const wlb::RankMaps& masked_maps() const {
+    return plan->MaskedMaps().ranks[static_cast<size_t>(rank)];
+  }
+  // Causal plans read the plan's segments (no maps built); other masks their kernel segments.
+  bool causal() const { return plan->Mask().causal(); }
 };
 
 template <typename Fn>

@@ -83,14 +83,21 @@ def plan_options(case):
             "cp_link_gbps": 1e5}
 
 
+def case_plan(case, world):
+    """The case's plan: planned for its "layer_mix" (default causal), narrowed to its "mask"."""
+    lengths = np.asarray(case["lengths"], dtype=np.int64)
+    plan = wlb.plan_shards(lengths, world, case["strategy"],
+                           layer_mix=case.get("layer_mix", "causal"), **plan_options(case))
+    return plan.for_mask(case["mask"]) if "mask" in case else plan
+
+
 def run_cases(rank, world, cases):
     """Each case: this rank's output, lse and dq/dk/dv rows (packed order via token_indices)."""
     from wlb.torch import cp_attention, cp_slice
 
     out = []
     for case in cases:
-        lengths = np.asarray(case["lengths"], dtype=np.int64)
-        plan = wlb.plan_shards(lengths, world, case["strategy"], **plan_options(case))
+        plan = case_plan(case, world)
         q, k, v, d_out = case_tensors(case, plan.tokens)
         ql, kl, vl = (cp_slice(t, plan, rank).requires_grad_() for t in (q, k, v))
         o, lse = cp_attention(ql, kl, vl, plan)

@@ -13,7 +13,7 @@ import wlb
 
 torch = pytest.importorskip("torch")
 
-from cp_workers import case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E402
+from cp_workers import case_plan, case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E402
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
@@ -21,12 +21,25 @@ STRATEGIES = wlb.shard_strategy_names()  # the CP strategy registry
 CI = os.environ.get("CI") == "true"
 
 
-def dense_reference(q, k, v, lengths):
-    """Plain causal attention per document over the whole packed micro-batch (autograd)."""
-    starts = np.concatenate([[0], np.cumsum(lengths)])
+def mask_allowed(lengths, mask="causal"):
+    """(tokens, tokens) bool: query row i may see key row j, per document, under ``mask``
+    ("causal", "window:W", "chunk:C"), from the definition: query p of a document sees its keys
+    [max(0, p - W + 1), p], or [floor(p / C) * C, p]."""
+    starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
     doc = torch.from_numpy(np.repeat(np.arange(len(lengths)), lengths))
-    pos = torch.arange(q.shape[0])
+    pos = torch.arange(int(np.sum(lengths))) - torch.from_numpy(np.repeat(starts, lengths))
     allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    kind, _, size = mask.partition(":")
+    if kind == "window":
+        allowed &= pos[None, :] > pos[:, None] - int(size)
+    elif kind == "chunk":
+        allowed &= pos[None, :] // int(size) == pos[:, None] // int(size)
+    return allowed
+
+
+def dense_reference(q, k, v, lengths, mask="causal"):
+    """Plain attention per document under ``mask`` over the whole packed micro-batch (autograd)."""
+    allowed = mask_allowed(lengths, mask)
     group = q.shape[1] // k.shape[1]
     kk = k.repeat_interleave(group, dim=1)
     vv = v.repeat_interleave(group, dim=1)
@@ -34,7 +47,6 @@ def dense_reference(q, k, v, lengths):
     scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.einsum("hnm,mhd->nhd", torch.softmax(scores, dim=-1), vv)
-    del starts
     return out, lse
 
 
@@ -80,7 +92,8 @@ def check_against_reference(world, cases, results):
         lengths = np.asarray(case["lengths"])
         q, k, v, d_out = case_tensors(case, int(lengths.sum()))
         q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-        ref_out, ref_lse = dense_reference(q, k, v, lengths)
+        mask = case.get("mask", case.get("layer_mix", "causal"))
+        ref_out, ref_lse = dense_reference(q, k, v, lengths, mask)
         (ref_out * d_out).sum().backward()
         got = {name: torch.zeros_like(t) for name, t in
                (("out", ref_out), ("dq", q), ("dk", k), ("dv", v))}
@@ -94,7 +107,8 @@ def check_against_reference(world, cases, results):
             for name in got:
                 got[name][rows] = part[name]
             got_lse[:, rows] = part["lse"]
-        where = f"world {world}, case {c} ({case['packer']}, {case['strategy']}, {lengths.tolist()})"
+        where = (f"world {world}, case {c} ({case['packer']}, {case['strategy']}, {mask}, "
+                 f"{lengths.tolist()})")
         assert np.all(covered == 1), f"{where}: a row held twice or by no rank"
         for name, ref in (("out", ref_out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
             assert torch.allclose(got[name], ref.detach(), atol=1e-10, rtol=0), f"{where}: {name}"
@@ -110,6 +124,114 @@ def test_cp_attention_equals_single_process_attention(world):
     check_against_reference(world, cases, results)
     strategies = {r["strategy"] for res in results for r in res}
     assert {"per-seq", "per-doc", "hybrid", "te-zigzag", "doc-degree"} <= strategies
+
+
+def masked_cases(world, seed):
+    """Every strategy under window and chunk masks of sizes below, equal to and above the
+    documents' lengths; planned for the mask alone or for a mix of it and causal layers."""
+    rng = np.random.default_rng(seed)
+    found = micro_batches(rng, 2 * len(STRATEGIES))
+    cases = []
+    for i, strategy in enumerate(STRATEGIES):
+        for j, kind in enumerate(("window", "chunk")):
+            packer, lengths = found[(2 * i + j) % len(found)]
+            longest = max(lengths)
+            for size in (int(rng.integers(1, 6)), lengths[int(rng.integers(len(lengths)))],
+                         longest + int(rng.integers(1, 40))):
+                mask = f"{kind}:{size}"
+                q_heads, kv_heads = [(2, 2), (8, 2), (4, 1)][len(cases) % 3]
+                case = {"packer": packer, "lengths": lengths, "strategy": strategy,
+                        "layer_mix": mask, "pair_model": strategy == "doc-degree" and i % 2 == 0,
+                        "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
+                        "kv_heads": kv_heads, "head_dim": 4}
+                if len(cases) % 4 == 3:  # one layer kind of a mix
+                    case["layer_mix"] = f"{mask}x3,causal"
+                    case["mask"] = mask
+                cases.append(case)
+    # One token (ranks without queries), and documents shorter than C, under short masks.
+    for lengths, mask in (([1], "window:1"), ([world - 1 or 1, 1, 2], "chunk:2")):
+        cases.append({"packer": "edge", "lengths": lengths, "strategy": "per-doc",
+                      "layer_mix": mask, "seed": 3, "q_heads": 2, "kv_heads": 1, "head_dim": 4})
+    return cases
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_cp_attention_under_window_and_chunk_masks_equals_single_process(world):
+    cases = masked_cases(world, seed=100 + world)
+    results = spawn(world, run_cases, cases)
+    check_against_reference(world, cases, results)
+    assert {r["strategy"] for res in results for r in res} >= {"per-doc", "doc-degree"}
+
+
+@pytest.mark.parametrize("mask", ["window:1", "window:7", "window:40", "chunk:1", "chunk:9",
+                                  "chunk:40", "causal"])
+def test_masked_plans_gather_exactly_the_keys_their_queries_see(mask):
+    """Key rows, kernel segments and pair counts of every rank agree with the mask's definition;
+    comm_volume is the exchange cp_prediction predicts (the selective one), smaller than the
+    causal all-gather."""
+    rng = np.random.default_rng(len(mask))
+    for trial in range(12):
+        lengths = rng.integers(1, 90, int(rng.integers(1, 6)))
+        cp = int(rng.integers(1, 6))
+        strategy = STRATEGIES[trial % len(STRATEGIES)]
+        plan = wlb.plan_shards(lengths, cp, strategy, layer_mix=mask)
+        assert plan.mask == mask and plan.layer_mix == f"{mask}x1"
+        allowed = mask_allowed(lengths, mask).numpy()
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        causal = wlb.plan_shards(lengths, cp, strategy)
+        for r in range(cp):
+            rank = plan[r]
+            rows = rank.token_indices
+            seen = 0
+            cu_q, cu_k, key_packed = rank.cu_seqlens_q, rank.cu_seqlens_k, rank.key_indices
+            assert len(key_packed) == len(rank.key_rows) == cu_k[-1]
+            for i in range(len(cu_q) - 1):
+                n_q, n_k = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+                keys = key_packed[cu_k[i]:cu_k[i + 1]]
+                seg = rank.kernel_segment[i]
+                assert keys[0] == rank.k_pos[seg] + rank.key_begin[i]
+                for t in range(n_q):
+                    last = n_k - n_q + t
+                    first = max(0, last - plan.kernel_window + 1) if plan.kernel_window else 0
+                    visible = np.zeros(int(starts[-1]), dtype=bool)
+                    visible[keys[first:last + 1]] = True
+                    assert np.array_equal(visible, allowed[rows[cu_q[i] + t]]), (mask, r, i, t)
+                    seen += last - first + 1
+            assert seen == rank.pairs == allowed[rows].sum()
+            assert len(rank.key_rows) <= len(causal[r].key_rows)
+        # comm_volume vs the planner's prediction of the selective exchange (16 KiB rows).
+        vol = [comm_volume(plan, 32, 128, 2, rank=r) for r in range(cp)]
+        if mask != "causal":
+            predicted = plan.cp_prediction
+            assert sum(v.gathered_bytes for v in vol) == predicted["exchanged_bytes"]
+            assert max(max(v.gathered_bytes, v.sent_bytes) for v in vol) == \
+                predicted["max_rank_bytes"]
+            assert comm_volume(plan, 32, 128, 2).gathered_bytes == max(v.gathered_bytes
+                                                                       for v in vol)
+        allgather = comm_volume(causal, 32, 128, 2)
+        assert all(v.gathered_bytes <= allgather.gathered_bytes for v in vol)
+
+
+def test_mixed_plans_need_a_mask_and_for_mask_checks_it():
+    plan = wlb.plan_shards(np.array([30, 9]), 2, "per-doc", layer_mix="window:8x3,chunk:4")
+    assert plan.mask is None and plan.layer_mix == "window:8x3,chunk:4x1"
+    assert len(plan[0].token_indices) == plan[0].tokens  # mask-free rows still work
+    with pytest.raises(ValueError, match="window:8x3,chunk:4x1 has several masks"):
+        plan[0].key_rows
+    with pytest.raises(ValueError, match="has several masks"):
+        cp_attention(torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), plan)
+    with pytest.raises(ValueError, match="mask causal is not in the plan's layer mix"):
+        plan.for_mask("causal")
+    with pytest.raises(ValueError, match="unknown attention mask"):
+        plan.for_mask("window")
+    window, chunk = plan.for_mask("window:8"), plan.for_mask("chunk:4")
+    assert (window.mask, window.kernel_window, chunk.mask, chunk.kernel_window) == \
+        ("window:8", 8, "chunk:4", 0)
+    assert np.array_equal(window[1].token_indices, plan[1].token_indices)
+    assert plan.mask is None  # for_mask returns a new plan
+    from wlb.torch import CPAttention
+
+    assert "mask=chunk:4" in CPAttention(chunk).extra_repr()
 
 
 def test_bad_plans_and_tensors_raise_on_every_rank_without_hanging():
@@ -163,6 +285,55 @@ def test_math_backend_bottom_right_causal_gqa_and_gradients():
         out, lse = varlen_causal_attention(q, k, v, *args)
         assert lse.shape == (h_q, q.shape[0]) and not lse.requires_grad
         assert torch.allclose(out, segment_reference(q, k, v, cu_q, cu_k), atol=1e-12, rtol=0)
+
+
+def windowed_segment_reference(q, k, v, cu_q, cu_k, window):
+    """Bottom-right causal segments, each query row limited to its last ``window`` keys."""
+    outs = []
+    for i in range(len(cu_q) - 1):
+        nq, nk = int(cu_q[i + 1] - cu_q[i]), int(cu_k[i + 1] - cu_k[i])
+        last = torch.arange(nq) + nk - nq
+        key = torch.arange(nk)
+        allowed = (key[None, :] <= last[:, None]) & (key[None, :] > last[:, None] - window)
+        group = q.shape[1] // k.shape[1]
+        kk = k[cu_k[i]:cu_k[i + 1]].repeat_interleave(group, dim=1)
+        vv = v[cu_k[i]:cu_k[i + 1]].repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,mhd->hnm", q[cu_q[i]:cu_q[i + 1]], kk) / np.sqrt(q.shape[2])
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        outs.append(torch.einsum("hnm,mhd->nhd", torch.softmax(scores, dim=-1), vv))
+    return torch.cat(outs)
+
+
+def test_math_backend_sliding_window_blocks_and_gradients(monkeypatch):
+    from wlb.torch import attention
+
+    rng = np.random.default_rng(8)
+    for trial in range(12):
+        cu_q, cu_k = random_segments(rng, int(rng.integers(1, 5)))
+        window = int(rng.integers(1, 30))
+        g = torch.Generator().manual_seed(trial)
+        q = torch.randn(int(cu_q[-1]), 4, 4, dtype=torch.float64, generator=g)
+        k = torch.randn(int(cu_k[-1]), 2, 4, dtype=torch.float64, generator=g)
+        v = torch.randn(int(cu_k[-1]), 2, 4, dtype=torch.float64, generator=g)
+        args = (torch.from_numpy(cu_q), torch.from_numpy(cu_k), 40, 70)
+        want = windowed_segment_reference(q, k, v, cu_q, cu_k, window)
+        out, _ = varlen_causal_attention(q, k, v, *args, window=window)
+        assert torch.allclose(out, want, atol=1e-12, rtol=0)
+        monkeypatch.setattr(attention, "_MATH_BLOCK_ROWS", 3)  # blocks start mid-window
+        blocked, _ = varlen_causal_attention(q, k, v, *args, window=window)
+        monkeypatch.undo()
+        assert torch.allclose(blocked, want, atol=1e-12, rtol=0)
+    cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 7, 12], dtype=torch.int32)
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(8, 4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(12, 2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(12, 2, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: varlen_causal_attention(a, b, c, cu_q, cu_k, 5, 5, window=2)[0],
+        (q, k, v))
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        varlen_causal_attention(q, k, v, cu_q, cu_k, 5, 5, window=-1)
 
 
 def test_math_backend_gradients_match_finite_differences():

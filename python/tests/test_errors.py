@@ -77,18 +77,23 @@ def test_unknown_packer_and_window():
     assert budgeted.flush() == []
 
 
-@pytest.mark.parametrize("name, kwargs, option", [
-    ("wlb", {"window": 2}, "window"),
-    ("original", {"thresholds": [1000]}, "thresholds"),
-    ("fixed-greedy", {"queues": 1}, "queues"),
-    ("wlb", {"lookahead": 2}, "lookahead"),
-    ("wlb", {"refine_rounds": 3}, "refine-rounds"),
-    ("wlb-refine", {"delay_budget": 0.5}, "delay-budget"),
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("wlb", {"window": 2}, "window=2 is not used by packer 'wlb': only fixed-greedy reads it"),
+    ("original", {"thresholds": [1000]},
+     r"thresholds=\[1000\] is not used by packer 'original': only wlb, wlb-refine, "
+     "wlb-lookahead read it"),
+    ("fixed-greedy", {"queues": 1}, "queues=1 is not used by packer 'fixed-greedy'"),
+    ("wlb", {"lookahead": 2}, "lookahead=2 is not used by packer 'wlb': only wlb-lookahead"),
+    ("wlb", {"refine_rounds": 3},
+     "refine_rounds=3 is not used by packer 'wlb': only wlb-refine, wlb-lookahead read it"),
+    ("wlb-refine", {"delay_budget": 0.5}, "delay_budget=0.5 is not used by packer 'wlb-refine'"),
 ])
-def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, option):
-    # Never silently ignored: the same rule as wlb-plan's "--X is not used by this run".
-    with pytest.raises(ValueError, match=f"{option} is not used by this run"):
+def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, message):
+    # Never silently ignored (the rule of wlb-plan's "--X is not used by this run"), spelled as
+    # the keyword argument with its value, naming the packer and those that read it.
+    with pytest.raises(ValueError, match=f"^{message}") as error:
         wlb.Packer(name, context=4096, **kwargs)
+    assert "--" not in str(error.value) and "this run" not in str(error.value)
     wlb.Packer("wlb-lookahead", context=4096, queues=1, lookahead=2, refine_rounds=3,
                delay_budget=0.5)  # all used by wlb-lookahead
 

@@ -41,6 +41,10 @@ def check_plan(plan, lengths):
     for r in plan.ranks:
         cu_q, cu_k = r.cu_seqlens_q, r.cu_seqlens_k
         assert cu_q.dtype == np.int32 and cu_k.dtype == np.int32
+        # Any mask: the key rows the map names hold the rank's keys.
+        assert np.array_equal(gathered[r.key_rows], r.key_indices)
+        if plan.mask != "causal":
+            continue  # the masks' kernel segments: test_cp_attention.py
         q_len = r.q_end - r.q_begin
         assert np.array_equal(np.diff(cu_q), q_len) and np.array_equal(np.diff(cu_k), r.q_end)
         assert r.max_seqlen_q == (q_len.max() if q_len.size else 0)
@@ -72,12 +76,14 @@ def test_index_arrays_cover_every_token_once():
         mix = ["causal", "window:300x5,causal", "chunk:512x3,causal"][trial % 3]
         plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix)
         assert plan.requested == strategy
+        assert (plan.mask is None) == (mix != "causal")  # a mix of two masks: pick one
         # adaptive picks among ordered per-sequence, per-document and hybrid (shard_plan.hpp)
         adaptive = ["per-seq-ordered", "per-doc", "hybrid"]
         # doc-degree keeps its greedy plan or one of these when predicted faster
         allowed = {"adaptive": adaptive, "doc-degree": ["doc-degree"] + adaptive}
         assert plan.strategy in allowed.get(strategy, [strategy])
-        check_plan(plan, lengths)
+        for mask in ("causal", mix.split("x")[0]):
+            check_plan(plan.for_mask(mask), lengths)
 
 
 def test_worked_example():

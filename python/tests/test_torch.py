@@ -136,7 +136,8 @@ def test_cp_helpers_apply_the_plan():
     for trial in range(40):
         lengths = rng.integers(1, 3000, size=int(rng.integers(1, 12)))
         cp = int(rng.integers(1, 6))
-        plan = wlb.plan_shards(lengths, cp, ["per-seq", "per-doc", "adaptive", "hybrid"][trial % 4])
+        plan = wlb.plan_shards(lengths, cp, ["per-seq", "per-doc", "adaptive", "hybrid"][trial % 4],
+                               layer_mix=["causal", "window:300", "chunk:700"][trial % 3])
         packed = torch.arange(int(lengths.sum()) * 2).reshape(-1, 2)
         local = [cp_slice(packed, plan, r) for r in range(cp)]
         gathered = torch.cat([cp_pad(x, plan) for x in local])

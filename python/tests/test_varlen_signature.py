@@ -22,8 +22,10 @@ class FakeAuxRequest:
         self.lse = lse
 
 
-def reference(q, k, v, cu_q, cu_k, scale, causal):
-    """Plain attention per segment, bottom-right causal (query i sees keys 0..n_k-n_q+i)."""
+def reference(q, k, v, cu_q, cu_k, scale, window_size):
+    """Plain attention per segment under FlashAttention's window_size (left, right), -1 for
+    unbounded: query i sees keys [i + n_k - n_q - left, i + n_k - n_q + right]; (-1, 0) is
+    bottom-right causal (keys 0..n_k-n_q+i)."""
     assert q.shape[1] == k.shape[1], "the fake kernel got unequal heads without enable_gqa"
     outs, lses = [], []
     cq, ck = cu_q.tolist(), cu_k.tolist()
@@ -31,9 +33,15 @@ def reference(q, k, v, cu_q, cu_k, scale, causal):
         qs, ks, vs = q[cq[i]:cq[i + 1]], k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]
         n_q, n_k = qs.shape[0], ks.shape[0]
         s = torch.einsum("nhd,mhd->hnm", qs, ks) * scale
-        if causal:
-            allowed = torch.arange(n_k)[None, :] <= (n_k - n_q + torch.arange(n_q))[:, None]
-            s = s.masked_fill(~allowed, float("-inf"))
+        left, right = window_size
+        last = (n_k - n_q + torch.arange(n_q))[:, None]
+        key = torch.arange(n_k)[None, :]
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool)
+        if right >= 0:
+            allowed &= key <= last + right
+        if left >= 0:
+            allowed &= key >= last - left
+        s = s.masked_fill(~allowed, float("-inf"))
         lses.append(torch.logsumexp(s, dim=-1))
         outs.append(torch.einsum("hnm,mhd->nhd", torch.softmax(s, dim=-1), vs))
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)  # lse: (H, T_q), as FlashAttention
@@ -48,16 +56,16 @@ def make_fakes(calls):
               return_aux=None):
         calls.append(dict(is_causal=is_causal, return_aux=return_aux, q=query, k=key))
         out, lse = reference(query, key, value, cu_seq_q, cu_seq_k, default_scale(query, None),
-                             is_causal)
+                             (-1, 0) if is_causal else (-1, -1))
         return (out, lse) if return_aux is not None and return_aux.lse else out
 
     def v2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
               scale=None, window_size=(-1, -1)):
         calls.append(dict(window_size=window_size, scale=scale, return_aux=return_aux, q=query,
                           k=key))
-        is_causal = window_size == (-1, 0)  # as torch does: a list would not be causal
+        assert isinstance(window_size, tuple)  # torch tests window_size == (-1, 0)
         out, lse = reference(query, key, value, cu_seq_q, cu_seq_k, default_scale(query, scale),
-                             is_causal)
+                             window_size)
         return (out, lse) if return_aux is not None and return_aux.lse else out
 
     def later(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
@@ -69,8 +77,9 @@ def make_fakes(calls):
             group = query.shape[1] // key.shape[1]
             key = key.repeat_interleave(group, dim=1)
             value = value.repeat_interleave(group, dim=1)
+        assert isinstance(window_size, tuple)
         out, lse = reference(query, key, value, cu_seq_q, cu_seq_k, default_scale(query, scale),
-                             window_size == (-1, 0))
+                             window_size)
         return (out, lse) if return_aux is not None and return_aux.lse else out
 
     return {"2.10": v2_10, "2.11": v2_11, "later": later}
@@ -159,6 +168,36 @@ def test_varlen_backend_matches_math_on_every_signature(fake_varlen, version, he
     if version == "later":
         assert call["enable_gqa"] == (h_q != h_kv)
         assert call["k"].shape[1] == h_kv  # the kernel does GQA itself
+
+
+@pytest.mark.parametrize("version", ["2.11", "later"])
+@pytest.mark.parametrize("window", [1, 3, 50])
+def test_varlen_backend_sliding_window_is_window_size(fake_varlen, version, window):
+    """A sliding window of w keys reaches varlen_attn as window_size=(w - 1, 0) and gives the
+    math backend's windowed output and gradients."""
+    calls = fake_varlen(version)
+    q, k, v, cu_q, cu_k, max_q, max_k = tensors(window, 4, 2)
+    scale = attention.default_scale(q.shape[-1])
+    d_out = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def run(fn):
+        return run_backend(lambda *a: fn(*a, window=window), q, k, v, cu_q, cu_k, max_q, max_k,
+                           scale, d_out)
+
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), run(attention.varlen_attention),
+                          run(attention.math_attention)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+    assert calls[0]["window_size"] == (window - 1, 0)
+
+
+def test_varlen_backend_refuses_a_window_without_window_size(fake_varlen):
+    fake_varlen("2.10")
+    q, k, v, cu_q, cu_k, max_q, max_k = tensors(0, 2, 2)
+    with pytest.raises(RuntimeError, match="no window_size.*sliding window of 4 keys"):
+        attention.varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, 0.3, window=4)
+    assert not attention._varlen_has_window()
+    fake_varlen("2.11")
+    assert attention._varlen_has_window()
 
 
 def test_varlen_backend_without_return_aux_names_the_torch_version(monkeypatch):

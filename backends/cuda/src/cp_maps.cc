@@ -26,6 +26,12 @@ AttentionProblem EmptyProblem(const CpAttentionConfig& config) {
 // Validates the shape with a one-token problem, so that a rank without work still reports a
 // bad config.
 absl::Status ValidateConfig(const CpAttentionConfig& config) {
+  if (!config.mask.causal()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the CUDA CP executor applies causal masks only, got attention mask %s (run window and "
+        "chunk masks with wlb.torch.cp_attention)",
+        config.mask.Name()));
+  }
   AttentionProblem p = EmptyProblem(config);
   p.cu_seqlens_q.push_back(1);
   p.cu_seqlens_k.push_back(1);

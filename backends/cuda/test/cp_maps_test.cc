@@ -109,6 +109,13 @@ TEST(CpMapsTest, RejectsBadConfigAndInconsistentPlans) {
   EXPECT_THAT(bad_dim.status().message(), HasSubstr("96"));
   EXPECT_EQ(BuildCpMaps(plan, SmallConfig(3, 2, 4)).status().code(),
             absl::StatusCode::kInvalidArgument);  // 2 kv heads do not divide 3
+  // No silent causal fallback: a sliding window or chunked mask is refused by name.
+  CpAttentionConfig window = SmallConfig();
+  window.mask = *AttentionMask::SlidingWindow(4096);
+  EXPECT_THAT(BuildCpMaps(plan, window).status().message(),
+              HasSubstr("causal masks only, got attention mask window:4096"));
+  window.mask = *AttentionMask::ChunkedLocal(8);
+  EXPECT_THAT(WholeBatchProblem(mb, window).status().message(), HasSubstr("chunk:8"));
 
   ShardPlan missing = plan;
   missing.ranks[1].segments.pop_back();

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -224,21 +225,42 @@ class LookaheadPacker final : public Packer {
     const lookahead::Sketcher sketcher(config_, cost_);
     lookahead::SketchBase sketch;
     if (!exact && candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
-    size_t best = 0;
-    double best_score = 0.0;
-    for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
-      const double score =
-          (exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_)
-                 : sketcher.ScoreBySketch(candidates[i], held, sketch)) -
-          delay_.Price() * lookahead::TrainedTokens(candidates[i], held, fresh) /
-              (static_cast<double>(config_.micro_batches) * config_.context);
-      if (i == 0 || score < best_score - 1e-9) {
-        best = i;
-        best_score = score;
+    std::vector<std::vector<Document>> ahead_fresh;  // what every exact score packs ahead
+    if (exact && candidates.size() > 1) {
+      for (const auto& step : buffer_) {
+        ahead_fresh.push_back(lookahead::SortedNonOutliers(step, held.queues));
       }
     }
-    std::vector<MicroBatch> mbs =
-        packing.PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+    size_t best = 0;
+    double best_score = 0.0;
+    lookahead::PlannedStep best_step;  // the best candidate's step, when scored exactly
+    for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
+      // A repeated candidate scores as its first occurrence, which it would have to beat.
+      if (lookahead::RepeatsEarlier(candidates, i)) continue;
+      const double penalty = delay_.Price() * lookahead::TrainedTokens(candidates[i], held, fresh) /
+                             (static_cast<double>(config_.micro_batches) * config_.context);
+      const double to_beat = best_score - 1e-9;
+      auto loses = [&](double at_least) { return i > 0 && at_least - penalty >= to_beat; };
+      lookahead::PlannedStep step;
+      const std::optional<double> sum =
+          exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_,
+                                            ahead_fresh, loses, step)
+                : sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
+      if (!sum) continue;
+      const double score = *sum - penalty;
+      if (i == 0 || score < to_beat) {
+        best = i;
+        best_score = score;
+        best_step = std::move(step);
+      }
+    }
+    std::vector<MicroBatch> mbs;
+    if (exact && candidates.size() > 1) {
+      mbs = std::move(best_step.micro_batches);
+      held = std::move(best_step.held);
+    } else {
+      mbs = packing.PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+    }
     delay_.Record(arrivals, mbs, next_step_);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));

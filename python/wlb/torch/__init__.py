@@ -8,7 +8,8 @@
 - ``cp_slice``, ``cp_pad``, ``cp_keys``, ``cp_varlen_args`` (``wlb.torch.cp``): a CP shard plan
   applied to packed tensors.
 - ``cp_attention``, ``CPAttention`` (``wlb.torch.cp_attention``): differentiable context-parallel
-  attention that executes a shard plan over ``torch.distributed``; ``varlen_causal_attention``
+  attention that executes a shard plan over ``torch.distributed`` under its attention mask
+  (causal, sliding window or chunked local: ``plan.mask``); ``varlen_causal_attention``
   (``wlb.torch.attention``): its per-rank varlen attention backends.
 """
 

@@ -3,22 +3,28 @@
 A segment i of a rank holds queries ``[cu_q[i], cu_q[i+1])`` and keys ``[cu_k[i], cu_k[i+1])``;
 the queries are the last ``n_q`` positions of the key range (bottom-right causal: query j of the
 segment sees keys ``0 .. n_k - n_q + j``), which is what a CP shard of a document needs (its keys
-are the document's prefix up to the shard's end).
+are the document's prefix up to the shard's end). With ``window`` w > 0 query j sees only the last
+w of those, keys ``max(0, n_k - n_q + j - w + 1) .. n_k - n_q + j`` (FlashAttention's
+``window_size=(w - 1, 0)``): a sliding-window mask over segments whose keys start where the
+window of their first query does (``ShardPlan.kernel_window``; a chunked-local mask needs no
+window, its kernel segments end at chunk boundaries).
 
 Backends (one interface: ``backend(q, k, v, cu_q, cu_k, max_q, max_k, scale) -> (out, lse)``,
-differentiable in q, k, v; ``lse`` is the natural-log log-sum-exp, shape ``(H_q, T_q)``, float32
-or the input's dtype when that is float64, and carries no gradient):
+and ``window=w`` as a keyword when w > 0; differentiable in q, k, v; ``lse`` is the natural-log
+log-sum-exp, shape ``(H_q, T_q)``, float32 or the input's dtype when that is float64, and carries
+no gradient):
 
 - ``"varlen"``: PyTorch's ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention / cuDNN
   kernels; CUDA, float16 / bfloat16), on each of its signatures (torch 2.10's ``is_causal``,
-  2.11's ``window_size`` / ``scale``, later ``enable_gqa``; see ``varlen_attention``). wlb's
-  tests hold it to ``"math"`` through CPU fakes of those signatures, not on a GPU.
+  2.11's ``window_size`` / ``scale``, later ``enable_gqa``; see ``varlen_attention``). A sliding
+  window needs ``window_size`` (torch 2.11 on); on 2.10 it is refused. wlb's tests hold it to
+  ``"math"`` through CPU fakes of those signatures, not on a GPU.
 - ``"math"``: explicit softmax attention per segment, in blocks of query rows, with its own
   backward (the FlashAttention recurrences over the saved lse); any device and float dtype,
   float64 included. The reference the CPU tests hold the CP path to.
 
-``select_backend(device, dtype)`` picks ``"varlen"`` on CUDA for half types when PyTorch has it,
-otherwise ``"math"``.
+``select_backend(device, dtype, window=w)`` picks ``"varlen"`` on CUDA for half types when
+PyTorch has it (and, for a window, its ``window_size``), otherwise ``"math"``.
 """
 
 from __future__ import annotations
@@ -41,60 +47,68 @@ def _segments(cu_q: "torch.Tensor", cu_k: "torch.Tensor"):
         yield cq[i], cq[i + 1], ck[i], ck[i + 1]
 
 
-def _blocks(q0: int, q1: int, k0: int, k1: int):
-    """Query blocks of one segment with the key prefix each needs (bottom-right causal)."""
+def _blocks(q0: int, q1: int, k0: int, k1: int, window: int):
+    """Query blocks of one segment with the key range each needs (bottom-right causal, the last
+    ``window`` keys per row when ``window`` > 0)."""
     n_q, n_k = q1 - q0, k1 - k0
     for a in range(0, n_q, _MATH_BLOCK_ROWS):
         b = min(a + _MATH_BLOCK_ROWS, n_q)
-        # Query row a + t sees keys [0, n_k - n_q + a + t]; the block needs keys [0, n_k - n_q + b).
-        yield q0 + a, q0 + b, k0, k0 + n_k - n_q + b, n_k - n_q + a
+        # Query row a + t sees keys [lo(a + t), n_k - n_q + a + t]; the block needs keys
+        # [lo(a), n_k - n_q + b), lo(row) = 0 or, under a window, max(0, last key - window + 1).
+        last = n_k - n_q + a
+        lo = max(0, last - window + 1) if window > 0 else 0
+        yield q0 + a, q0 + b, k0 + lo, k0 + n_k - n_q + b, last - lo
 
 
-def _block_scores(qb, kb, scale, first_key_limit):
-    """Masked scores (H_kv, group, rows, keys) of a query block against its key prefix."""
+def _block_scores(qb, kb, scale, first_key_limit, window):
+    """Masked scores (H_kv, group, rows, keys) of a query block against its key range; row t sees
+    keys up to first_key_limit + t, and only the last ``window`` of them when ``window`` > 0."""
     rows, h_q, d = qb.shape
     h_kv = kb.shape[1]
     qh = qb.reshape(rows, h_kv, h_q // h_kv, d)
     scores = torch.einsum("nhgd,mhd->hgnm", qh, kb) * scale
     keys = kb.shape[0]
     limit = first_key_limit + torch.arange(rows, device=qb.device)  # last key each row sees
-    masked = torch.arange(keys, device=qb.device)[None, :] > limit[:, None]
+    key = torch.arange(keys, device=qb.device)[None, :]
+    masked = key > limit[:, None]
+    if window > 0:
+        masked |= key <= limit[:, None] - window
     return qh, scores.masked_fill(masked, float("-inf"))
 
 
 class _MathAttention(torch.autograd.Function if torch is not None else object):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, scale):
+    def forward(ctx, q, k, v, cu_q, cu_k, scale, window):
         t_q, h_q, d = q.shape
         h_kv = k.shape[1]
         out = torch.zeros_like(q)
         lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         lse = torch.zeros(h_q, t_q, dtype=lse_dtype, device=q.device)
         for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1):
-                _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit)
+            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window):
+                _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
                 block_lse = torch.logsumexp(s.to(lse_dtype), dim=-1)  # (h_kv, g, rows)
                 p = torch.exp(s.to(lse_dtype) - block_lse[..., None]).to(q.dtype)
                 o = torch.einsum("hgnm,mhd->nhgd", p, v[ka:kb_end])
                 out[a:b] = o.reshape(b - a, h_q, d)
                 lse[:, a:b] = block_lse.reshape(h_q, b - a)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.scale = scale
+        ctx.scale, ctx.window = scale, window
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        scale = ctx.scale
+        scale, window = ctx.scale, ctx.window
         h_q, d = q.shape[1], q.shape[2]
         h_kv = k.shape[1]
         g = h_q // h_kv
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1):
+            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window):
                 rows = b - a
-                qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit)
+                qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
                 block_lse = lse[:, a:b].reshape(h_kv, g, rows)
                 p = torch.exp(s.to(block_lse.dtype) - block_lse[..., None]).to(q.dtype)
                 do = d_out[a:b].reshape(rows, h_kv, g, d)
@@ -106,13 +120,13 @@ class _MathAttention(torch.autograd.Function if torch is not None else object):
                 dq[a:b] = (torch.einsum("hgnm,mhd->nhgd", ds, k[ka:kb_end]) * scale).reshape(
                     rows, h_q, d)
                 dk[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", ds, qh) * scale
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
-def math_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+def math_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, window=0):
     """The ``"math"`` backend (see the module's docstring)."""
     del max_q, max_k  # the segments carry their own lengths
-    return _MathAttention.apply(q, k, v, cu_q, cu_k, scale)
+    return _MathAttention.apply(q, k, v, cu_q, cu_k, scale, int(window))
 
 
 @functools.lru_cache(maxsize=8)
@@ -150,11 +164,14 @@ def _torch_version() -> str:
     return getattr(torch, "__version__", "unknown")
 
 
-def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, window=0):
     """The ``"varlen"`` backend: PyTorch's varlen_attn, bottom-right causal.
 
     Adapts to the signature of the installed ``varlen_attn`` (see the comment above):
-    causality through ``window_size=(-1, 0)`` or ``is_causal=True``; ``scale`` passed when
+    causality through ``window_size=(-1, 0)`` or ``is_causal=True``; a sliding window w through
+    ``window_size=(w - 1, 0)`` (FlashAttention: query i of a segment sees keys
+    ``[i + n_k - n_q - (w - 1), i + n_k - n_q]``), refused where only ``is_causal`` exists;
+    ``scale`` passed when
     accepted, else folded into q (``q * scale * sqrt(D)`` against the kernel's default
     ``1 / sqrt(D)``); GQA through ``enable_gqa=True`` when accepted, else K and V heads expanded
     with ``repeat_interleave`` (autograd sums their gradients back over each group).
@@ -171,8 +188,14 @@ def varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale):
             f"{_torch_version()} does not offer; use backend='math' or another PyTorch")
     kwargs = {"return_aux": aux_request(lse=True)}
 
+    if window > 0 and "window_size" not in accepted:
+        raise RuntimeError(
+            f"torch {_torch_version()}'s varlen_attn takes no window_size; the 'varlen' backend "
+            f"cannot apply a sliding window of {window} keys; use backend='math' or another "
+            f"PyTorch")
     if "window_size" in accepted:
-        kwargs["window_size"] = (-1, 0)  # a tuple: varlen_attn tests window_size == (-1, 0)
+        # A tuple: varlen_attn tests window_size == (-1, 0) for causal.
+        kwargs["window_size"] = (int(window) - 1, 0) if window > 0 else (-1, 0)
     elif "is_causal" in accepted:
         kwargs["is_causal"] = True  # bottom-right in FlashAttention (see the comment above)
     else:
@@ -217,10 +240,17 @@ def has_varlen() -> bool:
     return True
 
 
+def _varlen_has_window() -> bool:
+    from torch.nn.attention import varlen as _varlen
+
+    return "window_size" in _varlen_params(_varlen.varlen_attn)
+
+
 def select_backend(device: "torch.device", dtype: "torch.dtype",
-                   requested: Optional[str] = None) -> str:
+                   requested: Optional[str] = None, window: int = 0) -> str:
     """The backend for tensors on ``device`` of ``dtype``: ``requested`` if given (checked),
-    else ``"varlen"`` on CUDA for float16/bfloat16 when available, else ``"math"``."""
+    else ``"varlen"`` on CUDA for float16/bfloat16 when available (for a sliding ``window`` > 0,
+    when its varlen_attn takes ``window_size``), else ``"math"``."""
     require_torch()
     if requested is not None:
         if requested not in BACKENDS:
@@ -230,9 +260,13 @@ def select_backend(device: "torch.device", dtype: "torch.dtype",
             raise ValueError(f"attention backend 'varlen' needs CUDA tensors and "
                              f"torch.nn.attention.varlen (device {device}, torch "
                              f"{torch.__version__})")
+        if requested == "varlen" and window > 0 and not _varlen_has_window():
+            raise ValueError(f"attention backend 'varlen' cannot apply a sliding window of "
+                             f"{window} keys: torch {torch.__version__}'s varlen_attn takes no "
+                             f"window_size; use backend='math'")
         return requested
     if (torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-            and has_varlen()):
+            and has_varlen() and (window == 0 or _varlen_has_window())):
         return "varlen"
     return "math"
 
@@ -244,12 +278,19 @@ def default_scale(head_dim: int) -> float:
 
 def varlen_causal_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                             max_seqlen_k: int, scale: Optional[float] = None,
-                            backend: Optional[str] = None) -> Tuple["torch.Tensor", "torch.Tensor"]:
+                            backend: Optional[str] = None,
+                            window: int = 0) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """Bottom-right causal varlen attention over segments; returns ``(out, lse)``.
 
     q: (T_q, H_q, D); k, v: (T_k, H_kv, D) with H_q a multiple of H_kv; cu_seqlens int32.
+    ``window`` > 0: every query row sees only the last ``window`` keys up to its own.
     """
     require_torch()
-    name = select_backend(q.device, q.dtype, backend)
+    window = int(window)
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0: no window), got {window}")
+    name = select_backend(q.device, q.dtype, backend, window)
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    return BACKENDS[name](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale)
+    extra = {"window": window} if window > 0 else {}
+    return BACKENDS[name](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                          **extra)

@@ -2,6 +2,12 @@
 ``cp_pad`` pads them to the plan's ``rank_capacity`` for an all-gather, ``cp_keys`` picks the
 rank's key rows from the all-gathered K/V (in the order of its ``cu_seqlens_k``) and
 ``cp_varlen_args`` gives its varlen attention arguments.
+
+Key rows and varlen arguments follow ``plan.mask``: under ``"window:W"`` a rank's kernel segments
+hold only the keys its queries' windows reach, and each query row must keep only the last
+``plan.kernel_window`` keys up to its own (``window_size=(W - 1, 0)`` in FlashAttention terms);
+under ``"chunk:C"`` the kernel segments end at chunk boundaries and plain bottom-right causal
+attention is exact (``wlb.torch.cp_attention`` does all of this).
 """
 
 from __future__ import annotations

@@ -1,17 +1,27 @@
 """Context-parallel attention that executes a ``wlb.plan_shards`` plan over ``torch.distributed``.
 
 Every CP rank holds the rows ``plan[rank].token_indices`` of a packed micro-batch (``cp_slice``)
-as q, k, v of shape (tokens, heads, head_dim), GQA allowed. ``cp_attention`` then
+as q, k, v of shape (tokens, heads, head_dim), GQA allowed. ``cp_attention`` applies the plan's
+attention mask, ``plan.mask`` (the ``layer_mix`` of ``wlb.plan_shards`` when it has one mask; for
+a mix of several, ``plan.for_mask(mask)`` gives the plan for one layer's): ``"causal"``,
+``"window:W"`` (query p of a document sees its keys ``[max(0, p - W + 1), p]``) or
+``"chunk:C"`` (its keys ``[floor(p / C) * C, p]``). Under causal masks it
 
 1. all-gathers the ranks' K and V rows, each padded to ``plan.rank_capacity``
    (``all_gather_into_tensor``, one call for K and V together),
 2. picks this rank's key rows (``plan[rank].key_rows``: every segment's document prefix), and
-3. runs varlen causal attention per segment, bottom-right aligned (``wlb.torch.attention``),
+3. runs varlen causal attention per segment, bottom-right aligned (``wlb.torch.attention``).
 
-returning this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV, adds
-the key gradients into the gathered layout and reduce-scatters them
-(``reduce_scatter_tensor``), so every rank receives the gradients of its own K/V rows. The result
-equals single-process attention over the whole packed micro-batch, for every strategy.
+Under a window or chunked mask a rank needs only the keys its queries see
+(``plan[rank].key_rows``: from ``key_begin`` of every kernel segment on), so step 1 is a selective
+exchange instead (``all_to_all_single``: every rank sends each other rank exactly the rows it
+needs, once) and step 3 runs over the plan's kernel segments (a chunked mask cuts segments at
+chunk boundaries), keeping the last ``plan.kernel_window`` keys per query row under a window.
+Both return this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
+sends the key gradients back to the ranks that own the rows (``reduce_scatter_tensor``, or the
+reverse ``all_to_all_single``), so every rank receives the gradients of its own K/V rows. The
+result equals single-process attention under the mask over the whole packed micro-batch, for
+every strategy; ``comm_volume`` says what each rank moves.
 
     plan = wlb.plan_shards(micro_batch, cp=world, strategy="adaptive")
     q, k, v = (cp_slice(t, plan, rank) for t in (q_full, k_full, v_full))
@@ -27,7 +37,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 import wlb
 
@@ -40,20 +52,71 @@ if torch is not None:
 
 @dataclass(frozen=True)
 class CommVolume:
-    """Bytes one rank exchanges per call (ring collectives: each rank receives, and in the
-    reduce-scatter sends, the other ranks' (C - 1) x rank_capacity rows of K and V)."""
+    """Bytes one rank exchanges per call. Causal masks: ring collectives, each rank receives, and
+    in the reduce-scatter sends, the other ranks' (C - 1) x rank_capacity rows of K and V (and
+    sends its own rows on). Window and chunked masks: the selective exchange, each rank receives
+    the other ranks' rows its keys need and sends each other rank the rows that rank needs, and
+    backward moves their gradients the other way."""
 
-    gathered_bytes: int  # forward all-gather: bytes received from the other ranks
-    scattered_bytes: int  # backward reduce-scatter: bytes sent to the other ranks
-    gather_buffer_bytes: int  # size of the all-gathered K/V buffer (C x rank_capacity rows)
+    gathered_bytes: int  # forward: bytes received from the other ranks
+    scattered_bytes: int  # backward: gradient bytes sent to the other ranks
+    gather_buffer_bytes: int  # the K/V buffer the keys are picked from (C x rank_capacity rows
+    #                           gathered, or the rows received under a window or chunked mask)
+    sent_bytes: int = 0  # forward: bytes sent to the other ranks
 
 
-def comm_volume(plan: wlb.ShardPlan, kv_heads: int, head_dim: int, element_size: int) -> CommVolume:
-    """What ``cp_attention`` moves per rank for this plan and K/V shape."""
+def comm_volume(plan: wlb.ShardPlan, kv_heads: int, head_dim: int, element_size: int,
+                rank: Optional[int] = None) -> CommVolume:
+    """What ``cp_attention`` moves for this plan and K/V shape: on ``rank``, or (None) the most
+    any rank moves, field by field (under causal masks every rank moves the same)."""
     row = 2 * kv_heads * head_dim * element_size  # K and V of one token
-    others = (plan.cp_size - 1) * plan.rank_capacity * row
-    return CommVolume(gathered_bytes=others, scattered_bytes=others,
-                      gather_buffer_bytes=plan.cp_size * plan.rank_capacity * row)
+    if plan.mask == "causal":
+        others = (plan.cp_size - 1) * plan.rank_capacity * row
+        return CommVolume(gathered_bytes=others, scattered_bytes=others,
+                          gather_buffer_bytes=plan.cp_size * plan.rank_capacity * row,
+                          sent_bytes=others)
+    x = _Exchange(plan)
+    ranks = range(plan.cp_size) if rank is None else [_check_rank(plan, rank)]
+    recv = max(x.received_from_others(r) for r in ranks)
+    return CommVolume(gathered_bytes=recv * row, scattered_bytes=recv * row,
+                      gather_buffer_bytes=max(len(x.needed[r]) for r in ranks) * row,
+                      sent_bytes=max(x.sent_to_others(r) for r in ranks) * row)
+
+
+def _check_rank(plan: wlb.ShardPlan, rank: int) -> int:
+    if not 0 <= rank < plan.cp_size:
+        raise ValueError(f"rank {rank} is not in [0, {plan.cp_size})")
+    return rank
+
+
+class _Exchange:
+    """The selective exchange of a window or chunked plan, from its key rows: ``needed[r]``, the
+    gathered rows (r' x rank_capacity + local row, sorted, unique) rank r's keys read. Rank r
+    receives them in that order, i.e. grouped by owner as ``all_to_all_single`` concatenates."""
+
+    def __init__(self, plan: wlb.ShardPlan):
+        self.capacity = plan.rank_capacity
+        self.cp_size = plan.cp_size
+        self.needed: List[np.ndarray] = [np.unique(plan[r].key_rows) for r in range(plan.cp_size)]
+
+    def _from(self, rows: np.ndarray, owner: int) -> np.ndarray:
+        lo, hi = np.searchsorted(rows, [owner * self.capacity, (owner + 1) * self.capacity])
+        return rows[lo:hi]
+
+    def recv_splits(self, rank: int) -> List[int]:
+        return [len(self._from(self.needed[rank], s)) for s in range(self.cp_size)]
+
+    def send_rows(self, rank: int) -> List[np.ndarray]:
+        """Per destination: the local rows of ``rank`` it needs."""
+        return [self._from(self.needed[d], rank) - rank * self.capacity
+                for d in range(self.cp_size)]
+
+    def received_from_others(self, rank: int) -> int:
+        return len(self.needed[rank]) - len(self._from(self.needed[rank], rank))
+
+    def sent_to_others(self, rank: int) -> int:
+        return sum(len(self._from(self.needed[d], rank)) for d in range(self.cp_size)
+                   if d != rank)
 
 
 @dataclass
@@ -63,48 +126,82 @@ class _RankPlan:
     cp_size: int
     capacity: int
     local_rows: int
-    key_rows: "torch.Tensor"
+    key_rows: "torch.Tensor"  # causal: into the gathered rows; else: into the received rows
     cu_q: "torch.Tensor"
     cu_k: "torch.Tensor"
     max_q: int
     max_k: int
+    window: int  # keys per query row (0: all up to its own)
+    # The selective exchange (window and chunked masks; None under causal masks).
+    send_index: Optional["torch.Tensor"] = None  # local rows sent, grouped by destination
+    send_splits: Optional[List[int]] = None
+    recv_splits: Optional[List[int]] = None
 
 
 def _rank_plan(plan: wlb.ShardPlan, rank: int, device) -> _RankPlan:
     r = plan[rank]
-    return _RankPlan(cp_size=plan.cp_size, capacity=plan.rank_capacity, local_rows=r.tokens,
-                     key_rows=torch.from_numpy(r.key_rows).to(device),
-                     cu_q=torch.from_numpy(r.cu_seqlens_q).to(device),
-                     cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
-                     max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k))
+    rp = _RankPlan(cp_size=plan.cp_size, capacity=plan.rank_capacity, local_rows=r.tokens,
+                   key_rows=torch.from_numpy(r.key_rows).to(device),
+                   cu_q=torch.from_numpy(r.cu_seqlens_q).to(device),
+                   cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
+                   max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k),
+                   window=int(plan.kernel_window))
+    if plan.mask != "causal":
+        x = _Exchange(plan)
+        sends = x.send_rows(rank)
+        rp.send_index = torch.from_numpy(np.concatenate(sends)).to(device)
+        rp.send_splits = [len(s) for s in sends]
+        rp.recv_splits = x.recv_splits(rank)
+        rp.key_rows = torch.from_numpy(np.searchsorted(x.needed[rank], r.key_rows)).to(device)
+    return rp
+
+
+def _fetch_rows(kv, rp: _RankPlan, group):
+    """The K/V rows this rank's key_rows index: every rank's padded buffer (all-gather, causal
+    masks) or only the rows this rank needs, from their owners (all_to_all_single)."""
+    if rp.send_index is None:
+        padded = kv.new_zeros((rp.capacity,) + tuple(kv.shape[1:]))
+        padded[: rp.local_rows] = kv
+        rows = kv.new_empty((rp.cp_size * rp.capacity,) + tuple(kv.shape[1:]))
+        dist.all_gather_into_tensor(rows, padded, group=group)
+    else:
+        send = kv.index_select(0, rp.send_index)
+        rows = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
+        dist.all_to_all_single(rows, send, rp.recv_splits, rp.send_splits, group=group)
+    return rows
+
+
+def _return_grads(d_rows, rp: _RankPlan, group):
+    """_fetch_rows' adjoint: every fetched row's gradient summed into its owner's local row."""
+    if rp.send_index is None:
+        mine = d_rows.new_empty((rp.capacity,) + tuple(d_rows.shape[1:]))
+        dist.reduce_scatter_tensor(mine, d_rows, op=dist.ReduceOp.SUM, group=group)
+        return mine[: rp.local_rows]
+    d_send = d_rows.new_empty((len(rp.send_index),) + tuple(d_rows.shape[1:]))
+    dist.all_to_all_single(d_send, d_rows, rp.send_splits, rp.recv_splits, group=group)
+    mine = d_rows.new_zeros((rp.local_rows,) + tuple(d_rows.shape[1:]))
+    return mine.index_add_(0, rp.send_index, d_send)  # a row may go to several ranks
 
 
 class _GatherKeys(torch.autograd.Function if torch is not None else object):
-    """Forward: all-gather padded K/V, select this rank's key rows. Backward: scatter-add the
-    key gradients into the gathered layout and reduce-scatter them back to their owners."""
+    """Forward: fetch the K/V rows (_fetch_rows), select this rank's key rows. Backward: add the
+    key gradients per fetched row and send them back to their owners (_return_grads)."""
 
     @staticmethod
     def forward(ctx, k, v, rp: _RankPlan, group):
         h_kv = k.shape[1]
-        kv = torch.cat([k, v], dim=1)
-        padded = kv.new_zeros((rp.capacity,) + tuple(kv.shape[1:]))
-        padded[: rp.local_rows] = kv
-        gathered = kv.new_empty((rp.cp_size * rp.capacity,) + tuple(kv.shape[1:]))
-        dist.all_gather_into_tensor(gathered, padded, group=group)
-        keys = gathered.index_select(0, rp.key_rows)
+        rows = _fetch_rows(torch.cat([k, v], dim=1), rp, group)
+        keys = rows.index_select(0, rp.key_rows)
         ctx.rp, ctx.group, ctx.h_kv = rp, group, h_kv
-        ctx.shape = tuple(gathered.shape)
+        ctx.shape = tuple(rows.shape)
         return keys[:, :h_kv].contiguous(), keys[:, h_kv:].contiguous()
 
     @staticmethod
     def backward(ctx, d_keys_k, d_keys_v):
-        rp = ctx.rp
         d_keys = torch.cat([d_keys_k, d_keys_v], dim=1)
-        full = d_keys.new_zeros(ctx.shape)
-        full.index_add_(0, rp.key_rows, d_keys)
-        mine = d_keys.new_empty((rp.capacity,) + ctx.shape[1:])
-        dist.reduce_scatter_tensor(mine, full, op=dist.ReduceOp.SUM, group=ctx.group)
-        mine = mine[: rp.local_rows]
+        d_rows = d_keys.new_zeros(ctx.shape)
+        d_rows.index_add_(0, ctx.rp.key_rows, d_keys)
+        mine = _return_grads(d_rows, ctx.rp, ctx.group)
         return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None
 
 
@@ -144,13 +241,20 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     ``group``: the CP process group (None: the default group); its size must be
     ``plan.cp_size`` and this process's rank in it selects ``plan[rank]``. ``backend``: None picks
     by device and dtype (``wlb.torch.attention.select_backend``), or "math" / "varlen".
-    ``timings``: if a dict, the forward's wall seconds are added to its "gather_s" (all-gather and
+    The mask is ``plan.mask`` (see the module's docstring); a plan whose layer mix has several
+    masks must be narrowed with ``plan.for_mask(mask)`` first. ``backend="varlen"`` applies a
+    sliding window through ``varlen_attn``'s ``window_size`` (torch 2.11 on); chunked masks run on
+    every backend.
+    ``timings``: if a dict, the forward's wall seconds are added to its "gather_s" (K/V exchange and
     key selection) and "attention_s" (this rank's varlen attention) keys (CUDA is synchronised
     for it). Differentiable in q, k, v.
     """
     require_torch()
     if not isinstance(plan, wlb.ShardPlan):
         raise TypeError(f"plan must be a wlb.ShardPlan, got {type(plan).__name__}")
+    if plan.mask is None:
+        raise ValueError(f"cp_attention: the plan's layer mix {plan.layer_mix} has several masks; "
+                         f"pass plan.for_mask(mask) for this layer's")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("cp_attention needs an initialised torch.distributed process group")
     world = dist.get_world_size(group)
@@ -161,7 +265,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     problem = _check_inputs(q, k, v, plan, rank)
     if problem is None:
         try:
-            chosen = select_backend(q.device, q.dtype, backend)
+            chosen = select_backend(q.device, q.dtype, backend, plan.kernel_window)
         except ValueError as e:
             problem = str(e)
     if agree_on_errors:
@@ -176,8 +280,9 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     clock = _Clock(timings, q.device)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
     clock.lap("gather_s")
+    window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
     out, lse = varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
-                                       scale=scale, backend=chosen)
+                                       scale=scale, backend=chosen, **window)
     clock.lap("attention_s")
     return out, lse
 
@@ -203,7 +308,8 @@ class _Clock:
 
 
 class CPAttention(torch.nn.Module if torch is not None else object):
-    """``cp_attention`` as a module over a fixed plan (one per micro-batch; build it per step)."""
+    """``cp_attention`` as a module over a fixed plan (one per micro-batch; build it per step),
+    under ``plan.mask`` (one layer's: ``CPAttention(plan.for_mask("window:4096"))``)."""
 
     def __init__(self, plan: wlb.ShardPlan, group: Any = None, *, scale: Optional[float] = None,
                  backend: Optional[str] = None, agree_on_errors: bool = True):
@@ -217,14 +323,17 @@ class CPAttention(torch.nn.Module if torch is not None else object):
                               backend=self.backend, agree_on_errors=self.agree_on_errors)
         return out
 
-    def comm_volume(self, kv_heads: int, head_dim: int, element_size: int) -> CommVolume:
-        return comm_volume(self.plan, kv_heads, head_dim, element_size)
+    def comm_volume(self, kv_heads: int, head_dim: int, element_size: int,
+                    rank: Optional[int] = None) -> CommVolume:
+        return comm_volume(self.plan, kv_heads, head_dim, element_size, rank)
 
     def extra_repr(self) -> str:
-        return f"strategy={self.plan.strategy}, cp_size={self.plan.cp_size}"
+        return (f"strategy={self.plan.strategy}, cp_size={self.plan.cp_size}, "
+                f"mask={self.plan.mask}")
 
 
-def describe_backend(device, dtype, backend: Optional[str] = None) -> Dict[str, str]:
+def describe_backend(device, dtype, backend: Optional[str] = None,
+                     window: int = 0) -> Dict[str, str]:
     """Which attention backend ``cp_attention`` would use, for logs and reports."""
-    return {"backend": select_backend(device, dtype, backend), "device": str(device),
+    return {"backend": select_backend(device, dtype, backend, window), "device": str(device),
             "dtype": str(dtype)}

@@ -98,6 +98,17 @@ inline std::vector<Document> Enqueue(const std::vector<Document>& arrivals, Hold
   return fresh;
 }
 
+// What Enqueue() leaves of `arrivals` (the documents no level of `queues` takes), longest first.
+inline std::vector<Document> SortedNonOutliers(const std::vector<Document>& arrivals,
+                                               const OutlierQueues<Document>& queues) {
+  std::vector<Document> fresh;
+  for (const Document& d : arrivals) {
+    if (queues.Level(d.length) < 0) fresh.push_back(d);
+  }
+  SortLongestFirst(fresh);
+  return fresh;
+}
+
 // Tokens of queued outliers `c` releases minus the arrivals it holds back.
 inline double TrainedTokens(const Candidate& c, const Holding& held,
                             const std::vector<Document>& fresh) {
@@ -117,6 +128,17 @@ inline std::vector<std::vector<size_t>> WlbRelease(const Holding& held, size_t n
     for (size_t i = 0; i < n; ++i) release[l].push_back(i);
   }
   return release;
+}
+
+// Whether candidate `i` of `candidates` equals an earlier one.
+inline bool RepeatsEarlier(const std::vector<Candidate>& candidates, size_t i) {
+  for (size_t j = 0; j < i; ++j) {
+    if (candidates[j].hold_longest == candidates[i].hold_longest &&
+        candidates[j].release == candidates[i].release) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // Whether `c` releases any queued outlier.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,30 +25,62 @@ namespace wlb::lookahead {
 // N = 64 real packings of every candidate would take ~10 times wlb-refine's planning time.
 inline constexpr size_t kExactScoringDocuments = 6000;
 
+// The least a step's imbalance can be, from ImbalanceDegree() or Sketcher::EstimateStep(): the
+// heaviest micro-batch weighs at least the mean; with costs >= 0 the computed mean exceeds it by
+// about N ulps at most, far within this margin.
+inline constexpr double kMinImbalance = 1.0 - 1e-6;
+
+// The least a score can end at that has reached `sum` with `steps_left` steps to add: each adds at
+// least kMinImbalance, and a floating-point sum only grows with its terms.
+inline double ScoreLowerBound(double sum, size_t steps_left) {
+  for (size_t i = 0; i < steps_left; ++i) sum += kMinImbalance;
+  return sum;
+}
+
+// A step planned under a candidate and what it leaves held: scoring keeps the winner's, so the
+// winner is not packed a second time.
+struct PlannedStep {
+  std::vector<MicroBatch> micro_batches;
+  Holding held;
+};
+
 // The summed imbalance of the step under `c` and the `buffer`ed steps after it, from real
-// packings (as wlb-refine packs) of every step. Each buffered step takes wlb's release or, when
-// wlb releases a level, every queued outlier, whichever balances better: the step that must
-// take a long outlier is best filled with the other long ones, so holding them for it pays.
-inline double ScoreByPacking(const StepPacking& packing, const Candidate& c, const Holding& base,
-                             const std::vector<Document>& fresh,
-                             const std::deque<std::vector<Document>>& buffer) {
+// packings (as wlb-refine packs) of every step; the step under `c` goes to `planned`. Each
+// buffered step takes wlb's release or, when wlb releases a level, every queued outlier,
+// whichever balances better: the step that must take a long outlier is best filled with the
+// other long ones, so holding them for it pays. `ahead_fresh[s]` is SortedNonOutliers() of
+// `buffer[s]`, the same for every candidate.
+// `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt) as
+// soon as ScoreLowerBound() loses, so the candidate is not followed further.
+template <typename Loses>
+std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate& c,
+                                     const Holding& base, const std::vector<Document>& fresh,
+                                     const std::deque<std::vector<Document>>& buffer,
+                                     const std::vector<std::vector<Document>>& ahead_fresh,
+                                     const Loses& loses, PlannedStep& planned) {
+  if (loses(ScoreLowerBound(kMinImbalance, buffer.size()))) return std::nullopt;
   const size_t n = static_cast<size_t>(packing.config.micro_batches);
-  Holding held = base;
-  double score = ImbalanceDegree(packing.PlanStep(c, fresh, held, /*fresh_sorted=*/true));
-  for (const std::vector<Document>& next : buffer) {
-    std::vector<Document> next_fresh = Enqueue(next, held);
-    SortLongestFirst(next_fresh);
+  planned.held = base;
+  planned.micro_batches = packing.PlanStep(c, fresh, planned.held, /*fresh_sorted=*/true);
+  double score = ImbalanceDegree(planned.micro_batches);
+  if (buffer.empty()) return score;
+  Holding held = planned.held;
+  for (size_t s = 0; s < buffer.size(); ++s) {
+    if (loses(ScoreLowerBound(score, buffer.size() - s))) return std::nullopt;
+    for (const Document& d : buffer[s]) held.queues.Enqueue(d);  // the rest is ahead_fresh[s]
+    std::vector<Document> next_fresh = ahead_fresh[s];
     const Candidate wlb{.release = WlbRelease(held, n)};
+    if (!ReleasesAny(wlb)) {
+      score += ImbalanceDegree(
+          packing.PlanStep(wlb, std::move(next_fresh), held, /*fresh_sorted=*/true));
+      continue;
+    }
     Holding by_wlb = held;
     double best = ImbalanceDegree(packing.PlanStep(wlb, next_fresh, by_wlb, /*fresh_sorted=*/true));
-    if (ReleasesAny(wlb)) {
-      const double all = ImbalanceDegree(
-          packing.PlanStep(ReleaseAll(held), std::move(next_fresh), held, /*fresh_sorted=*/true));
-      if (all < best) {
-        best = all;
-      } else {
-        held = std::move(by_wlb);
-      }
+    const double all = ImbalanceDegree(
+        packing.PlanStep(ReleaseAll(held), std::move(next_fresh), held, /*fresh_sorted=*/true));
+    if (all < best) {
+      best = all;
     } else {
       held = std::move(by_wlb);
     }
@@ -198,7 +231,11 @@ class Sketcher {
   // The same as ScoreByPacking from sketches (EstimateStep): far cheaper, a little less exact.
   // `fresh` is sorted longest first, so holding back the h longest arrivals moves
   // `sketch.longest[0, h)` to the carry.
-  double ScoreBySketch(const Candidate& c, const Holding& base, const SketchBase& sketch) const {
+  // Stops early (nullopt) as ScoreByPacking does.
+  template <typename Loses>
+  std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
+                                      const SketchBase& sketch, const Loses& loses) const {
+    if (loses(ScoreLowerBound(kMinImbalance, sketch.ahead.size()))) return std::nullopt;
     Sketch step = sketch.step;
     Sketch carry;
     for (size_t i = 0; i < sketch.longest.size(); ++i) {
@@ -216,7 +253,9 @@ class Sketcher {
     }
     double score = EstimateStep(std::move(step), carry);
     const size_t n = static_cast<size_t>(config_.micro_batches);
-    for (const Arrivals& a : sketch.ahead) {
+    for (size_t s = 0; s < sketch.ahead.size(); ++s) {
+      if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
+      const Arrivals& a = sketch.ahead[s];
       Sketch future = std::move(carry);
       carry = Sketch();
       AddSketch(a.fresh, future);

@@ -33,6 +33,9 @@ struct CpAttentionConfig {
   int head_dim = 0;            // flash kernel: 64 or 128
   float softmax_scale = 0.0f;  // 0 means 1 / sqrt(head_dim)
   AttentionKernel kernel = AttentionKernel::kFlash;
+  // The layer's attention mask. The CUDA kernels apply causal masks only: any other mask is
+  // InvalidArgument naming it (wlb.torch.cp_attention runs window and chunk masks).
+  AttentionMask mask;
 };
 
 // One rank's maps. Row indices are int32 (what the varlen kernels and the gathers take).

@@ -1,0 +1,60 @@
+// The flags the table benches (bench/*_table.cc) share, declared once in bench_plan_flags.cc:
+// the input (--docs, --distribution, --seed), the plan keys of wlb::PlanSpec spelled as wlb-plan
+// spells them (--packer, --context, --max_tokens, --micro_batches, --cost, --queues, --lookahead)
+// and the CP link of the predictions (--cp_link_gbps). Each bench says which of them it takes;
+// --steps (its default and meaning differ per bench) and the bench's own flags stay in its file.
+//
+//   wlb::bench::ParseFlags(argc, argv, "Compares CP shard strategies ...",
+//                          {"packer", "micro_batches", "cp_link_gbps"});
+//   absl::StatusOr<wlb::bench::BenchPlan> plan = wlb::bench::PlanFromFlags();
+//   absl::StatusOr<wlb::PlanSettings> settings = plan->spec.Validate();  // wlb-plan's checks
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "wlb/plan_spec.hpp"
+#include "wlb/wlb.hpp"
+
+namespace wlb::bench {
+
+// Parses the command line of a bench that takes the shared plan flags `takes` (and always the
+// input flags); --help lists the program's own flags and the shared ones, and says which it takes.
+void ParseFlags(int argc, char** argv, std::string_view usage,
+                std::initializer_list<std::string_view> takes);
+
+// What the shared flags describe.
+struct BenchPlan {
+  PlanSpec spec;       // the plan keys taken; those set to other than their default are given
+  InputOptions input;  // --docs, --distribution, --seed (steps: the bench's)
+  CpPlanOptions cp;    // the K/V link of --cp_link_gbps, checked
+};
+
+// The parsed shared flags (ParseFlags). A taken plan flag set to other than its default is a given
+// key of the spec, so PlanSpec::Validate checks it as wlb-plan does; a shared flag the bench does
+// not take must keep its default, never silently ignored ("--context is not used by this bench").
+absl::StatusOr<BenchPlan> PlanFromFlags();
+
+// `base` for the rows a bench plans with `packer` while it sweeps packers: the given options that
+// packer does not read (--lookahead for wlb) are dropped, so they apply to the rows that read them.
+PlanSpec ForPacker(PlanSpec base, std::string packer);
+
+// The registry's packer named `name` (kPackers); a name it does not hold fails to compile.
+consteval const char* Packer(std::string_view name) {
+  for (const PackerInfo& p : kPackers) {
+    if (name == p.name) return p.name;
+  }
+  throw "not a packer of wlb::kPackers";
+}
+
+// The registry's CP strategy named `name` (kShardStrategyTable); other names fail to compile.
+consteval ShardStrategy Strategy(std::string_view name) {
+  for (const ShardStrategyInfo& s : kShardStrategyTable) {
+    if (name == s.name) return s.strategy;
+  }
+  throw "not a strategy of wlb::kShardStrategyTable";
+}
+
+}  // namespace wlb::bench
