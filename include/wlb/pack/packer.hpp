@@ -451,66 +451,67 @@ inline void SortLongestFirst(std::vector<Document>& docs) {
 namespace detail {
 
 // Documents held in a stable longest-first order (longest first, equal lengths in the order they
-// were added): one sorted vector, where taking the first document of at most a given length is a
-// binary search plus a skip over the taken ones (forward pointers, path-compressed), so a packer
-// that drains a carry of millions of documents step by step never rescans or copies it; taken
-// slots are compacted away once they are half the vector. Adding documents (Merge) is one stable
-// merge, O(held + added), done once per step that leaves documents over.
+// were added). Two sorted runs: the main run, and a recent run of the documents added at the back
+// since it was last folded in, so adding a step's left-overs to a large carry merges them with the
+// recent run, not with the whole carry (which made every step O(held): fixed-greedy at N = 16 in
+// BM_Scaling, whose carry grows with every push, spent most of its time there). Taking the first
+// document of at most a given length is a binary search in each run plus a skip over taken slots
+// (SortedRun). Merge with documents at the front folds everything into one run, O(held + added).
 class LengthOrdered {
  public:
   LengthOrdered() = default;
   // Holds `docs` in a stable longest-first order.
   explicit LengthOrdered(std::vector<Document> docs) {
     SortLongestFirst(docs);
-    Reset(std::move(docs));
+    main_.Reset(std::move(docs));
   }
 
-  bool empty() const { return count_ == 0; }
-  int64_t size() const { return count_; }
-  int64_t tokens() const { return tokens_; }
+  bool empty() const { return size() == 0; }
+  int64_t size() const { return main_.size() + recent_.size(); }
+  int64_t tokens() const { return main_.tokens() + recent_.tokens(); }
 
   // Removes and returns the first document (in the held order) of at most `max_length` tokens.
   std::optional<Document> TakeFirstAtMost(int64_t max_length) {
-    const auto first =
-        std::partition_point(docs_.begin(), docs_.end(),
-                             [max_length](const Document& d) { return d.length > max_length; });
-    const size_t i = NextHeld(static_cast<size_t>(first - docs_.begin()));
-    if (i == docs_.size()) return std::nullopt;
-    const Document d = docs_[i];
-    skip_[i] = i + 1;
-    --count_;
-    tokens_ -= d.length;
-    if (docs_.size() > 64 && static_cast<int64_t>(docs_.size()) > 2 * count_) Reset(ToVector());
-    return d;
+    const size_t m = main_.FirstAtMost(max_length);
+    const size_t r = recent_.empty() ? recent_.end() : recent_.FirstAtMost(max_length);
+    if (r == recent_.end()) {
+      if (m == main_.end()) return std::nullopt;
+      return main_.Take(m);
+    }
+    // Of equal lengths the main run's came first: the recent run was added after it.
+    if (m == main_.end() || recent_.at(r).length > main_.at(m).length) return recent_.Take(r);
+    return main_.Take(m);
   }
   // Adds `front` before and `back` after the held documents of each length; both longest first.
   void Merge(const std::vector<Document>& front, const std::vector<Document>& back) {
     if (front.empty() && back.empty()) return;
-    const std::vector<Document> held = ToVector();
-    std::vector<Document> front_held;
-    front_held.reserve(front.size() + held.size());
-    std::merge(front.begin(), front.end(), held.begin(), held.end(), std::back_inserter(front_held),
-               LongerFirst);
-    std::vector<Document> all;
-    all.reserve(front_held.size() + back.size());
-    std::merge(front_held.begin(), front_held.end(), back.begin(), back.end(),
-               std::back_inserter(all), LongerFirst);
-    Reset(std::move(all));
+    if (front.empty() && main_.size() > kRecentMin) {
+      recent_.Reset(StableMerge(recent_.ToVector(), back));
+      // Folded in when it outgrows main / 8 and 2 x sqrt(main): a merge with the recent run costs
+      // at most that, and a fold O(held) after at least as many added documents.
+      const int64_t n = recent_.size();
+      if (n <= kRecentMin || n * n <= 4 * main_.size() || 8 * n <= main_.size()) return;
+      main_.Reset(ToVector());
+    } else {
+      main_.Reset(StableMerge(StableMerge(front, ToVector()), back));
+    }
+    recent_.Reset({});
   }
+  // Calls fn on the held documents in order.
   template <typename Fn>
   void ForEach(Fn&& fn) const {
-    for (size_t i = 0; i < docs_.size();) {
-      if (skip_[i] == i) {
-        fn(docs_[i]);
-        ++i;
-      } else {
-        i = skip_[i];  // every slot before skip_[i] is taken
-      }
-    }
+    if (recent_.empty()) return main_.ForEach(fn);
+    std::vector<Document> recent = recent_.ToVector();
+    size_t r = 0;
+    main_.ForEach([&](const Document& d) {
+      for (; r < recent.size() && recent[r].length > d.length; ++r) fn(recent[r]);
+      fn(d);
+    });
+    for (; r < recent.size(); ++r) fn(recent[r]);
   }
   // The held documents in order, appended to `out`.
   void AppendTo(std::vector<Document>& out) const {
-    out.reserve(out.size() + static_cast<size_t>(count_));
+    out.reserve(out.size() + static_cast<size_t>(size()));
     ForEach([&out](const Document& d) { out.push_back(d); });
   }
   std::vector<Document> ToVector() const {
@@ -521,27 +522,91 @@ class LengthOrdered {
   void Clear() { *this = LengthOrdered(); }
 
  private:
-  // Holds exactly `sorted` (longest first), nothing taken.
-  void Reset(std::vector<Document> sorted) {
-    docs_ = std::move(sorted);
-    skip_.resize(docs_.size() + 1);
-    for (size_t i = 0; i < skip_.size(); ++i) skip_[i] = i;
-    count_ = static_cast<int64_t>(docs_.size());
-    tokens_ = TotalTokens(docs_);
-  }
-  // The first held slot at or after `i` (docs_.size() if none); compresses the path it followed.
-  size_t NextHeld(size_t i) {
-    size_t held = i;
-    while (skip_[held] != held) held = skip_[held];
-    while (skip_[i] != i) i = std::exchange(skip_[i], held);
-    return held;
+  // A main run of at most this many documents takes every merge itself (one run is the fastest
+  // for a small carry), and a recent run of at most this many is never folded in.
+  static constexpr int64_t kRecentMin = 64;
+
+  // `a` then `b` merged longest first, `a`'s first among equal lengths.
+  static std::vector<Document> StableMerge(const std::vector<Document>& a,
+                                           const std::vector<Document>& b) {
+    std::vector<Document> out;
+    out.reserve(a.size() + b.size());
+    std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out), LongerFirst);
+    return out;
   }
 
-  std::vector<Document> docs_;      // longest first, taken slots included
-  std::vector<size_t> skip_ = {0};  // skip_[i] == i: slot i is held (or i is the end); else
-                                    // slots [i, skip_[i]) are taken
-  int64_t count_ = 0;
-  int64_t tokens_ = 0;
+  // One sorted vector, where taking the first document of at most a given length is a binary
+  // search plus a skip over the taken ones (forward pointers, path-compressed), so a packer that
+  // drains a carry of millions of documents step by step never rescans or copies it; taken
+  // slots are compacted away once they are half the vector.
+  class SortedRun {
+   public:
+    bool empty() const { return count_ == 0; }
+    int64_t size() const { return count_; }
+    int64_t tokens() const { return tokens_; }
+    size_t end() const { return docs_.size(); }
+    const Document& at(size_t i) const { return docs_[i]; }
+
+    // The slot of the first held document of at most `max_length` tokens (end() if none).
+    size_t FirstAtMost(int64_t max_length) {
+      const auto first =
+          std::partition_point(docs_.begin(), docs_.end(),
+                               [max_length](const Document& d) { return d.length > max_length; });
+      return NextHeld(static_cast<size_t>(first - docs_.begin()));
+    }
+    // Removes and returns the held document at slot i.
+    Document Take(size_t i) {
+      const Document d = docs_[i];
+      skip_[i] = i + 1;
+      --count_;
+      tokens_ -= d.length;
+      if (docs_.size() > 64 && static_cast<int64_t>(docs_.size()) > 2 * count_) Reset(ToVector());
+      return d;
+    }
+    template <typename Fn>
+    void ForEach(Fn&& fn) const {
+      for (size_t i = 0; i < docs_.size();) {
+        if (skip_[i] == i) {
+          fn(docs_[i]);
+          ++i;
+        } else {
+          i = skip_[i];  // every slot before skip_[i] is taken
+        }
+      }
+    }
+    std::vector<Document> ToVector() const {
+      std::vector<Document> out;
+      out.reserve(static_cast<size_t>(count_));
+      ForEach([&out](const Document& d) { out.push_back(d); });
+      return out;
+    }
+    // Holds exactly `sorted` (longest first), nothing taken.
+    void Reset(std::vector<Document> sorted) {
+      docs_ = std::move(sorted);
+      skip_.resize(docs_.size() + 1);
+      for (size_t i = 0; i < skip_.size(); ++i) skip_[i] = i;
+      count_ = static_cast<int64_t>(docs_.size());
+      tokens_ = TotalTokens(docs_);
+    }
+
+   private:
+    // The first held slot at or after `i` (docs_.size() if none); compresses the path it followed.
+    size_t NextHeld(size_t i) {
+      size_t held = i;
+      while (skip_[held] != held) held = skip_[held];
+      while (skip_[i] != i) i = std::exchange(skip_[i], held);
+      return held;
+    }
+
+    std::vector<Document> docs_;      // longest first, taken slots included
+    std::vector<size_t> skip_ = {0};  // skip_[i] == i: slot i is held (or i is the end); else
+                                      // slots [i, skip_[i]) are taken
+    int64_t count_ = 0;
+    int64_t tokens_ = 0;
+  };
+
+  SortedRun main_;
+  SortedRun recent_;  // added at the back since the last fold; after main_'s of equal lengths
 };
 
 }  // namespace detail
