@@ -107,6 +107,28 @@ def run_cases(rank, world, cases):
     return out
 
 
+def run_module_twice(rank, world, case):
+    """CPAttention called twice (two layers) on one plan: the outputs of plain cp_attention, and
+    how often this rank's index tensors were built."""
+    import importlib
+
+    from wlb.torch import CPAttention, cp_attention, cp_slice
+
+    cpa = importlib.import_module("wlb.torch.cp_attention")  # the module, not the function
+
+    built = []
+    build = cpa._rank_plan
+    cpa._rank_plan = lambda *args: built.append(1) or build(*args)
+    plan = case_plan(case, world)
+    q, k, v, _ = case_tensors(case, plan.tokens)
+    ql, kl, vl = (cp_slice(t, plan, rank) for t in (q, k, v))
+    layer = CPAttention(plan)
+    outs = [layer(ql, kl, vl), layer(ql, kl, vl)]
+    module_builds = len(built)
+    expected, _ = cp_attention(ql, kl, vl, plan)
+    return {"builds": module_builds, "equal": all(torch.equal(o, expected) for o in outs)}
+
+
 def run_bad_inputs(rank, world, _payload):
     """Bad plans and tensors raise on every rank without hanging; the group stays usable."""
     from wlb.torch import cp_attention, cp_slice

@@ -13,7 +13,8 @@ import wlb
 
 torch = pytest.importorskip("torch")
 
-from cp_workers import case_plan, case_tensors, run_bad_inputs, run_cases, spawn  # noqa: E402
+from cp_workers import (case_plan, case_tensors, run_bad_inputs, run_cases,  # noqa: E402
+                        run_module_twice, spawn)
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
@@ -232,6 +233,14 @@ def test_mixed_plans_need_a_mask_and_for_mask_checks_it():
     from wlb.torch import CPAttention
 
     assert "mask=chunk:4" in CPAttention(chunk).extra_repr()
+
+
+def test_module_builds_its_index_tensors_once_for_every_layer():
+    case = {"lengths": [7, 19, 4, 11], "strategy": "per-doc", "layer_mix": "window:5", "seed": 9,
+            "q_heads": 2, "kv_heads": 1, "head_dim": 4}
+    results = spawn(2, run_module_twice, case)
+    assert [r["builds"] for r in results] == [1, 1]
+    assert all(r["equal"] for r in results)
 
 
 def test_bad_plans_and_tensors_raise_on_every_rank_without_hanging():

@@ -235,7 +235,9 @@ def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
 def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: wlb.ShardPlan,
                  group: Any = None, *, scale: Optional[float] = None,
                  backend: Optional[str] = None, agree_on_errors: bool = True,
-                 timings: Optional[Dict[str, float]] = None) -> Tuple["torch.Tensor", "torch.Tensor"]:
+                 timings: Optional[Dict[str, float]] = None,
+                 _rank_plans: Optional[Dict[Any, _RankPlan]] = None
+                 ) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """This rank's attention output (T_q, H_q, D) and log-sum-exp (H_q, T_q) under ``plan``.
 
     ``group``: the CP process group (None: the default group); its size must be
@@ -247,7 +249,8 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     every backend.
     ``timings``: if a dict, the forward's wall seconds are added to its "gather_s" (K/V exchange and
     key selection) and "attention_s" (this rank's varlen attention) keys (CUDA is synchronised
-    for it). Differentiable in q, k, v.
+    for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
+    tensors and exchange, so that calling it for every layer builds them once.
     """
     require_torch()
     if not isinstance(plan, wlb.ShardPlan):
@@ -276,7 +279,13 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
             problem = "another CP rank rejected its inputs (see its error)"
     if problem is not None:
         raise ValueError(f"cp_attention on rank {rank}: {problem}")
-    rp = _rank_plan(plan, rank, q.device)
+    if _rank_plans is None:
+        rp = _rank_plan(plan, rank, q.device)
+    else:
+        key = (rank, str(q.device))
+        if key not in _rank_plans:
+            _rank_plans[key] = _rank_plan(plan, rank, q.device)
+        rp = _rank_plans[key]
     clock = _Clock(timings, q.device)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
     clock.lap("gather_s")
@@ -317,10 +326,14 @@ class CPAttention(torch.nn.Module if torch is not None else object):
         super().__init__()
         self.plan, self.group, self.scale = plan, group, scale
         self.backend, self.agree_on_errors = backend, agree_on_errors
+        # This rank's index tensors and exchange, per (rank, device): built at the first forward,
+        # reused by every later one (one module serves every layer of a micro-batch).
+        self._rank_plans: Dict[Any, _RankPlan] = {}
 
     def forward(self, q, k, v):
         out, _ = cp_attention(q, k, v, self.plan, self.group, scale=self.scale,
-                              backend=self.backend, agree_on_errors=self.agree_on_errors)
+                              backend=self.backend, agree_on_errors=self.agree_on_errors,
+                              _rank_plans=self._rank_plans)
         return out
 
     def comm_volume(self, kv_heads: int, head_dim: int, element_size: int,
