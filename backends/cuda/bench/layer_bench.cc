@@ -312,15 +312,29 @@ int main(int argc, char** argv) {
     Say(absl::StrFormat("fitted model (from single documents, as is) mean %.1f%%, max %.1f%%",
                         100 * fit_error->mean_relative, 100 * fit_error->max_relative));
   }
+  absl::StatusOr<MicroBatchFit> mb_fit = FitMicroBatchCost(rows);
+  if (mb_fit.ok()) {
+    Say(absl::StrFormat(
+        "%s: in sample mean %.1f%%, max %.1f%%; held out (even steps predict odd and back, %d "
+        "micro-batches) mean %.1f%%, max %.1f%%",
+        mb_fit->model.description, 100 * mb_fit->in_sample.mean_relative,
+        100 * mb_fit->in_sample.max_relative, mb_fit->held_out.points,
+        100 * mb_fit->held_out.mean_relative, 100 * mb_fit->held_out.max_relative));
+  } else {
+    Say("micro-batch cost fit: " + std::string(mb_fit.status().message()));
+  }
   {  // Per micro-batch measured vs predicted, for the plot (scripts/plot_layer.py).
     std::ofstream csv(out_dir + "/predictions.csv");
-    csv << "method,step,index,tokens,measured_fwd_ms,flop_model_ms,fitted_ms\n";
+    csv << "method,step,index,tokens,measured_fwd_ms,flop_model_ms,fitted_ms,"
+           "microbatch_fit_ms\n";
     size_t k = 0;
     for (const MicroBatchMeasurement& m : rows) {
       if (m.lengths.empty()) continue;
-      csv << absl::StrFormat("%s,%d,%d,%d,%.6f,%.6f,%s\n", m.method, m.step, m.index, m.tokens(),
-                             m.forward_ms, flop_error->scale * m.predicted,
-                             fit.ok() ? absl::StrFormat("%.6f", predicted_fit[k]) : "");
+      csv << absl::StrFormat(
+          "%s,%d,%d,%d,%.6f,%.6f,%s,%s\n", m.method, m.step, m.index, m.tokens(), m.forward_ms,
+          flop_error->scale * m.predicted,
+          fit.ok() ? absl::StrFormat("%.6f", predicted_fit[k]) : "",
+          mb_fit.ok() ? absl::StrFormat("%.6f", PredictMicroBatch(*mb_fit, m)) : "");
       ++k;
     }
   }

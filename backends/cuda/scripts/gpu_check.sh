@@ -48,6 +48,18 @@ work="$(mktemp -d /tmp/wlb-gpu.XXXXXX)"
 start=$(date +%s)
 status=0
 declare -a table=()
+# Sizes of the CP stages, so that cp, layer, cp_cudnn and torch_cp fit one call together (about
+# 0.4 s per forward + backward pass of a 128K micro-batch at 32 heads on the flash kernels): C
+# sizes, micro-batches per C, untimed and timed passes per plan (medians of the timed ones).
+read -r -a cp_sizes <<<"${WLB_CP_SIZES:-2 4 8}"
+cp_mbs="${WLB_CP_MICRO_BATCHES:-4}"
+cp_warmup="${WLB_CP_WARMUP:-1}"
+cp_iters="${WLB_CP_ITERS:-3}"
+torch_cp_mbs="${WLB_TORCH_CP_MICRO_BATCHES:-2}"
+# The layer stage's memcheck on small shapes (0: skip it, once it has passed on this build), and
+# the steps each layer_bench measures (3: about 25 s at 7B-128K on an H100, 2026-11-26).
+layer_memcheck="${WLB_LAYER_MEMCHECK:-1}"
+layer_steps="${WLB_LAYER_STEPS:-3}"
 export PYTHONUNBUFFERED=1
 
 # Each step's cap in seconds, STAGE:NAME -> cap: the one place a duration is set. Measured on one
@@ -59,12 +71,12 @@ declare -A caps=(
   [bench:wlb_attention_bench]=200 [bench:torch_attention_bench]=200
   [ncu:ncu_16k]=150 [ncu:ncu_cudnn_wlb]=120 [ncu:ncu_cudnn_torch]=150
   [profile:kernel_profiler_flash]=200 [profile:kernel_profiler_cudnn]=280
-  [cp:cp_bench_c2]=100 [cp:cp_bench_c4]=100 [cp:cp_bench_c8]=100 [cp:cp_bench_analytic_c4]=60
-  [cp:cp_end_to_end]=90
-  [cp_cudnn:cp_bench_c2]=110 [cp_cudnn:cp_bench_c4]=110 [cp_cudnn:cp_bench_c8]=110
-  [cp_cudnn:cp_end_to_end]=100
-  [torch_cp:torch_cp_bench]=300
-  [layer:memcheck]=90 [layer:bench_7b_128k]=300 [layer:bench_550m_64k]=150
+  [cp:cp_bench_c2]=70 [cp:cp_bench_c4]=70 [cp:cp_bench_c8]=70 [cp:cp_bench_analytic_c4]=25
+  [cp:cp_end_to_end]=40
+  [cp_cudnn:cp_bench_c2]=60 [cp_cudnn:cp_bench_c4]=60 [cp_cudnn:cp_bench_c8]=60
+  [cp_cudnn:cp_end_to_end]=40
+  [torch_cp:torch_cp_bench]=150
+  [layer:memcheck]=90 [layer:bench_7b_128k]=200 [layer:bench_550m_64k]=120
   [build:prebuild]=420
 )
 all_stages=(tests sanitizer bench ncu profile cp cp_cudnn torch_cp layer build)
@@ -378,23 +390,27 @@ profile_for() {
   done
 }
 
-# cp_stage STAGE KERNEL: CP benchmark at C = 2, 4, 8 (4 micro-batches each), the example.
+# cp_stage STAGE KERNEL: CP benchmark at each of cp_sizes (cp_mbs micro-batches each), the example.
 cp_stage() {
   local stage=$1 kernel=$2 c="${work}/$1" rc=0 lengths=() profile=() n
+  local passes=(--warmup="${cp_warmup}" --iters="${cp_iters}")
   check_binaries || return 1
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && lengths=(--lengths="${dev}/data/doc_lengths_wlbllm_like.json")
   local table_path
   table_path=$(profile_for "${kernel}")
   [[ -n "${table_path}" ]] && profile=(--profile="${table_path}")
-  say "${stage}: kernel model from ${table_path:-the analytic default}"
-  for n in 2 4 8; do
+  say "${stage}: kernel model from ${table_path:-the analytic default}; C = ${cp_sizes[*]}, ${cp_mbs} micro-batches, ${passes[*]}"
+  for n in "${cp_sizes[@]}"; do
+    [[ -n "${caps[${stage}:cp_bench_c${n}]:-}" ]] || { say "${stage}: no cap for C = ${n}"; rc=1; continue; }
     run "${stage}" "cp_bench_c${n}" "${dev}/bin/wlb_cuda_cp_bench" --kernel="${kernel}" --cp=${n} \
-      --micro_batches=4 "${profile[@]}" --json="${c}/cp_bench_c${n}.jsonl" || rc=1
+      --micro_batches="${cp_mbs}" "${passes[@]}" "${profile[@]}" --json="${c}/cp_bench_c${n}.jsonl" || rc=1
     tail -10 "${c}/cp_bench_c${n}.log" >>"${summary}"
   done
   if [[ ${kernel} == flash ]]; then
-    run "${stage}" cp_bench_analytic_c4 "${dev}/bin/wlb_cuda_cp_bench" --cp=4 --micro_batches=2 || rc=1
-    tail -1 "${c}/cp_bench_analytic_c4.log" >>"${summary}"
+    # The analytic model's error on the same kind of micro-batch (its plans may differ).
+    run "${stage}" cp_bench_analytic_c4 "${dev}/bin/wlb_cuda_cp_bench" --cp=4 --micro_batches=1 \
+      "${passes[@]}" --json="${c}/cp_bench_analytic_c4.jsonl" || rc=1
+    tail -8 "${c}/cp_bench_analytic_c4.log" >>"${summary}"
   fi
   run "${stage}" cp_end_to_end "${dev}/bin/wlb_cuda_cp_end_to_end" --kernel="${kernel}" \
     "${lengths[@]}" || rc=1
@@ -418,7 +434,8 @@ stage_torch_cp() {
   compare=( $(ls "${work}"/cp/cp_bench_c*.jsonl "${work}"/cp_cudnn/cp_bench_c*.jsonl 2>/dev/null) )
   say "torch_cp: kernel model from ${table_path:-the analytic default}; pairing with ${#compare[@]} cp_bench files"
   run torch_cp torch_cp_bench env PYTHONPATH="${dev}/python" python3 \
-    "${repo}/backends/cuda/bench/torch_cp_bench.py" --cp 2,4,8 --micro-batches 4 \
+    "${repo}/backends/cuda/bench/torch_cp_bench.py" --cp "$(IFS=,; echo "${cp_sizes[*]}")" \
+    --micro-batches "${torch_cp_mbs}" --warmup "${cp_warmup}" --iters "${cp_iters}" \
     "${profile[@]}" --json "${t}/torch_cp.jsonl" ${compare[@]+--compare "${compare[@]}"}
   local rc=$?
   grep -E "^check |^C=[0-9]+: |^  [a-z-]+ +[0-9.]+ ms|^\||not paired" "${t}/torch_cp_bench.log" >>"${summary}"
@@ -429,7 +446,9 @@ stage_layer() {
   check_binaries || return 1
   local l="${work}/layer" rc=0 docs=() kernel="${WLB_LAYER_KERNEL:-flash}"
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && docs=(--docs="${dev}/data/doc_lengths_wlbllm_like.json")
-  if command -v compute-sanitizer >/dev/null; then
+  if [[ "${layer_memcheck}" == 0 ]]; then
+    say "layer memcheck: skipped (WLB_LAYER_MEMCHECK=0)"
+  elif command -v compute-sanitizer >/dev/null; then
     local filter='*RandomMicroBatches/flash:*RejectsRunOrder*'
     "${dev}/bin/wlb_cuda_layer_gpu_test" --gtest_list_tests --gtest_filter="${filter}" >"${l}/memcheck.list" 2>&1
     run layer memcheck compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
@@ -440,13 +459,14 @@ stage_layer() {
     rc=1
   fi
   run layer bench_7b_128k "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/7b-128k" \
-    --kernel="${kernel}" "${docs[@]}" || rc=1
+    --kernel="${kernel}" --steps="${layer_steps}" "${docs[@]}" || rc=1
   cat "${l}/7b-128k/summary.md" >>"${summary}" 2>/dev/null
   # wlb-550m has head_dim 96: the cudnn engine (or the reference one when asked) runs it.
   local kernel96=cudnn
   [[ "${kernel}" == reference ]] && kernel96=reference
   run layer bench_550m_64k "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/550m-64k" \
-    --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 --kernel="${kernel96}" "${docs[@]}" \
+    --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 --kernel="${kernel96}" \
+    --steps="${layer_steps}" "${docs[@]}" \
     --cp=2 || rc=1
   cat "${l}/550m-64k/summary.md" >>"${summary}" 2>/dev/null
   graph_builds "${l}"/*.log

@@ -31,7 +31,9 @@ def main():
         rows = list(csv.DictReader(f))
     if not rows:
         sys.exit(f"plot_layer.py: {args.predictions} holds no micro-batches")
-    columns = [("flop_model_ms", "FLOP model (best scale)"), ("fitted_ms", "fitted model")]
+    columns = [("flop_model_ms", "FLOP model (best scale)"),
+               ("fitted_ms", "fitted to single documents"),
+               ("microbatch_fit_ms", "fitted to micro-batches")]
     columns = [(c, label) for c, label in columns if rows[0].get(c)]
     fig, axes = plt.subplots(1, len(columns), figsize=(6 * len(columns), 5), squeeze=False)
     methods = list(dict.fromkeys(r["method"] for r in rows))

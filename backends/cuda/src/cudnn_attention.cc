@@ -275,15 +275,23 @@ struct DeviceFree {
 };
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
-absl::StatusOr<DevicePtr> DeviceAlloc(size_t bytes) {
+// `what` and `shape` name the buffer in the error: a workspace is sized by the shape class, so an
+// out-of-memory names both the bytes and the class that asked for them.
+absl::StatusOr<DevicePtr> DeviceAlloc(size_t bytes, const char* what, const std::string& shape) {
   if (bytes == 0) return DevicePtr();
   void* raw = nullptr;
-  WLB_CUDA_RETURN_IF_ERROR(cudaMalloc(&raw, bytes));
+  if (absl::Status s = CudaStatus(cudaMalloc(&raw, bytes), "cudaMalloc(&raw, bytes)", __FILE__, __LINE__);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("cudnn engine: allocating %d bytes for the %s "
+                                                  "of graph class %s: %s",
+                                                  bytes, what, shape, s.message()));
+  }
   return DevicePtr(raw);
 }
 
-absl::StatusOr<DevicePtr> Upload(const std::vector<int32_t>& host, cudaStream_t stream) {
-  auto d = DeviceAlloc(host.size() * sizeof(int32_t));
+absl::StatusOr<DevicePtr> Upload(const std::vector<int32_t>& host, cudaStream_t stream,
+                                 const std::string& shape) {
+  auto d = DeviceAlloc(host.size() * sizeof(int32_t), "ragged offsets", shape);
   if (!d.ok()) return d.status();
   WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d->get(), host.data(), host.size() * sizeof(int32_t),
                                            cudaMemcpyHostToDevice, stream));
@@ -380,7 +388,7 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
        {std::pair{&engine->seq_len_q, &l.seq_len_q}, std::pair{&engine->seq_len_k, &l.seq_len_k},
         std::pair{&engine->q_offsets, &l.q_offsets}, std::pair{&engine->kv_offsets, &l.kv_offsets},
         std::pair{&engine->stats_offsets, &l.stats_offsets}}) {
-    auto d = Upload(*src, stream);
+    auto d = Upload(*src, stream, engine->shape.ToString());
     if (!d.ok()) return d.status();
     *dst = *std::move(d);
   }
@@ -394,9 +402,11 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
         !s.ok()) {
       return s;
     }
-    auto ws = DeviceAlloc(static_cast<size_t>(workspace));
+    auto ws = DeviceAlloc(static_cast<size_t>(workspace),
+                          phase ? "backward workspace" : "forward workspace",
+                          engine->shape.ToString());
     if (!ws.ok()) return ws.status();
-    auto stats = DeviceAlloc(stats_bytes);
+    auto stats = DeviceAlloc(stats_bytes, "softmax statistics", engine->shape.ToString());
     if (!stats.ok()) return stats.status();
     (phase ? engine->backward_workspace : engine->forward_workspace) = *std::move(ws);
     (phase ? engine->backward_stats : engine->forward_stats) = *std::move(stats);

@@ -22,6 +22,12 @@ int64_t CudnnBucket(int64_t n, int64_t floor) {
   return static_cast<int64_t>(std::bit_ceil(x));
 }
 
+int64_t CudnnTokenBucket(int64_t n) {
+  const uint64_t x = static_cast<uint64_t>(std::max<int64_t>(n, 1));
+  const uint64_t step = std::max<uint64_t>(std::bit_floor(x) / 8, 1);
+  return static_cast<int64_t>((x + step - 1) / step * step);
+}
+
 CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
   CudnnShapeClass c;
   int64_t batch = 0, max_q = 0, max_k = 0;
@@ -38,8 +44,8 @@ CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
     c.max_seqlen_q = CudnnBucket(max_q, kCudnnMinSeqBucket);
     c.max_seqlen_k = CudnnBucket(max_k, kCudnnMinSeqBucket);
   }
-  c.total_q = CudnnBucket(p.total_q());
-  c.total_k = CudnnBucket(p.total_k());
+  c.total_q = CudnnTokenBucket(p.total_q());
+  c.total_k = CudnnTokenBucket(p.total_k());
   c.num_heads = p.num_heads;
   c.num_kv_heads = p.num_kv_heads;
   c.head_dim = p.head_dim;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "Eigen/Dense"
 #include "wlb/core/limits.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
@@ -179,6 +180,120 @@ absl::StatusOr<std::vector<ImbalanceRow>> ImbalanceTable(
     table.push_back(row);
   }
   return table;
+}
+
+namespace {
+
+// Non-negative least squares of relative error over the features [sum d^2, sum d, documents, 1].
+absl::StatusOr<MicroBatchFit> FitOn(const std::vector<const MicroBatchMeasurement*>& rows) {
+  const Eigen::Index n = static_cast<Eigen::Index>(rows.size());
+  if (n < 4) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a micro-batch cost fit needs at least 4 non-empty micro-batches, got %d", n));
+  }
+  Eigen::MatrixXd a(n, 4);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const MicroBatchMeasurement& m = *rows[size_t(i)];
+    double d2 = 0.0, d1 = 0.0;
+    for (int64_t d : m.lengths) {
+      d2 += double(d) * double(d);
+      d1 += double(d);
+    }
+    const double w = 1.0 / m.forward_ms;  // relative-error weighting
+    a.row(i) << d2 * w, d1 * w, double(m.lengths.size()) * w, w;
+  }
+  const Eigen::VectorXd y = Eigen::VectorXd::Ones(n);
+  Eigen::Vector4d best = Eigen::Vector4d::Zero();
+  double best_residual = INFINITY;
+  for (int mask = 1; mask < 16; ++mask) {  // every non-empty set of free coefficients
+    std::vector<Eigen::Index> cols;
+    for (int j = 0; j < 4; ++j) {
+      if (mask & (1 << j)) cols.push_back(j);
+    }
+    Eigen::MatrixXd sub(n, static_cast<Eigen::Index>(cols.size()));
+    for (size_t k = 0; k < cols.size(); ++k) sub.col(Eigen::Index(k)) = a.col(cols[k]);
+    const Eigen::VectorXd x = sub.colPivHouseholderQr().solve(y);
+    if ((x.array() < 0.0).any() || !x.allFinite()) continue;
+    Eigen::Vector4d full = Eigen::Vector4d::Zero();
+    for (size_t k = 0; k < cols.size(); ++k) full(cols[k]) = x(Eigen::Index(k));
+    const double residual = (a * full - y).squaredNorm();
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = full;
+    }
+  }
+  if (!std::isfinite(best_residual)) {
+    return absl::InvalidArgumentError("micro-batch measurements admit no non-negative fit");
+  }
+  MicroBatchFit fit;
+  fit.model.attn_quadratic = best(0);
+  fit.model.attn_linear = best(1);
+  fit.model.per_document = best(2);
+  fit.model.unit = "ms";
+  fit.model.description =
+      absl::StrFormat("fitted to micro-batches: %.4g*d^2 + %.4g*d + %.4g ms per document, "
+                      "%.4g ms per call",
+                      best(0), best(1), best(2), best(3));
+  fit.per_call_ms = best(3);
+  return fit;
+}
+
+absl::StatusOr<PredictionError> ErrorOf(const MicroBatchFit& fit,
+                                        const std::vector<const MicroBatchMeasurement*>& rows) {
+  std::vector<double> predicted, measured;
+  for (const MicroBatchMeasurement* m : rows) {
+    predicted.push_back(PredictMicroBatch(fit, *m));
+    measured.push_back(m->forward_ms);
+  }
+  return ComparePredictions(predicted, measured, /*fit_scale=*/false);
+}
+
+}  // namespace
+
+double PredictMicroBatch(const MicroBatchFit& fit, const MicroBatchMeasurement& m) {
+  return PredictMicroBatch(fit.model, m) + fit.per_call_ms;
+}
+
+absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchMeasurement> rows) {
+  std::vector<const MicroBatchMeasurement*> all, parity[2];
+  for (const MicroBatchMeasurement& m : rows) {
+    if (m.lengths.empty()) continue;
+    if (!(m.forward_ms > 0.0) || !std::isfinite(m.forward_ms)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s step %d micro-batch %d: forward_ms must be > 0 and finite, got %g", m.method,
+          m.step, m.index, m.forward_ms));
+    }
+    all.push_back(&m);
+    parity[m.step & 1].push_back(&m);
+  }
+  absl::StatusOr<MicroBatchFit> fit = FitOn(all);
+  if (!fit.ok()) return fit.status();
+  for (int k : {0, 1}) {
+    if (parity[k].size() < 4) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "held-out check: steps of parity %d hold %d non-empty micro-batches, need at least 4",
+          k, parity[k].size()));
+    }
+  }
+  absl::StatusOr<PredictionError> in_sample = ErrorOf(*fit, all);
+  if (!in_sample.ok()) return in_sample.status();
+  fit->in_sample = *in_sample;
+  PredictionError held;
+  for (int k : {0, 1}) {
+    absl::StatusOr<MicroBatchFit> half = FitOn(parity[k]);
+    if (!half.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "held-out check, steps of parity %d: %s", k, half.status().message()));
+    }
+    absl::StatusOr<PredictionError> e = ErrorOf(*half, parity[1 - k]);
+    if (!e.ok()) return e.status();
+    held.mean_relative += e->mean_relative * double(e->points);
+    held.max_relative = std::max(held.max_relative, e->max_relative);
+    held.points += e->points;
+  }
+  held.mean_relative /= double(held.points);
+  fit->held_out = held;
+  return fit;
 }
 
 absl::StatusOr<PredictionError> ComparePredictions(std::span<const double> predicted,

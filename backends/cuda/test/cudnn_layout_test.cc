@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -40,6 +42,26 @@ TEST(CudnnBucket, SmallestPowerOfTwoAtLeastFloor) {
   EXPECT_EQ(CudnnBucket(int64_t{1} << 40), int64_t{1} << 40);
 }
 
+TEST(CudnnTokenBucket, EightClassesPerPowerOfTwo) {
+  EXPECT_EQ(CudnnTokenBucket(0), 1);
+  EXPECT_EQ(CudnnTokenBucket(7), 7);
+  EXPECT_EQ(CudnnTokenBucket(9), 9);   // step 1 below 16
+  EXPECT_EQ(CudnnTokenBucket(17), 18);  // step 2
+  EXPECT_EQ(CudnnTokenBucket(131072), 131072);
+  EXPECT_EQ(CudnnTokenBucket(131073), 131072 + 16384);
+  EXPECT_EQ(CudnnTokenBucket(139000), 147456);
+  EXPECT_EQ(CudnnTokenBucket(int64_t{1} << 62), int64_t{1} << 62);
+  // Every n: the smallest multiple of the step at or above n, at most 12.5% above it.
+  for (int64_t n = 1; n <= (int64_t{1} << 16); ++n) {
+    const int64_t b = CudnnTokenBucket(n);
+    const int64_t step = std::max<int64_t>(std::bit_floor(uint64_t(n)) / 8, 1);
+    ASSERT_GE(b, n);
+    ASSERT_EQ(b % step, 0) << n;
+    ASSERT_LT(b - step, n) << n;
+    ASSERT_LE(b * 8, n * 9) << n;
+  }
+}
+
 TEST(CudnnShapeClass, WorkedExample) {
   // Segments (q, k): (64, 300), (0, 50) dropped, (129, 1000), (5, 5).
   const AttentionProblem p = SegmentsProblem({{64, 300}, {0, 50}, {129, 1000}, {5, 5}}, 8, 2, 128);
@@ -47,19 +69,19 @@ TEST(CudnnShapeClass, WorkedExample) {
   EXPECT_EQ(c.batch, 4);  // 3 segments with queries
   EXPECT_EQ(c.max_seqlen_q, 256);
   EXPECT_EQ(c.max_seqlen_k, 1024);
-  EXPECT_EQ(c.total_q, 256);   // 198
-  EXPECT_EQ(c.total_k, 2048);  // 1355
+  EXPECT_EQ(c.total_q, 208);   // 198: a multiple of 128 / 8
+  EXPECT_EQ(c.total_k, 1408);  // 1355: a multiple of 1024 / 8
   EXPECT_EQ(c.num_heads, 8);
   EXPECT_EQ(c.num_kv_heads, 2);
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_TRUE(c.causal);
-  EXPECT_EQ(c.ToString(), "b4 sq256 sk1024 tq256 tk2048 h8 hk2 d128 causal scale=0x1.6a09e6p-4");
+  EXPECT_EQ(c.ToString(), "b4 sq256 sk1024 tq208 tk1408 h8 hk2 d128 causal scale=0x1.6a09e6p-4");
 }
 
 TEST(CudnnShapeClass, TopLeftCausalOnlyWhenEverySegmentWithQueriesIsSquare) {
   EXPECT_TRUE(CudnnShapeClassOf(DocumentsProblem({100, 7, 1}, 4, 2, 64)).causal_top_left);
   EXPECT_EQ(CudnnShapeClassOf(DocumentsProblem({100}, 4, 2, 64)).ToString(),
-            "b1 sq128 sk128 tq128 tk128 h4 hk2 d64 causal-top-left scale=0x1p-3");
+            "b1 sq128 sk128 tq104 tk104 h4 hk2 d64 causal-top-left scale=0x1p-3");
   // A query-less segment is dropped from the batch, so its keys do not matter.
   EXPECT_TRUE(CudnnShapeClassOf(SegmentsProblem({{5, 5}, {0, 9}}, 4, 2, 64)).causal_top_left);
   // One CP segment (more keys than queries) needs the bottom-right mask.
@@ -116,13 +138,13 @@ TEST(CudnnShapeClass, KeysIdentifyClassesOverRandomProblems) {
     }
     for (auto [bucket, need, floor] : {std::tuple{c.batch, batch, int64_t{1}},
                                        std::tuple{c.max_seqlen_q, max_q, kCudnnMinSeqBucket},
-                                       std::tuple{c.max_seqlen_k, max_k, kCudnnMinSeqBucket},
-                                       std::tuple{c.total_q, int64_t{p.total_q()}, int64_t{1}},
-                                       std::tuple{c.total_k, int64_t{p.total_k()}, int64_t{1}}}) {
+                                       std::tuple{c.max_seqlen_k, max_k, kCudnnMinSeqBucket}}) {
       EXPECT_GE(bucket, std::max(need, floor));
       EXPECT_EQ(bucket & (bucket - 1), 0) << bucket << " is not a power of two";
       EXPECT_TRUE(bucket == floor || bucket / 2 < need) << bucket << " for " << need;
     }
+    EXPECT_EQ(c.total_q, CudnnTokenBucket(p.total_q()));
+    EXPECT_EQ(c.total_k, CudnnTokenBucket(p.total_k()));
     seen.push_back({c, c.ToString()});
   }
   for (size_t i = 0; i < seen.size(); i += 7) {

@@ -145,6 +145,41 @@ TEST(LayerAnalysisTest, PredictionErrorOfNoisyMeasurements) {
               HasSubstr("point 0: prediction 1 and measurement 0"));
 }
 
+TEST(LayerAnalysisTest, MicroBatchFitRecoversKnownModelsUnderNoise) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> noise(-0.02, 0.02), coef(0.2, 3.0);
+  for (int trial = 0; trial < 20; ++trial) {
+    // ms = a sum d^2 + b sum d + c docs + e, with a known model of the 7B layer's magnitude.
+    const double a = coef(rng) * 3e-9, b = coef(rng) * 1e-4, c = coef(rng) * 0.01,
+                 e = coef(rng) * 0.1;
+    std::vector<MicroBatchMeasurement> rows = RandomMeasurements(rng, 4, 8);
+    for (MicroBatchMeasurement& m : rows) {
+      double truth = e;
+      for (int64_t d : m.lengths) truth += a * double(d) * double(d) + b * double(d) + c;
+      m.forward_ms = truth * (1 + noise(rng));
+    }
+    absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(rows);
+    ASSERT_TRUE(fit.ok()) << fit.status();
+    EXPECT_LT(fit->in_sample.max_relative, 0.05) << trial;
+    EXPECT_LT(fit->held_out.mean_relative, 0.03) << trial;
+    EXPECT_EQ(fit->held_out.points, int64_t(rows.size()));
+    EXPECT_NEAR(fit->model.attn_quadratic, a, 0.1 * a) << trial;
+    // A one-document micro-batch of length d costs W(d) + per_call.
+    const MicroBatchMeasurement one{.lengths = {50000}};
+    EXPECT_NEAR(PredictMicroBatch(*fit, one),
+                a * 2.5e9 + b * 5e4 + c + e, 0.05 * (a * 2.5e9 + b * 5e4 + c + e));
+    EXPECT_EQ(fit->model.unit, "ms");
+  }
+  std::vector<MicroBatchMeasurement> few = RandomMeasurements(rng, 1, 1);
+  EXPECT_THAT(FitMicroBatchCost(few).status().message(), HasSubstr("at least 4 non-empty"));
+  std::vector<MicroBatchMeasurement> one_step = RandomMeasurements(rng, 1, 8);
+  EXPECT_THAT(FitMicroBatchCost(one_step).status().message(), HasSubstr("parity 1"));
+  std::vector<MicroBatchMeasurement> bad = RandomMeasurements(rng, 2, 4);
+  bad[3].forward_ms = 0.0;
+  EXPECT_THAT(FitMicroBatchCost(bad).status().message(),
+              HasSubstr("forward_ms must be > 0 and finite, got 0"));
+}
+
 TEST(LayerAnalysisTest, FitRecoversKnownModelAndWlbPlanReadsTheProfile) {
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<double> noise(-0.01, 0.01);

@@ -36,7 +36,7 @@ struct CudnnShapeClass {
   int64_t batch = 0;         // segments with queries, rounded up to a power of two
   int64_t max_seqlen_q = 0;  // rounded up to a power of two, at least kCudnnMinSeqBucket
   int64_t max_seqlen_k = 0;
-  int64_t total_q = 0;  // packed token totals, rounded up to a power of two
+  int64_t total_q = 0;  // packed token totals, rounded up by CudnnTokenBucket
   int64_t total_k = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -60,6 +60,13 @@ inline constexpr int64_t kCudnnMinSeqBucket = 64;
 
 // The smallest power of two >= max(n, floor). n and floor must be in [0, 2^62].
 int64_t CudnnBucket(int64_t n, int64_t floor = 1);
+
+// The packed token totals' bucket: the smallest multiple of bit_floor(n) / 8 (at least 1) that
+// is >= max(n, 1), so at most 12.5% above n (eight classes per power of two). The backward
+// graph's workspace grows with these totals (GQA's full-head dK/dV accumulators in fp32): a power
+// of two doubled it just past one, and eight emulated CP ranks of per-doc shards at 128K (each
+// rank's keys just over 128K) ran out of an H100's 80 GB on 2026-11-26. n must be in [0, 2^62].
+int64_t CudnnTokenBucket(int64_t n);
 
 // The class of a problem valid for AttentionKernel::kCudnn. A problem without queries has
 // batch 0 (no graph is built for it).

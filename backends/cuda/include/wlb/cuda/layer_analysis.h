@@ -78,6 +78,25 @@ absl::StatusOr<PredictionError> ComparePredictions(std::span<const double> predi
 // A cost model's prediction of a measurement: sum of W(d) over its documents.
 double PredictMicroBatch(const CostModel& model, const MicroBatchMeasurement& m);
 
+// A cost model fitted to whole micro-batches rather than to single documents: forward ms =
+// a * sum d^2 + b * sum d + c * documents + per_call, all coefficients >= 0, minimising the
+// squared relative error (every active set of the four tried, the best feasible one kept).
+// `model` is W(d) = a d^2 + b d + c in ms (what a packer balances; per_call is the same for every
+// micro-batch). A sum of single-document times overcounts a packed call: each short document
+// alone pays a launch and an idle GPU that it does not pay inside a micro-batch.
+// `held_out` is the error of fits on the even steps predicting the odd steps and back (two-fold by
+// step parity; `points` counts the micro-batches predicted); `in_sample` that of the fit on all.
+struct MicroBatchFit {
+  CostModel model;
+  double per_call_ms = 0.0;
+  PredictionError in_sample;
+  PredictionError held_out;
+};
+// InvalidArgument when fewer than 4 non-empty micro-batches (or fewer than 4 in either step
+// parity) are given, or no non-negative fit exists.
+absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchMeasurement> rows);
+double PredictMicroBatch(const MicroBatchFit& fit, const MicroBatchMeasurement& m);
+
 // A profile that wlb-plan --cost (wlb::ResolveCostModel) reads: header "length,ms,<provenance>"
 // (commas and line breaks in it replaced), then "length,ms," rows. InvalidArgument for a point
 // FitCostModel would reject.
