@@ -19,14 +19,19 @@
 #   profile    kernel profile tables (q_len,kv_len,ms) of flash and of cudnn
 #   cp         CP benchmark at C = 2, 4, 8 (flash) with this call's profile table, else the
 #              committed one, else the analytic model; once with the analytic model; the example
+#              (sizes: WLB_CP_SIZES, WLB_CP_MICRO_BATCHES, WLB_CP_WARMUP, WLB_CP_ITERS)
 #   cp_cudnn   the same on the cudnn engine
 #   torch_cp   wlb.torch's CP attention (PyTorch varlen_attn): checked over NCCL and per strategy,
 #              then timed per rank on cp_bench's plans and paired with the cp stages' rows
-#   layer      the decoder layer: memcheck on small shapes, then layer_bench at 7B-128K (Table 2
-#              from measured latency, fitted profile, measured 1F1B speedup, CP at C = 2 and 4);
-#              550M-64K (head_dim 96) on the cudnn engine (reference with WLB_LAYER_KERNEL=reference)
+#              (WLB_TORCH_CP_MICRO_BATCHES)
+#   layer      the decoder layer: memcheck on small shapes (WLB_LAYER_MEMCHECK=0 skips it), then
+#              layer_bench at 7B-128K (Table 2 from measured latency, fitted profiles, measured
+#              1F1B speedup, CP at C = 2 and 4); 550M-64K (head_dim 96) on the cudnn engine
+#              (reference with WLB_LAYER_KERNEL=reference); WLB_LAYER_STEPS steps each
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
+# Measured on one H100 on 2026-11-26 (backends/cuda/README.md): cp 31 s and cp_cudnn 24 s at the
+# default 4 micro-batches (174 and 115 s at 12), layer 53 s at 3 steps (7B alone 95 s at 12).
 # Every stage is sized to end well inside 9 minutes on its own. The whole call shares one time
 # budget, WLB_GPU_BUDGET_S (default 530 s): each step's timeout is its cap cut to what is left,
 # and a step or stage that cannot start in time is reported NOT RUN, so a call always ends inside
@@ -87,7 +92,7 @@ planned() {  # planned seconds of stage $1: the sum of its steps' caps
 }
 
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || { sed -n '2,37p' "$0"; exit 2; }
+[[ ${#stages[@]} -gt 0 ]] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }
 for s in "${stages[@]}"; do
   if [[ " ${all_stages[*]} " != *" ${s} "* ]]; then
     echo "gpu_check.sh: unknown stage '${s}' (allowed: ${all_stages[*]})" >&2
