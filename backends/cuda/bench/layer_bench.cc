@@ -5,7 +5,8 @@
 // with measured imbalance beside the FLOP model's, both models' prediction errors, a cost profile
 // fitted to single-document timings that `wlb-plan --cost` reads, the measured times through the
 // 1F1B step-time model (WLB vs Plain-4D) beside the model-only estimate, and the same
-// micro-batches under CP (per-rank layer time, measured CP imbalance, adaptive vs the oracle).
+// micro-batches under CP (per-rank layer time, measured CP imbalance, adaptive vs the oracle) and
+// the 1F1B speedup from those CP layer times (original per-seq vs wlb adaptive, --cp_steps steps).
 //
 //   wlb_cuda_layer_bench --out=DIR [--preset=llama2-7b] [--tp=8] [--context=131072]
 //       [--pp=4] [--dp=1] [--cp_job=2] [--docs=PATH] [--seed=1] [--steps=3] [--skip=2]
@@ -454,6 +455,47 @@ int main(int argc, char** argv) {
     for (const CpRow& r : *cp_table) {
       Say(absl::StrFormat("| %d | %s | %d | %.3f | %.2f | %.3f |", r.cp, r.strategy,
                           r.micro_batches, r.mean_imbalance, r.total_ms, r.vs_oracle));
+    }
+    // The 1F1B speedup under CP from these measurements: each micro-batch costs its slowest
+    // rank (original per-seq, wlb adaptive), beside the same steps on one GPU and the model.
+    if (options.backward) {
+      Say("");
+      for (int c : cp_sizes) {
+        absl::StatusOr<std::vector<MicroBatchMeasurement>> base =
+            CpStageRows(rows, cp_rows, "original", "per-seq", c);
+        absl::StatusOr<std::vector<MicroBatchMeasurement>> ours =
+            CpStageRows(rows, cp_rows, "wlb", "adaptive", c);
+        if (!base.ok() || !ours.ok()) return Fail(base.ok() ? ours.status() : base.status());
+        const wlb::ParallelSizes cp_sizes_job{sizes.tp, c, sizes.pp, sizes.dp};
+        const int layers = static_cast<int>(model_shape->layers);
+        absl::StatusOr<double> b = MeasuredSecondsPerToken(*base, cp_sizes_job, layers);
+        absl::StatusOr<double> w = MeasuredSecondsPerToken(*ours, cp_sizes_job, layers);
+        // The same steps, whole micro-batches on one GPU, and under the model at CP c.
+        std::vector<MicroBatchMeasurement> base_one, ours_one;
+        for (const MicroBatchMeasurement& m : rows) {
+          if (m.step >= skip + cp_steps) continue;
+          if (m.method == "original") base_one.push_back(m);
+          if (m.method == "wlb") ours_one.push_back(m);
+        }
+        absl::StatusOr<double> b1 = MeasuredSecondsPerToken(base_one, sizes, layers);
+        absl::StatusOr<double> w1 = MeasuredSecondsPerToken(ours_one, sizes, layers);
+        absl::StatusOr<wlb::PipelineJob> job = wlb::MakePipelineJob(*model_shape, cp_sizes_job);
+        if (!job.ok()) return Fail(job.status());
+        absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
+        if (!model.ok()) return Fail(model.status());
+        absl::StatusOr<double> bm = ModelSecondsPerToken(
+            base_one, *model, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+        absl::StatusOr<double> wm = ModelSecondsPerToken(
+            ours_one, *model, {.candidates = {wlb::ShardStrategy::kAdaptive}});
+        for (const absl::StatusOr<double>* r : {&b, &w, &b1, &w1, &bm, &wm}) {
+          if (!r->ok()) return Fail(r->status());
+        }
+        Say(absl::StrFormat(
+            "Speedup of WLB (adaptive CP) over Plain-4D (per-seq CP) from measured CP-%d layer "
+            "times, steps %d..%d (no K/V exchange time): %.3fx; whole micro-batch on one GPU, "
+            "same steps: %.3fx; model only, CP %d, same steps: %.3fx",
+            c, skip, skip + std::min(cp_steps, steps) - 1, *b / *w, *b1 / *w1, c, *bm / *wm));
+      }
     }
   }
   if (*kernel == AttentionKernel::kCudnn) Say("\n" + bench::CudnnGraphLine());

@@ -27,7 +27,8 @@
 #   layer      the decoder layer: memcheck on small shapes (WLB_LAYER_MEMCHECK=0 skips it), then
 #              layer_bench at 7B-128K (Table 2 from measured latency, fitted profiles, measured
 #              1F1B speedup, CP at C = 2 and 4); 550M-64K (head_dim 96) on the cudnn engine
-#              (reference with WLB_LAYER_KERNEL=reference); WLB_LAYER_STEPS steps each
+#              (reference with WLB_LAYER_KERNEL=reference); WLB_LAYER_STEPS steps each, the first
+#              WLB_LAYER_CP_STEPS of them under CP too (the measured CP speedup)
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
 # Measured on one H100 on 2026-11-26 (backends/cuda/README.md): cp 31 s and cp_cudnn 24 s at the
@@ -65,6 +66,9 @@ torch_cp_mbs="${WLB_TORCH_CP_MICRO_BATCHES:-2}"
 # the steps each layer_bench measures (3: about 25 s at 7B-128K on an H100, 2026-11-26).
 layer_memcheck="${WLB_LAYER_MEMCHECK:-1}"
 layer_steps="${WLB_LAYER_STEPS:-3}"
+# Steps whose original and wlb micro-batches the layer stage also runs under CP (--cp_steps; the
+# measured CP speedup covers these).
+layer_cp_steps="${WLB_LAYER_CP_STEPS:-1}"
 export PYTHONUNBUFFERED=1
 
 # Each step's cap in seconds, STAGE:NAME -> cap: the one place a duration is set. Measured on one
@@ -464,14 +468,14 @@ stage_layer() {
     rc=1
   fi
   run layer bench_7b_128k "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/7b-128k" \
-    --kernel="${kernel}" --steps="${layer_steps}" "${docs[@]}" || rc=1
+    --kernel="${kernel}" --steps="${layer_steps}" --cp_steps="${layer_cp_steps}" "${docs[@]}" || rc=1
   cat "${l}/7b-128k/summary.md" >>"${summary}" 2>/dev/null
   # wlb-550m has head_dim 96: the cudnn engine (or the reference one when asked) runs it.
   local kernel96=cudnn
   [[ "${kernel}" == reference ]] && kernel96=reference
   run layer bench_550m_64k "${dev}/bin/wlb_cuda_layer_bench" --out="${l}/550m-64k" \
     --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 --kernel="${kernel96}" \
-    --steps="${layer_steps}" "${docs[@]}" \
+    --steps="${layer_steps}" --cp_steps="${layer_cp_steps}" "${docs[@]}" \
     --cp=2 || rc=1
   cat "${l}/550m-64k/summary.md" >>"${summary}" 2>/dev/null
   graph_builds "${l}"/*.log

@@ -461,4 +461,42 @@ absl::StatusOr<std::vector<CpRow>> CpTable(std::span<const CpMeasurement> rows) 
   return table;
 }
 
+absl::StatusOr<std::vector<MicroBatchMeasurement>> CpStageRows(
+    std::span<const MicroBatchMeasurement> rows, std::span<const CpMeasurement> cp_rows,
+    std::string_view method, std::string_view strategy, int cp) {
+  std::map<std::pair<int64_t, int64_t>, const CpMeasurement*> slowest;  // (step, index)
+  std::set<int64_t> steps;
+  for (const CpMeasurement& c : cp_rows) {
+    if (c.method != method || c.strategy != strategy || c.cp != cp) continue;
+    slowest[{c.step, c.index}] = &c;
+    steps.insert(c.step);
+  }
+  if (steps.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "no CP measurement of %s under %s at C = %d", method, strategy, cp));
+  }
+  std::vector<MicroBatchMeasurement> out;
+  for (const MicroBatchMeasurement& m : rows) {
+    if (m.method != method || !steps.contains(m.step)) continue;
+    MicroBatchMeasurement r = m;
+    if (!m.lengths.empty()) {
+      auto it = slowest.find({m.step, m.index});
+      const double whole = m.forward_ms + m.backward_ms;
+      if (it == slowest.end() || it->second->rank_ms.empty() || !(whole > 0.0)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s step %d micro-batch %d: %s", method, m.step, m.index,
+            it == slowest.end() || it->second->rank_ms.empty()
+                ? absl::StrFormat("no CP measurement under %s at C = %d", strategy, cp)
+                : std::string("no measured layer time to split")));
+      }
+      const double max_rank =
+          *std::max_element(it->second->rank_ms.begin(), it->second->rank_ms.end());
+      r.forward_ms = max_rank * m.forward_ms / whole;
+      r.backward_ms = max_rank * m.backward_ms / whole;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 }  // namespace wlb::cuda

@@ -294,5 +294,46 @@ TEST(LayerAnalysisTest, CpTableAgainstTheOracle) {
       HasSubstr("rank time -1"));
 }
 
+TEST(LayerAnalysisTest, CpStageRowsChargeTheSlowestRankInTheMeasuredSplit) {
+  std::vector<MicroBatchMeasurement> rows;
+  for (int step : {0, 1}) {
+    for (int i = 0; i < 2; ++i) {
+      rows.push_back({.method = "wlb", .step = step, .index = i, .lengths = {100, 50},
+                      .forward_ms = 1.0, .backward_ms = 3.0});
+    }
+    rows.push_back({.method = "wlb", .step = step, .index = 2});  // empty micro-batch
+    rows.push_back({.method = "original", .step = step, .index = 0, .lengths = {150},
+                    .forward_ms = 2.0, .backward_ms = 2.0});
+  }
+  // Step 0 measured at C = 2 under adaptive; step 1 not at all.
+  const std::vector<CpMeasurement> cp = {{"wlb", 0, 0, 2, "adaptive", {1.0, 3.0}},
+                                         {"wlb", 0, 1, 2, "adaptive", {2.0, 2.0}},
+                                         {"wlb", 0, 0, 2, "per-seq", {9.0, 9.0}},
+                                         {"original", 0, 0, 2, "per-seq", {1.5, 2.5}}};
+  absl::StatusOr<std::vector<MicroBatchMeasurement>> w = CpStageRows(rows, cp, "wlb", "adaptive", 2);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->size(), 3u);  // step 0's three micro-batches, the empty one included
+  EXPECT_DOUBLE_EQ((*w)[0].forward_ms, 0.75);  // 3 ms slowest rank, split 1 : 3
+  EXPECT_DOUBLE_EQ((*w)[0].backward_ms, 2.25);
+  EXPECT_DOUBLE_EQ((*w)[1].forward_ms + (*w)[1].backward_ms, 2.0);
+  EXPECT_EQ((*w)[2].forward_ms, 0.0);
+  EXPECT_EQ((*w)[0].lengths, rows[0].lengths);
+  absl::StatusOr<std::vector<MicroBatchMeasurement>> o =
+      CpStageRows(rows, cp, "original", "per-seq", 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->size(), 1u);
+  EXPECT_DOUBLE_EQ((*o)[0].forward_ms, 1.25);
+  // The simulated step under CP is faster than the whole micro-batch on one GPU.
+  const std::vector<MicroBatchMeasurement> whole = {rows[0], rows[1], rows[2]};
+  absl::StatusOr<double> on_one = MeasuredSecondsPerToken(whole, {8, 1, 3, 1}, 3);
+  absl::StatusOr<double> on_cp = MeasuredSecondsPerToken(*w, {8, 2, 3, 1}, 3);
+  ASSERT_TRUE(on_one.ok() && on_cp.ok());
+  EXPECT_LT(*on_cp, *on_one);
+  EXPECT_THAT(CpStageRows(rows, cp, "wlb", "per-doc", 2).status().message(),
+              HasSubstr("no CP measurement of wlb under per-doc at C = 2"));
+  EXPECT_THAT(CpStageRows(rows, cp, "wlb", "per-seq", 2).status().message(),
+              HasSubstr("wlb step 0 micro-batch 1: no CP measurement under per-seq at C = 2"));
+}
+
 }  // namespace
 }  // namespace wlb::cuda

@@ -141,6 +141,16 @@ struct CpRow {
 // strategy missing for some micro-batch that another strategy at the same C measured.
 absl::StatusOr<std::vector<CpRow>> CpTable(std::span<const CpMeasurement> rows);
 
+// The rows of `method` in the steps where `cp_rows` measured it at `cp` under `strategy`, each
+// costing its slowest CP rank's layer time instead of the whole micro-batch on one GPU, split
+// between forward and backward in the ratio of the row's own measured forward : backward (the CP
+// rows hold fwd + bwd per rank), so MeasuredSecondsPerToken gives the step time under CP.
+// Empty micro-batches stay at 0 ms. InvalidArgument naming the micro-batch when a non-empty one of
+// those steps has no such CP measurement or measured no time, or when no step is covered.
+absl::StatusOr<std::vector<MicroBatchMeasurement>> CpStageRows(
+    std::span<const MicroBatchMeasurement> rows, std::span<const CpMeasurement> cp_rows,
+    std::string_view method, std::string_view strategy, int cp);
+
 }  // namespace wlb::cuda
 
 #endif  // WLB_CUDA_LAYER_ANALYSIS_H_
