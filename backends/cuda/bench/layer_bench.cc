@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -343,32 +344,50 @@ int main(int argc, char** argv) {
   // ---- measured times through the 1F1B model: WLB vs Plain-4D ----
   const wlb::ParallelSizes sizes{static_cast<int>(tp), static_cast<int>(cp_job),
                                  static_cast<int>(pp), static_cast<int>(dp)};
+  const int layers = static_cast<int>(model_shape->layers);
+  // Speedups of WLB over Plain-4D per trained token: from measured per-micro-batch times (rows
+  // already holding the times to charge), and from the step-time model alone at CP c (original
+  // per-seq vs wlb adaptive) on the same micro-batches.
+  const auto measured_speedup = [&](std::span<const MicroBatchMeasurement> base,
+                                    std::span<const MicroBatchMeasurement> ours,
+                                    const wlb::ParallelSizes& job) -> absl::StatusOr<double> {
+    absl::StatusOr<double> b = MeasuredSecondsPerToken(base, job, layers);
+    absl::StatusOr<double> w = MeasuredSecondsPerToken(ours, job, layers);
+    if (!b.ok() || !w.ok()) return b.ok() ? w.status() : b.status();
+    return *b / *w;
+  };
+  const auto model_speedup = [&](std::span<const MicroBatchMeasurement> base,
+                                 std::span<const MicroBatchMeasurement> ours,
+                                 int c) -> absl::StatusOr<double> {
+    absl::StatusOr<wlb::PipelineJob> job =
+        wlb::MakePipelineJob(*model_shape, {sizes.tp, c, sizes.pp, sizes.dp});
+    if (!job.ok()) return job.status();
+    absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
+    if (!model.ok()) return model.status();
+    absl::StatusOr<double> b =
+        ModelSecondsPerToken(base, *model, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+    absl::StatusOr<double> w =
+        ModelSecondsPerToken(ours, *model, {.candidates = {wlb::ShardStrategy::kAdaptive}});
+    if (!b.ok() || !w.ok()) return b.ok() ? w.status() : b.status();
+    return *b / *w;
+  };
   if (plans.count("original") && plans.count("wlb") && options.backward) {
-    absl::StatusOr<double> base = MeasuredSecondsPerToken(RowsOf(rows, "original"), sizes,
-                                                          static_cast<int>(model_shape->layers));
-    absl::StatusOr<double> wlb_s =
-        MeasuredSecondsPerToken(RowsOf(rows, "wlb"), sizes, static_cast<int>(model_shape->layers));
-    if (!base.ok() || !wlb_s.ok()) return Fail(base.ok() ? wlb_s.status() : base.status());
+    const std::vector<MicroBatchMeasurement> base = RowsOf(rows, "original"),
+                                             ours = RowsOf(rows, "wlb");
+    absl::StatusOr<double> speedup = measured_speedup(base, ours, sizes);
+    if (!speedup.ok()) return Fail(speedup.status());
     Say(absl::StrFormat(
         "\nSpeedup of WLB over Plain-4D from measured layer times (1F1B, PP %d, DP %d, %d "
         "layers, per trained token, whole micro-batch on one GPU): %.3fx (paper 7B-128K: "
         "1.33x)",
-        sizes.pp, sizes.dp, model_shape->layers, *base / *wlb_s));
+        sizes.pp, sizes.dp, model_shape->layers, *speedup));
     for (int c : {1, static_cast<int>(cp_job)}) {
-      absl::StatusOr<wlb::PipelineJob> job =
-          wlb::MakePipelineJob(*model_shape, {sizes.tp, c, sizes.pp, sizes.dp});
-      if (!job.ok()) return Fail(job.status());
-      absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
-      if (!model.ok()) return Fail(model.status());
-      const wlb::CpPolicy per_seq{.candidates = {wlb::ShardStrategy::kPerSequence}};
-      const wlb::CpPolicy adaptive{.candidates = {wlb::ShardStrategy::kAdaptive}};
-      absl::StatusOr<double> mb = ModelSecondsPerToken(RowsOf(rows, "original"), *model, per_seq);
-      absl::StatusOr<double> mw = ModelSecondsPerToken(RowsOf(rows, "wlb"), *model, adaptive);
-      if (!mb.ok() || !mw.ok()) return Fail(mb.ok() ? mw.status() : mb.status());
+      absl::StatusOr<double> modelled = model_speedup(base, ours, c);
+      if (!modelled.ok()) return Fail(modelled.status());
       Say(
           absl::StrFormat("model-only estimate on the same steps, CP %d (original per-seq vs "
                           "wlb adaptive): %.3fx",
-                          c, *mb / *mw));
+                          c, *modelled));
     }
   }
 
@@ -460,41 +479,32 @@ int main(int argc, char** argv) {
     // rank (original per-seq, wlb adaptive), beside the same steps on one GPU and the model.
     if (options.backward) {
       Say("");
+      // The same steps' rows (whole micro-batches on one GPU) for the CP 1 and model columns.
+      std::vector<MicroBatchMeasurement> base_one, ours_one;
+      for (const MicroBatchMeasurement& m : rows) {
+        if (m.step >= skip + cp_steps) continue;
+        if (m.method == "original") base_one.push_back(m);
+        if (m.method == "wlb") ours_one.push_back(m);
+      }
+      absl::StatusOr<double> on_one = measured_speedup(base_one, ours_one, sizes);
+      if (!on_one.ok()) return Fail(on_one.status());
       for (int c : cp_sizes) {
         absl::StatusOr<std::vector<MicroBatchMeasurement>> base =
             CpStageRows(rows, cp_rows, "original", "per-seq", c);
         absl::StatusOr<std::vector<MicroBatchMeasurement>> ours =
             CpStageRows(rows, cp_rows, "wlb", "adaptive", c);
         if (!base.ok() || !ours.ok()) return Fail(base.ok() ? ours.status() : base.status());
-        const wlb::ParallelSizes cp_sizes_job{sizes.tp, c, sizes.pp, sizes.dp};
-        const int layers = static_cast<int>(model_shape->layers);
-        absl::StatusOr<double> b = MeasuredSecondsPerToken(*base, cp_sizes_job, layers);
-        absl::StatusOr<double> w = MeasuredSecondsPerToken(*ours, cp_sizes_job, layers);
-        // The same steps, whole micro-batches on one GPU, and under the model at CP c.
-        std::vector<MicroBatchMeasurement> base_one, ours_one;
-        for (const MicroBatchMeasurement& m : rows) {
-          if (m.step >= skip + cp_steps) continue;
-          if (m.method == "original") base_one.push_back(m);
-          if (m.method == "wlb") ours_one.push_back(m);
-        }
-        absl::StatusOr<double> b1 = MeasuredSecondsPerToken(base_one, sizes, layers);
-        absl::StatusOr<double> w1 = MeasuredSecondsPerToken(ours_one, sizes, layers);
-        absl::StatusOr<wlb::PipelineJob> job = wlb::MakePipelineJob(*model_shape, cp_sizes_job);
-        if (!job.ok()) return Fail(job.status());
-        absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
-        if (!model.ok()) return Fail(model.status());
-        absl::StatusOr<double> bm = ModelSecondsPerToken(
-            base_one, *model, {.candidates = {wlb::ShardStrategy::kPerSequence}});
-        absl::StatusOr<double> wm = ModelSecondsPerToken(
-            ours_one, *model, {.candidates = {wlb::ShardStrategy::kAdaptive}});
-        for (const absl::StatusOr<double>* r : {&b, &w, &b1, &w1, &bm, &wm}) {
-          if (!r->ok()) return Fail(r->status());
+        absl::StatusOr<double> on_cp =
+            measured_speedup(*base, *ours, {sizes.tp, c, sizes.pp, sizes.dp});
+        absl::StatusOr<double> modelled = model_speedup(base_one, ours_one, c);
+        if (!on_cp.ok() || !modelled.ok()) {
+          return Fail(on_cp.ok() ? modelled.status() : on_cp.status());
         }
         Say(absl::StrFormat(
             "Speedup of WLB (adaptive CP) over Plain-4D (per-seq CP) from measured CP-%d layer "
             "times, steps %d..%d (no K/V exchange time): %.3fx; whole micro-batch on one GPU, "
             "same steps: %.3fx; model only, CP %d, same steps: %.3fx",
-            c, skip, skip + std::min(cp_steps, steps) - 1, *b / *w, *b1 / *w1, c, *bm / *wm));
+            c, skip, skip + std::min(cp_steps, steps) - 1, *on_cp, *on_one, c, *modelled));
       }
     }
   }

@@ -280,7 +280,8 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 absl::StatusOr<DevicePtr> DeviceAlloc(size_t bytes, const char* what, const std::string& shape) {
   if (bytes == 0) return DevicePtr();
   void* raw = nullptr;
-  if (absl::Status s = CudaStatus(cudaMalloc(&raw, bytes), "cudaMalloc(&raw, bytes)", __FILE__, __LINE__);
+  if (absl::Status s =
+          CudaStatus(cudaMalloc(&raw, bytes), "cudaMalloc(&raw, bytes)", __FILE__, __LINE__);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("cudnn engine: allocating %d bytes for the %s "
                                                   "of graph class %s: %s",
@@ -384,11 +385,12 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
     }
   }
   const CudnnRaggedLayout& l = engine->layout;
+  const std::string shape_name = engine->shape.ToString();  // for allocation errors
   for (auto [dst, src] :
        {std::pair{&engine->seq_len_q, &l.seq_len_q}, std::pair{&engine->seq_len_k, &l.seq_len_k},
         std::pair{&engine->q_offsets, &l.q_offsets}, std::pair{&engine->kv_offsets, &l.kv_offsets},
         std::pair{&engine->stats_offsets, &l.stats_offsets}}) {
-    auto d = Upload(*src, stream, engine->shape.ToString());
+    auto d = Upload(*src, stream, shape_name);
     if (!d.ok()) return d.status();
     *dst = *std::move(d);
   }
@@ -398,15 +400,14 @@ absl::StatusOr<std::shared_ptr<const CudnnAttention>> CreateCudnnAttention(
     const fe::graph::Graph& graph = phase ? *engine->backward : *engine->forward;
     int64_t workspace = 0;
     if (auto s = FrontendStatus(graph.get_workspace_size(workspace), "get_workspace_size",
-                                engine->shape.ToString());
+                                shape_name);
         !s.ok()) {
       return s;
     }
     auto ws = DeviceAlloc(static_cast<size_t>(workspace),
-                          phase ? "backward workspace" : "forward workspace",
-                          engine->shape.ToString());
+                          phase ? "backward workspace" : "forward workspace", shape_name);
     if (!ws.ok()) return ws.status();
-    auto stats = DeviceAlloc(stats_bytes, "softmax statistics", engine->shape.ToString());
+    auto stats = DeviceAlloc(stats_bytes, "softmax statistics", shape_name);
     if (!stats.ok()) return stats.status();
     (phase ? engine->backward_workspace : engine->forward_workspace) = *std::move(ws);
     (phase ? engine->backward_stats : engine->forward_stats) = *std::move(stats);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -12,8 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "Eigen/Dense"
 #include "wlb/core/limits.hpp"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb::cuda {
@@ -202,39 +203,22 @@ absl::StatusOr<MicroBatchFit> FitOn(const std::vector<const MicroBatchMeasuremen
     const double w = 1.0 / m.forward_ms;  // relative-error weighting
     a.row(i) << d2 * w, d1 * w, double(m.lengths.size()) * w, w;
   }
-  const Eigen::VectorXd y = Eigen::VectorXd::Ones(n);
-  Eigen::Vector4d best = Eigen::Vector4d::Zero();
-  double best_residual = INFINITY;
-  for (int mask = 1; mask < 16; ++mask) {  // every non-empty set of free coefficients
-    std::vector<Eigen::Index> cols;
-    for (int j = 0; j < 4; ++j) {
-      if (mask & (1 << j)) cols.push_back(j);
-    }
-    Eigen::MatrixXd sub(n, static_cast<Eigen::Index>(cols.size()));
-    for (size_t k = 0; k < cols.size(); ++k) sub.col(Eigen::Index(k)) = a.col(cols[k]);
-    const Eigen::VectorXd x = sub.colPivHouseholderQr().solve(y);
-    if ((x.array() < 0.0).any() || !x.allFinite()) continue;
-    Eigen::Vector4d full = Eigen::Vector4d::Zero();
-    for (size_t k = 0; k < cols.size(); ++k) full(cols[k]) = x(Eigen::Index(k));
-    const double residual = (a * full - y).squaredNorm();
-    if (residual < best_residual) {
-      best_residual = residual;
-      best = full;
-    }
-  }
-  if (!std::isfinite(best_residual)) {
+  const std::optional<Eigen::VectorXd> best =
+      NonNegativeLeastSquares(a, Eigen::VectorXd::Ones(n));
+  if (!best) {
     return absl::InvalidArgumentError("micro-batch measurements admit no non-negative fit");
   }
   MicroBatchFit fit;
-  fit.model.attn_quadratic = best(0);
-  fit.model.attn_linear = best(1);
-  fit.model.per_document = best(2);
+  const Eigen::VectorXd& x = *best;
+  fit.model.attn_quadratic = x(0);
+  fit.model.attn_linear = x(1);
+  fit.model.per_document = x(2);
   fit.model.unit = "ms";
   fit.model.description =
       absl::StrFormat("fitted to micro-batches: %.4g*d^2 + %.4g*d + %.4g ms per document, "
                       "%.4g ms per call",
-                      best(0), best(1), best(2), best(3));
-  fit.per_call_ms = best(3);
+                      x(0), x(1), x(2), x(3));
+  fit.per_call_ms = x(3);
   return fit;
 }
 

@@ -4,12 +4,14 @@
 //   absl::StatusOr<wlb::ProfileFit> fit = wlb::FitCostModel(points);
 //   double ms = fit->model(4096);
 //
-// The only header that includes Eigen: the fit is a small dense least-squares problem.
+// The only header of the library that includes Eigen: the fits are small dense least-squares
+// problems (NonNegativeLeastSquares also serves the CUDA backend's micro-batch fit).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,6 +30,36 @@ struct ProfileFit {
   double rms_relative_error = 0.0;  // sqrt(mean(((fit - ms) / ms)^2))
   double max_relative_error = 0.0;  // max |fit - ms| / ms
 };
+
+// argmin ||a x - y|| subject to x >= 0, exactly: every non-empty set of free columns is solved by
+// least squares and the best feasible solution kept (2^cols - 1 solves: for a handful of
+// columns). nullopt when no set gives a finite non-negative solution, for a column count outside
+// [1, 16], or when y's length is not a's row count.
+inline std::optional<Eigen::VectorXd> NonNegativeLeastSquares(const Eigen::MatrixXd& a,
+                                                              const Eigen::VectorXd& y) {
+  const Eigen::Index cols = a.cols();
+  if (cols < 1 || cols > 16 || a.rows() != y.size()) return std::nullopt;
+  std::optional<Eigen::VectorXd> best;
+  double best_residual = INFINITY;
+  for (uint32_t mask = 1; mask < (uint32_t{1} << cols); ++mask) {
+    std::vector<Eigen::Index> free;
+    for (Eigen::Index j = 0; j < cols; ++j) {
+      if (mask & (uint32_t{1} << j)) free.push_back(j);
+    }
+    Eigen::MatrixXd sub(a.rows(), static_cast<Eigen::Index>(free.size()));
+    for (size_t k = 0; k < free.size(); ++k) sub.col(static_cast<Eigen::Index>(k)) = a.col(free[k]);
+    const Eigen::VectorXd x = sub.colPivHouseholderQr().solve(y);
+    if ((x.array() < 0.0).any() || !x.allFinite()) continue;
+    Eigen::VectorXd full = Eigen::VectorXd::Zero(cols);
+    for (size_t k = 0; k < free.size(); ++k) full(free[k]) = x(static_cast<Eigen::Index>(k));
+    const double residual = (a * full - y).squaredNorm();
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = std::move(full);
+    }
+  }
+  return best;
+}
 
 // Fits W(d) = a*d^2 + b*d + c (a, b, c >= 0, in ms) to measured latencies, minimising the squared
 // relative error (so short and long documents count alike). Non-negativity is exact: with three
@@ -57,32 +89,14 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
     a(i, 2) = w;
     y(i) = 1.0;
   }
-  Eigen::Vector3d best = Eigen::Vector3d::Zero();
-  double best_residual = INFINITY;
-  for (int mask = 1; mask < 8; ++mask) {  // every non-empty set of free coefficients
-    std::vector<Eigen::Index> cols;
-    for (int j = 0; j < 3; ++j) {
-      if (mask & (1 << j)) cols.push_back(j);
-    }
-    Eigen::MatrixXd sub(n, static_cast<Eigen::Index>(cols.size()));
-    for (size_t k = 0; k < cols.size(); ++k) sub.col(static_cast<Eigen::Index>(k)) = a.col(cols[k]);
-    const Eigen::VectorXd x = sub.colPivHouseholderQr().solve(y);
-    if ((x.array() < 0.0).any() || !x.allFinite()) continue;
-    Eigen::Vector3d full = Eigen::Vector3d::Zero();
-    for (size_t k = 0; k < cols.size(); ++k) full(cols[k]) = x(static_cast<Eigen::Index>(k));
-    const double residual = (a * full - y).squaredNorm();
-    if (residual < best_residual) {
-      best_residual = residual;
-      best = full;
-    }
-  }
-  if (!std::isfinite(best_residual)) {
+  const std::optional<Eigen::VectorXd> best = NonNegativeLeastSquares(a, y);
+  if (!best) {
     return absl::InvalidArgumentError("profile points admit no non-negative quadratic fit");
   }
   ProfileFit fit;
-  fit.model.attn_quadratic = best(0);
-  fit.model.attn_linear = best(1);
-  fit.model.per_document = best(2);
+  fit.model.attn_quadratic = (*best)(0);
+  fit.model.attn_linear = (*best)(1);
+  fit.model.per_document = (*best)(2);
   fit.model.unit = "ms";
   double sum_sq = 0.0;
   for (const ProfilePoint& p : points) {
@@ -92,8 +106,8 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
   }
   fit.rms_relative_error = std::sqrt(sum_sq / static_cast<double>(points.size()));
   fit.model.description = absl::StrFormat(
-      "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)", best(0),
-      best(1), best(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
+      "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)",
+      (*best)(0), (*best)(1), (*best)(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
       points.size());
   return fit;
 }
