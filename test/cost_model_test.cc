@@ -1,6 +1,8 @@
 #include "wlb/cost/cost_model.hpp"
 
 #include <cmath>
+#include <optional>
+#include <random>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -97,6 +99,43 @@ TEST(FitCostModel, RejectsTooFewOrBadPoints) {
   EXPECT_THAT(FitCostModel(two).status().message(), HasSubstr("at least 3"));
   std::vector<ProfilePoint> bad = {{1, 1.0}, {2, -2.0}, {3, 3.0}};
   EXPECT_THAT(FitCostModel(bad).status().message(), HasSubstr("-2"));
+}
+
+TEST(NonNegativeLeastSquares, MatchesBruteForceOverRandomProblems) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> value(0.0, 1.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Eigen::Index cols = 1 + trial % 4, rows = cols + 3;
+    const Eigen::MatrixXd a = Eigen::MatrixXd::NullaryExpr(rows, cols, [&] { return value(rng); });
+    const Eigen::VectorXd y = Eigen::VectorXd::NullaryExpr(rows, [&] { return value(rng); });
+    const std::optional<Eigen::VectorXd> x = NonNegativeLeastSquares(a, y);
+    // nullopt: no free set has a non-negative solution, so x = 0 is the optimum.
+    const Eigen::VectorXd solution = x.value_or(Eigen::VectorXd::Zero(cols));
+    EXPECT_TRUE((solution.array() >= 0.0).all()) << trial;
+    // No non-negative random point does better (the exact optimum is at least as good).
+    const double best = (a * solution - y).squaredNorm();
+    std::uniform_real_distribution<double> probe(0.0, 3.0);
+    for (int k = 0; k < 200; ++k) {
+      const Eigen::VectorXd z = Eigen::VectorXd::NullaryExpr(cols, [&] { return probe(rng); });
+      EXPECT_LE(best, (a * z - y).squaredNorm() + 1e-9) << trial;
+    }
+  }
+}
+
+TEST(NonNegativeLeastSquares, RecoversAnExactNonNegativeSolution) {
+  Eigen::MatrixXd a(4, 2);
+  a << 1, 0, 0, 1, 1, 1, 2, 1;
+  const Eigen::VectorXd y = a * Eigen::Vector2d(0.5, 2.0);
+  const std::optional<Eigen::VectorXd> x = NonNegativeLeastSquares(a, y);
+  ASSERT_TRUE(x.has_value());
+  EXPECT_NEAR((*x)(0), 0.5, 1e-12);
+  EXPECT_NEAR((*x)(1), 2.0, 1e-12);
+}
+
+TEST(NonNegativeLeastSquares, RejectsBadShapes) {
+  EXPECT_FALSE(NonNegativeLeastSquares(Eigen::MatrixXd(3, 0), Eigen::VectorXd::Ones(3)));
+  EXPECT_FALSE(NonNegativeLeastSquares(Eigen::MatrixXd::Ones(20, 17), Eigen::VectorXd::Ones(20)));
+  EXPECT_FALSE(NonNegativeLeastSquares(Eigen::MatrixXd::Ones(3, 2), Eigen::VectorXd::Ones(4)));
 }
 
 }  // namespace

@@ -33,8 +33,9 @@ struct ProfileFit {
 
 // argmin ||a x - y|| subject to x >= 0, exactly: every non-empty set of free columns is solved by
 // least squares and the best feasible solution kept (2^cols - 1 solves: for a handful of
-// columns). nullopt when no set gives a finite non-negative solution, for a column count outside
-// [1, 16], or when y's length is not a's row count.
+// columns). nullopt when no set gives a finite non-negative solution (x = 0 is then the
+// optimum; the fits report it as no fit), for a column count outside [1, 16], or when y's length
+// is not a's row count.
 inline std::optional<Eigen::VectorXd> NonNegativeLeastSquares(const Eigen::MatrixXd& a,
                                                               const Eigen::VectorXd& y) {
   const Eigen::Index cols = a.cols();
