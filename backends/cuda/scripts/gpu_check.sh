@@ -23,7 +23,8 @@
 #   cp_cudnn   the same on the cudnn engine
 #   torch_cp   wlb.torch's CP attention (PyTorch varlen_attn): checked over NCCL and per strategy,
 #              then timed per rank on cp_bench's plans and paired with the cp stages' rows
-#              (WLB_TORCH_CP_MICRO_BATCHES)
+#              (this call's, else the device's committed docs/results rows;
+#              WLB_TORCH_CP_MICRO_BATCHES)
 #   layer      the decoder layer: memcheck on small shapes (WLB_LAYER_MEMCHECK=0 skips it), then
 #              layer_bench at 7B-128K (Table 2 from measured latency, fitted profiles, measured
 #              1F1B speedup, CP at C = 2 and 4); 550M-64K (head_dim 96) on the cudnn engine
@@ -32,7 +33,8 @@
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
 # Measured on one H100 on 2026-11-26 (backends/cuda/README.md): cp 31 s and cp_cudnn 24 s at the
-# default 4 micro-batches (174 and 115 s at 12), layer 53 s at 3 steps (7B alone 95 s at 12).
+# default 4 micro-batches (174 and 115 s at 12), layer 53 s at 3 steps (7B 238 s and 550M 140 s at
+# 12 steps with all 12 under CP), torch_cp 132 s at 12 micro-batches.
 # Every stage is sized to end well inside 9 minutes on its own. The whole call shares one time
 # budget, WLB_GPU_BUDGET_S (default 530 s): each step's timeout is its cap cut to what is left,
 # and a step or stage that cannot start in time is reported NOT RUN, so a call always ends inside
@@ -85,7 +87,7 @@ declare -A caps=(
   [cp_cudnn:cp_bench_c2]=60 [cp_cudnn:cp_bench_c4]=60 [cp_cudnn:cp_bench_c8]=60
   [cp_cudnn:cp_end_to_end]=40
   [torch_cp:torch_cp_bench]=150
-  [layer:memcheck]=90 [layer:bench_7b_128k]=200 [layer:bench_550m_64k]=120
+  [layer:memcheck]=90 [layer:bench_7b_128k]=280 [layer:bench_550m_64k]=150
   [build:prebuild]=420
 )
 all_stages=(tests sanitizer bench ncu profile cp cp_cudnn torch_cp layer build)
@@ -387,12 +389,17 @@ stage_profile() {
   return ${rc}
 }
 
+# The device's name as docs/results spells it (h100, h200).
+device_slug() {
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+    sed -E 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z'
+}
+
 # The profile table the cp stages use: this call's (profile stage), else the committed one of
 # this device (docs/results/<device>_kernel_profile_<kernel>.csv), else none (analytic model).
 profile_for() {
   local kernel=$1 slug f
-  slug=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
-         sed -E 's/NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')
+  slug=$(device_slug)
   for f in "${out}/kernel_profile_${kernel}.csv" \
            "${repo}/docs/results/${slug}_kernel_profile_${kernel}.csv"; do
     [[ -s "${f}" ]] && { echo "${f}"; return; }
@@ -433,7 +440,8 @@ stage_cp_cudnn() { cp_stage cp_cudnn cudnn; }
 # wlb.torch's CP attention on this GPU (torch_cp_bench.py): cp_attention over NCCL (one rank: NCCL
 # takes one rank per GPU) and every strategy's ranks emulated, each checked against the math
 # backend; then per-rank times on cp_bench's micro-batches and plans (the flash kernel model, as
-# the cp stage), paired with the cp stages' rows when they ran earlier in this call.
+# the cp stage), paired with the cp stages' rows when they ran earlier in this call, else with
+# this device's committed rows (docs/results/<device>_cp_bench_<kernel>.jsonl).
 stage_torch_cp() {
   local t="${work}/torch_cp" table_path profile=() compare=()
   [[ -f "${dev}/python/wlb/__init__.py" ]] || {
@@ -441,7 +449,11 @@ stage_torch_cp() {
   table_path=$(profile_for flash)
   [[ -n "${table_path}" ]] && profile=(--profile "${table_path}")
   compare=( $(ls "${work}"/cp/cp_bench_c*.jsonl "${work}"/cp_cudnn/cp_bench_c*.jsonl 2>/dev/null) )
-  say "torch_cp: kernel model from ${table_path:-the analytic default}; pairing with ${#compare[@]} cp_bench files"
+  if [[ ${#compare[@]} -eq 0 ]]; then
+    # No cp stage in this call: this device's committed rows (another call, same device class).
+    compare=( $(ls "${repo}/docs/results/$(device_slug)"_cp_bench_{flash,cudnn}.jsonl 2>/dev/null) )
+  fi
+  say "torch_cp: kernel model from ${table_path:-the analytic default}; pairing with ${#compare[@]} cp_bench files: ${compare[*]##*/}"
   run torch_cp torch_cp_bench env PYTHONPATH="${dev}/python" python3 \
     "${repo}/backends/cuda/bench/torch_cp_bench.py" --cp "$(IFS=,; echo "${cp_sizes[*]}")" \
     --micro-batches "${torch_cp_mbs}" --warmup "${cp_warmup}" --iters "${cp_iters}" \
