@@ -192,6 +192,35 @@ TEST(KernelModelTest, ProfileOverheadIsAdded) {
   EXPECT_NEAR(m->SegmentMs(256, 256), 3 * 0.02 + 0.004, 1e-12);  // 3 blocks at one throughput
 }
 
+TEST(KernelModelTest, ProfileReadsTheNamedTimeColumn) {
+  // The profiler's layout: forward ms, then the backward of the same call.
+  const std::string text = "q_len,kv_len,ms,bwd_ms,note\n128,128,0.5,1.25,x\n128,256,1,2.5,y\n";
+  absl::StatusOr<KernelModel> fwd = ParseKernelProfileCsv(text, "t.csv");
+  absl::StatusOr<KernelModel> bwd =
+      ParseKernelProfileCsv(text, "t.csv", {}, 0.0, kBackwardMsColumn);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  ASSERT_TRUE(bwd.ok()) << bwd.status();
+  EXPECT_NEAR(fwd->SegmentMs(128, 128), 0.5, 1e-12);
+  EXPECT_NEAR(bwd->SegmentMs(128, 128), 1.25, 1e-12);
+  EXPECT_NEAR(bwd->SegmentMs(128, 256), 2.5, 1e-12);
+  absl::StatusOr<std::vector<KernelProfilePoint>> points =
+      ParseKernelProfilePoints(text, "t.csv", kBackwardMsColumn);
+  ASSERT_TRUE(points.ok()) << points.status();
+  ASSERT_EQ(points->size(), 2u);
+  EXPECT_EQ((*points)[1].ms, 2.5);
+  // A table without the column, and a bad value in it, are errors that name it.
+  EXPECT_THAT(std::string(ParseKernelProfileCsv("q_len,kv_len,ms\n1,1,1\n", "t.csv", {}, 0.0,
+                                                kBackwardMsColumn)
+                              .status()
+                              .message()),
+              HasSubstr("must name the columns q_len, kv_len and bwd_ms"));
+  EXPECT_THAT(std::string(ParseKernelProfileCsv("q_len,kv_len,ms,bwd_ms\n1,1,1,-3\n", "t.csv",
+                                                {}, 0.0, kBackwardMsColumn)
+                              .status()
+                              .message()),
+              HasSubstr("t.csv:2: bwd_ms '-3' is not a number"));
+}
+
 TEST(KernelModelTest, ProfileErrorsNameLineAndValue) {
   struct Case {
     std::string text;

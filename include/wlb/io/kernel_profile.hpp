@@ -4,6 +4,9 @@
 //   absl::StatusOr<wlb::KernelModel> measured = wlb::ReadKernelProfileCsv("h200-fwd.csv");
 //   absl::StatusOr<std::vector<wlb::KernelProfilePoint>> points =
 //       wlb::ReadKernelProfilePoints("h200-fwd.csv");  // e.g. for FitAnalyticKernelParams
+//   // The backward times of the same calls, where the profiler wrote them (bwd_ms column):
+//   absl::StatusOr<wlb::KernelModel> backward =
+//       wlb::ReadKernelProfileCsv("h200.csv", {}, 0.0, wlb::kBackwardMsColumn);
 #pragma once
 
 #include <string>
@@ -23,11 +26,17 @@
 
 namespace wlb {
 
-// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and ms (any order,
-// other columns ignored), then one row per measured call. `source` names the text in error
+// The time columns wlb_cuda_kernel_profiler writes: forward ms, and backward ms of the same call.
+inline constexpr absl::string_view kForwardMsColumn = "ms";
+inline constexpr absl::string_view kBackwardMsColumn = "bwd_ms";
+
+// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and the time column
+// `ms_column` (default ms, the forward; any order, other columns ignored), then one row per
+// measured call; each point's ms is that column's value. `source` names the text in error
 // messages, which also give the 1-based line and the bad value.
 inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
-    absl::string_view text, absl::string_view source) {
+    absl::string_view text, absl::string_view source,
+    absl::string_view ms_column = kForwardMsColumn) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   size_t header_line = 0;
   while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
@@ -43,12 +52,12 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
     const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
     if (h == "q_len") q_col = static_cast<int>(i);
     if (h == "kv_len") kv_col = static_cast<int>(i);
-    if (h == "ms") ms_col = static_cast<int>(i);
+    if (h == ms_column) ms_col = static_cast<int>(i);
   }
   if (q_col < 0 || kv_col < 0 || ms_col < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s:%d: header %s must name the columns q_len, kv_len and ms", source, header_line + 1,
-        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200)));
+        "%s:%d: header %s must name the columns q_len, kv_len and %s", source, header_line + 1,
+        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200), ms_column));
   }
   std::vector<KernelProfilePoint> points;
   for (size_t li = header_line + 1; li < lines.size(); ++li) {
@@ -74,9 +83,9 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
           source, li + 1, QuoteForMessage(kv_text), p.q_len, kMaxContext));
     }
     if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s:%d: ms %s is not a number in [%g, %g]",
-                                                        source, li + 1, QuoteForMessage(ms_text),
-                                                        kMinProfileMs, kMaxProfileMs));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: %s %s is not a number in [%g, %g]", source, li + 1, ms_column,
+          QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
     }
     points.push_back(p);
   }
@@ -87,13 +96,13 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
   return points;
 }
 
-// The table model of a kernel profile CSV (ParseKernelProfilePoints, then
+// The table model of a kernel profile CSV's `ms_column` (ParseKernelProfilePoints, then
 // KernelModel::FromProfile).
-inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
-                                                         absl::string_view source,
-                                                         const KernelShape& shape = {},
-                                                         double segment_overhead_ms = 0.0) {
-  absl::StatusOr<std::vector<KernelProfilePoint>> points = ParseKernelProfilePoints(text, source);
+inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(
+    absl::string_view text, absl::string_view source, const KernelShape& shape = {},
+    double segment_overhead_ms = 0.0, absl::string_view ms_column = kForwardMsColumn) {
+  absl::StatusOr<std::vector<KernelProfilePoint>> points =
+      ParseKernelProfilePoints(text, source, ms_column);
   if (!points.ok()) return points.status();
   absl::StatusOr<KernelModel> model = KernelModel::FromProfile(*points, shape, segment_overhead_ms);
   if (!model.ok()) {
@@ -105,19 +114,20 @@ inline absl::StatusOr<KernelModel> ParseKernelProfileCsv(absl::string_view text,
 
 // Reads the points of a kernel profile CSV file (see ParseKernelProfilePoints).
 inline absl::StatusOr<std::vector<KernelProfilePoint>> ReadKernelProfilePoints(
-    const std::string& path) {
+    const std::string& path, absl::string_view ms_column = kForwardMsColumn) {
   absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
   if (!text.ok()) return text.status();
-  return ParseKernelProfilePoints(*text, absl::CHexEscape(path));
+  return ParseKernelProfilePoints(*text, absl::CHexEscape(path), ms_column);
 }
 
 // Reads a kernel profile CSV file (see ParseKernelProfileCsv).
-inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(const std::string& path,
-                                                        const KernelShape& shape = {},
-                                                        double segment_overhead_ms = 0.0) {
+inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(
+    const std::string& path, const KernelShape& shape = {}, double segment_overhead_ms = 0.0,
+    absl::string_view ms_column = kForwardMsColumn) {
   absl::StatusOr<std::string> text = ReadInputFile(path, "kernel profile");
   if (!text.ok()) return text.status();
-  return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms);
+  return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms,
+                               ms_column);
 }
 
 }  // namespace wlb
