@@ -94,5 +94,25 @@ TEST(ArgminTree, KeysAtTheMaximumStillGiveARealIndex) {
   EXPECT_EQ(ints.Min(), 13u);
 }
 
+TEST(ArgminTree, FillStartsOverAsANewTree) {
+  std::mt19937_64 rng(8);
+  for (size_t n : {1, 3, 8, 9, 100}) {
+    detail::ArgminTree<double> tree(n, 0.0);
+    for (int round = 0; round < 3; ++round) {
+      const double init = round - 1.0;
+      tree.Fill(init);
+      std::vector<double> keys(n, init);
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(tree.key(i), init);
+      EXPECT_EQ(tree.Min(), 0u);
+      for (int op = 0; op < 200; ++op) {
+        const size_t i = std::uniform_int_distribution<size_t>(0, n - 1)(rng);
+        keys[i] = std::uniform_real_distribution<double>(-2.0, 2.0)(rng);
+        tree.Set(i, keys[i]);
+        ASSERT_EQ(tree.Min(), BruteArgmin(keys)) << "n " << n << ", round " << round;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wlb

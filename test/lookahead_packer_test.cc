@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -197,6 +198,89 @@ TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
   EXPECT_EQ((*unbounded)->RestoreState((*bounded)->SaveState()).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE((*unbounded)->RestoreState((*unbounded)->SaveState()).ok());
+}
+
+
+// Sketcher::EstimateStep against a slow reference: the long documents placed as PackUnderCap
+// places them (a scan for the lightest micro-batch, else the emptiest, else carried), then the
+// short tokens poured as a fluid up to a common level found by bisection to 1e-13; the estimate,
+// and the fluid carried when every micro-batch fills, agree to 1e-9.
+TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
+  std::mt19937_64 rng(31);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  // The Sketcher keeps a reference to its cost: a DocumentCost that outlives it.
+  const DocumentCost cost =
+      CostModel{.attn_quadratic = 1.0, .linear_per_token = 300.0, .unit = "flop"};
+  int full = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    PackerConfig config;
+    config.context = uniform(64, 4096);
+    config.max_tokens = DefaultMaxTokens(config.context);
+    config.micro_batches = static_cast<int32_t>(uniform(1, 40));
+    const lookahead::Sketcher sketcher(config, cost);
+    lookahead::Sketch step;
+    const int64_t longs = uniform(0, 3 * config.micro_batches);
+    for (int64_t i = 0; i < longs; ++i) {
+      step.lengths.push_back(uniform(sketcher.LongCut(), config.max_tokens));
+    }
+    const int64_t shorts = uniform(trial % 5 == 0 ? 0 : 1, 40 * config.micro_batches);
+    for (int64_t i = 0; i < shorts; ++i) {
+      const int64_t length = uniform(1, std::max<int64_t>(1, sketcher.LongCut() - 1));
+      step.short_tokens += static_cast<double>(length);
+      step.short_cost += cost(length);
+    }
+    // The reference.
+    const auto n = static_cast<size_t>(config.micro_batches);
+    const double cap = static_cast<double>(config.max_tokens);
+    std::vector<double> w(n, 0.0), t(n, 0.0);
+    std::vector<int64_t> sorted = step.lengths;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    for (int64_t length : sorted) {
+      const auto l = static_cast<double>(length);
+      size_t target = std::min_element(w.begin(), w.end()) - w.begin();
+      if (t[target] + l > cap) target = std::min_element(t.begin(), t.end()) - t.begin();
+      if (t[target] + l > cap) continue;
+      w[target] += cost(length);
+      t[target] += l;
+    }
+    double carried = 0.0;
+    if (step.short_tokens > 0.0) {
+      const double rate = step.short_cost / step.short_tokens;
+      auto poured = [&](double level) {
+        double p = 0.0;
+        for (size_t b = 0; b < n; ++b) p += std::clamp((level - w[b]) / rate, 0.0, cap - t[b]);
+        return p;
+      };
+      double lo = 0.0;
+      double hi = *std::max_element(w.begin(), w.end()) + rate * cap;
+      if (poured(hi) <= step.short_tokens) {
+        lo = hi;
+        carried = step.short_tokens - poured(hi);
+        ++full;
+      } else {
+        for (int i = 0; i < 200 && hi - lo > 1e-13 * hi; ++i) {
+          const double mid = 0.5 * (lo + hi);
+          (poured(mid) < step.short_tokens ? lo : hi) = mid;
+        }
+      }
+      for (size_t b = 0; b < n; ++b) w[b] += std::clamp((lo - w[b]) / rate, 0.0, cap - t[b]) * rate;
+    }
+    double total = 0.0;
+    for (double x : w) total += x;
+    const double expected =
+        total > 0.0 ? *std::max_element(w.begin(), w.end()) / (total / static_cast<double>(n))
+                    : 1.0;
+    lookahead::Sketch carry;
+    const double estimate = sketcher.EstimateStep(step, carry);
+    EXPECT_NEAR(estimate, expected, 1e-9 * expected)
+        << "trial " << trial << ": S = " << config.context << ", N = " << n << ", " << longs
+        << " long documents, " << step.short_tokens << " short tokens";
+    EXPECT_NEAR(carry.short_tokens, carried, 1e-6 * std::max(1.0, step.short_tokens))
+        << "trial " << trial;
+  }
+  EXPECT_GT(full, 10);  // steps that fill every micro-batch were tried too
 }
 
 }  // namespace

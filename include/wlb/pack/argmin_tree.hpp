@@ -33,6 +33,12 @@ class ArgminTree {
     Rebuild();
   }
 
+  // Sets all N keys to `init`, as a new tree of the same size (keeps its memory).
+  void Fill(Key init) {
+    for (size_t i = 0; i < size_; ++i) tree_[leaves_ + i] = MakeNode(init, i);
+    Rebuild();
+  }
+
   size_t size() const { return size_; }
   // Key i (a double -0.0 reads back as +0.0, which compares the same).
   Key key(size_t i) const {

@@ -22,11 +22,12 @@
 // step has room for them, or hold back the one or two longest new arrivals; from N = 16 also
 // release more outliers than micro-batches, alike or shortest first, so they pair up
 // (AddEvenReleases), and never keep an outlier queued more than kMaxOutlierWait steps. Each
-// candidate is packed as wlb-refine packs a step and followed through the look-ahead steps, where
-// each step takes wlb's release or, when wlb releases a level, every queued outlier, whichever
-// balances better (a step that must take a long outlier is best filled with the other long ones, so
-// holding outliers for it pays off). The candidate with the lowest summed imbalance wins
-// (lookahead/scoring.hpp). Delay is steered toward wlb's by a delay account
+// candidate's step is sketched (long documents placed as wlb places them, short ones as a fluid)
+// and followed through the look-ahead steps, where each step takes wlb's release or, when wlb
+// releases a level, every queued outlier, whichever balances better (a step that must take a long
+// outlier is best filled with the other long ones, so holding outliers for it pays off). The
+// candidate with the lowest summed imbalance wins (lookahead/scoring.hpp) and is packed as
+// wlb-refine packs a step. Delay is steered toward wlb's by a delay account
 // (lookahead/delay_account.hpp): the packer follows an estimate of wlb's token delay on the same
 // stream alongside (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained
 // later than wlb's rule would. This is not a bound: on heavy-tailed streams the mean token delay
@@ -217,23 +218,11 @@ class LookaheadPacker final : public Packer {
     SortLongestFirst(fresh);
     const std::vector<lookahead::Candidate> candidates = lookahead::Candidates(
         held, fresh, static_cast<size_t>(config_.micro_batches), lookahead_, next_step_);
-    // Real packings while they are cheap (small steps), sketches beyond.
-    size_t pending = fresh.size() + static_cast<size_t>(held.carry.size());
-    for (const auto& step : buffer_) pending += step.size();
-    const bool exact = candidates.size() * pending <= lookahead::kExactScoringDocuments;
-    const lookahead::StepPacking packing = Packing();
     const lookahead::Sketcher sketcher(config_, cost_);
     lookahead::SketchBase sketch;
-    if (!exact && candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
-    std::vector<std::vector<Document>> ahead_fresh;  // what every exact score packs ahead
-    if (exact && candidates.size() > 1) {
-      for (const auto& step : buffer_) {
-        ahead_fresh.push_back(lookahead::SortedNonOutliers(step, held.queues));
-      }
-    }
+    if (candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
     size_t best = 0;
     double best_score = 0.0;
-    lookahead::PlannedStep best_step;  // the best candidate's step, when scored exactly
     for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
       // A repeated candidate scores as its first occurrence, which it would have to beat.
       if (lookahead::RepeatsEarlier(candidates, i)) continue;
@@ -241,26 +230,16 @@ class LookaheadPacker final : public Packer {
                              (static_cast<double>(config_.micro_batches) * config_.context);
       const double to_beat = best_score - 1e-9;
       auto loses = [&](double at_least) { return i > 0 && at_least - penalty >= to_beat; };
-      lookahead::PlannedStep step;
-      const std::optional<double> sum =
-          exact ? lookahead::ScoreByPacking(packing, candidates[i], held, fresh, buffer_,
-                                            ahead_fresh, loses, step)
-                : sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
+      const std::optional<double> sum = sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
       if (!sum) continue;
       const double score = *sum - penalty;
       if (i == 0 || score < to_beat) {
         best = i;
         best_score = score;
-        best_step = std::move(step);
       }
     }
-    std::vector<MicroBatch> mbs;
-    if (exact && candidates.size() > 1) {
-      mbs = std::move(best_step.micro_batches);
-      held = std::move(best_step.held);
-    } else {
-      mbs = packing.PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
-    }
+    std::vector<MicroBatch> mbs =
+        Packing().PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
     delay_.Record(arrivals, mbs, next_step_);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));

@@ -98,17 +98,6 @@ inline std::vector<Document> Enqueue(const std::vector<Document>& arrivals, Hold
   return fresh;
 }
 
-// What Enqueue() leaves of `arrivals` (the documents no level of `queues` takes), longest first.
-inline std::vector<Document> SortedNonOutliers(const std::vector<Document>& arrivals,
-                                               const OutlierQueues<Document>& queues) {
-  std::vector<Document> fresh;
-  for (const Document& d : arrivals) {
-    if (queues.Level(d.length) < 0) fresh.push_back(d);
-  }
-  SortLongestFirst(fresh);
-  return fresh;
-}
-
 // Tokens of queued outliers `c` releases minus the arrivals it holds back.
 inline double TrainedTokens(const Candidate& c, const Holding& held,
                             const std::vector<Document>& fresh) {

@@ -1,6 +1,5 @@
 // wlb-lookahead's scoring: the summed imbalance of a step planned under a candidate and of the
-// buffered steps after it, from real packings while they are cheap (ScoreByPacking) and from
-// sketches beyond (ScoreBySketch). Lower is better.
+// buffered steps after it, from sketches of those steps (ScoreBySketch). Lower is better.
 #pragma once
 
 #include <algorithm>
@@ -8,24 +7,19 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "wlb/core/document.hpp"
-#include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/argmin_tree.hpp"
 #include "wlb/pack/lookahead/candidates.hpp"
 #include "wlb/pack/packer.hpp"
 
 namespace wlb::lookahead {
 
-// Candidates are scored by real packings while candidates x documents to pack (this step's and
-// the buffered ones) stays within this (N = 4 at S = 128K: about 2,500), else by sketches: at
-// N = 64 real packings of every candidate would take ~10 times wlb-refine's planning time.
-inline constexpr size_t kExactScoringDocuments = 6000;
-
-// The least a step's imbalance can be, from ImbalanceDegree() or Sketcher::EstimateStep(): the
+// The least a step's imbalance can be, from Sketcher::EstimateStep(): the
 // heaviest micro-batch weighs at least the mean; with costs >= 0 the computed mean exceeds it by
 // about N ulps at most, far within this margin.
 inline constexpr double kMinImbalance = 1.0 - 1e-6;
@@ -37,62 +31,10 @@ inline double ScoreLowerBound(double sum, size_t steps_left) {
   return sum;
 }
 
-// A step planned under a candidate and what it leaves held: scoring keeps the winner's, so the
-// winner is not packed a second time.
-struct PlannedStep {
-  std::vector<MicroBatch> micro_batches;
-  Holding held;
-};
-
-// The summed imbalance of the step under `c` and the `buffer`ed steps after it, from real
-// packings (as wlb-refine packs) of every step; the step under `c` goes to `planned`. Each
-// buffered step takes wlb's release or, when wlb releases a level, every queued outlier,
-// whichever balances better: the step that must take a long outlier is best filled with the
-// other long ones, so holding them for it pays. `ahead_fresh[s]` is SortedNonOutliers() of
-// `buffer[s]`, the same for every candidate.
-// `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt) as
-// soon as ScoreLowerBound() loses, so the candidate is not followed further.
-template <typename Loses>
-std::optional<double> ScoreByPacking(const StepPacking& packing, const Candidate& c,
-                                     const Holding& base, const std::vector<Document>& fresh,
-                                     const std::deque<std::vector<Document>>& buffer,
-                                     const std::vector<std::vector<Document>>& ahead_fresh,
-                                     const Loses& loses, PlannedStep& planned) {
-  if (loses(ScoreLowerBound(kMinImbalance, buffer.size()))) return std::nullopt;
-  const size_t n = static_cast<size_t>(packing.config.micro_batches);
-  planned.held = base;
-  planned.micro_batches = packing.PlanStep(c, fresh, planned.held, /*fresh_sorted=*/true);
-  double score = ImbalanceDegree(planned.micro_batches);
-  if (buffer.empty()) return score;
-  Holding held = planned.held;
-  for (size_t s = 0; s < buffer.size(); ++s) {
-    if (loses(ScoreLowerBound(score, buffer.size() - s))) return std::nullopt;
-    for (const Document& d : buffer[s]) held.queues.Enqueue(d);  // the rest is ahead_fresh[s]
-    std::vector<Document> next_fresh = ahead_fresh[s];
-    const Candidate wlb{.release = WlbRelease(held, n)};
-    if (!ReleasesAny(wlb)) {
-      score += ImbalanceDegree(
-          packing.PlanStep(wlb, std::move(next_fresh), held, /*fresh_sorted=*/true));
-      continue;
-    }
-    Holding by_wlb = held;
-    double best = ImbalanceDegree(packing.PlanStep(wlb, next_fresh, by_wlb, /*fresh_sorted=*/true));
-    const double all = ImbalanceDegree(
-        packing.PlanStep(ReleaseAll(held), std::move(next_fresh), held, /*fresh_sorted=*/true));
-    if (all < best) {
-      best = all;
-    } else {
-      held = std::move(by_wlb);
-    }
-    score += best;
-  }
-  return score;
-}
-
 // A step as the look-ahead sees it while it compares candidates: long documents one by one,
-// short ones (< S/8: most documents, and interchangeable filler) as a fluid of tokens at their
-// mean cost per token. Estimating a candidate is then O(long documents x log N + N), not a
-// packing of every document, so the search costs little next to the one real packing.
+// short ones (below LongCut(): most documents, and interchangeable filler) as a fluid of tokens
+// at their mean cost per token. Estimating a candidate is then O(long documents x log N + N), not
+// a packing of every document, so the search costs little next to the one real packing.
 struct Sketch {
   std::vector<int64_t> lengths;  // long documents
   double short_tokens = 0.0;
@@ -116,7 +58,13 @@ struct SketchBase {
 // Sketches of steps under one configuration and cost.
 class Sketcher {
  public:
-  Sketcher(const PackerConfig& config, const DocumentCost& cost) : config_(config), cost_(cost) {}
+  Sketcher(const PackerConfig& config, const DocumentCost& cost)
+      : config_(config),
+        cost_(cost),
+        scratch_{.lightest = detail::ArgminTree<double>(static_cast<size_t>(config.micro_batches),
+                                                        0.0),
+                 .emptiest = detail::ArgminTree<double>(static_cast<size_t>(config.micro_batches),
+                                                        0.0)} {}
 
   void AddToSketch(const Document& d, Sketch& sketch) const {
     if (d.length >= LongCut()) {
@@ -126,7 +74,18 @@ class Sketcher {
       sketch.short_cost += cost_(d.length);
     }
   }
-  int64_t LongCut() const { return std::max<int64_t>(1, config_.context / 8); }
+  // Where long documents start. A small step holds a few hundred documents and each long one
+  // moves a micro-batch's weight, so the sketch places more of them one by one: from S/64 up to
+  // N = 4, S/32 up to N = 16, S/8 beyond, which keeps it cheap where steps hold thousands.
+  // Measured with wlb-plan (K = 1) against scoring by real packings, which the look-ahead did
+  // up to N = 4 before: the WLB-LLM-like data at N = 4 1.0246 (real packings 1.0237; S/32
+  // 1.0250), the heavy tail (400 steps) 1.0464 (1.0462), the heavy tail of seed 5
+  // 1.035 at 0.55 steps of delay (1.036 at 0.65); at N = 16 S/32 1.046 (S/8 1.054); at N = 64
+  // and 1,024 S/32 changed nothing and took twice the time.
+  int64_t LongCut() const {
+    const int64_t n = config_.micro_batches;
+    return std::max<int64_t>(1, config_.context / (n <= 4 ? 64 : n <= 16 ? 32 : 8));
+  }
 
   // Estimates the imbalance of packing `step`: long documents longest first as PackUnderCap
   // places them, then the fluid poured into the lightest micro-batches up to S_max. What fits
@@ -134,11 +93,18 @@ class Sketcher {
   double EstimateStep(Sketch step, Sketch& carry) const {
     const size_t n = static_cast<size_t>(config_.micro_batches);
     const double cap = static_cast<double>(config_.max_tokens);
-    std::vector<double> cost(n, 0.0), tokens(n, 0.0);
+    // The micro-batches' cost and tokens, and the lightest and the emptiest of them from
+    // tournament trees (O(log N) per document), in scratch memory a Sketcher keeps: a step is
+    // estimated a few dozen times.
+    std::vector<double>& cost = scratch_.cost;
+    std::vector<double>& tokens = scratch_.tokens;
+    cost.assign(n, 0.0);
+    tokens.assign(n, 0.0);
+    detail::ArgminTree<double>& lightest = scratch_.lightest;
+    detail::ArgminTree<double>& emptiest = scratch_.emptiest;
+    lightest.Fill(0.0);
+    emptiest.Fill(0.0);
     std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
-    // The lightest and the emptiest micro-batch from tournament trees (O(log N) per document).
-    detail::ArgminTree<double> lightest(n, 0.0);
-    detail::ArgminTree<double> emptiest(n, 0.0);
     for (int64_t length : step.lengths) {
       const double l = static_cast<double>(length);
       size_t target = lightest.Min();
@@ -159,30 +125,17 @@ class Sketcher {
     for (double c : cost) total += c;
     if (step.short_tokens > 0.0) {
       const double rate = step.short_cost / step.short_tokens;
-      // The level: micro-batches sorted by cost; each below the level takes fluid up to it or to
-      // its cap. Found by bisection on the poured amount, which grows with the level.
-      auto poured = [&](double level) {
-        double t = 0.0;
-        for (size_t b = 0; b < n; ++b) {
-          t += std::clamp((level - cost[b]) / rate, 0.0, cap - tokens[b]);
-        }
-        return t;
-      };
-      double lo = *std::min_element(cost.begin(), cost.end());
-      double hi = *std::max_element(cost.begin(), cost.end()) + rate * cap;
-      if (poured(hi) <= step.short_tokens) {
-        lo = hi;  // everything is full: the rest is carried
-      } else {
-        while (hi - lo > 1e-6 * hi) {  // ~20 halvings
-          const double mid = 0.5 * (lo + hi);
-          (poured(mid) < step.short_tokens ? lo : hi) = mid;
-        }
-      }
       double placed = 0.0;
-      for (size_t b = 0; b < n; ++b) {
-        const double t = std::clamp((lo - cost[b]) / rate, 0.0, cap - tokens[b]);
-        cost[b] += t * rate;
-        placed += t;
+      if (rate > 0.0) {
+        const double level = FluidLevel(cost, tokens, cap, rate, step.short_tokens);
+        for (size_t b = 0; b < n; ++b) {
+          const double t = std::clamp((level - cost[b]) / rate, 0.0, cap - tokens[b]);
+          cost[b] += t * rate;
+          placed += t;
+        }
+      } else {  // costless fluid (a cost model that is 0 for short documents) goes where room is
+        for (size_t b = 0; b < n; ++b) placed += cap - tokens[b];
+        placed = std::min(placed, step.short_tokens);
       }
       total += placed * rate;
       const double left = std::max(0.0, step.short_tokens - placed);
@@ -191,6 +144,39 @@ class Sketcher {
     }
     if (total <= 0.0) return 1.0;
     return *std::max_element(cost.begin(), cost.end()) / (total / static_cast<double>(n));
+  }
+
+  // The level the fluid raises the lightest micro-batches to: micro-batch b below it takes
+  // (level - cost[b]) / rate tokens, at most its room under the cap, and together they take
+  // `fluid`; +infinity when all the room together is not enough (every micro-batch fills). The
+  // poured amount is piecewise linear in the level, with a break where a micro-batch starts
+  // filling (its cost) and where it is full, so one sweep over the sorted breaks finds the
+  // level exactly: O(N log N), where a bisection took ~20 passes over the N micro-batches.
+  // `rate` > 0: the cost per token of the fluid.
+  double FluidLevel(const std::vector<double>& cost, const std::vector<double>& tokens, double cap,
+                    double rate, double fluid) const {
+    constexpr double kFull = std::numeric_limits<double>::infinity();
+    std::vector<std::pair<double, int>>& breaks = scratch_.breaks;  // (level, change of slope)
+    breaks.clear();
+    double room = 0.0;
+    for (size_t b = 0; b < cost.size(); ++b) {
+      room += cap - tokens[b];
+      breaks.push_back({cost[b], +1});
+      breaks.push_back({cost[b] + rate * (cap - tokens[b]), -1});
+    }
+    if (room <= fluid) return kFull;
+    std::sort(breaks.begin(), breaks.end());
+    double level = breaks.front().first;
+    double poured = 0.0;
+    int filling = 0;  // micro-batches taking fluid between `level` and the next break
+    for (const auto& [next, change] : breaks) {
+      const double at_next = poured + filling * (next - level) / rate;
+      if (at_next >= fluid && filling > 0) return level + (fluid - poured) * rate / filling;
+      poured = at_next;
+      level = next;
+      filling += change;
+    }
+    return level;  // not reached: the room exceeds the fluid
   }
 
   // `arrivals` split into the outliers of each level of `queues` and a sketch of the rest.
@@ -228,10 +214,13 @@ class Sketcher {
     to.short_cost += from.short_cost;
   }
 
-  // The same as ScoreByPacking from sketches (EstimateStep): far cheaper, a little less exact.
-  // `fresh` is sorted longest first, so holding back the h longest arrivals moves
-  // `sketch.longest[0, h)` to the carry.
-  // Stops early (nullopt) as ScoreByPacking does.
+  // The summed imbalance of the step under `c` and the buffered steps after it, each estimated
+  // (EstimateStep). Each buffered step takes wlb's release or, when wlb releases a level, every
+  // queued outlier, whichever balances better: the step that must take a long outlier is best
+  // filled with the other long ones, so holding them for it pays. `fresh` is sorted longest
+  // first, so holding back the h longest arrivals moves `sketch.longest[0, h)` to the carry.
+  // `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt)
+  // as soon as ScoreLowerBound() loses, so the candidate is not followed further.
   template <typename Loses>
   std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
                                       const SketchBase& sketch, const Loses& loses) const {
@@ -295,6 +284,12 @@ class Sketcher {
  private:
   const PackerConfig& config_;
   const DocumentCost& cost_;
+  struct Scratch {
+    std::vector<double> cost, tokens;
+    detail::ArgminTree<double> lightest, emptiest;
+    std::vector<std::pair<double, int>> breaks;
+  };
+  mutable Scratch scratch_;  // EstimateStep's working memory; a Sketcher is used by one thread
 };
 
 }  // namespace wlb::lookahead
