@@ -32,7 +32,7 @@ struct PackerOptions {
   // delay is a bound: the packer prices delay beyond 0.9 of each (lookahead/delay_account.hpp),
   // which steers but does not guarantee. Measured on generated heavy-tailed streams
   // (test/lookahead_packer_test.cc, the DISABLED_ tests): it ends above wlb-refine's mean delay
-  // (which equals wlb's) on 96 of 160 seeded runs (budget 0: 38 of 80) and 98 of 300 generated
+  // (which equals wlb's) on 93 of 160 seeded runs (budget 0: 36 of 80) and 91 of 300 generated
   // streams, e.g. 0.490 against 0.314 steps. Infinity: the price against wlb's delay alone.
   double delay_budget = std::numeric_limits<double>::infinity();
 };
