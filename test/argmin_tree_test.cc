@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace argmin_tree_test {
 
 template <typename Key>
 size_t BruteArgmin(const std::vector<Key>& keys) {
@@ -94,5 +94,5 @@ TEST(ArgminTree, KeysAtTheMaximumStillGiveARealIndex) {
   EXPECT_EQ(ints.Min(), 13u);
 }
 
-}  // namespace
+}  // namespace argmin_tree_test
 }  // namespace wlb

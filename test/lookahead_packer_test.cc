@@ -17,7 +17,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace lookahead_packer_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
@@ -199,5 +199,5 @@ TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
   EXPECT_TRUE((*unbounded)->RestoreState((*unbounded)->SaveState()).ok());
 }
 
-}  // namespace
+}  // namespace lookahead_packer_test
 }  // namespace wlb
