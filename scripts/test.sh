@@ -6,7 +6,7 @@
 # build of the planning library's tests (no CUDA, bench or solver) with clang++, AddressSanitizer
 # and UndefinedBehaviorSanitizer, which also replays the fuzz corpora (fuzz/corpus): the second
 # compiler and the sanitizers in one tree, since every build of the header-only library's tests
-# costs 25-30 minutes on two cores (README, Tests).
+# is slow on two cores (README, Tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh

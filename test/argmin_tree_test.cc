@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace argmin_tree_test {
 
 template <typename Key>
 size_t BruteArgmin(const std::vector<Key>& keys) {
@@ -114,5 +114,5 @@ TEST(ArgminTree, FillStartsOverAsANewTree) {
   }
 }
 
-}  // namespace
+}  // namespace argmin_tree_test
 }  // namespace wlb

@@ -10,7 +10,7 @@
 #include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
-namespace {
+namespace attention_mask_test {
 
 using ::testing::HasSubstr;
 
@@ -120,5 +120,5 @@ TEST(AttentionMaskTest, MaskedModelCost) {
   EXPECT_THAT(std::string(wrong.MakeCost().status().message()), HasSubstr("27 layers"));
 }
 
-}  // namespace
+}  // namespace attention_mask_test
 }  // namespace wlb

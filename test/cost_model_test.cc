@@ -9,7 +9,7 @@
 #include "wlb/cost/cost_fit.hpp"
 
 namespace wlb {
-namespace {
+namespace cost_model_test {
 
 using ::testing::HasSubstr;
 
@@ -138,5 +138,5 @@ TEST(NonNegativeLeastSquares, RejectsBadShapes) {
   EXPECT_FALSE(NonNegativeLeastSquares(Eigen::MatrixXd::Ones(3, 2), Eigen::VectorXd::Ones(4)));
 }
 
-}  // namespace
+}  // namespace cost_model_test
 }  // namespace wlb

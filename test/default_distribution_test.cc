@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace default_distribution_test {
 
 TEST(DefaultLengthHistogram, BinsAreOrderedDisjointAndWithinTheWindow) {
   int64_t previous_last = 0;
@@ -124,5 +124,5 @@ TEST(SampleLengths, DrawsInsideTheBins) {
   EXPECT_NEAR(static_cast<double>(hundreds) / lengths.size(), 0.75, 0.03);
 }
 
-}  // namespace
+}  // namespace default_distribution_test
 }  // namespace wlb

@@ -15,7 +15,7 @@
 #include "wlb/wlb.hpp"
 
 namespace wlb {
-namespace {
+namespace document_cost_test {
 
 using ::testing::HasSubstr;
 
@@ -155,5 +155,5 @@ TEST(DocumentCostTest, PackersRunOnACustomCost) {
   }
 }
 
-}  // namespace
+}  // namespace document_cost_test
 }  // namespace wlb

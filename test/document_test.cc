@@ -4,7 +4,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace document_test {
 
 using ::testing::HasSubstr;
 
@@ -58,5 +58,5 @@ TEST(MakeDocuments, RejectsStreamsBeyondTheLimitsBeforeAllocating) {
   EXPECT_THAT(MakeDocuments(huge, kMaxContext + 1).status().message(), HasSubstr("got 16777217"));
 }
 
-}  // namespace
+}  // namespace document_test
 }  // namespace wlb

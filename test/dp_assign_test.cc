@@ -16,7 +16,7 @@
 #include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
-namespace {
+namespace dp_assign_test {
 
 using ::testing::HasSubstr;
 
@@ -151,5 +151,5 @@ TEST(AssignDpRanksTest, BadInputsAreErrorsNamingTheValue) {
   EXPECT_EQ(empty->step_seconds, 0.0);
 }
 
-}  // namespace
+}  // namespace dp_assign_test
 }  // namespace wlb

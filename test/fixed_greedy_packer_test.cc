@@ -17,7 +17,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace fixed_greedy_packer_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
@@ -85,5 +85,5 @@ TEST(FixedGreedyPacker, EachDocumentGoesToTheLeastAttentionMicroBatchWithRoom) {
   EXPECT_TRUE(packer.Pending().empty());
 }
 
-}  // namespace
+}  // namespace fixed_greedy_packer_test
 }  // namespace wlb

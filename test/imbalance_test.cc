@@ -4,7 +4,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace imbalance_test {
 
 MicroBatch Mb(std::vector<int64_t> lengths, int64_t arrival = 0) {
   MicroBatch mb;
@@ -144,5 +144,5 @@ TEST(Summarize, P90IsTheNinthOfTenSortedStepsAndNoCapMeansTheBoundItself) {
   EXPECT_DOUBLE_EQ(d.imbalance_max, 1.0);
 }
 
-}  // namespace
+}  // namespace imbalance_test
 }  // namespace wlb

@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace input_test {
 
 using ::testing::HasSubstr;
 
@@ -88,5 +88,5 @@ TEST(LoadInput, BadInputNamesTheProblem) {
   EXPECT_THAT(CutSteps(huge, 1, 1).status().message(), HasSubstr("over the limit"));
 }
 
-}  // namespace
+}  // namespace input_test
 }  // namespace wlb

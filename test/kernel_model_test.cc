@@ -14,7 +14,7 @@
 #include "wlb/io/kernel_profile.hpp"
 
 namespace wlb {
-namespace {
+namespace kernel_model_test {
 
 using ::testing::HasSubstr;
 
@@ -298,5 +298,5 @@ TEST(KernelModelTest, ProfilePointsBeyondTheLimitsAreRejected) {
   }
 }
 
-}  // namespace
+}  // namespace kernel_model_test
 }  // namespace wlb

@@ -7,7 +7,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace lengths_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -107,5 +107,5 @@ TEST(ParseLengths, ANulByteIsAnErrorNotTheEndOfTheInput) {
   EXPECT_FALSE(ParseLengths(std::string("5\n\0\n6\n", 6), "f").ok());
 }
 
-}  // namespace
+}  // namespace lengths_test
 }  // namespace wlb

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace limits_test {
 
 using ::testing::HasSubstr;
 
@@ -70,5 +70,5 @@ TEST(QuoteForMessage, CutsLongValuesAndNotesTheirSize) {
   EXPECT_EQ(QuoteForMessage(std::string(64, 'y')), "'" + std::string(64, 'y') + "'");
 }
 
-}  // namespace
+}  // namespace limits_test
 }  // namespace wlb

@@ -18,7 +18,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace lookahead_packer_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
@@ -283,5 +283,5 @@ TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
   EXPECT_GT(full, 10);  // steps that fill every micro-batch were tried too
 }
 
-}  // namespace
+}  // namespace lookahead_packer_test
 }  // namespace wlb

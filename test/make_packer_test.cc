@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace make_packer_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -182,5 +182,5 @@ TEST(MakePacker, RejectsABadLookahead) {
               HasSubstr("got nan"));
 }
 
-}  // namespace
+}  // namespace make_packer_test
 }  // namespace wlb

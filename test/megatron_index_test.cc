@@ -17,7 +17,7 @@
 #include "wlb/io/lengths.hpp"
 
 namespace wlb {
-namespace {
+namespace megatron_index_test {
 
 using ::testing::HasSubstr;
 
@@ -121,5 +121,5 @@ TEST(MegatronIndexTest, DamagedFilesAreErrorsNamingTheField) {
   EXPECT_THAT(Error(bad), HasSubstr("sequence 1 starts at byte 3 of the .bin, expected 10"));
 }
 
-}  // namespace
+}  // namespace megatron_index_test
 }  // namespace wlb

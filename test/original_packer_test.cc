@@ -15,7 +15,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace original_packer_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
@@ -128,5 +128,5 @@ TEST(OriginalPacker, APieceIsCutWhereTheSequenceEnds) {
   EXPECT_EQ((*steps)[0].held_back_tokens, 3);
 }
 
-}  // namespace
+}  // namespace original_packer_test
 }  // namespace wlb

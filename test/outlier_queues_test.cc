@@ -10,7 +10,7 @@
 #include "wlb/core/document.hpp"
 
 namespace wlb {
-namespace {
+namespace outlier_queues_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -105,5 +105,5 @@ TEST(ValidateThresholds, RejectsUnorderedOrOutOfRangeThresholds) {
   EXPECT_THAT(ValidateThresholds({0}, 100).message(), HasSubstr("outside [1, 100]"));
 }
 
-}  // namespace
+}  // namespace outlier_queues_test
 }  // namespace wlb

@@ -5,7 +5,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace packer_property_test {
 
 struct Case {
   std::string packer;
@@ -355,5 +355,5 @@ TEST(PackerProperties, LargeNStateRoundTripGivesTheSameFuture) {
   }
 }
 
-}  // namespace
+}  // namespace packer_property_test
 }  // namespace wlb

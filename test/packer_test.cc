@@ -13,7 +13,7 @@
 #include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
-namespace {
+namespace packer_test {
 
 using ::testing::HasSubstr;
 
@@ -829,5 +829,5 @@ TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
   }
 }
 
-}  // namespace
+}  // namespace packer_test
 }  // namespace wlb

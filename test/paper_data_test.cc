@@ -5,7 +5,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace paper_data_test {
 
 TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   const std::string path = std::string(WLB_SHARED_DATA_DIR) + "/doc_lengths_wlbllm_like.json";
@@ -90,5 +90,5 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   EXPECT_LT(tight.imbalance_mean, none.imbalance_mean - 0.2);
 }
 
-}  // namespace
+}  // namespace paper_data_test
 }  // namespace wlb

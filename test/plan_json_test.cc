@@ -12,7 +12,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace plan_json_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 
@@ -179,5 +179,5 @@ TEST(SummaryToJson, HoldsEverySummaryField) {
                                {"delay_max", 3.0}}));
 }
 
-}  // namespace
+}  // namespace plan_json_test
 }  // namespace wlb

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace plan_spec_test {
 
 using ::testing::HasSubstr;
 using Pairs = std::vector<std::pair<std::string, std::string>>;
@@ -125,5 +125,5 @@ TEST(PlanSpec, ProfileCostTableAndFit) {
   EXPECT_EQ(tabulated->unit(), "ms");
 }
 
-}  // namespace
+}  // namespace plan_spec_test
 }  // namespace wlb

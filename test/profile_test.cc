@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace profile_test {
 
 using ::testing::HasSubstr;
 
@@ -173,5 +173,5 @@ TEST(ResolveCostModel, FitsTheH100AttentionProfile) {
   EXPECT_GT(fit->model.per_document, 0);  // the flat part: fixed launch cost per document
 }
 
-}  // namespace
+}  // namespace profile_test
 }  // namespace wlb

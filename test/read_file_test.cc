@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace read_file_test {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -104,5 +104,5 @@ TEST(ReadInputFile, RefusesFifosAndDevicesAtOnceInsteadOfHangingOrReadingForever
   std::filesystem::remove(fifo);
 }
 
-}  // namespace
+}  // namespace read_file_test
 }  // namespace wlb

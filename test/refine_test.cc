@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace refine_test {
 
 const CostModel kSquares{.attn_quadratic = 1.0, .unit = "tokens^2"};
 const CostModel kMixed{.attn_quadratic = 1.0, .linear_per_token = 500.0, .unit = "mixed"};
@@ -157,5 +157,5 @@ TEST(RefineMicroBatches, ReturnsAtMostMaxRoundsChanges) {
   EXPECT_LT(MaxCost(mbs), MaxCost(start));
 }
 
-}  // namespace
+}  // namespace refine_test
 }  // namespace wlb

@@ -11,7 +11,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace shard_json_test {
 
 using ::testing::HasSubstr;
 using ::wlb::testing::MakeMicroBatch;
@@ -156,5 +156,5 @@ TEST(ShardPlanTest, JsonShape) {
   EXPECT_TRUE(b.contains("pair_imbalance") && b.contains("model_imbalance"));
 }
 
-}  // namespace
+}  // namespace shard_json_test
 }  // namespace wlb

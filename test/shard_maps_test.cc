@@ -17,7 +17,7 @@
 #include "wlb/shard/shard_strategies.hpp"
 
 namespace wlb {
-namespace {
+namespace shard_maps_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -251,5 +251,5 @@ TEST(ShardMapsTest, MapsOverTheRowLimitAreRefusedBeforeAllocating) {
   EXPECT_EQ(window->ranks[0].key_rows.size(), 2 * 512 + 63u);  // two shards of 512, one window
 }
 
-}  // namespace
+}  // namespace shard_maps_test
 }  // namespace wlb

@@ -9,7 +9,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace shard_metrics_test {
 
 using ::testing::ElementsAre;
 using ::wlb::testing::MakeMicroBatch;
@@ -111,5 +111,5 @@ TEST(CpSummary, AnAdaptivePlanCountsAsTheStrategyItChose) {
   EXPECT_EQ(summary.count(ShardStrategy::kAdaptive), 0);
 }
 
-}  // namespace
+}  // namespace shard_metrics_test
 }  // namespace wlb

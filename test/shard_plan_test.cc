@@ -21,7 +21,7 @@
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb {
-namespace {
+namespace shard_plan_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -1095,5 +1095,5 @@ TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
   }
 }
 
-}  // namespace
+}  // namespace shard_plan_test
 }  // namespace wlb

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace step_time_test {
 
 using ::testing::HasSubstr;
 
@@ -206,5 +206,5 @@ TEST(StepTimeModelTest, BadJobsNameTheValue) {
   EXPECT_THAT(std::string(dp2.StepSeconds(odd, {}).status().message()), HasSubstr("DP = 2"));
 }
 
-}  // namespace
+}  // namespace step_time_test
 }  // namespace wlb

@@ -10,7 +10,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace steps_test {
 
 using ::testing::HasSubstr;
 
@@ -132,5 +132,5 @@ TEST(StreamTokensForSteps, ChecksTheProductAgainstTheStreamLimit) {
               HasSubstr("at most 65536 steps at this S and N"));
 }
 
-}  // namespace
+}  // namespace steps_test
 }  // namespace wlb

@@ -11,7 +11,7 @@
 #include "wlb/pack/make_packer.hpp"
 
 namespace wlb {
-namespace {
+namespace stream_test {
 
 using ::testing::HasSubstr;
 
@@ -54,5 +54,5 @@ TEST(RunPacker, ReturnsThePackersErrorForABadStep) {
   EXPECT_THAT(run.status().message(), HasSubstr("length 17 is outside [1, 16]"));
 }
 
-}  // namespace
+}  // namespace stream_test
 }  // namespace wlb

@@ -6,7 +6,7 @@
 #include "wlb/io/default_distribution.hpp"
 
 namespace wlb {
-namespace {
+namespace tuner_test {
 
 using ::testing::HasSubstr;
 
@@ -119,5 +119,5 @@ TEST(TuneThresholds, BadOptionsAndImpossibleBudgets) {
   if (!none.ok()) EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
 }
 
-}  // namespace
+}  // namespace tuner_test
 }  // namespace wlb

@@ -9,7 +9,7 @@
 #include "test_util.hpp"
 
 namespace wlb {
-namespace {
+namespace varlen_layout_test {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -33,5 +33,5 @@ TEST(VarlenLayoutTest, BadLengthsAndInt32Overflow) {
   EXPECT_THAT(big.status().message(), HasSubstr("cu_seqlens must fit int32"));
 }
 
-}  // namespace
+}  // namespace varlen_layout_test
 }  // namespace wlb

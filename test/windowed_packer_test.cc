@@ -13,7 +13,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace windowed_packer_test {
 
 using ::testing::HasSubstr;
 
@@ -151,5 +151,5 @@ TEST(WindowedPacker, AStateSavedMidWindowRestoresTheSameFuture) {
   EXPECT_EQ(a.ConfigJson().at("window"), 3);
 }
 
-}  // namespace
+}  // namespace windowed_packer_test
 }  // namespace wlb

@@ -20,7 +20,7 @@
 #include "wlb/pack/stream.hpp"
 
 namespace wlb {
-namespace {
+namespace wlb_packer_test {
 
 using ::testing::HasSubstr;
 
@@ -158,5 +158,5 @@ TEST(ValidateThresholds, ErrorsNameTheBadValue) {
                                         kMaxOutlierQueues)));
 }
 
-}  // namespace
+}  // namespace wlb_packer_test
 }  // namespace wlb

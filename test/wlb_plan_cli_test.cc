@@ -14,7 +14,7 @@
 #include "wlb/wlb.hpp"
 
 namespace wlb {
-namespace {
+namespace wlb_plan_cli_test {
 
 using ::testing::HasSubstr;
 
@@ -495,5 +495,5 @@ TEST(WlbPlan, OutNeverDestroysInputsOrPlantedFilesAndStdoutFailuresAreErrors) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace wlb_plan_cli_test
 }  // namespace wlb

@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 
 namespace wlb {
-namespace {
+namespace wlb_test {
 
 TEST(Umbrella, EveryHeaderIsReachableAndThePiecesWorkTogether) {
   // Transitively included headers.
@@ -44,5 +44,5 @@ TEST(Umbrella, EveryHeaderIsReachableAndThePiecesWorkTogether) {
   }
 }
 
-}  // namespace
+}  // namespace wlb_test
 }  // namespace wlb
