@@ -59,12 +59,7 @@ struct SketchBase {
 class Sketcher {
  public:
   Sketcher(const PackerConfig& config, const DocumentCost& cost)
-      : config_(config),
-        cost_(cost),
-        scratch_{.lightest = detail::ArgminTree<double>(static_cast<size_t>(config.micro_batches),
-                                                        0.0),
-                 .emptiest = detail::ArgminTree<double>(static_cast<size_t>(config.micro_batches),
-                                                        0.0)} {}
+      : config_(config), cost_(cost), scratch_(static_cast<size_t>(config.micro_batches)) {}
 
   void AddToSketch(const Document& d, Sketch& sketch) const {
     if (d.length >= LongCut()) {
@@ -285,6 +280,7 @@ class Sketcher {
   const PackerConfig& config_;
   const DocumentCost& cost_;
   struct Scratch {
+    explicit Scratch(size_t n) : lightest(n, 0.0), emptiest(n, 0.0) {}
     std::vector<double> cost, tokens;
     detail::ArgminTree<double> lightest, emptiest;
     std::vector<std::pair<double, int>> breaks;
