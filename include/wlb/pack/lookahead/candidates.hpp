@@ -130,13 +130,6 @@ inline bool RepeatsEarlier(const std::vector<Candidate>& candidates, size_t i) {
   return false;
 }
 
-// Whether `c` releases any queued outlier.
-inline bool ReleasesAny(const Candidate& c) {
-  for (const auto& r : c.release)
-    if (!r.empty()) return true;
-  return false;
-}
-
 // Every queued outlier, no arrival held back.
 inline Candidate ReleaseAll(const Holding& held) {
   Candidate all{.release = std::vector<std::vector<size_t>>(held.queues.levels())};
