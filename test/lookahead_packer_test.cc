@@ -204,7 +204,8 @@ TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
 // Sketcher::EstimateStep against a slow reference: the long documents placed as PackUnderCap
 // places them (a scan for the lightest micro-batch, else the emptiest, else carried), then the
 // short tokens poured as a fluid up to a common level found by bisection to 1e-13; the estimate,
-// and the fluid carried when every micro-batch fills, agree to 1e-9.
+// and the fluid carried when every micro-batch fills, agree to 1e-9. N from 1 to 40 covers both
+// the scan (N <= 8) and the tournament trees.
 TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
   std::mt19937_64 rng(31);
   auto uniform = [&](int64_t lo, int64_t hi) {
@@ -279,6 +280,14 @@ TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
         << " long documents, " << step.short_tokens << " short tokens";
     EXPECT_NEAR(carry.short_tokens, carried, 1e-6 * std::max(1.0, step.short_tokens))
         << "trial " << trial;
+    // The scoring passes lengths longest first, which EstimateStep takes as they are: the same
+    // estimate and carry as from any other order.
+    lookahead::Sketch sorted_step = step;
+    sorted_step.lengths = sorted;
+    lookahead::Sketch sorted_carry;
+    EXPECT_EQ(sketcher.EstimateStep(sorted_step, sorted_carry), estimate) << "trial " << trial;
+    EXPECT_EQ(sorted_carry.lengths, carry.lengths) << "trial " << trial;
+    EXPECT_EQ(sorted_carry.short_tokens, carry.short_tokens) << "trial " << trial;
   }
   EXPECT_GT(full, 10);  // steps that fill every micro-batch were tried too
 }

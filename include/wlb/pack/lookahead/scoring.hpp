@@ -43,7 +43,7 @@ struct Sketch {
 
 // A buffered step split as the look-ahead needs it: outliers per level, the rest as a sketch.
 struct Arrivals {
-  std::vector<std::vector<Document>> outliers;
+  std::vector<std::vector<int64_t>> outliers;  // lengths, in arrival order
   Sketch fresh;
 };
 
@@ -58,11 +58,19 @@ struct SketchBase {
 // Sketches of steps under one configuration and cost.
 class Sketcher {
  public:
+  // Up to this many micro-batches EstimateStep scans for the lightest and the emptiest.
+  static constexpr size_t kScanMicroBatches = 8;
+
   Sketcher(const PackerConfig& config, const DocumentCost& cost)
-      : config_(config), cost_(cost), scratch_(static_cast<size_t>(config.micro_batches)) {}
+      : config_(config),
+        cost_(cost),
+        long_cut_(std::max<int64_t>(1, config.context / (config.micro_batches <= 4    ? 64
+                                                         : config.micro_batches <= 16 ? 32
+                                                                                      : 8))),
+        scratch_(static_cast<size_t>(config.micro_batches)) {}
 
   void AddToSketch(const Document& d, Sketch& sketch) const {
-    if (d.length >= LongCut()) {
+    if (d.length >= long_cut_) {
       sketch.lengths.push_back(d.length);
     } else {
       sketch.short_tokens += static_cast<double>(d.length);
@@ -77,43 +85,59 @@ class Sketcher {
   // 1.0250), the heavy tail (400 steps) 1.0464 (1.0462), the heavy tail of seed 5
   // 1.035 at 0.55 steps of delay (1.036 at 0.65); at N = 16 S/32 1.046 (S/8 1.054); at N = 64
   // and 1,024 S/32 changed nothing and took twice the time.
-  int64_t LongCut() const {
-    const int64_t n = config_.micro_batches;
-    return std::max<int64_t>(1, config_.context / (n <= 4 ? 64 : n <= 16 ? 32 : 8));
-  }
+  // Computed once: a division per document cost more than the rest of a sketch's bookkeeping.
+  int64_t LongCut() const { return long_cut_; }
 
   // Estimates the imbalance of packing `step`: long documents longest first as PackUnderCap
   // places them, then the fluid poured into the lightest micro-batches up to S_max. What fits
-  // nowhere goes to `carry`.
-  double EstimateStep(Sketch step, Sketch& carry) const {
+  // nowhere goes to `carry`. The scoring passes lengths already longest first (merged from
+  // sketches sorted once a step), which saves a sort per estimate; any other order is sorted here.
+  double EstimateStep(const Sketch& step, Sketch& carry) const {
+    const std::vector<int64_t>* lengths = &step.lengths;
+    if (!std::is_sorted(step.lengths.begin(), step.lengths.end(), std::greater<>())) {
+      scratch_.sorted.assign(step.lengths.begin(), step.lengths.end());
+      std::sort(scratch_.sorted.begin(), scratch_.sorted.end(), std::greater<>());
+      lengths = &scratch_.sorted;
+    }
     const size_t n = static_cast<size_t>(config_.micro_batches);
     const double cap = static_cast<double>(config_.max_tokens);
     // The micro-batches' cost and tokens, and the lightest and the emptiest of them from
-    // tournament trees (O(log N) per document), in scratch memory a Sketcher keeps: a step is
-    // estimated a few dozen times.
+    // tournament trees (O(log N) per document) or, up to kScanMicroBatches, a scan (the trees'
+    // upkeep costs more there), in scratch memory a Sketcher keeps: a step is estimated a few
+    // dozen times. Both break ties to the smallest index.
     std::vector<double>& cost = scratch_.cost;
     std::vector<double>& tokens = scratch_.tokens;
     cost.assign(n, 0.0);
     tokens.assign(n, 0.0);
     detail::ArgminTree<double>& lightest = scratch_.lightest;
     detail::ArgminTree<double>& emptiest = scratch_.emptiest;
-    lightest.Fill(0.0);
-    emptiest.Fill(0.0);
-    std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
-    for (int64_t length : step.lengths) {
+    const bool scan = n <= kScanMicroBatches;
+    if (!scan) {
+      lightest.Fill(0.0);
+      emptiest.Fill(0.0);
+    }
+    auto argmin = [n](const std::vector<double>& v) {
+      size_t best = 0;
+      for (size_t b = 1; b < n; ++b) best = v[b] < v[best] ? b : best;
+      return best;
+    };
+    const CostModel* poly = cost_.polynomial();  // inlined: one evaluation per long document
+    for (int64_t length : *lengths) {
       const double l = static_cast<double>(length);
-      size_t target = lightest.Min();
+      size_t target = scan ? argmin(cost) : lightest.Min();
       if (tokens[target] + l > cap) {
-        target = emptiest.Min();
+        target = scan ? argmin(tokens) : emptiest.Min();
         if (tokens[target] + l > cap) {
           carry.lengths.push_back(length);
           continue;
         }
       }
-      cost[target] += cost_(length);
+      cost[target] += poly ? (*poly)(length) : cost_(length);
       tokens[target] += l;
-      lightest.Set(target, cost[target]);
-      emptiest.Set(target, tokens[target]);
+      if (!scan) {
+        lightest.Set(target, cost[target]);
+        emptiest.Set(target, tokens[target]);
+      }
     }
     // Water-filling: raise the lightest micro-batches to a common level, each up to the cap.
     double total = 0.0;
@@ -182,7 +206,7 @@ class Sketcher {
     for (const Document& d : arrivals) {
       const int level = queues.Level(d.length);
       if (level >= 0) {
-        a.outliers[level].push_back(d);
+        a.outliers[level].push_back(d.length);
       } else {
         AddToSketch(d, a.fresh);
       }
@@ -190,18 +214,33 @@ class Sketcher {
     return a;
   }
 
+  // `fresh` sorted longest first; the sketches' long lengths come out longest first (the carry
+  // and `fresh` are each in that order, so they merge; a buffered step is sorted).
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh,
                             const std::deque<std::vector<Document>>& buffer) const {
     SketchBase s;
     base.carry.ForEach([&](const Document& d) { AddToSketch(d, s.step); });
+    const size_t carried = s.step.lengths.size();
     s.longest.resize(std::min<size_t>(kMaxHeldArrivals, fresh.size()));
     for (size_t i = 0; i < fresh.size(); ++i) {
       AddToSketch(fresh[i], i < s.longest.size() ? s.longest[i] : s.step);
     }
+    std::inplace_merge(s.step.lengths.begin(), s.step.lengths.begin() + carried,
+                       s.step.lengths.end(), std::greater<>());
     for (const std::vector<Document>& next : buffer) {
       s.ahead.push_back(SplitArrivals(next, base.queues));
+      std::vector<int64_t>& lengths = s.ahead.back().fresh.lengths;
+      std::sort(lengths.begin(), lengths.end(), std::greater<>());
     }
     return s;
+  }
+  // `sorted` (longest first) and `extra` (any order; sorted here) merged longest first into `out`.
+  static void MergeLengths(const std::vector<int64_t>& sorted, std::vector<int64_t>& extra,
+                           std::vector<int64_t>& out) {
+    std::sort(extra.begin(), extra.end(), std::greater<>());
+    out.resize(sorted.size() + extra.size());
+    std::merge(sorted.begin(), sorted.end(), extra.begin(), extra.end(), out.begin(),
+               std::greater<>());
   }
   static void AddSketch(const Sketch& from, Sketch& to) {
     to.lengths.insert(to.lengths.end(), from.lengths.begin(), from.lengths.end());
@@ -220,48 +259,73 @@ class Sketcher {
   std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
                                       const SketchBase& sketch, const Loses& loses) const {
     if (loses(ScoreLowerBound(kMinImbalance, sketch.ahead.size()))) return std::nullopt;
-    Sketch step = sketch.step;
+    // Lengths are gathered in scratch memory and merged, longest first, with the sketches'
+    // sorted ones (the floating-point sums add up in the order AddSketch would).
+    Scratch& m = scratch_;
     Sketch carry;
+    Sketch& step = m.step;
+    step.short_tokens = sketch.step.short_tokens;
+    step.short_cost = sketch.step.short_cost;
+    m.extra.clear();
     for (size_t i = 0; i < sketch.longest.size(); ++i) {
-      AddSketch(sketch.longest[i], static_cast<int>(i) < c.hold_longest ? carry : step);
+      const Sketch& longest = sketch.longest[i];
+      if (static_cast<int>(i) < c.hold_longest) {
+        AddSketch(longest, carry);
+        continue;
+      }
+      m.extra.insert(m.extra.end(), longest.lengths.begin(), longest.lengths.end());
+      step.short_tokens += longest.short_tokens;
+      step.short_cost += longest.short_cost;
     }
-    std::vector<std::vector<int64_t>> queues(base.queues.levels());  // lengths left queued
+    std::vector<std::vector<int64_t>>& queues = m.queues;  // lengths left queued
+    queues.resize(base.queues.levels());
     for (size_t l = 0; l < base.queues.levels(); ++l) {
+      queues[l].clear();
       const std::vector<Document>& q = base.queues.queue(l);
       size_t next = 0;
       for (size_t i = 0; i < q.size(); ++i) {
         const bool out = next < c.release[l].size() && c.release[l][next] == i;
         next += out;
-        (out ? step.lengths : queues[l]).push_back(q[i].length);
+        (out ? m.extra : queues[l]).push_back(q[i].length);
       }
     }
-    double score = EstimateStep(std::move(step), carry);
+    MergeLengths(sketch.step.lengths, m.extra, step.lengths);
+    double score = EstimateStep(step, carry);
     const size_t n = static_cast<size_t>(config_.micro_batches);
     for (size_t s = 0; s < sketch.ahead.size(); ++s) {
       if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
       const Arrivals& a = sketch.ahead[s];
-      Sketch future = std::move(carry);
+      // The step takes what was carried and the arrivals; `carry` starts over for what it leaves.
+      Sketch& future = m.future;
+      future.short_tokens = carry.short_tokens + a.fresh.short_tokens;
+      future.short_cost = carry.short_cost + a.fresh.short_cost;
+      m.extra.assign(carry.lengths.begin(), carry.lengths.end());
       carry = Sketch();
-      AddSketch(a.fresh, future);
       bool releases = false;
       for (size_t l = 0; l < queues.size(); ++l) {
-        for (const Document& d : a.outliers[l]) queues[l].push_back(d.length);
+        queues[l].insert(queues[l].end(), a.outliers[l].begin(), a.outliers[l].end());
         releases |= queues[l].size() >= n;
       }
       if (!releases) {
-        score += EstimateStep(std::move(future), carry);
+        MergeLengths(a.fresh.lengths, m.extra, future.lengths);
+        score += EstimateStep(future, carry);
         continue;
       }
-      // As in ScoreByPacking: wlb's release, or every queued outlier, whichever balances better.
-      Sketch all = future;
-      Sketch all_carry;
+      // wlb's release, or every queued outlier, whichever balances better.
+      Sketch& all = m.all;
+      all.short_tokens = future.short_tokens;
+      all.short_cost = future.short_cost;
+      m.all_extra.assign(m.extra.begin(), m.extra.end());
       for (size_t l = 0; l < queues.size(); ++l) {
-        all.lengths.insert(all.lengths.end(), queues[l].begin(), queues[l].end());
+        m.all_extra.insert(m.all_extra.end(), queues[l].begin(), queues[l].end());
         if (queues[l].size() < n) continue;
-        future.lengths.insert(future.lengths.end(), queues[l].begin(), queues[l].begin() + n);
+        m.extra.insert(m.extra.end(), queues[l].begin(), queues[l].begin() + n);
       }
-      const double by_wlb = EstimateStep(std::move(future), carry);
-      const double by_all = EstimateStep(std::move(all), all_carry);
+      MergeLengths(a.fresh.lengths, m.extra, future.lengths);
+      MergeLengths(a.fresh.lengths, m.all_extra, all.lengths);
+      Sketch all_carry;
+      const double by_wlb = EstimateStep(future, carry);
+      const double by_all = EstimateStep(all, all_carry);
       if (by_all < by_wlb) {
         score += by_all;
         carry = std::move(all_carry);
@@ -279,13 +343,22 @@ class Sketcher {
  private:
   const PackerConfig& config_;
   const DocumentCost& cost_;
+  int64_t long_cut_;
   struct Scratch {
     explicit Scratch(size_t n) : lightest(n, 0.0), emptiest(n, 0.0) {}
+    // EstimateStep's
     std::vector<double> cost, tokens;
     detail::ArgminTree<double> lightest, emptiest;
     std::vector<std::pair<double, int>> breaks;
+    std::vector<int64_t> sorted;
+    // ScoreBySketch's
+    Sketch step, future, all;
+    std::vector<int64_t> extra, all_extra;
+    std::vector<std::vector<int64_t>> queues;
   };
-  mutable Scratch scratch_;  // EstimateStep's working memory; a Sketcher is used by one thread
+  // Working memory kept across the few dozen estimates of a step; a Sketcher is used by one
+  // thread.
+  mutable Scratch scratch_;
 };
 
 }  // namespace wlb::lookahead
