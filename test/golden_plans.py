@@ -62,6 +62,8 @@ def cases():
         "greedy-window8": ["--packer", "fixed-greedy", "--window", "8"],
         "lookahead-k2": ["--packer", "wlb-lookahead", "--lookahead", "2"],
         "lookahead-budget": ["--packer", "wlb-lookahead", "--delay_budget", "0.25"],
+        "lookahead-bound-delay": ["--packer", "wlb-lookahead", "--bound_delay", "--distribution",
+                                  "heavy-tail"],
         "tune-refine": ["--packer", "wlb-refine", "--tune", "--steps", "8"],
         "tune-lookahead": ["--packer", "wlb-lookahead", "--tune", "--delay_budget", "0.5",
                            "--steps", "8"],

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -78,25 +79,29 @@ TEST(LookaheadPacker, EachPlanComesOutKPushesLaterAndFlushOwesTheLastK) {
 }
 
 // The issue's demand (issue 25 item 4): wlb-lookahead's mean token delay never ends above
-// wlb-refine's on the same stream, with or without a delay budget. It does not hold: the delay
-// account prices delay, it does not bound it. On these seeded heavy-tailed streams 93 of the 160
-// runs end above wlb-refine (a budget of 0 steps, K = 1: 17 of 40, e.g. 0.490 against 0.314, S =
-// 232, N = 2, two queues, 26 steps). A hard bound tried on branch delay-bound (follow wlb-refine
-// exactly; plan only candidates whose delay committed so far, drain included, stays within 0.9 of
-// wlb-refine's) ended 0 of these 160 and 2 of the 300 below above wlb-refine, but cost the
-// imbalance paper_data_test checks (the WLB-LLM-like data 1.024 -> 1.037, above wlb-refine's
-// 1.036; the heavy tail 1.046 -> 1.091, above wlb-refine's 1.079), so it is not in.
-// wlb and wlb-refine train the same tokens each step (refinement only moves documents between
-// micro-batches), so their delays are equal. Disabled until a bound that keeps the imbalance
-// lands; run with --gtest_also_run_disabled_tests to see it fail.
+// wlb-refine's on the same stream, with or without a delay budget. It does not hold. The price
+// alone (the default) steers, it does not bound: on these seeded heavy-tailed streams 93 of the
+// 160 runs end above wlb-refine (a budget of 0 steps, K = 1: 17 of 40, e.g. 0.490 against 0.314,
+// S = 232, N = 2, two queues, 26 steps). With bound_delay (each step planned within the delay
+// wlb's rule has accrued by its end) 11 of 160 do, by 0.1% to 42%, the most on streams of 1 to 3
+// steps: the room is judged from estimates (wlb's rule followed from token counts, a step's
+// carry-over from its sketch), and what is held when the stream ends drains in more steps than
+// the one step of waiting the room charges for it. A bound against an exact wlb-refine shadow
+// tried earlier (delay committed so far, drain included, within 0.9 of wlb-refine's) ended 0 of
+// these 160 above but cost the imbalance paper_data_test checks (1.024 -> 1.037 on the WLB-LLM-
+// like data). wlb and wlb-refine train the same tokens each step (refinement only moves documents
+// between micro-batches), so their delays are equal. Disabled until the bound holds; run with
+// --gtest_also_run_disabled_tests to see it fail.
 TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
   std::mt19937_64 rng(707);
   for (int trial = 0; trial < 40; ++trial) {
     const Case c = RandomCase(rng, 2 + 5 * trial, 600);  // shape 2: a heavy tail of outliers
     auto delay = [&](const char* name, double budget, int k) {
-      auto packer =
-          MakePacker(name, c.config, kSquares,
-                     {.thresholds = c.thresholds, .lookahead = k, .delay_budget = budget});
+      auto packer = MakePacker(name, c.config, kSquares,
+                               {.thresholds = c.thresholds,
+                                .lookahead = k,
+                                .delay_budget = budget,
+                                .bound_delay = std::string_view(name) == "wlb-lookahead"});
       return TokenDelay(RunPacker(**packer, c.arrivals)->steps).mean;
     };
     const double inf = std::numeric_limits<double>::infinity();
@@ -113,11 +118,12 @@ TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
   }
 }
 
-// The same over 300 generated heavy-tailed streams of different shapes (91 end above wlb-refine):
-// S, N (1 to 32), the outlier share (2% to 30%), the tail's reach (up to 1 to 3 S), the short
-// documents' lengths, stream length, queue count and thresholds (the defaults or random ones), K (1
-// to 3), and the delay budget (none, 0 or 0.25 steps).
-TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
+// 300 generated heavy-tailed streams of different shapes: S, N (1 to 32), the outlier share (2% to
+// 30%), the tail's reach (up to 1 to 3 S), the short documents' lengths, stream length, queue
+// count and thresholds (the defaults or random ones), K (1 to 3), and the delay budget (none, 0
+// or 0.25 steps). Returns how many end with wlb-lookahead's mean token delay above wlb-refine's;
+// `expect_each` fails the test at each.
+int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
   std::mt19937_64 rng(2025);
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
@@ -154,21 +160,42 @@ TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) 
     const double budgets[] = {inf, 0.0, 0.25};
     const double budget = budgets[trial % 3];
     const int k = static_cast<int>(uniform(1, 3));
-    auto delay = [&](const char* name) {
-      auto packer = MakePacker(name, config, kSquares,
-                               {.thresholds = thresholds, .lookahead = k, .delay_budget = budget});
+    auto delay = [&](const char* name, PackerOptions options) {
+      auto packer = MakePacker(name, config, kSquares, options);
       EXPECT_TRUE(packer.ok()) << packer.status();
       return TokenDelay(RunPacker(**packer, arrivals)->steps).mean;
     };
-    const double refine = delay("wlb-refine");
-    const double lookahead = delay("wlb-lookahead");
+    const double refine = delay("wlb-refine", {.thresholds = thresholds});
+    const double lookahead =
+        delay("wlb-lookahead", {.thresholds = thresholds,
+                                .lookahead = k,
+                                .delay_budget = budget,
+                                .bound_delay = bound_delay});
     if (lookahead > refine + 1e-9) ++over;
-    EXPECT_LE(lookahead, refine + 1e-9)
-        << "trial " << trial << ": S = " << config.context << ", N = " << config.micro_batches
-        << ", outlier share " << share << ", reach " << reach << ", " << thresholds.size()
-        << " queues, " << arrivals.size() << " steps, K " << k << ", budget " << budget;
+    if (expect_each) {
+      EXPECT_LE(lookahead, refine + 1e-9)
+          << "trial " << trial << ": S = " << config.context << ", N = " << config.micro_batches
+          << ", outlier share " << share << ", reach " << reach << ", " << thresholds.size()
+          << " queues, " << arrivals.size() << " steps, K " << k << ", budget " << budget;
+    }
   }
-  EXPECT_EQ(over, 0);
+  return over;
+}
+
+// The same demand over the 300 generated streams, with bound_delay: 7 end above wlb-refine's
+// delay (the price alone: 91).
+TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
+  EXPECT_EQ(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/true), 0);
+}
+
+// What holds meanwhile: bound_delay ends above wlb-refine's delay on far fewer streams than the
+// price alone (measured 7 against 91 of 300). More than 10 bounded fails this, and so does the
+// price alone falling below 60 (then the default deserves another look).
+TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesFarLessOften) {
+  const int bounded = CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false);
+  const int priced = CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false);
+  EXPECT_LE(bounded, 10);
+  EXPECT_GE(priced, 60);  // the price alone does not bound: if this drops, revisit the default
 }
 
 // The tests above compare against wlb-refine, as the issue names it; wlb's delay is the same.
@@ -196,6 +223,14 @@ TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
   EXPECT_EQ((*bounded)->ConfigJson().at("delay_budget"), 0.25);
   // Saved under one budget, refused under another.
   EXPECT_EQ((*unbounded)->RestoreState((*bounded)->SaveState()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // bound_delay is recorded, and a state saved with it is refused without it.
+  auto delay_bounded =
+      MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3, .bound_delay = true});
+  ASSERT_TRUE(delay_bounded.ok());
+  EXPECT_EQ((*delay_bounded)->ConfigJson().at("bound_delay"), true);
+  EXPECT_FALSE((*unbounded)->ConfigJson().contains("bound_delay"));
+  EXPECT_EQ((*unbounded)->RestoreState((*delay_bounded)->SaveState()).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE((*unbounded)->RestoreState((*unbounded)->SaveState()).ok());
 }

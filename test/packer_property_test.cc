@@ -33,6 +33,7 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
     }
     if (p.Uses(kUsesDelayBudget))
       cases.push_back({p.name, {.thresholds = two, .delay_budget = 0.3}});
+    if (p.Uses(kUsesDelayBound)) cases.push_back({p.name, {.thresholds = two, .bound_delay = true}});
   }
   return cases;
 }

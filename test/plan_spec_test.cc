@@ -41,6 +41,7 @@ TEST(PlanSpec, ParsesKeysSpelledLikeTheFlags) {
                                                  {"thresholds", "1000,5000"},
                                                  {"lookahead", "2"},
                                                  {"delay-budget", "0.5"},
+                                                 {"bound-delay", "true"},
                                                  {"cp", "4"},
                                                  {"sharding", "per-doc"}});
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -51,6 +52,7 @@ TEST(PlanSpec, ParsesKeysSpelledLikeTheFlags) {
   EXPECT_EQ(plan->options.thresholds, (std::vector<int64_t>{1000, 5000}));
   EXPECT_EQ(plan->options.lookahead, 2);
   EXPECT_EQ(plan->options.delay_budget, 0.5);
+  EXPECT_TRUE(plan->options.bound_delay);
   EXPECT_EQ(plan->cp_size, 4);
   EXPECT_EQ(plan->strategy, ShardStrategy::kPerDocument);
 }
@@ -73,6 +75,11 @@ TEST(PlanSpec, ErrorsNameTheValue) {
 TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
   EXPECT_THAT(ValidateError({{"window", "2"}}),
               HasSubstr("--window is not used by this run: it sets fixed-greedy's window"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"bound_delay", "true"}}),
+              HasSubstr("--bound-delay is not used by this run: it bounds wlb-lookahead's token "
+                        "delay, and --packer is wlb-refine"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb-lookahead"}, {"bound_delay", "maybe"}}),
+              HasSubstr("--bound_delay: 'maybe' is not true or false"));
   EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"lookahead", "2"}}),
               HasSubstr("--lookahead is not used by this run"));
   EXPECT_THAT(ValidateError({{"packer", "original"}, {"queues", "3"}}),

@@ -47,6 +47,9 @@ ABSL_FLAG(bool, tune, wlb::PlanSpec{}.tune,
 ABSL_FLAG(double, delay_budget, wlb::PlanSpec{}.delay_budget,
           "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
           "beyond wlb's delay, 1 with --tune)");
+ABSL_FLAG(bool, bound_delay, wlb::PlanSpec{}.bound_delay,
+          "wlb-lookahead: plan each step within wlb's token delay so far, counted as it accrues "
+          "(closer to wlb-refine's delay than the price alone, at some imbalance)");
 ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a masked preset "
           "(llama2-7b-swa4k, llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of "
@@ -101,7 +104,7 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"Input", {"docs", "distribution", "seed", "steps"}},
       {"Packing (a plan: wlb::PlanSpec)",
        {"packer", "context", "max_tokens", "micro_batches", "thresholds", "queues", "tune",
-        "delay_budget", "window", "lookahead"}},
+        "delay_budget", "window", "lookahead", "bound_delay"}},
       {"Cost model", {"cost", "profile_cost"}},
       {"CP shard plans", {"cp", "sharding", "cp_link_gbps", "kernel_profile"}},
       {"Step-time estimate", {"estimate", "gemm_tflops", "dp_assign"}},
@@ -111,10 +114,10 @@ const std::vector<FlagGroup>& FlagGroups() {
 }
 
 // The flags that are PlanSpec keys (ParsePlanSpec gets those given).
-constexpr const char* kPlanFlags[] = {"packer", "context",      "max_tokens",   "micro_batches",
-                                      "cost",   "profile_cost", "thresholds",   "queues",
-                                      "tune",   "window",       "lookahead",    "delay_budget",
-                                      "cp",     "sharding",     "cp_link_gbps", "kernel_profile"};
+constexpr const char* kPlanFlags[] = {
+    "packer", "context",     "max_tokens", "micro_batches", "cost",     "profile_cost",
+    "thresholds", "queues",  "tune",       "window",        "lookahead", "delay_budget",
+    "bound_delay", "cp",     "sharding",   "cp_link_gbps",  "kernel_profile"};
 
 bool IsOurFlag(const std::string& name) {
   for (const FlagGroup& g : FlagGroups()) {

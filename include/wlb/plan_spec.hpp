@@ -12,9 +12,9 @@
 // Keys are spelled like wlb-plan's flags (underscores; '-' is accepted too): packer, context,
 // max_tokens (0 = S + S/4), micro_batches, cost (a preset, a masked preset or a profile CSV),
 // profile_cost (fit | table), thresholds (comma-separated, or "none"), queues, tune, window,
-// refine_rounds, lookahead, delay_budget, cp, sharding, cp_link_gbps, kernel_profile. A key not
-// given keeps wlb-plan's default; a given key the plan would not use is an error ("--window is not
-// used by this run: ..."), never silently ignored.
+// refine_rounds, lookahead, delay_budget, bound_delay, cp, sharding, cp_link_gbps,
+// kernel_profile. A key not given keeps wlb-plan's default; a given key the plan would not use is
+// an error ("--window is not used by this run: ..."), never silently ignored.
 #pragma once
 
 #include <algorithm>
@@ -69,6 +69,7 @@ struct PlanSpec {
   int32_t refine_rounds = 0;
   int32_t lookahead = 1;
   double delay_budget = 1.0;  // wlb-lookahead's bound when given (or with tune); else none
+  bool bound_delay = false;   // wlb-lookahead: PackerOptions::bound_delay
   int32_t cp = -1;            // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
@@ -108,7 +109,8 @@ inline constexpr PackerOptionKey kPackerOptionKeys[] = {{"window", kUsesWindow},
                                                         {"tune", kUsesThresholds},
                                                         {"refine_rounds", kUsesRefineRounds},
                                                         {"lookahead", kUsesLookahead},
-                                                        {"delay_budget", kUsesDelayBudget}};
+                                                        {"delay_budget", kUsesDelayBudget},
+                                                        {"bound_delay", kUsesDelayBound}};
 
 // "--flag is not used by this run: why": an option the run would not use is an error, never
 // silently ignored. `key` is spelled with '_' or '-'.
@@ -197,6 +199,8 @@ inline absl::StatusOr<PlanSpec> ParsePlanSpec(
       st = detail::ParseNumber(key, value, s.refine_rounds);
     } else if (key == "lookahead") {
       st = detail::ParseNumber(key, value, s.lookahead);
+    } else if (key == "bound_delay") {
+      st = detail::ParseNumber(key, value, s.bound_delay);
     } else if (key == "delay_budget") {
       st = detail::ParseNumber(key, value, s.delay_budget);
       if (st.ok() && (!(s.delay_budget >= 0.0) || !std::isfinite(s.delay_budget))) {
@@ -252,6 +256,11 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   s.options.refine_rounds = refine_rounds;
   if (Given("lookahead") && !uses(kUsesLookahead)) {
     return UnusedOption("lookahead", "it sets wlb-lookahead's K, and --packer is " + packer);
+  }
+  s.options.bound_delay = bound_delay;
+  if (Given("bound_delay") && !uses(kUsesDelayBound)) {
+    return UnusedOption("bound_delay",
+                        "it bounds wlb-lookahead's token delay, and --packer is " + packer);
   }
   if (Given("window") && !uses(kUsesWindow)) {
     return UnusedOption("window", "it sets fixed-greedy's window, and --packer is " + packer);

@@ -19,7 +19,8 @@ void BindPacker(nb::module_& m) {
              std::optional<std::string> profile_cost,
              std::optional<std::vector<int64_t>> thresholds, std::optional<int> queues,
              std::optional<int> window, std::optional<int> refine_rounds,
-             std::optional<int> lookahead, std::optional<double> delay_budget) {
+             std::optional<int> lookahead, std::optional<double> delay_budget,
+             std::optional<bool> bound_delay) {
             // The keyword arguments as a wlb::PlanSpec: checked as wlb-plan checks its flags.
             wlb::PlanSpec spec;
             spec.packer = name;
@@ -52,6 +53,7 @@ void BindPacker(nb::module_& m) {
             set("refine_rounds", refine_rounds, spec.refine_rounds);
             set("lookahead", lookahead, spec.lookahead);
             set("delay_budget", delay_budget, spec.delay_budget);
+            set("bound_delay", bound_delay, spec.bound_delay);
             if (const wlb::PackerInfo* info = wlb::FindPacker(name); info != nullptr) {
               for (const wlb::PackerOptionKey& o : wlb::kPackerOptionKeys) {
                 if (shown.count(o.key) && !info->Uses(o.option)) {
@@ -80,15 +82,18 @@ void BindPacker(nb::module_& m) {
           "micro_batches"_a = 4, "cost"_a = "llama2-7b", "profile_cost"_a = nb::none(),
           "thresholds"_a = nb::none(), "queues"_a = nb::none(), "window"_a = nb::none(),
           "refine_rounds"_a = nb::none(), "lookahead"_a = nb::none(), "delay_budget"_a = nb::none(),
+          "bound_delay"_a = nb::none(),
           "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
           "None = default thresholds for `queues` queues (None: 2), [] = no queues; an option "
           "the packer does not use (window, thresholds, queues, refine_rounds, lookahead, "
-          "delay_budget) is an error; cost is a preset name, "
+          "delay_budget, bound_delay) is an error; cost is a preset name, "
           "a masked preset (llama2-7b-swa4k, ...: mask-aware FLOPs), a profile CSV path or a "
           "CostModel; profile_cost = 'fit' (quadratic, the default) or 'table' (tile-aware "
           "interpolation) for a profile CSV; lookahead = K prefetched steps (wlb-lookahead: "
           "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
-          "wlb-lookahead's most mean token delay in steps (None: within wlb's).")
+          "wlb-lookahead's most mean token delay in steps (None: within wlb's); bound_delay = "
+          "True plans each wlb-lookahead step within wlb's delay so far (closer to wlb-refine's "
+          "delay, at some imbalance).")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

@@ -87,6 +87,8 @@ def test_unknown_packer_and_window():
     ("wlb", {"refine_rounds": 3},
      "refine_rounds=3 is not used by packer 'wlb': only wlb-refine, wlb-lookahead read it"),
     ("wlb-refine", {"delay_budget": 0.5}, "delay_budget=0.5 is not used by packer 'wlb-refine'"),
+    ("wlb-refine", {"bound_delay": True},
+     "bound_delay=True is not used by packer 'wlb-refine': only wlb-lookahead reads it"),
 ])
 def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, message):
     # Never silently ignored (the rule of wlb-plan's "--X is not used by this run"), spelled as
@@ -95,7 +97,7 @@ def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, message):
         wlb.Packer(name, context=4096, **kwargs)
     assert "--" not in str(error.value) and "this run" not in str(error.value)
     wlb.Packer("wlb-lookahead", context=4096, queues=1, lookahead=2, refine_rounds=3,
-               delay_budget=0.5)  # all used by wlb-lookahead
+               delay_budget=0.5, bound_delay=True)  # all used by wlb-lookahead
 
 
 def test_piece_longer_than_context_is_rejected(packer):

@@ -31,8 +31,11 @@
 // (lookahead/delay_account.hpp): the packer follows an estimate of wlb's token delay on the same
 // stream alongside (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained
 // later than wlb's rule would. This is not a bound: on heavy-tailed streams the mean token delay
-// can end well above wlb-refine's (see PackerOptions::delay_budget for how often). K = 0
-// considers no alternative and equals wlb-refine exactly.
+// can end well above wlb-refine's (see PackerOptions::delay_budget for how often). With
+// bound_delay, each step is planned only under a candidate that keeps the delay accrued so far
+// (held tokens charged as they wait) within wlb's by the end of the step, or else under the one
+// leaving the least held (PackerOptions::bound_delay). K = 0 considers no alternative and equals
+// wlb-refine exactly.
 #pragma once
 
 #include <algorithm>
@@ -67,10 +70,12 @@ class LookaheadPacker final : public Packer {
   // >= 0 mean steps of token delay, infinity for none beyond wlb's (MakePacker checks all four).
   LookaheadPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
                   int refine_rounds, int lookahead,
-                  double delay_budget = std::numeric_limits<double>::infinity())
+                  double delay_budget = std::numeric_limits<double>::infinity(),
+                  bool bound_delay = false)
       : Packer(config, std::move(cost)),
         refine_rounds_(refine_rounds),
         lookahead_(lookahead),
+        bound_delay_(bound_delay),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
         delay_(config, std::move(thresholds), delay_budget) {}
 
@@ -97,6 +102,7 @@ class LookaheadPacker final : public Packer {
     j["refine_rounds"] = refine_rounds_;
     j["lookahead"] = lookahead_;
     if (std::isfinite(delay_.budget())) j["delay_budget"] = delay_.budget();
+    if (bound_delay_) j["bound_delay"] = true;
     return j;
   }
   nlohmann::json StateJson() const override {
@@ -213,6 +219,19 @@ class LookaheadPacker final : public Packer {
   StepPlan PlanFront() {
     std::vector<Document> arrivals = std::move(buffer_.front());
     buffer_.pop_front();
+    double held_token_steps = 0.0;  // the delay held documents have accrued (bounded only)
+    if (bound_delay_) {
+      held_.carry.ForEach([&](const Document& d) {
+        held_token_steps += lookahead::DelayAccount::Accrued(d, next_step_);
+      });
+      for (size_t l = 0; l < held_.queues.levels(); ++l) {
+        for (const Document& d : held_.queues.queue(l)) {
+          held_token_steps += lookahead::DelayAccount::Accrued(d, next_step_);
+        }
+      }
+    }
+    const lookahead::DelayAccount::Standing standing =
+        delay_.BeginStep(arrivals, next_step_, bound_delay_, held_token_steps);
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(arrivals, held);
     SortLongestFirst(fresh);
@@ -221,26 +240,36 @@ class LookaheadPacker final : public Packer {
     const lookahead::Sketcher sketcher(config_, cost_);
     lookahead::SketchBase sketch;
     if (candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
-    size_t best = 0;
+    // The best score among the candidates whose step leaves no more held than the room (by its
+    // sketch); when none does, the one that leaves the least held.
+    std::optional<size_t> best;
     double best_score = 0.0;
+    size_t least_held = 0;
+    double least_held_tokens = std::numeric_limits<double>::infinity();
     for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
       // A repeated candidate scores as its first occurrence, which it would have to beat.
       if (lookahead::RepeatsEarlier(candidates, i)) continue;
-      const double penalty = delay_.Price() * lookahead::TrainedTokens(candidates[i], held, fresh) /
+      const double penalty = standing.price * lookahead::TrainedTokens(candidates[i], held, fresh) /
                              (static_cast<double>(config_.micro_batches) * config_.context);
       const double to_beat = best_score - 1e-9;
-      auto loses = [&](double at_least) { return i > 0 && at_least - penalty >= to_beat; };
-      const std::optional<double> sum = sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
-      if (!sum) continue;
+      auto loses = [&](double at_least) { return best && at_least - penalty >= to_beat; };
+      double held_after = std::numeric_limits<double>::infinity();
+      const std::optional<double> sum = sketcher.ScoreBySketch(
+          candidates[i], held, sketch, loses, bound_delay_ ? &held_after : nullptr);
+      if (held_after < least_held_tokens) {
+        least_held = i;
+        least_held_tokens = held_after;
+      }
+      if (!sum || (bound_delay_ && held_after > standing.room)) continue;
       const double score = *sum - penalty;
-      if (i == 0 || score < to_beat) {
+      if (!best || score < to_beat) {
         best = i;
         best_score = score;
       }
     }
-    std::vector<MicroBatch> mbs =
-        Packing().PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
-    delay_.Record(arrivals, mbs, next_step_);
+    std::vector<MicroBatch> mbs = Packing().PlanStep(candidates[best.value_or(least_held)],
+                                                     std::move(fresh), held, /*fresh_sorted=*/true);
+    delay_.Record(mbs, next_step_);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));
   }
@@ -256,6 +285,7 @@ class LookaheadPacker final : public Packer {
 
   int refine_rounds_;
   int lookahead_;
+  bool bound_delay_;  // plan within the delay room (PackerOptions::bound_delay)
   lookahead::Holding held_;
   std::deque<std::vector<Document>> buffer_;  // arrivals pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;

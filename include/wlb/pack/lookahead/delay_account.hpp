@@ -3,8 +3,10 @@
 //
 // The account follows wlb's rule alongside the packer (FollowWlb): wlb's outlier queues exactly
 // (wlb releases by count), the rest as a fluid of tokens. While the planned steps' token delay
-// exceeds kDelayShare of wlb's (or of an explicit budget), Price() makes each token trained later
-// than wlb's rule would cost; within the budget delay is free.
+// exceeds kDelayShare of wlb's (or of an explicit budget), the price makes each token trained later
+// than wlb's rule would cost; within the budget delay is free. Bounded (bound_delay), delay is
+// compared as it accrues, and BeginStep also gives the room: how many tokens the step may leave
+// held for the packer's accrued delay to stay within wlb's.
 #pragma once
 
 #include <algorithm>
@@ -39,6 +41,13 @@ namespace wlb::lookahead {
 // heavy-tailed streams end above wlb-refine's delay (make_packer.hpp, delay_budget).
 inline constexpr double kDelayShare = 0.9;
 inline constexpr double kDelayPrice = 0.01;
+// Bounded (PackerOptions::bound_delay), delay is compared as it accrues and the price per N x S
+// token-steps is kBoundedDelayPrice. Measured with the room bound on paper_data_test's streams
+// (the WLB-LLM-like data and the 400-step heavy tail, N = 4) and the delay tests' 160 seeded and
+// 300 generated heavy-tailed runs (how many end above wlb-refine's delay): the trained-delay
+// price of the unbounded packer 1.0254, 1.0561, 8 and 8; accrued 0.01 1.0244, 1.0608, 9, 12;
+// 0.03 1.0244, 1.0485, 11, 7; 0.05 1.0243, 1.0517, 11, 6.
+inline constexpr double kBoundedDelayPrice = 0.03;
 // An explicit delay budget (mean steps) is a second account, against kDelayShare of it, priced
 // kBudgetGain times higher: a tight budget must win over the imbalance gains that make the
 // packer hold back. Measured on the heavy-tailed stream (N = 4, two queues): gain 1 overspent
@@ -60,21 +69,44 @@ class DelayAccount {
 
   double budget() const { return budget_; }
 
-  // The delay price per N x S tokens trained later than wlb's rule would (see kDelayPrice).
-  double Price() const {
-    const double step_tokens = static_cast<double>(config_.micro_batches) * config_.context;
-    double excess = token_steps_ - kDelayShare * wlb_token_steps_;
-    if (std::isfinite(budget_)) {
-      excess = std::max(excess, kBudgetGain * (token_steps_ - kDelayShare * budget_ * tokens_));
+  // Where the account stands as step `step` is planned (BeginStep).
+  struct Standing {
+    // Per N x S tokens trained later than wlb's rule would (see kDelayPrice).
+    double price = 0.0;
+    // The most tokens the packer may hold after the step (queued or carried) and have accrued
+    // no more delay than wlb's rule by the end of it; infinity unless `bounded`.
+    double room = std::numeric_limits<double>::infinity();
+  };
+  // Says where the packer stands before step `step`, which arrived as `arrivals`, and follows
+  // wlb's rule through it (FollowWlb). Bounded (the bound_delay option), it also sets the room:
+  // delay counted as it accrues (a held token adds a token-step for each step it waits, so
+  // holding back is charged at once, not when the document is trained), wlb's after this step
+  // minus the packer's before it, whose held documents have accrued `held_token_steps`
+  // (Accrued() over its queues and carry-over).
+  Standing BeginStep(const std::vector<Document>& arrivals, int64_t step, bool bounded,
+                     double held_token_steps) {
+    Standing standing;
+    if (!bounded) {
+      standing.price = Price(token_steps_, wlb_token_steps_, kDelayPrice);
+      wlb_token_steps_ += FollowWlb(arrivals, step);
+      return standing;
     }
-    return std::max(0.0, kDelayPrice * excess / step_tokens);
+    const double accrued = token_steps_ + held_token_steps;
+    standing.price = Price(accrued, wlb_token_steps_ + WlbHeld(step), kBoundedDelayPrice);
+    wlb_token_steps_ += FollowWlb(arrivals, step);
+    standing.room = wlb_token_steps_ + WlbHeld(step + 1) - accrued;
+    return standing;
   }
 
-  // Records the plan of step `step`, which arrived as `arrivals`: wlb's delay on them
-  // (FollowWlb), then the delay of the micro-batches planned.
-  void Record(const std::vector<Document>& arrivals, const std::vector<MicroBatch>& planned,
-              int64_t step) {
-    wlb_token_steps_ += FollowWlb(arrivals, step);
+  // The token-steps a document (or tokens) that arrived at `e.arrival_step` and is still held
+  // before step `step` has waited: a lower bound of the delay it will be trained at.
+  template <typename T>
+  static double Accrued(const T& e, int64_t step) {
+    return static_cast<double>(step - e.arrival_step) * static_cast<double>(e.length);
+  }
+
+  // Records the micro-batches planned for step `step` (after its BeginStep).
+  void Record(const std::vector<MicroBatch>& planned, int64_t step) {
     for (const MicroBatch& mb : planned) {
       tokens_ += static_cast<double>(mb.tokens);
       for (const Document& d : mb.documents) {
@@ -124,6 +156,26 @@ class DelayAccount {
   }
 
  private:
+  // The delay price per N x S tokens trained later than wlb's rule would, from the packer's
+  // delay and wlb's (token-steps) and the price per N x S token-steps beyond kDelayShare of it.
+  double Price(double delay, double wlb_delay, double unit_price) const {
+    const double step_tokens = static_cast<double>(config_.micro_batches) * config_.context;
+    double excess = delay - kDelayShare * wlb_delay;
+    if (std::isfinite(budget_)) {
+      excess = std::max(excess, kBudgetGain * (delay - kDelayShare * budget_ * tokens_));
+    }
+    return std::max(0.0, unit_price * excess / step_tokens);
+  }
+  // The delay wlb's held tokens have accrued before step `step`.
+  double WlbHeld(int64_t step) const {
+    double held = 0.0;
+    for (size_t l = 0; l < wlb_queues_.levels(); ++l) {
+      for (const ArrivedTokens& e : wlb_queues_.queue(l)) held += Accrued(e, step);
+    }
+    for (const ArrivedTokens& e : wlb_carry_) held += Accrued(e, step);
+    return held;
+  }
+
   // wlb's token delay on the same stream, followed step by step from token counts: its queues
   // exactly (wlb releases by count), the rest as a fluid that fills N x S_max per step in wlb's
   // order (released outliers, carry-over, arrivals) and carries what does not fit. Returns the
