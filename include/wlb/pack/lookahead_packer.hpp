@@ -219,19 +219,9 @@ class LookaheadPacker final : public Packer {
   StepPlan PlanFront() {
     std::vector<Document> arrivals = std::move(buffer_.front());
     buffer_.pop_front();
-    double held_token_steps = 0.0;  // the delay held documents have accrued (bounded only)
-    if (bound_delay_) {
-      held_.carry.ForEach([&](const Document& d) {
-        held_token_steps += lookahead::DelayAccount::Accrued(d, next_step_);
-      });
-      for (size_t l = 0; l < held_.queues.levels(); ++l) {
-        for (const Document& d : held_.queues.queue(l)) {
-          held_token_steps += lookahead::DelayAccount::Accrued(d, next_step_);
-        }
-      }
-    }
-    const lookahead::DelayAccount::Standing standing =
-        delay_.BeginStep(arrivals, next_step_, bound_delay_, held_token_steps);
+    const lookahead::DelayAccount::Standing standing = delay_.BeginStep(
+        arrivals, next_step_, bound_delay_,
+        bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(arrivals, held);
     SortLongestFirst(fresh);

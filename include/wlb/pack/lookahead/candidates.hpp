@@ -15,6 +15,7 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/pack/lookahead/delay_account.hpp"
 #include "wlb/pack/outlier_queues.hpp"
 #include "wlb/pack/packer.hpp"
 #include "wlb/pack/refine.hpp"
@@ -42,6 +43,13 @@ struct Holding {
   OutlierQueues<Document> queues;
   detail::LengthOrdered carry;
 };
+
+// The delay the held documents have accrued before step `step` (queued and carried).
+inline double AccruedDelay(const Holding& held, int64_t step) {
+  double accrued = AccruedDelay(held.queues, step);
+  held.carry.ForEach([&](const Document& d) { accrued += Accrued(d, step); });
+  return accrued;
+}
 
 // One way to plan a step: which queued outliers it releases, which arrivals it holds back.
 struct Candidate {

@@ -58,6 +58,22 @@ inline constexpr double kBudgetGain = 10.0;
 // A loaded delay account beyond this (token-steps) is not one a stream could build.
 inline constexpr double kMaxAccount = 1e30;
 
+// The token-steps a document (or tokens) that arrived at `e.arrival_step` and is still held
+// before step `step` has waited: a lower bound of the delay it will be trained at.
+template <typename T>
+double Accrued(const T& e, int64_t step) {
+  return static_cast<double>(step - e.arrival_step) * static_cast<double>(e.length);
+}
+// The delay what `queues` hold has accrued before step `step`.
+template <typename T>
+double AccruedDelay(const OutlierQueues<T>& queues, int64_t step) {
+  double held = 0.0;
+  for (size_t l = 0; l < queues.levels(); ++l) {
+    for (const T& e : queues.queue(l)) held += Accrued(e, step);
+  }
+  return held;
+}
+
 class DelayAccount {
  public:
   DelayAccount() = default;
@@ -82,7 +98,7 @@ class DelayAccount {
   // delay counted as it accrues (a held token adds a token-step for each step it waits, so
   // holding back is charged at once, not when the document is trained), wlb's after this step
   // minus the packer's before it, whose held documents have accrued `held_token_steps`
-  // (Accrued() over its queues and carry-over).
+  // (AccruedDelay of its Holding).
   Standing BeginStep(const std::vector<Document>& arrivals, int64_t step, bool bounded,
                      double held_token_steps) {
     Standing standing;
@@ -96,13 +112,6 @@ class DelayAccount {
     wlb_token_steps_ += FollowWlb(arrivals, step);
     standing.room = wlb_token_steps_ + WlbHeld(step + 1) - accrued;
     return standing;
-  }
-
-  // The token-steps a document (or tokens) that arrived at `e.arrival_step` and is still held
-  // before step `step` has waited: a lower bound of the delay it will be trained at.
-  template <typename T>
-  static double Accrued(const T& e, int64_t step) {
-    return static_cast<double>(step - e.arrival_step) * static_cast<double>(e.length);
   }
 
   // Records the micro-batches planned for step `step` (after its BeginStep).
@@ -168,10 +177,7 @@ class DelayAccount {
   }
   // The delay wlb's held tokens have accrued before step `step`.
   double WlbHeld(int64_t step) const {
-    double held = 0.0;
-    for (size_t l = 0; l < wlb_queues_.levels(); ++l) {
-      for (const ArrivedTokens& e : wlb_queues_.queue(l)) held += Accrued(e, step);
-    }
+    double held = AccruedDelay(wlb_queues_, step);
     for (const ArrivedTokens& e : wlb_carry_) held += Accrued(e, step);
     return held;
   }
