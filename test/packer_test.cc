@@ -272,6 +272,28 @@ TEST(Packer, OwnCheckpointRestoresAfterAFlushAndMorePushes) {
   }
 }
 
+TEST(SortLongestFirst, MatchesAStableSortForEveryKeyWidthAndSize) {
+  // Sizes around the radix digit widths (4 .. 11 bits) and lengths up to 2^40, so one to ten
+  // passes run; few distinct lengths at some sizes, so ties (kept in stream order) are common.
+  std::mt19937_64 rng(11);
+  for (size_t n : {0, 1, 2, 3, 17, 100, 1000, 5000}) {
+    for (int bits : {1, 3, 9, 17, 22, 33, 40}) {
+      std::vector<Document> docs;
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t length = static_cast<int64_t>(rng() % (uint64_t{1} << bits)) + 1;
+        docs.push_back({.id = static_cast<int64_t>(i), .length = length});
+      }
+      std::vector<Document> expected = docs;
+      std::stable_sort(expected.begin(), expected.end(), LongerFirst);
+      const std::vector<size_t> order = LongestFirstOrder(docs);
+      ASSERT_EQ(order.size(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(docs[order[i]], expected[i]) << n << " " << bits;
+      SortLongestFirst(docs);
+      EXPECT_EQ(docs, expected) << n << " " << bits;
+    }
+  }
+}
+
 TEST(LengthOrdered, MatchesAStableLongestFirstListUnderRandomTakesAndMerges) {
   // The reference: a plain vector kept in stable longest-first order, scanned front to back.
   std::mt19937_64 rng(5);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <iterator>
@@ -424,27 +425,50 @@ class Packer {
 // The longest-first order of packers; a stable sort or merge keeps ties in stream order.
 inline bool LongerFirst(const Document& a, const Document& b) { return a.length > b.length; }
 
-// Orders documents longest first; ties stay in stream order so the order is deterministic. A
-// stable LSD radix sort on (longest - length), 8 bits a pass (3 passes at S = 128K), then each
-// document moved once: about three times as fast as comparison sorting 2,000 documents.
-inline void SortLongestFirst(std::vector<Document>& docs) {
+// The positions of `docs` in longest-first order, ties in stream order (a stable order, so it is
+// deterministic). A stable LSD radix sort of (longest - length, position) pairs: the passes read
+// the pairs in order, not the documents (at N = 4,096 a step's 135,000 documents are 5 MB, and
+// reading them in a permuted order missed the cache at every pass). Digits of up to 11 bits and
+// about 2n buckets, as few passes as that allows: 2 at S = 128K (17-bit keys) for large steps.
+inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs) {
   const size_t n = docs.size();
-  if (n < 2) return;
   int64_t longest = 0;
   for (const Document& d : docs) longest = std::max(longest, d.length);
-  std::vector<size_t> order(n), next(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  const auto key = [&](size_t i) { return static_cast<uint64_t>(longest - docs[i].length); };
-  for (int shift = 0; shift < 64 && (static_cast<uint64_t>(longest) >> shift) != 0; shift += 8) {
-    size_t count[257] = {};
-    for (size_t i : order) ++count[((key(i) >> shift) & 0xff) + 1];
-    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-    for (size_t i : order) next[count[(key(i) >> shift) & 0xff]++] = i;
-    order.swap(next);
+  const int bits = std::bit_width(static_cast<uint64_t>(longest));  // every key is below 2^bits
+  const int most_width = std::clamp(static_cast<int>(std::bit_width(n)), 4, 11);
+  const int passes = (bits + most_width - 1) / most_width;
+  const int width = passes == 0 ? 0 : (bits + passes - 1) / passes;
+  const uint64_t digit_mask = (uint64_t{1} << width) - 1;
+  struct Keyed {
+    uint64_t key;
+    size_t position;
+  };
+  std::vector<Keyed> keyed(n), next(n);
+  for (size_t i = 0; i < n; ++i) keyed[i] = {static_cast<uint64_t>(longest - docs[i].length), i};
+  std::vector<size_t> count(digit_mask + 2);
+  for (int shift = 0; shift < passes * width; shift += width) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const Keyed& k : keyed) ++count[((k.key >> shift) & digit_mask) + 1];
+    for (size_t b = 0; b + 1 < count.size(); ++b) count[b + 1] += count[b];
+    for (const Keyed& k : keyed) next[count[(k.key >> shift) & digit_mask]++] = k;
+    keyed.swap(next);
   }
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = keyed[i].position;
+  return order;
+}
+
+// Orders documents longest first, ties in stream order (LongestFirstOrder).
+inline void SortLongestFirst(std::vector<Document>& docs) {
+  if (docs.size() < 2) return;
+  const std::vector<size_t> order = LongestFirstOrder(docs);
   std::vector<Document> sorted;
-  sorted.reserve(n);
-  for (size_t i : order) sorted.push_back(docs[i]);
+  sorted.reserve(docs.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    // Reads in a permuted order: ask for the ones a few places ahead early, so misses overlap.
+    if (i + 16 < order.size()) __builtin_prefetch(&docs[order[i + 16]]);
+    sorted.push_back(docs[order[i]]);
+  }
   docs.swap(sorted);
 }
 
