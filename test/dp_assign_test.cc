@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/input.hpp"
@@ -46,7 +47,8 @@ double SlowestRank(const std::vector<StageTimes>& times, const DpAssignment& a, 
 TEST(AssignDpRanksTest, PropertiesOverRandomSteps) {
   std::mt19937_64 rng(20261123);
   int beaten = 0, cases = 0;
-  for (int trial = 0; trial < 300; ++trial) {
+  const int trials = testing::PropertyIterations(300);
+  for (int trial = 0; trial < trials; ++trial) {
     const int pp = 1 + static_cast<int>(rng() % 6);
     const int dp = 1 + static_cast<int>(rng() % 6);
     const int per_rank = 1 + static_cast<int>(rng() % 2 == 0 ? pp - 1 : rng() % 8);

@@ -68,7 +68,8 @@ const CostModel kCost{.attn_quadratic = 1.0,
 TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
   std::mt19937_64 rng(20251121);
   int streams = 0;
-  for (int i = 0; i < 1500; ++i) {
+  const int iterations = testing::PropertyIterations(1500);
+  for (int i = 0; i < iterations; ++i) {
     Stream s = RandomStream(rng, i);
     for (const Case& c : AllPackers(s.config.context, rng)) {
       SCOPED_TRACE(::testing::Message() << "stream " << i << " packer " << c.packer << " S="
@@ -134,7 +135,7 @@ TEST(PackerProperties, NothingLostOrDuplicatedCapsHoldFlushEmpties) {
       ++streams;
     }
   }
-  EXPECT_GT(streams, 10000);
+  EXPECT_GT(streams, 10000 * iterations / 1500);
 }
 
 TEST(PackerProperties, RefineNeverWorseThanWlbWithTheSameDelay) {
@@ -197,7 +198,8 @@ TEST(PackerProperties, LookaheadNeverTrainsADocumentBeforeItArrives) {
 }
 
 TEST(PackerProperties, SameSeedGivesByteIdenticalJson) {
-  for (int i = 0; i < 200; ++i) {
+  const int iterations = testing::PropertyIterations(200);
+  for (int i = 0; i < iterations; ++i) {
     std::string dumps[2];
     for (std::string& dump : dumps) {
       std::mt19937_64 rng(1000 + i);
@@ -232,7 +234,8 @@ std::pair<std::string, std::string> RoundTripPlans(
 
 TEST(PackerProperties, StateRoundTripMidStreamGivesTheSameFuture) {
   std::mt19937_64 rng(99);
-  for (int i = 0; i < 1000; ++i) {
+  const int streams = testing::PropertyIterations(1000);
+  for (int i = 0; i < streams; ++i) {
     Stream s = RandomStream(rng, i);
     if (s.arrivals.empty()) continue;
     const size_t cut = std::uniform_int_distribution<size_t>(0, s.arrivals.size())(rng);
@@ -295,7 +298,8 @@ TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) 
   std::mt19937_64 rng(4096);
   const std::vector<std::pair<int32_t, int>> sizes = {{16, 6}, {64, 4}, {256, 2}, {1024, 2}};
   for (const auto& [n, count] : sizes) {
-    for (int i = 0; i < count; ++i) {
+    const int streams = testing::PropertyIterations(count);
+    for (int i = 0; i < streams; ++i) {
       // Dense tails (queues fill every few steps) and sparse ones (the overdue rule binds).
       const LargeStream s = i % 2 ? HeavyTailStream(rng, n, /*steps=*/24, /*tail_permille=*/2)
                                   : HeavyTailStream(rng, n, /*steps=*/14, /*tail_permille=*/40);

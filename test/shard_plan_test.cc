@@ -457,7 +457,8 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
   const KernelModel model = KernelModel::Default();
   const KernelModel pair_model = PairModel();
   int planned = 0;
-  for (int iter = 0; iter < 3000; ++iter) {
+  const int iterations = testing::PropertyIterations(3000);
+  for (int iter = 0; iter < iterations; ++iter) {
     const Shape shape = static_cast<Shape>(iter % 4);
     const MicroBatch mb = RandomMicroBatch(rng, shape);
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
@@ -570,7 +571,7 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     EXPECT_EQ(hyb, MustPlan(mb, cp, ShardStrategy::kHybrid, model));
     planned += 5;
   }
-  EXPECT_EQ(planned, 15000);
+  EXPECT_EQ(planned, 5 * iterations);
 }
 
 // Adaptive's plan is the fixed plan it chose, field for field except `requested`.
@@ -734,7 +735,8 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
   std::mt19937_64 rng(2511);
   const KernelModel model = KernelModel::Default();
   int greedy_plans = 0;
-  for (int iter = 0; iter < 600; ++iter) {
+  const int iterations = testing::PropertyIterations(600);
+  for (int iter = 0; iter < iterations; ++iter) {
     const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
     const int64_t n = 2 * cp;
@@ -853,7 +855,8 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       }
     }
   }
-  EXPECT_GT(greedy_plans, 200);  // the greedy degree plan is what most micro-batches get
+  // The greedy degree plan is what most micro-batches get (more than 200 of 600 iterations).
+  EXPECT_GT(greedy_plans, iterations / 3);
 }
 
 TEST(ShardPlanTest, MaskedSegmentMsCountsTheMaskedBlocks) {
