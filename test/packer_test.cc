@@ -1,11 +1,14 @@
 // Unit tests of each packer on small hand-made streams.
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
 #include "test_util.hpp"
 #include "wlb/core/steps.hpp"
@@ -292,6 +295,26 @@ TEST(SortLongestFirst, MatchesAStableSortForEveryKeyWidthAndSize) {
       SortLongestFirst(docs);
       EXPECT_EQ(docs, expected) << n << " " << bits;
     }
+  }
+}
+
+TEST(PropertyIterations, ScalesByTheEnvironmentAndNamesABadValue) {
+  const char* saved = std::getenv("WLB_PROPERTY_SCALE");
+  const std::string before = saved == nullptr ? "" : saved;
+  setenv("WLB_PROPERTY_SCALE", "0.25", 1);
+  EXPECT_EQ(testing::PropertyIterations(1000), 250);
+  EXPECT_EQ(testing::PropertyIterations(2), 1);  // at least one
+  unsetenv("WLB_PROPERTY_SCALE");
+  EXPECT_EQ(testing::PropertyIterations(1000), 1000);
+  for (const char* bad : {"x", "0", "1.5", "-1", "0.5x"}) {
+    setenv("WLB_PROPERTY_SCALE", bad, 1);
+    EXPECT_NONFATAL_FAILURE(EXPECT_EQ(testing::PropertyIterations(8), 8),
+                            "is not a number in (0, 1]");
+  }
+  if (saved != nullptr) {
+    setenv("WLB_PROPERTY_SCALE", before.c_str(), 1);
+  } else {
+    unsetenv("WLB_PROPERTY_SCALE");
   }
 }
 

@@ -443,7 +443,7 @@ inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs) 
   if (bits + position_bits > 64) {
     for (size_t i = 0; i < n; ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return docs[a].length > docs[b].length; });
+                     [&](size_t a, size_t b) { return LongerFirst(docs[a], docs[b]); });
     return order;
   }
   constexpr int kMaxDigitBits = 11;
@@ -468,17 +468,23 @@ inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs) 
   return order;
 }
 
+// Calls fn on docs[order[0]], docs[order[1]], ...: reads in a permuted order, so the document
+// kPrefetchAhead places ahead is asked for early and the cache misses overlap.
+template <typename Fn>
+void ForEachInOrder(const std::vector<Document>& docs, const std::vector<size_t>& order, Fn&& fn) {
+  constexpr size_t kPrefetchAhead = 16;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i + kPrefetchAhead < order.size()) __builtin_prefetch(&docs[order[i + kPrefetchAhead]]);
+    fn(docs[order[i]]);
+  }
+}
+
 // Orders documents longest first, ties in stream order (LongestFirstOrder).
 inline void SortLongestFirst(std::vector<Document>& docs) {
   if (docs.size() < 2) return;
-  const std::vector<size_t> order = LongestFirstOrder(docs);
   std::vector<Document> sorted;
   sorted.reserve(docs.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    // Reads in a permuted order: ask for the ones a few places ahead early, so misses overlap.
-    if (i + 16 < order.size()) __builtin_prefetch(&docs[order[i + 16]]);
-    sorted.push_back(docs[order[i]]);
-  }
+  ForEachInOrder(docs, LongestFirstOrder(docs), [&](const Document& d) { sorted.push_back(d); });
   docs.swap(sorted);
 }
 
