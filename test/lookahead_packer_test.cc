@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "test_util.hpp"
 #include "wlb/core/steps.hpp"
+#include "wlb/io/input.hpp"
 #include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
@@ -79,21 +80,17 @@ TEST(LookaheadPacker, EachPlanComesOutKPushesLaterAndFlushOwesTheLastK) {
 }
 
 // The issue's demand (issue 25 item 4): wlb-lookahead's mean token delay never ends above
-// wlb-refine's on the same stream, with or without a delay budget. It does not hold. The price
-// alone (the default) steers, it does not bound: on these seeded heavy-tailed streams 93 of the
-// 160 runs end above wlb-refine (a budget of 0 steps, K = 1: 17 of 40, e.g. 0.490 against 0.314,
-// S = 232, N = 2, two queues, 26 steps). With bound_delay (each step planned within the delay
-// wlb's rule has accrued by its end) 11 of 160 do, by 0.1% to 42%, the most on streams of 1 to 3
-// steps: the room is judged from estimates (wlb's rule followed from token counts, a step's
-// carry-over from its sketch), and what is held when the stream ends drains in more steps than
-// the one step of waiting the room charges for it. A bound against an exact wlb-refine shadow
-// tried earlier (delay committed so far, drain included, within 0.9 of wlb-refine's) ended 0 of
-// these 160 above but cost the imbalance paper_data_test checks (1.024 -> 1.037 on the WLB-LLM-
-// like data). wlb and wlb-refine train the same tokens each step (refinement only moves documents
-// between micro-batches), so their delays are equal. Disabled until the bound holds; run with
-// --gtest_also_run_disabled_tests to see it fail.
-TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
+// wlb-refine's on the same stream. Bounded (the default), each step is planned under a candidate
+// whose real packing keeps the packer's delay, were the stream to end after the step, within
+// wlb-refine's (followed exactly); that holds whenever some candidate does, which on these tiny
+// streams (S <= 512, N <= 6, documents up to 3S) is not always so: a step can leave the packer
+// holding as many tokens as wlb but in documents that pack worse, and 9 of these 160 runs end
+// above wlb-refine's delay, by 0.1% to 8% (the price alone: 93). Returns how many end above it;
+// `expect_each` fails the test at each. wlb and wlb-refine train the same tokens each step
+// (refinement only moves documents between micro-batches), so their delays are equal.
+int CountSeededAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
   std::mt19937_64 rng(707);
+  int over = 0;
   for (int trial = 0; trial < 40; ++trial) {
     const Case c = RandomCase(rng, 2 + 5 * trial, 600);  // shape 2: a heavy tail of outliers
     auto delay = [&](const char* name, double budget, int k) {
@@ -101,7 +98,7 @@ TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
                                {.thresholds = c.thresholds,
                                 .lookahead = k,
                                 .delay_budget = budget,
-                                .bound_delay = std::string_view(name) == "wlb-lookahead"});
+                                .bound_delay = bound_delay});
       return TokenDelay(RunPacker(**packer, c.arrivals)->steps).mean;
     };
     const double inf = std::numeric_limits<double>::infinity();
@@ -109,13 +106,24 @@ TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
     EXPECT_NEAR(delay("wlb", inf, 1), refine, 1e-9) << "trial " << trial;
     for (const double budget : {0.0, inf}) {
       for (const int k : {1, 2}) {
-        EXPECT_LE(delay("wlb-lookahead", budget, k), refine + 1e-9)
-            << "trial " << trial << ": budget " << budget << ", K " << k
-            << ", S = " << c.config.context << ", N = " << c.config.micro_batches << ", "
-            << c.thresholds.size() << " queues, " << c.arrivals.size() << " steps";
+        const double lookahead = delay("wlb-lookahead", budget, k);
+        if (lookahead > refine + 1e-9) ++over;
+        if (expect_each) {
+          EXPECT_LE(lookahead, refine + 1e-9)
+              << "trial " << trial << ": budget " << budget << ", K " << k
+              << ", S = " << c.config.context << ", N = " << c.config.micro_batches << ", "
+              << c.thresholds.size() << " queues, " << c.arrivals.size() << " steps";
+        }
       }
     }
   }
+  return over;
+}
+
+// Disabled until the bound holds everywhere; run with --gtest_also_run_disabled_tests to see it
+// fail.
+TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefines) {
+  EXPECT_EQ(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/true), 0);
 }
 
 // 300 generated heavy-tailed streams of different shapes: S, N (1 to 32), the outlier share (2% to
@@ -182,20 +190,50 @@ int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
   return over;
 }
 
-// The same demand over the 300 generated streams, with bound_delay: 7 end above wlb-refine's
-// delay (the price alone: 91).
+// The same demand over the 300 generated streams (S <= 2K, N <= 32): 7 end above wlb-refine's
+// delay, by 0.3% to 5%, all at N <= 11 (the price alone: 91).
 TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
   EXPECT_EQ(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/true), 0);
 }
 
-// What holds meanwhile: bound_delay ends above wlb-refine's delay on far fewer streams than the
-// price alone (measured 7 against 91 of 300). More than 10 bounded fails this, and so does the
-// price alone falling below 60 (then the default deserves another look).
-TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesFarLessOften) {
-  const int bounded = CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false);
-  const int priced = CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false);
-  EXPECT_LE(bounded, 10);
-  EXPECT_GE(priced, 60);  // the price alone does not bound: if this drops, revisit the default
+// What holds meanwhile on the tiny streams: the default ends above wlb-refine's delay on few
+// runs, the price alone on many (more bounded fails this, and so does the price alone falling
+// below 60: then the tests lost their power to tell).
+TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesRarely) {
+  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 9);
+  EXPECT_GE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
+  EXPECT_LE(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 7);
+  EXPECT_GE(CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
+}
+
+// At full scale (S = 128K, documents of the embedded distributions): never later than wlb-refine,
+// on heavy-tailed and default streams of 12 and 30 steps at N = 4 and 16, seeds 1 to 4 (the
+// price alone ends above wlb-refine on about half of such streams).
+TEST(LookaheadPacker, NeverLaterThanWlbRefineAtFullScale) {
+  const CostModel cost = *CostModelFromPreset("llama2-7b");
+  int priced_over = 0;
+  for (const char* distribution : {"heavy-tail", "default"}) {
+    for (const int32_t n : {4, 16}) {
+      for (const int64_t steps : {12, 30}) {
+        for (const uint64_t seed : {1, 2, 3, 4}) {
+          const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = n};
+          const Input input = *LoadInput(
+              {.distribution = distribution, .seed = seed, .steps = steps}, config.context, n);
+          auto delay = [&](const char* name, PackerOptions options) {
+            options.thresholds = DefaultThresholds(config.context, 2);
+            auto packer = MakePacker(name, config, cost, options);
+            EXPECT_TRUE(packer.ok()) << packer.status();
+            return TokenDelay(RunPacker(**packer, input.steps)->steps).mean;
+          };
+          const double refine = delay("wlb-refine", {});
+          EXPECT_LE(delay("wlb-lookahead", {}), refine + 1e-9)
+              << distribution << ", N = " << n << ", " << steps << " steps, seed " << seed;
+          if (delay("wlb-lookahead", {.bound_delay = false}) > refine + 1e-9) ++priced_over;
+        }
+      }
+    }
+  }
+  EXPECT_GE(priced_over, 8) << "the streams must be ones where the price alone overspends";
 }
 
 // The tests above compare against wlb-refine, as the issue names it; wlb's delay is the same.
@@ -213,26 +251,26 @@ TEST(LookaheadPacker, WlbAndWlbRefineHaveEqualTokenDelay) {
 
 TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
   const PackerConfig config{.context = 1024, .max_tokens = 1280, .micro_batches = 4};
-  auto unbounded = MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3});
-  ASSERT_TRUE(unbounded.ok());
-  EXPECT_EQ((*unbounded)->ConfigJson().at("lookahead"), 3);
-  EXPECT_FALSE((*unbounded)->ConfigJson().contains("delay_budget"));
+  auto no_budget = MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3});
+  ASSERT_TRUE(no_budget.ok());
+  EXPECT_EQ((*no_budget)->ConfigJson().at("lookahead"), 3);
+  EXPECT_FALSE((*no_budget)->ConfigJson().contains("delay_budget"));
   auto bounded =
       MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3, .delay_budget = 0.25});
   ASSERT_TRUE(bounded.ok());
   EXPECT_EQ((*bounded)->ConfigJson().at("delay_budget"), 0.25);
   // Saved under one budget, refused under another.
-  EXPECT_EQ((*unbounded)->RestoreState((*bounded)->SaveState()).code(),
+  EXPECT_EQ((*no_budget)->RestoreState((*bounded)->SaveState()).code(),
             absl::StatusCode::kFailedPrecondition);
-  // bound_delay is recorded, and a state saved with it is refused without it.
-  auto delay_bounded =
-      MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3, .bound_delay = true});
-  ASSERT_TRUE(delay_bounded.ok());
-  EXPECT_EQ((*delay_bounded)->ConfigJson().at("bound_delay"), true);
-  EXPECT_FALSE((*unbounded)->ConfigJson().contains("bound_delay"));
-  EXPECT_EQ((*unbounded)->RestoreState((*delay_bounded)->SaveState()).code(),
+  // bound_delay (on by default) is recorded, and a state saved with it is refused without it.
+  auto priced =
+      MakePacker("wlb-lookahead", config, kSquares, {.lookahead = 3, .bound_delay = false});
+  ASSERT_TRUE(priced.ok());
+  EXPECT_EQ((*no_budget)->ConfigJson().at("bound_delay"), true);
+  EXPECT_EQ((*priced)->ConfigJson().at("bound_delay"), false);
+  EXPECT_EQ((*priced)->RestoreState((*no_budget)->SaveState()).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE((*unbounded)->RestoreState((*unbounded)->SaveState()).ok());
+  EXPECT_TRUE((*no_budget)->RestoreState((*no_budget)->SaveState()).ok());
 }
 
 

@@ -434,34 +434,39 @@ TEST(LookaheadPacker, ReturnsEachPlanOnceKFurtherStepsAreBuffered) {
 TEST(LookaheadPacker, EvenReleasesBalanceAHeavyTailAtLargeNAtLessDelay) {
   // The heavy-tail stream of docs/RESULTS.md ("A release rule for large N") at N = 64: wlb's
   // rule puts 64 unlike outliers into a release step; the even releases bring the look-ahead's
-  // mean from 1.080 (0.068 under wlb-refine's, and 0.02 steps more delay) to 1.058 at less delay
-  // than wlb-refine.
+  // mean, with the delay price alone, from 1.080 (0.068 under wlb-refine's, and 0.02 steps more
+  // delay) to 1.058 at less delay than wlb-refine; bounded (the default), 1.071.
   const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 64};
   const std::vector<int64_t> lengths = SampleHeavyTailLengths(40 * 64 * int64_t{131072}, 5);
   const auto steps = *SplitIntoSteps(*MakeDocuments(lengths, config.context), 64 * 131072);
   const CostModel cost = *CostModelFromPreset("llama2-7b");
-  auto run = [&](const char* name) {
-    auto packer = *MakePacker(name, config, cost, {.thresholds = {32768, 65536}});
+  auto run = [&](const char* name, bool bound_delay) {
+    auto packer = *MakePacker(name, config, cost,
+                              {.thresholds = {32768, 65536}, .bound_delay = bound_delay});
     return Summarize(RunPacker(*packer, steps)->steps, cost);
   };
-  const StreamSummary refine = run("wlb-refine");
-  const StreamSummary lookahead = run("wlb-lookahead");
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.08)
-      << lookahead.imbalance_mean << " vs " << refine.imbalance_mean;
-  EXPECT_LT(lookahead.imbalance_mean, 1.065);
-  EXPECT_LT(lookahead.delay.mean, refine.delay.mean)
-      << lookahead.delay.mean << " vs " << refine.delay.mean;
+  const StreamSummary refine = run("wlb-refine", false);
+  for (const bool bound_delay : {false, true}) {
+    const StreamSummary lookahead = run("wlb-lookahead", bound_delay);
+    EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - (bound_delay ? 0.07 : 0.08))
+        << lookahead.imbalance_mean << " vs " << refine.imbalance_mean;
+    EXPECT_LT(lookahead.imbalance_mean, bound_delay ? 1.075 : 1.065);
+    EXPECT_LT(lookahead.delay.mean, refine.delay.mean)
+        << lookahead.delay.mean << " vs " << refine.delay.mean;
+  }
 }
 
 TEST(LookaheadPacker, HoldsBackOneQueueLevelWhenTwoWouldReleaseIntoOneStep) {
   // Two levels full in step 0 fill it beyond what can be balanced; the look-ahead sees an empty
-  // step 1 and gives one level to it.
+  // step 1 and gives one level to it. That trains later than wlb's rule, so only the delay price
+  // alone allows it (bounded, the default, keeps wlb-refine's delay).
   PackerConfig config{.context = 100, .max_tokens = 125, .micro_batches = 2};
   const std::vector<Document> step0 = Docs({100, 95, 60, 55, 20, 20, 20, 20, 20}, 100);
   std::vector<Document> step1 = Docs({20, 20, 20, 20, 20, 20, 20, 20, 20, 15}, 100);
   for (Document& d : step1) d.id += 100;
   auto run = [&](const char* name) {
-    auto packer = *MakePacker(name, config, Quadratic(), {.thresholds = {50, 90}});
+    auto packer =
+        *MakePacker(name, config, Quadratic(), {.thresholds = {50, 90}, .bound_delay = false});
     return Summarize(RunPacker(*packer, {step0, step1})->steps, Quadratic());
   };
   const StreamSummary refine = run("wlb-refine");
@@ -710,11 +715,25 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
        {},
        "wlb_delay queued length must be an integer in [32, 64]"},
       {"wlb-lookahead",
-       {},
+       {.bound_delay = false},  // the price alone follows wlb's carry as tokens
        R"({"queues": [], "carry": [], "buffer": [],
            "wlb_delay": {"queues": [], "carry": [[0, 0]], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
        {},
        "wlb_delay carried tokens must be an integer in [1, "},
+      // Bounded (the default), the account follows wlb's carried documents: each at most S
+      // tokens, longest first.
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [], "carry": [[0, 65]], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       {},
+       "wlb_delay carried document length must be an integer in [1, 64]"},
+      {"wlb-lookahead",
+       {},
+       R"({"queues": [], "carry": [], "buffer": [],
+           "wlb_delay": {"queues": [], "carry": [[0, 5], [0, 9]], "token_steps": 0, "wlb_token_steps": 0, "tokens": 0}})",
+       {},
+       "wlb_delay carried documents are not ordered longest first"},
       {"wlb-lookahead",
        {},
        R"({"queues": [], "carry": [], "buffer": [],

@@ -88,17 +88,16 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
               tight.imbalance_mean, tight.delay.mean, none.imbalance_mean);
   EXPECT_LE(tight.delay.mean, 0.25);
   EXPECT_LT(tight.imbalance_mean, none.imbalance_mean - 0.2);
-  // bound_delay: each step within the delay wlb's rule has accrued; still well below wlb-refine's
-  // imbalance on this stream (measured 1.0485 at 0.439 steps).
-  auto delay_bounded =
+  // The delay price alone (bound_delay = false): 1.0464 at 0.453 steps here, against the bounded
+  // default's 1.0472 at 0.439.
+  auto priced =
       *MakePacker("wlb-lookahead", config, cost,
-                  {.thresholds = DefaultThresholds(config.context, 2), .bound_delay = true});
-  const StreamSummary bounded =
-      Summarize(RunPacker(*delay_bounded, input.steps)->steps, cost, config.max_tokens);
-  std::printf("heavy tail, bound_delay: wlb-lookahead %.4f (delay %.3f)\n",
-              bounded.imbalance_mean, bounded.delay.mean);
-  EXPECT_LE(bounded.delay.mean, refine.delay.mean);
-  EXPECT_LT(bounded.imbalance_mean, refine.imbalance_mean - 0.02);
+                  {.thresholds = DefaultThresholds(config.context, 2), .bound_delay = false});
+  const StreamSummary price_alone =
+      Summarize(RunPacker(*priced, input.steps)->steps, cost, config.max_tokens);
+  std::printf("heavy tail, price alone: wlb-lookahead %.4f (delay %.3f)\n",
+              price_alone.imbalance_mean, price_alone.delay.mean);
+  EXPECT_LT(price_alone.imbalance_mean, refine.imbalance_mean - 0.03);
 }
 
 }  // namespace paper_data_test

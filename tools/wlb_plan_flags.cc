@@ -48,8 +48,8 @@ ABSL_FLAG(double, delay_budget, wlb::PlanSpec{}.delay_budget,
           "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
           "beyond wlb's delay, 1 with --tune)");
 ABSL_FLAG(bool, bound_delay, wlb::PlanSpec{}.bound_delay,
-          "wlb-lookahead: plan each step within wlb's token delay so far, counted as it accrues "
-          "(closer to wlb-refine's delay than the price alone, at some imbalance)");
+          "wlb-lookahead: plan each step within wlb-refine's token delay on the same stream "
+          "(--bound_delay=false: the delay price alone steers, which can end above it)");
 ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
           "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a masked preset "
           "(llama2-7b-swa4k, llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of "

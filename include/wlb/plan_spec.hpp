@@ -69,7 +69,7 @@ struct PlanSpec {
   int32_t refine_rounds = 0;
   int32_t lookahead = 1;
   double delay_budget = 1.0;  // wlb-lookahead's bound when given (or with tune); else none
-  bool bound_delay = false;   // wlb-lookahead: PackerOptions::bound_delay
+  bool bound_delay = true;    // wlb-lookahead: PackerOptions::bound_delay
   int32_t cp = -1;            // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;

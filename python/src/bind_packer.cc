@@ -92,8 +92,8 @@ void BindPacker(nb::module_& m) {
           "interpolation) for a profile CSV; lookahead = K prefetched steps (wlb-lookahead: "
           "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
           "wlb-lookahead's most mean token delay in steps (None: within wlb's); bound_delay = "
-          "True plans each wlb-lookahead step within wlb's delay so far (closer to wlb-refine's "
-          "delay, at some imbalance).")
+          "False lets the delay price alone steer wlb-lookahead (None: True, each step planned "
+          "within wlb-refine's token delay on the same stream).")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

@@ -27,15 +27,14 @@
 // releases a level, every queued outlier, whichever balances better (a step that must take a long
 // outlier is best filled with the other long ones, so holding outliers for it pays off). The
 // candidate with the lowest summed imbalance wins (lookahead/scoring.hpp) and is packed as
-// wlb-refine packs a step. Delay is steered toward wlb's by a delay account
-// (lookahead/delay_account.hpp): the packer follows an estimate of wlb's token delay on the same
-// stream alongside (FollowWlb) and, while its own exceeds 0.9 of it, prices each token trained
-// later than wlb's rule would. This is not a bound: on heavy-tailed streams the mean token delay
-// can end well above wlb-refine's (see PackerOptions::delay_budget for how often). With
-// bound_delay, each step is planned only under a candidate that keeps the delay accrued so far
-// (held tokens charged as they wait) within wlb's by the end of the step, or else under the one
-// leaving the least held (PackerOptions::bound_delay). K = 0 considers no alternative and equals
-// wlb-refine exactly.
+// wlb-refine packs a step. A delay account (lookahead/delay_account.hpp) follows wlb's rule on
+// the same stream alongside and, while the packer's token delay exceeds 0.9 of wlb's, prices
+// each token trained later than wlb's rule would. Bounded (bound_delay, the default), the winner
+// is also checked by its real packing: the step is planned under the best-scoring candidate that
+// keeps the packer's token delay, were the stream to end after it, within wlb-refine's on the
+// same stream (followed exactly), or else under the one that comes closest
+// (PackerOptions::bound_delay says how often none does). K = 0 considers no alternative and
+// equals wlb-refine exactly.
 #pragma once
 
 #include <algorithm>
@@ -47,6 +46,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -71,13 +71,13 @@ class LookaheadPacker final : public Packer {
   LookaheadPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
                   int refine_rounds, int lookahead,
                   double delay_budget = std::numeric_limits<double>::infinity(),
-                  bool bound_delay = false)
+                  bool bound_delay = true)
       : Packer(config, std::move(cost)),
         refine_rounds_(refine_rounds),
         lookahead_(lookahead),
         bound_delay_(bound_delay),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
-        delay_(config, std::move(thresholds), delay_budget) {}
+        delay_(config, std::move(thresholds), cost_, delay_budget, bound_delay) {}
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
@@ -102,7 +102,7 @@ class LookaheadPacker final : public Packer {
     j["refine_rounds"] = refine_rounds_;
     j["lookahead"] = lookahead_;
     if (std::isfinite(delay_.budget())) j["delay_budget"] = delay_.budget();
-    if (bound_delay_) j["bound_delay"] = true;
+    j["bound_delay"] = bound_delay_;
     return j;
   }
   nlohmann::json StateJson() const override {
@@ -215,53 +215,146 @@ class LookaheadPacker final : public Packer {
   }
 
   // Plans the front buffered step: scores every candidate, then packs the best one as
-  // wlb-refine packs a step.
+  // wlb-refine packs a step (bounded: the best one that keeps the delay within wlb's).
   StepPlan PlanFront() {
     std::vector<Document> arrivals = std::move(buffer_.front());
     buffer_.pop_front();
     const lookahead::DelayAccount::Standing standing = delay_.BeginStep(
-        arrivals, next_step_, bound_delay_,
-        bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
+        arrivals, next_step_, bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(arrivals, held);
     SortLongestFirst(fresh);
     const std::vector<lookahead::Candidate> candidates = lookahead::Candidates(
         held, fresh, static_cast<size_t>(config_.micro_batches), lookahead_, next_step_);
-    const lookahead::Sketcher sketcher(config_, cost_);
-    lookahead::SketchBase sketch;
-    if (candidates.size() > 1) sketch = sketcher.MakeSketchBase(held, fresh, buffer_);
-    // The best score among the candidates whose step leaves no more held than the room (by its
-    // sketch); when none does, the one that leaves the least held.
-    std::optional<size_t> best;
-    double best_score = 0.0;
-    size_t least_held = 0;
-    double least_held_tokens = std::numeric_limits<double>::infinity();
-    for (size_t i = 0; candidates.size() > 1 && i < candidates.size(); ++i) {
-      // A repeated candidate scores as its first occurrence, which it would have to beat.
-      if (lookahead::RepeatsEarlier(candidates, i)) continue;
-      const double penalty = standing.price * lookahead::TrainedTokens(candidates[i], held, fresh) /
-                             (static_cast<double>(config_.micro_batches) * config_.context);
-      const double to_beat = best_score - 1e-9;
-      auto loses = [&](double at_least) { return best && at_least - penalty >= to_beat; };
-      double held_after = std::numeric_limits<double>::infinity();
-      const std::optional<double> sum = sketcher.ScoreBySketch(
-          candidates[i], held, sketch, loses, bound_delay_ ? &held_after : nullptr);
-      if (held_after < least_held_tokens) {
-        least_held = i;
-        least_held_tokens = held_after;
-      }
-      if (!sum || (bound_delay_ && held_after > standing.room)) continue;
-      const double score = *sum - penalty;
-      if (!best || score < to_beat) {
-        best = i;
-        best_score = score;
+    std::vector<MicroBatch> mbs;
+    if (candidates.size() == 1) {
+      mbs = Packing().PlanStep(candidates[0], std::move(fresh), held, /*fresh_sorted=*/true);
+    } else {
+      const lookahead::Sketcher sketcher(config_, cost_);
+      const Scoring scoring{
+          .candidates = candidates,
+          .held = held,
+          .fresh = fresh,
+          .sketcher = sketcher,
+          .sketch = sketcher.MakeSketchBase(held, fresh, buffer_),
+          .price = standing.price,
+          .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
+      const size_t best = Best(scoring);
+      if (!bound_delay_) {
+        mbs = Packing().PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+      } else {
+        mbs = PlanWithinWlbDelay(scoring, best, standing, held);
       }
     }
-    std::vector<MicroBatch> mbs = Packing().PlanStep(candidates[best.value_or(least_held)],
-                                                     std::move(fresh), held, /*fresh_sorted=*/true);
     delay_.Record(mbs, next_step_);
     held_ = std::move(held);
     return MakeStep(std::move(mbs));
+  }
+
+  // What the candidates of a step are scored on.
+  struct Scoring {
+    const std::vector<lookahead::Candidate>& candidates;
+    const lookahead::Holding& held;
+    const std::vector<Document>& fresh;
+    const lookahead::Sketcher& sketcher;
+    lookahead::SketchBase sketch;
+    double price;        // DelayAccount::Standing::price, per N x S tokens
+    double step_tokens;  // N x S
+
+    // The candidate's score, or nullopt once it cannot come below `to_beat`.
+    std::optional<double> Score(size_t i, std::optional<double> to_beat) const {
+      const double penalty =
+          price * lookahead::TrainedTokens(candidates[i], held, fresh) / step_tokens;
+      auto loses = [&](double at_least) { return to_beat && at_least - penalty >= *to_beat; };
+      const std::optional<double> sum = sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
+      if (!sum) return std::nullopt;
+      return *sum - penalty;
+    }
+  };
+
+  // The best-scoring candidate (a later one must win by more than 1e-9); a candidate is scored
+  // only as far as it could still win.
+  static size_t Best(const Scoring& scoring) {
+    std::optional<size_t> best;
+    double best_score = 0.0;
+    for (size_t i = 0; i < scoring.candidates.size(); ++i) {
+      // A repeated candidate scores as its first occurrence, which it would have to beat.
+      if (lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
+      const std::optional<double> score =
+          scoring.Score(i, best ? std::optional(best_score - 1e-9) : std::nullopt);
+      if (score && (!best || *score < best_score - 1e-9)) {
+        best = i;
+        best_score = *score;
+      }
+    }
+    return best.value_or(0);
+  }
+
+  // Bounded: packs the step under `best` if its real packing keeps the packer's token delay
+  // within wlb-refine's, else under the first candidate by score that does; when none does,
+  // under the one that comes closest. Within means: with no step buffered, the delay the stream
+  // ends at if it ends after this step (held documents drained as Flush() drains them) is at
+  // most wlb-refine's, exactly; with steps buffered, the delay committed so far plus what the
+  // tokens held would add while the buffered steps arrive and then drain (ContinuationDelay, the
+  // same fluid for both) is at most wlb-refine's, so that a backlog wlb-refine does not have is
+  // not taken on because a drain would clear it. Each candidate is checked by its packing,
+  // unrefined (refinement moves documents between micro-batches, not between steps); the chosen
+  // one is then refined.
+  std::vector<MicroBatch> PlanWithinWlbDelay(const Scoring& scoring, size_t best,
+                                             const lookahead::DelayAccount::Standing& wlb,
+                                             lookahead::Holding& held) const {
+    const lookahead::StepPacking packing = Packing();
+    const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
+    std::vector<double> ahead;
+    for (const std::vector<Document>& step : buffer_) {
+      double tokens = 0.0;
+      for (const Document& d : step) tokens += static_cast<double>(d.length);
+      ahead.push_back(tokens);
+    }
+    const double wlb_delay =
+        ahead.empty() ? wlb.wlb_if_ended
+                      : wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead,
+                                                                          capacity);
+    struct Planned {
+      std::vector<MicroBatch> mbs;
+      lookahead::Holding held;
+      double delay;  // as wlb_delay counts wlb-refine's
+    };
+    auto plan = [&](size_t i) {
+      Planned p{.mbs = {}, .held = held, .delay = delay_.planned_token_steps()};
+      p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*fresh_sorted=*/true,
+                               /*refined=*/false);
+      for (const MicroBatch& mb : p.mbs) {
+        for (const Document& d : mb.documents) {
+          p.delay += static_cast<double>(next_step_ - d.arrival_step) * d.length;
+        }
+      }
+      p.delay += lookahead::AccruedDelay(p.held, next_step_ + 1);
+      p.delay += ahead.empty() ? packing.DrainDelay(p.held)
+                               : lookahead::ContinuationDelay(
+                                     static_cast<double>(p.held.queues.held().tokens +
+                                                         p.held.carry.tokens()),
+                                     ahead, capacity);
+      return p;
+    };
+    Planned closest = plan(best);
+    if (closest.delay > wlb_delay) {
+      // The others by score, each scored in full.
+      std::vector<std::pair<double, size_t>> ranked;
+      for (size_t i = 0; i < scoring.candidates.size(); ++i) {
+        if (i == best || lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
+        ranked.push_back({*scoring.Score(i, std::nullopt), i});
+      }
+      std::sort(ranked.begin(), ranked.end());
+      for (const auto& [score, i] : ranked) {
+        Planned p = plan(i);
+        if (p.delay < closest.delay) closest = std::move(p);
+        if (closest.delay <= wlb_delay) break;
+      }
+    }
+    packing.Refine(closest.mbs);
+    held = std::move(closest.held);
+    return std::move(closest.mbs);
   }
 
   // The arrival step of the first buffered step (the first document's; INT64_MAX when the buffer
@@ -275,7 +368,7 @@ class LookaheadPacker final : public Packer {
 
   int refine_rounds_;
   int lookahead_;
-  bool bound_delay_;  // plan within the delay room (PackerOptions::bound_delay)
+  bool bound_delay_;  // plan within wlb-refine's delay (PackerOptions::bound_delay)
   lookahead::Holding held_;
   std::deque<std::vector<Document>> buffer_;  // arrivals pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;

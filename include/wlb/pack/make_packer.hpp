@@ -28,22 +28,21 @@ struct PackerOptions {
   int refine_rounds = 0;            // wlb-refine, wlb-lookahead: max refinement changes per
                                     // step; 0 = 4N
   int lookahead = 1;                // wlb-lookahead: K, steps of arrivals seen ahead (>= 0)
-  // wlb-lookahead: a target for its mean token delay in steps (>= 0). Neither this nor wlb's
-  // delay is a bound: the packer prices delay beyond 0.9 of each (lookahead/delay_account.hpp),
-  // which steers but does not guarantee. Measured on generated heavy-tailed streams
-  // (test/lookahead_packer_test.cc, the DISABLED_ tests): it ends above wlb-refine's mean delay
-  // (which equals wlb's) on 93 of 160 seeded runs (budget 0: 36 of 80) and 91 of 300 generated
-  // streams, e.g. 0.490 against 0.314 steps (with bound_delay: 11 and 7). Infinity: the price
-  // against wlb's delay alone.
+  // wlb-lookahead: a target for its mean token delay in steps (>= 0). It is not a bound: the
+  // packer prices delay beyond 0.9 of it (lookahead/delay_account.hpp), which steers but does
+  // not guarantee. Infinity: the price against wlb's delay alone.
   double delay_budget = std::numeric_limits<double>::infinity();
-  // wlb-lookahead: plan each step only under a candidate whose delay, counted as it accrues (a
-  // held token adds a token-step each step it waits), stays within wlb's on the same stream
-  // (followed alongside) by the end of the step; when none does, under the one that leaves the
-  // least held. Far closer to wlb-refine's delay than the price alone (above it on 11 of 160
-  // seeded and 7 of 300 generated heavy-tailed runs, against 93 and 91), at a cost in imbalance
-  // on short streams at large N (README, "Bounded delay"). Still not a proof: the room is judged
-  // from estimates (wlb followed from token counts, the step's carry-over from its sketch).
-  bool bound_delay = false;
+  // wlb-lookahead (the default): plan each step only under a candidate whose real packing keeps
+  // the packer's token delay, were the stream to end after the step (held documents drained as
+  // Flush() drains them), within wlb-refine's on the same stream (followed alongside exactly);
+  // when none does, under the one that comes closest. Measured (test/lookahead_packer_test.cc):
+  // no run ends above wlb-refine's mean token delay on 72 heavy-tailed and default streams at
+  // S = 128K (N = 4, 16, 64); on tiny streams (S <= 2K, N <= 11, documents up to 3S) 9 of 160
+  // seeded and 7 of 300 generated runs do, by 0.1% to 8%: there a step can leave the packer
+  // holding as many tokens as wlb but in documents that pack worse. false: the price alone
+  // steers delay (above wlb-refine's on 93 of those 160 and 91 of the 300 runs, and on 36 of the
+  // 72 streams at S = 128K), at better imbalance where it overspends.
+  bool bound_delay = true;
 };
 
 // The most steps wlb-lookahead may see ahead (each costs a step of buffered arrivals and of

@@ -74,9 +74,10 @@ struct StepPacking {
   }
 
   // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
-  // under `c`; leaves in `held` what the step does not take.
+  // under `c`; leaves in `held` what the step does not take. Unrefined, the micro-batches hold
+  // the same documents, not yet moved between them (Refine).
   std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh, Holding& held,
-                                   bool fresh_sorted = false) const {
+                                   bool fresh_sorted = false, bool refined = true) const {
     if (!fresh_sorted) SortLongestFirst(fresh);
     std::vector<Document> released;
     for (size_t l = 0; l < held.queues.levels(); ++l) {
@@ -88,11 +89,24 @@ struct StepPacking {
       fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
     }
     std::vector<MicroBatch> mbs =
-        PackRefined(std::move(released), held.carry, std::move(fresh), true);
+        refined ? PackRefined(std::move(released), held.carry, std::move(fresh), true)
+                : detail::PackUnderCap(std::move(released), held.carry, std::move(fresh), config,
+                                       cost, true);
     // What was held back on purpose goes first next step, as carry-over does (after what was
     // carried of its length).
     held.carry.Merge({}, hold);
     return mbs;
+  }
+  void Refine(std::vector<MicroBatch>& mbs) const {
+    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
+  }
+
+  // The token-steps of delay that draining `held` as Flush() does adds beyond the first drain
+  // step (DrainDelay).
+  double DrainDelay(Holding held) const {
+    std::vector<Document> released;
+    held.queues.ReleaseAll(released);
+    return lookahead::DrainDelay(std::move(released), std::move(held.carry), config, cost);
   }
 };
 

@@ -1,12 +1,14 @@
 // wlb-lookahead's delay account: how much token delay the look-ahead has spent against wlb's on
 // the same stream, and the price that keeps it within that budget.
 //
-// The account follows wlb's rule alongside the packer (FollowWlb): wlb's outlier queues exactly
-// (wlb releases by count), the rest as a fluid of tokens. While the planned steps' token delay
-// exceeds kDelayShare of wlb's (or of an explicit budget), the price makes each token trained later
-// than wlb's rule would cost; within the budget delay is free. Bounded (bound_delay), delay is
-// compared as it accrues, and BeginStep also gives the room: how many tokens the step may leave
-// held for the packer's accrued delay to stay within wlb's.
+// The account follows wlb's rule alongside the packer: unbounded, wlb's outlier queues exactly
+// (wlb releases by count) and the rest as a fluid of tokens (FollowWlb); bounded (bound_delay,
+// the default), wlb's rule exactly, each step packed as wlb packs it (FollowWlbExactly). While
+// the packer's token delay exceeds kDelayShare of wlb's (or of an explicit budget), the price
+// makes each token trained later than wlb's rule would cost; within the budget delay is free.
+// Bounded, delay is compared as it accrues, and BeginStep also gives the token delay wlb's rule
+// would end with were the stream to end after the step (Standing::wlb_if_ended), which the
+// packer's own must not exceed.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +25,10 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
 #include "wlb/core/step_plan.hpp"
+#include "wlb/cost/document_cost.hpp"
 #include "wlb/pack/outlier_queues.hpp"
+#include "wlb/pack/packer.hpp"
+#include "wlb/pack/wlb_packer.hpp"
 
 namespace wlb::lookahead {
 
@@ -74,14 +79,51 @@ double AccruedDelay(const OutlierQueues<T>& queues, int64_t step) {
   return held;
 }
 
+// The token-steps of delay that draining `released` and `carry` as Flush() does (every queue
+// released, then steps packed until nothing is held) adds beyond the first drain step: each token
+// a drain step leaves waits one step more. At most N documents drain in one step (each fits an
+// empty micro-batch), which is most steps' case and costs no packing.
+inline double DrainDelay(std::vector<Document> released, detail::LengthOrdered carry,
+                         const PackerConfig& config, const DocumentCost& cost) {
+  const auto n = static_cast<int64_t>(config.micro_batches);
+  if (static_cast<int64_t>(released.size()) + carry.size() <= n) return 0.0;
+  double delay = 0.0;
+  for (;;) {  // each drain step places at least one document, so this ends
+    detail::PackUnderCap(std::move(released), carry, {}, config, cost);
+    released.clear();
+    if (carry.empty()) return delay;
+    delay += static_cast<double>(carry.tokens());
+    if (carry.size() <= n) return delay;
+  }
+}
+
+// The token-steps of delay that `held` tokens held after a step add beyond the next step if the
+// stream goes on with steps of `ahead` tokens (the buffered arrivals) and then ends, as a fluid
+// that trains up to `capacity` (N x S_max) tokens a step, oldest first: each token a step leaves
+// waits one step more. A backlog costs more while arrivals keep coming than once they stop.
+inline double ContinuationDelay(double held, const std::vector<double>& ahead, double capacity) {
+  double delay = 0.0;
+  for (const double tokens : ahead) {
+    held = std::max(0.0, held + tokens - capacity);
+    delay += held;
+  }
+  // Then the drain: the sum over k = 1 .. m of (held - k capacity), m = ceil(held / capacity) - 1.
+  const double m = std::max(0.0, std::ceil(held / capacity) - 1.0);
+  return delay + m * held - capacity * m * (m + 1.0) / 2.0;
+}
+
 class DelayAccount {
  public:
   DelayAccount() = default;
-  // `thresholds` as the packer's (ValidateThresholds); `budget` >= 0 mean steps of token delay,
-  // infinity for none beyond wlb's.
-  DelayAccount(PackerConfig config, std::vector<int64_t> thresholds,
-               double budget = std::numeric_limits<double>::infinity())
-      : config_(config), budget_(budget), wlb_queues_(std::move(thresholds), config.context) {}
+  // `thresholds` and `cost` as the packer's (ValidateThresholds); `budget` >= 0 mean steps of
+  // token delay, infinity for none beyond wlb's; `bounded` as PackerOptions::bound_delay.
+  DelayAccount(PackerConfig config, std::vector<int64_t> thresholds, DocumentCost cost,
+               double budget = std::numeric_limits<double>::infinity(), bool bounded = false)
+      : config_(config),
+        cost_(std::move(cost)),
+        budget_(budget),
+        bounded_(bounded),
+        wlb_queues_(std::move(thresholds), config.context) {}
 
   double budget() const { return budget_; }
 
@@ -89,30 +131,45 @@ class DelayAccount {
   struct Standing {
     // Per N x S tokens trained later than wlb's rule would (see kDelayPrice).
     double price = 0.0;
-    // The most tokens the packer may hold after the step (queued or carried) and have accrued
-    // no more delay than wlb's rule by the end of it; infinity unless `bounded`.
-    double room = std::numeric_limits<double>::infinity();
+    // Bounded: wlb's token-steps of delay by the end of the step, the tokens it holds then
+    // charged up to the next step (wlb's rule is wlb-refine's, followed exactly) ...
+    double wlb_committed = 0.0;
+    // ... the tokens it holds after the step ...
+    double wlb_held = 0.0;
+    // ... and the token-steps wlb-refine's delay ends at if the stream ends after this step
+    // (what it holds drained as Flush() drains it); infinity unless bounded.
+    double wlb_if_ended = std::numeric_limits<double>::infinity();
   };
   // Says where the packer stands before step `step`, which arrived as `arrivals`, and follows
-  // wlb's rule through it (FollowWlb). Bounded (the bound_delay option), it also sets the room:
-  // delay counted as it accrues (a held token adds a token-step for each step it waits, so
-  // holding back is charged at once, not when the document is trained), wlb's after this step
-  // minus the packer's before it, whose held documents have accrued `held_token_steps`
-  // (AccruedDelay of its Holding).
-  Standing BeginStep(const std::vector<Document>& arrivals, int64_t step, bool bounded,
+  // wlb's rule through it. Bounded, delay is counted as it accrues (a held token adds a
+  // token-step for each step it waits, so holding back is charged at once, not when the document
+  // is trained): the packer's held documents have accrued `held_token_steps` (AccruedDelay of its
+  // Holding) before the step.
+  Standing BeginStep(const std::vector<Document>& arrivals, int64_t step,
                      double held_token_steps) {
     Standing standing;
-    if (!bounded) {
+    if (!bounded_) {
       standing.price = Price(token_steps_, wlb_token_steps_, kDelayPrice);
       wlb_token_steps_ += FollowWlb(arrivals, step);
       return standing;
     }
     const double accrued = token_steps_ + held_token_steps;
     standing.price = Price(accrued, wlb_token_steps_ + WlbHeld(step), kBoundedDelayPrice);
-    wlb_token_steps_ += FollowWlb(arrivals, step);
-    standing.room = wlb_token_steps_ + WlbHeld(step + 1) - accrued;
+    wlb_token_steps_ += FollowWlbExactly(arrivals, step);
+    std::vector<ArrivedTokens> queued;
+    wlb_queues_.AppendTo(queued);
+    standing.wlb_committed = wlb_token_steps_ + WlbHeld(step + 1);
+    standing.wlb_held = static_cast<double>(wlb_queues_.held().tokens);
+    for (const ArrivedTokens& e : wlb_carry_) standing.wlb_held += static_cast<double>(e.length);
+    standing.wlb_if_ended =
+        standing.wlb_committed +
+        DrainDelay(AsDocuments(queued), detail::LengthOrdered(AsDocuments(wlb_carry_)), config_,
+                   cost_);
     return standing;
   }
+
+  // Token-steps of delay of the steps planned so far (Record).
+  double planned_token_steps() const { return token_steps_; }
 
   // Records the micro-batches planned for step `step` (after its BeginStep).
   void Record(const std::vector<MicroBatch>& planned, int64_t step) {
@@ -137,8 +194,16 @@ class DelayAccount {
     return detail::LoadStateOrError([&]() -> absl::Status {
       OutlierQueues<ArrivedTokens> queues = wlb_queues_;
       if (absl::Status s = queues.LoadStateJson(j.at("queues"), "wlb_delay"); !s.ok()) return s;
+      // Bounded, wlb's carried documents: each at most S tokens, longest first as its carry is.
       std::vector<ArrivedTokens> carry = detail::ArrivedTokensListFromState(
-          j.at("carry"), 1, kMaxStreamTokens, "wlb_delay", "wlb_delay carried tokens");
+          j.at("carry"), 1, bounded_ ? config_.context : kMaxStreamTokens, "wlb_delay",
+          bounded_ ? "wlb_delay carried document length" : "wlb_delay carried tokens");
+      if (bounded_ && !std::is_sorted(carry.begin(), carry.end(), [](const auto& a, const auto& b) {
+            return a.length > b.length;
+          })) {
+        throw nlohmann::json::out_of_range::create(
+            401, "wlb_delay carried documents are not ordered longest first", &j);
+      }
       const double token_steps = Total(j.at("token_steps"));
       const double wlb_token_steps = Total(j.at("wlb_token_steps"));
       const double tokens = Total(j.at("tokens"));
@@ -215,6 +280,45 @@ class DelayAccount {
     return delay;
   }
 
+  // Bounded: wlb's rule exactly, as WlbPacker plans a step (its queues, its carry-over document
+  // by document, the step packed by PackUnderCap; wlb-refine trains the same documents, since
+  // refinement only moves them between micro-batches). Returns the token-steps of delay of the
+  // tokens wlb trains at `step`.
+  double FollowWlbExactly(const std::vector<Document>& arrivals, int64_t step) {
+    std::vector<Document> fresh;
+    fresh.reserve(arrivals.size());
+    for (const Document& d : arrivals) {
+      if (!wlb_queues_.Enqueue({.arrival_step = d.arrival_step, .length = d.length})) {
+        fresh.push_back(d);
+      }
+    }
+    std::vector<ArrivedTokens> released;
+    wlb_queues_.ReleaseFull(static_cast<size_t>(config_.micro_batches), released);
+    detail::LengthOrdered carry(AsDocuments(wlb_carry_));
+    const std::vector<MicroBatch> planned = detail::PackUnderCap(
+        AsDocuments(released), carry, std::move(fresh), config_, cost_);
+    double delay = 0.0;
+    for (const MicroBatch& mb : planned) {
+      for (const Document& d : mb.documents) {
+        delay += static_cast<double>(step - d.arrival_step) * static_cast<double>(d.length);
+      }
+    }
+    wlb_carry_.clear();
+    carry.ForEach([&](const Document& d) {
+      wlb_carry_.push_back({.arrival_step = d.arrival_step, .length = d.length});
+    });
+    return delay;
+  }
+  // Placement looks only at lengths (and arrival steps for delay), not at ids.
+  static std::vector<Document> AsDocuments(const std::vector<ArrivedTokens>& entries) {
+    std::vector<Document> docs;
+    docs.reserve(entries.size());
+    for (const ArrivedTokens& e : entries) {
+      docs.push_back({.length = e.length, .arrival_step = e.arrival_step});
+    }
+    return docs;
+  }
+
   // A total of the saved account: a number in [0, kMaxAccount].
   static double Total(const nlohmann::json& v) {
     if (!v.is_number() || !(v.get<double>() >= 0.0 && v.get<double>() <= kMaxAccount)) {
@@ -225,9 +329,12 @@ class DelayAccount {
   }
 
   PackerConfig config_;
+  DocumentCost cost_ = CostModel{};
   double budget_ = std::numeric_limits<double>::infinity();
+  bool bounded_ = false;
   OutlierQueues<ArrivedTokens> wlb_queues_;  // wlb's outlier queues: (arrival step, length)
-  std::vector<ArrivedTokens> wlb_carry_;     // wlb's carried tokens: (arrival step, tokens)
+  // wlb's carried tokens: (arrival step, tokens); bounded, its carried documents, longest first.
+  std::vector<ArrivedTokens> wlb_carry_;
   // Token-steps of delay of the planned steps, wlb's estimate of them (FollowWlb), and tokens
   // planned.
   double token_steps_ = 0.0;

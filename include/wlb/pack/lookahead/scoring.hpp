@@ -255,12 +255,9 @@ class Sketcher {
   // first, so holding back the h longest arrivals moves `sketch.longest[0, h)` to the carry.
   // `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt)
   // as soon as ScoreLowerBound() loses, so the candidate is not followed further.
-  // `held_after`, when not null, is set to the tokens the step would leave held (queued or
-  // carried) once the step is estimated, which happens unless the first check loses.
   template <typename Loses>
   std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
-                                      const SketchBase& sketch, const Loses& loses,
-                                      double* held_after = nullptr) const {
+                                      const SketchBase& sketch, const Loses& loses) const {
     if (loses(ScoreLowerBound(kMinImbalance, sketch.ahead.size()))) return std::nullopt;
     // Lengths are gathered in scratch memory and merged, longest first, with the sketches'
     // sorted ones (the floating-point sums add up in the order AddSketch would).
@@ -294,14 +291,6 @@ class Sketcher {
     }
     MergeLengths(sketch.step.lengths, m.extra, step.lengths);
     double score = EstimateStep(step, carry);
-    if (held_after != nullptr) {
-      double held = carry.short_tokens;
-      for (int64_t l : carry.lengths) held += static_cast<double>(l);
-      for (const std::vector<int64_t>& q : queues) {
-        for (int64_t l : q) held += static_cast<double>(l);
-      }
-      *held_after = held;
-    }
     const size_t n = static_cast<size_t>(config_.micro_batches);
     for (size_t s = 0; s < sketch.ahead.size(); ++s) {
       if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
