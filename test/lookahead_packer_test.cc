@@ -81,11 +81,12 @@ TEST(LookaheadPacker, EachPlanComesOutKPushesLaterAndFlushOwesTheLastK) {
 
 // The issue's demand (issue 25 item 4): wlb-lookahead's mean token delay never ends above
 // wlb-refine's on the same stream. Bounded (the default), each step is planned under a candidate
-// whose real packing keeps the packer's delay, were the stream to end after the step, within
-// wlb-refine's (followed exactly); that holds whenever some candidate does, which on these tiny
-// streams (S <= 512, N <= 6, documents up to 3S) is not always so: a step can leave the packer
-// holding as many tokens as wlb but in documents that pack worse, and 9 of these 160 runs end
-// above wlb-refine's delay, by 0.1% to 8% (the price alone: 93). Returns how many end above it;
+// whose real packing keeps the packer's delay within a lower bound of wlb-refine's (the drain or
+// continuation of what it holds included); that holds whenever some candidate does, which on
+// these tiny streams (S <= 512, N <= 6, documents up to 3S) is not always so: a step can leave
+// the packer holding as many tokens as wlb but in documents that pack worse, and 1 of these 160
+// runs ends above wlb-refine's delay, by 3.8% (S = 456, N = 3, K = 2; the price alone: 93 of
+// 160). Returns how many end above it;
 // `expect_each` fails the test at each. wlb and wlb-refine train the same tokens each step
 // (refinement only moves documents between micro-batches), so their delays are equal.
 int CountSeededAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
@@ -190,8 +191,8 @@ int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
   return over;
 }
 
-// The same demand over the 300 generated streams (S <= 2K, N <= 32): 7 end above wlb-refine's
-// delay, by 0.3% to 5%, all at N <= 11 (the price alone: 91).
+// The same demand over the 300 generated streams (S <= 2K, N <= 32): 1 ends above wlb-refine's
+// delay, by 0.1% (N = 1; the price alone: 91).
 TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
   EXPECT_EQ(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/true), 0);
 }
@@ -200,9 +201,9 @@ TEST(LookaheadPacker, DISABLED_MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) 
 // runs, the price alone on many (more bounded fails this, and so does the price alone falling
 // below 60: then the tests lost their power to tell).
 TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesRarely) {
-  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 9);
+  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 1);
   EXPECT_GE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
-  EXPECT_LE(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 7);
+  EXPECT_LE(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 1);
   EXPECT_GE(CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
 }
 

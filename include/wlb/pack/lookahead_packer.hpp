@@ -31,9 +31,9 @@
 // the same stream alongside and, while the packer's token delay exceeds 0.9 of wlb's, prices
 // each token trained later than wlb's rule would. Bounded (bound_delay, the default), the winner
 // is also checked by its real packing: the step is planned under the best-scoring candidate that
-// keeps the packer's token delay, were the stream to end after it, within wlb-refine's on the
-// same stream (followed exactly), or else under the one that comes closest
-// (PackerOptions::bound_delay says how often none does). K = 0 considers no alternative and
+// keeps the packer's token delay within a lower bound of wlb-refine's on the same stream, or else
+// under the one that comes closest (PlanWithinWlbDelay; PackerOptions::bound_delay says how often
+// none does). K = 0 considers no alternative and
 // equals wlb-refine exactly.
 #pragma once
 
@@ -77,7 +77,7 @@ class LookaheadPacker final : public Packer {
         lookahead_(lookahead),
         bound_delay_(bound_delay),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
-        delay_(config, std::move(thresholds), cost_, delay_budget, bound_delay) {}
+        delay_(config, std::move(thresholds), delay_budget) {}
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
@@ -220,7 +220,8 @@ class LookaheadPacker final : public Packer {
     std::vector<Document> arrivals = std::move(buffer_.front());
     buffer_.pop_front();
     const lookahead::DelayAccount::Standing standing = delay_.BeginStep(
-        arrivals, next_step_, bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
+        arrivals, next_step_, bound_delay_,
+        bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(arrivals, held);
     SortLongestFirst(fresh);
@@ -292,11 +293,13 @@ class LookaheadPacker final : public Packer {
 
   // Bounded: packs the step under `best` if its real packing keeps the packer's token delay
   // within wlb-refine's, else under the first candidate by score that does; when none does,
-  // under the one that comes closest. Within means: with no step buffered, the delay the stream
-  // ends at if it ends after this step (held documents drained as Flush() drains them) is at
-  // most wlb-refine's, exactly; with steps buffered, the delay committed so far plus what the
-  // tokens held would add while the buffered steps arrive and then drain (ContinuationDelay, the
-  // same fluid for both) is at most wlb-refine's, so that a backlog wlb-refine does not have is
+  // under the one that comes closest. Within means: the delay committed by the end of the step
+  // (held tokens charged up to the next step) plus what the held tokens add later is at most
+  // the account's fluid wlb's (a lower bound of wlb-refine's, DelayAccount) counted the same
+  // way. With no step buffered, "later" is the drain: the packer's exactly as Flush() drains
+  // (DrainDelay), the fluid's at N x S_max a step, so that the last step of a stream ends within
+  // wlb-refine's delay. With steps buffered it is ContinuationDelay over their arrivals, the same
+  // for both: a backlog costs more while arrivals keep coming, so one that wlb does not have is
   // not taken on because a drain would clear it. Each candidate is checked by its packing,
   // unrefined (refinement moves documents between micro-batches, not between steps); the chosen
   // one is then refined.
@@ -312,9 +315,7 @@ class LookaheadPacker final : public Packer {
       ahead.push_back(tokens);
     }
     const double wlb_delay =
-        ahead.empty() ? wlb.wlb_if_ended
-                      : wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead,
-                                                                          capacity);
+        wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
     struct Planned {
       std::vector<MicroBatch> mbs;
       lookahead::Holding held;

@@ -33,15 +33,16 @@ struct PackerOptions {
   // not guarantee. Infinity: the price against wlb's delay alone.
   double delay_budget = std::numeric_limits<double>::infinity();
   // wlb-lookahead (the default): plan each step only under a candidate whose real packing keeps
-  // the packer's token delay, were the stream to end after the step (held documents drained as
-  // Flush() drains them), within wlb-refine's on the same stream (followed alongside exactly);
-  // when none does, under the one that comes closest. Measured (test/lookahead_packer_test.cc):
-  // no run ends above wlb-refine's mean token delay on 72 heavy-tailed and default streams at
-  // S = 128K (N = 4, 16, 64); on tiny streams (S <= 2K, N <= 11, documents up to 3S) 9 of 160
-  // seeded and 7 of 300 generated runs do, by 0.1% to 8%: there a step can leave the packer
-  // holding as many tokens as wlb but in documents that pack worse. false: the price alone
-  // steers delay (above wlb-refine's on 93 of those 160 and 91 of the 300 runs, and on 36 of the
-  // 72 streams at S = 128K), at better imbalance where it overspends.
+  // the packer's token delay within a lower bound of wlb-refine's on the same stream (counted as
+  // it accrues, the held tokens' drain or continuation included; LookaheadPacker::
+  // PlanWithinWlbDelay); when none does, under the one that comes closest. Measured: no run ends
+  // above wlb-refine's mean token delay on heavy-tailed and default streams at S = 128K (32 in
+  // test/lookahead_packer_test.cc, 72 more in README "Bounded delay"); on tiny streams (S <= 2K,
+  // documents up to 3S) 1 of 160 seeded and 1 of 300 generated runs do, by 3.8% (N = 3) and 0.1%
+  // (N = 1): there a step can leave the packer holding as many tokens as wlb but in documents
+  // that pack worse. false: the price alone steers delay (above wlb-refine's on 93 of those 160
+  // and 91 of the 300 runs, and on 36 of the 72 streams at S = 128K), at better imbalance where
+  // it overspends.
   bool bound_delay = true;
 };
 

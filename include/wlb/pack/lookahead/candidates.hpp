@@ -101,12 +101,23 @@ struct StepPacking {
     RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
   }
 
-  // The token-steps of delay that draining `held` as Flush() does adds beyond the first drain
-  // step (DrainDelay).
+  // The token-steps of delay that draining `held` as Flush() does (every queue released, then
+  // steps packed until nothing is held) adds beyond the first drain step: each token a drain
+  // step leaves waits one step more. At most N documents drain in one step (each fits an empty
+  // micro-batch), which is most steps' case and costs no packing.
   double DrainDelay(Holding held) const {
+    const auto n = static_cast<int64_t>(config.micro_batches);
+    if (held.queues.held().documents + held.carry.size() <= n) return 0.0;
     std::vector<Document> released;
     held.queues.ReleaseAll(released);
-    return lookahead::DrainDelay(std::move(released), std::move(held.carry), config, cost);
+    double delay = 0.0;
+    for (;;) {  // each drain step places at least one document, so this ends
+      detail::PackUnderCap(std::move(released), held.carry, {}, config, cost);
+      released.clear();
+      if (held.carry.empty()) return delay;
+      delay += static_cast<double>(held.carry.tokens());
+      if (held.carry.size() <= n) return delay;
+    }
   }
 };
 
