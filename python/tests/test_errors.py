@@ -98,6 +98,7 @@ def test_an_option_the_packer_does_not_use_is_an_error(name, kwargs, message):
     assert "--" not in str(error.value) and "this run" not in str(error.value)
     wlb.Packer("wlb-lookahead", context=4096, queues=1, lookahead=2, refine_rounds=3,
                delay_budget=0.5, bound_delay=True)  # all used by wlb-lookahead
+    wlb.Packer("wlb-lookahead", context=4096, bound_delay=False)  # the delay price alone
 
 
 def test_piece_longer_than_context_is_rejected(packer):

@@ -33,8 +33,7 @@
 // is also checked by its real packing: the step is planned under the best-scoring candidate that
 // keeps the packer's token delay within a lower bound of wlb-refine's on the same stream, or else
 // under the one that comes closest (PlanWithinWlbDelay; PackerOptions::bound_delay says how often
-// none does). K = 0 considers no alternative and
-// equals wlb-refine exactly.
+// none does). K = 0 considers no alternative and equals wlb-refine exactly.
 #pragma once
 
 #include <algorithm>
@@ -46,7 +45,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <utility>
 #include <vector>
 
