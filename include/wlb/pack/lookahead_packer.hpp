@@ -199,10 +199,7 @@ class LookaheadPacker final : public Packer {
     std::vector<StepPlan> steps;
     while (!buffer_.empty()) steps.push_back(PlanFront());
     while (!held_.queues.empty() || !held_.carry.empty()) {
-      std::vector<Document> released;
-      held_.queues.ReleaseAll(released);
-      std::vector<MicroBatch> mbs = Packing().PackRefined(released, held_.carry, {});
-      steps.push_back(MakeStep(std::move(mbs)));  // each step places at least one piece
+      steps.push_back(MakeStep(Packing().DrainStep(held_)));  // places at least one piece
     }
     return steps;
   }
@@ -323,12 +320,8 @@ class LookaheadPacker final : public Packer {
       Planned p{.mbs = {}, .held = held, .delay = delay_.planned_token_steps()};
       p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*fresh_sorted=*/true,
                                /*refined=*/false);
-      for (const MicroBatch& mb : p.mbs) {
-        for (const Document& d : mb.documents) {
-          p.delay += static_cast<double>(next_step_ - d.arrival_step) * d.length;
-        }
-      }
-      p.delay += lookahead::AccruedDelay(p.held, next_step_ + 1);
+      p.delay += lookahead::TrainedDelay(p.mbs, next_step_) +
+                 lookahead::AccruedDelay(p.held, next_step_ + 1);
       p.delay += ahead.empty() ? packing.DrainDelay(p.held)
                                : lookahead::ContinuationDelay(
                                      static_cast<double>(p.held.queues.held().tokens +

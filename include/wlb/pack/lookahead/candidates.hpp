@@ -101,6 +101,15 @@ struct StepPacking {
     RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
   }
 
+  // One step of Flush()'s drain: every queued outlier released, packed with the carry-over; what
+  // does not fit stays in `held.carry`.
+  std::vector<MicroBatch> DrainStep(Holding& held, bool refined = true) const {
+    std::vector<Document> released;
+    held.queues.ReleaseAll(released);
+    return refined ? PackRefined(std::move(released), held.carry, {})
+                   : detail::PackUnderCap(std::move(released), held.carry, {}, config, cost);
+  }
+
   // The token-steps of delay that draining `held` as Flush() does (every queue released, then
   // steps packed until nothing is held) adds beyond the first drain step: each token a drain
   // step leaves waits one step more. At most N documents drain in one step (each fits an empty
@@ -108,12 +117,9 @@ struct StepPacking {
   double DrainDelay(Holding held) const {
     const auto n = static_cast<int64_t>(config.micro_batches);
     if (held.queues.held().documents + held.carry.size() <= n) return 0.0;
-    std::vector<Document> released;
-    held.queues.ReleaseAll(released);
     double delay = 0.0;
     for (;;) {  // each drain step places at least one document, so this ends
-      detail::PackUnderCap(std::move(released), held.carry, {}, config, cost);
-      released.clear();
+      DrainStep(held, /*refined=*/false);
       if (held.carry.empty()) return delay;
       delay += static_cast<double>(held.carry.tokens());
       if (held.carry.size() <= n) return delay;

@@ -93,6 +93,17 @@ inline double ContinuationDelay(double held, const std::vector<double>& ahead, d
   return delay + m * held - capacity * m * (m + 1.0) / 2.0;
 }
 
+// The token-steps of delay of the documents `planned` for step `step`.
+inline double TrainedDelay(const std::vector<MicroBatch>& planned, int64_t step) {
+  double delay = 0.0;
+  for (const MicroBatch& mb : planned) {
+    for (const Document& d : mb.documents) {
+      delay += static_cast<double>(step - d.arrival_step) * static_cast<double>(d.length);
+    }
+  }
+  return delay;
+}
+
 class DelayAccount {
  public:
   DelayAccount() = default;
@@ -142,12 +153,8 @@ class DelayAccount {
 
   // Records the micro-batches planned for step `step` (after its BeginStep).
   void Record(const std::vector<MicroBatch>& planned, int64_t step) {
-    for (const MicroBatch& mb : planned) {
-      tokens_ += static_cast<double>(mb.tokens);
-      for (const Document& d : mb.documents) {
-        token_steps_ += static_cast<double>(step - d.arrival_step) * d.length;
-      }
-    }
+    for (const MicroBatch& mb : planned) tokens_ += static_cast<double>(mb.tokens);
+    token_steps_ += TrainedDelay(planned, step);
   }
 
   // The account as the packer's state "wlb_delay" holds it.
