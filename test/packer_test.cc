@@ -292,6 +292,10 @@ TEST(SortLongestFirst, MatchesAStableSortForEveryKeyWidthAndSize) {
       const std::vector<size_t> order = LongestFirstOrder(docs);
       ASSERT_EQ(order.size(), n);
       for (size_t i = 0; i < n; ++i) ASSERT_EQ(docs[order[i]], expected[i]) << n << " " << bits;
+      std::vector<int64_t> lengths = {-1};  // replaced, not appended to
+      EXPECT_EQ(LongestFirstOrder(docs, &lengths), order);
+      ASSERT_EQ(lengths.size(), n);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(lengths[i], expected[i].length) << n << " " << bits;
       SortLongestFirst(docs);
       EXPECT_EQ(docs, expected) << n << " " << bits;
     }

@@ -158,5 +158,87 @@ TEST(ValidateThresholds, ErrorsNameTheBadValue) {
                                         kMaxOutlierQueues)));
 }
 
+// Algorithm 1's placement as plainly as it can be written: scans for the least-W micro-batch (the
+// first on ties) and, when a document does not fit there, the fewest-tokens one.
+std::vector<MicroBatch> PlainPackUnderCap(std::vector<Document> released,
+                                          std::vector<Document> carry, std::vector<Document> fresh,
+                                          const PackerConfig& config, const DocumentCost& cost,
+                                          std::vector<Document>& left) {
+  std::vector<MicroBatch> mbs(static_cast<size_t>(config.micro_batches));
+  auto place = [&](const Document& d) {
+    size_t target = 0;
+    for (size_t b = 1; b < mbs.size(); ++b) {
+      if (mbs[b].cost < mbs[target].cost) target = b;
+    }
+    if (mbs[target].tokens + d.length > config.max_tokens) {
+      target = 0;
+      for (size_t b = 1; b < mbs.size(); ++b) {
+        if (mbs[b].tokens < mbs[target].tokens) target = b;
+      }
+      if (mbs[target].tokens + d.length > config.max_tokens) return false;
+    }
+    mbs[target].documents.push_back(d);
+    mbs[target].tokens += d.length;
+    mbs[target].cost += cost(d.length);
+    return true;
+  };
+  left.clear();
+  for (std::vector<Document>* group : {&released, &carry, &fresh}) {
+    std::stable_sort(group->begin(), group->end(), LongerFirst);
+    for (const Document& d : *group) {
+      if (!place(d)) left.push_back(d);
+    }
+  }
+  std::stable_sort(left.begin(), left.end(), LongerFirst);
+  return mbs;
+}
+
+// PackUnderCap appends small steps' arrivals as it places them and copies large steps' (from
+// kGroupedCopyMicroBatches) in afterwards, micro-batch by micro-batch: both must give the plain
+// placement's plans exactly (documents in order, tokens, W summed in the same order) and leave the
+// same carry, with and without released outliers, carried documents and sorted arrivals.
+TEST(PackUnderCap, MatchesAPlainPlacementOnBothSidesOfTheGroupedCopy) {
+  std::mt19937_64 rng(26);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const DocumentCost cost = kSquares;
+  const int32_t large = static_cast<int32_t>(detail::kGroupedCopyMicroBatches);
+  for (int32_t n : {1, 3, 16, large - 1, large, large + 37}) {
+    for (int round = 0; round < 4; ++round) {
+      SCOPED_TRACE(::testing::Message() << "N=" << n << " round " << round);
+      const PackerConfig config{.context = 256, .max_tokens = 320, .micro_batches = n};
+      int64_t id = 0;
+      auto documents = [&](int64_t count, int64_t lo, int64_t hi) {
+        std::vector<Document> docs;
+        for (int64_t i = 0; i < count; ++i) docs.push_back({.id = id++, .length = uniform(lo, hi)});
+        return docs;
+      };
+      // Round 0 fits everything; the others overfill the step, so some documents are left over.
+      const int64_t per_mb = round == 0 ? 4 : 12;
+      const std::vector<Document> released = documents(round % 2 ? n : 0, 128, 256);
+      std::vector<Document> carried = documents(uniform(0, 2 * n), 1, 256);
+      std::stable_sort(carried.begin(), carried.end(), LongerFirst);
+      std::vector<Document> fresh = documents(per_mb * n, 1, 128);
+      const bool fresh_sorted = round == 3;
+      if (fresh_sorted) std::stable_sort(fresh.begin(), fresh.end(), LongerFirst);
+      std::vector<Document> expected_left;
+      const std::vector<MicroBatch> expected =
+          PlainPackUnderCap(released, carried, fresh, config, cost, expected_left);
+      detail::LengthOrdered carry(carried);
+      const std::vector<MicroBatch> mbs =
+          detail::PackUnderCap(released, carry, fresh, config, cost, fresh_sorted);
+      ASSERT_EQ(mbs.size(), expected.size());
+      for (size_t b = 0; b < mbs.size(); ++b) {
+        ASSERT_EQ(mbs[b].documents, expected[b].documents) << "micro-batch " << b;
+        ASSERT_EQ(mbs[b].tokens, expected[b].tokens) << "micro-batch " << b;
+        ASSERT_EQ(mbs[b].cost, expected[b].cost) << "micro-batch " << b;
+      }
+      EXPECT_EQ(carry.ToVector(), expected_left);
+      if (round > 0) EXPECT_FALSE(expected_left.empty());  // the test reaches the carry
+    }
+  }
+}
+
 }  // namespace wlb_packer_test
 }  // namespace wlb

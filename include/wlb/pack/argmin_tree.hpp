@@ -70,8 +70,9 @@ class ArgminTree {
     for (size_t v = leaves_ - 1; v >= 1; --v) tree_[v] = std::min(tree_[2 * v], tree_[2 * v + 1]);
   }
 
-  // Sets key i and updates the winners above it.
-  void Set(size_t i, Key k) {
+  // Sets key i and updates the winners above it. Always inlined: placement loops call it once per
+  // document, and a call made it a tenth of wlb's time at N = 64.
+  [[gnu::always_inline]] void Set(size_t i, Key k) {
     size_t v = leaves_ + i;
     Node up = MakeNode(k, i);
     tree_[v] = up;
