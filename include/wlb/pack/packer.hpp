@@ -370,17 +370,13 @@ class Packer {
   // others were planned), so gaps between non-consecutive pieces are allowed.
   static absl::Status CheckPiecesTile(std::vector<Document> pieces) {
     std::sort(pieces.begin(), pieces.end(), ByIdAndOffset);
-    return CheckSortedPiecesTile(pieces);
-  }
-  static bool ByIdAndOffset(const Document& a, const Document& b) {
-    return std::pair(a.id, a.offset) < std::pair(b.id, b.offset);
-  }
-  // The same on pieces already sorted by (id, offset).
-  static absl::Status CheckSortedPiecesTile(const std::vector<Document>& pieces) {
     for (size_t i = 1; i < pieces.size(); ++i) {
       if (absl::Status s = CheckNextPiece(pieces[i - 1], pieces[i]); !s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+  static bool ByIdAndOffset(const Document& a, const Document& b) {
+    return std::pair(a.id, a.offset) < std::pair(b.id, b.offset);
   }
   // Piece b, next after a in (id, offset) order, does not break its document's tiling.
   static absl::Status CheckNextPiece(const Document& a, const Document& b) {
@@ -499,12 +495,17 @@ inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs,
 }
 
 // Calls fn on docs[order[0]], docs[order[1]], ...: reads in a permuted order, so the document
-// kPrefetchAhead places ahead is asked for early and the cache misses overlap.
+// kPrefetchAhead places ahead is asked for early (its first and last byte: a document may span two
+// cache lines) and the cache misses overlap.
 template <typename Fn>
 void ForEachInOrder(const std::vector<Document>& docs, const std::vector<size_t>& order, Fn&& fn) {
   constexpr size_t kPrefetchAhead = 16;
   for (size_t i = 0; i < order.size(); ++i) {
-    if (i + kPrefetchAhead < order.size()) __builtin_prefetch(&docs[order[i + kPrefetchAhead]]);
+    if (i + kPrefetchAhead < order.size()) {
+      const Document* ahead = &docs[order[i + kPrefetchAhead]];
+      __builtin_prefetch(ahead);
+      __builtin_prefetch(reinterpret_cast<const char*>(ahead) + sizeof(Document) - 1);
+    }
     fn(docs[order[i]]);
   }
 }
