@@ -229,7 +229,16 @@ TEST(Packer, PushRejectsPiecesThatDoNotTileTheirDocumentSoNoStateItSavesIsRefuse
         {{{.id = 9, .length = 2},
           {.id = 4, .length = 5, .piece = 1, .offset = 5},
           {.id = 4, .length = 5, .piece = 0, .offset = 5}},
-         "offset 5 is held twice"}};
+         "offset 5 is held twice"},
+        // One pass checks values and tiling: a bad value anywhere is reported before a tiling
+        // error, and of two tiling errors the first in stream order.
+        {{{.id = 4, .length = 5}, {.id = 4, .length = 3, .piece = 1}, {.id = 5, .length = 0}},
+         "length 0 is outside [1, 10]"},
+        {{{.id = 4, .length = 5},
+          {.id = 4, .length = 3, .piece = 1, .offset = 2},
+          {.id = 6, .length = 5},
+          {.id = 6, .length = 3, .piece = 1}},
+         "document 4: piece 0 [0, 5) overlaps piece 1"}};
     for (const auto& [arrivals, message] : cases) {
       auto rejected = packer->Push(arrivals);
       ASSERT_FALSE(rejected.ok());
