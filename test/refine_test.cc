@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -45,6 +47,135 @@ std::vector<std::tuple<int64_t, int64_t, int32_t>> AllDocuments(
   }
   std::sort(all.begin(), all.end());
   return all;
+}
+
+// The search as first written: for every document of h in order, a move and a window of 3 below
+// and 3 at or above W_a - gap / 2 in l's documents sorted by (cost, position), sorted afresh for
+// every pair; the first strictly lowest change wins. RefineMicroBatches must make exactly the
+// same changes.
+int ReferenceRefine(std::vector<MicroBatch>& mbs, int64_t max_tokens, const DocumentCost& cost,
+                    int max_rounds) {
+  if (mbs.size() < 2) return 0;
+  std::set<std::pair<double, size_t>> by_cost;
+  for (size_t b = 0; b < mbs.size(); ++b) by_cost.insert({mbs[b].cost, b});
+  auto update = [&](MicroBatch& mb, const Document& d, int sign) {
+    mb.tokens += sign * d.length;
+    mb.cost += sign * cost(d.length);
+  };
+  int applied = 0;
+  for (; applied < max_rounds; ++applied) {
+    const size_t h = by_cost.rbegin()->second;
+    const MicroBatch& heavy = mbs[h];
+    bool changed = false;
+    int partners = 0;
+    for (const auto& entry : by_cost) {
+      const size_t l = entry.second;
+      if (++partners > kMaxPartners) break;
+      const MicroBatch& light = mbs[l];
+      const double gap = heavy.cost - light.cost;
+      if (l == h || gap <= heavy.cost * 1e-12) break;
+      std::vector<std::pair<double, int64_t>> l_costs;
+      for (size_t j = 0; j < light.documents.size(); ++j) {
+        l_costs.push_back({cost(light.documents[j].length), static_cast<int64_t>(j)});
+      }
+      std::sort(l_costs.begin(), l_costs.end());
+      double best = heavy.cost;
+      int64_t from_h = -1;
+      int64_t from_l = -1;
+      auto consider = [&](int64_t i, int64_t j, double wa, double wb) {
+        const int64_t la = heavy.documents[i].length;
+        const int64_t lb = j < 0 ? 0 : light.documents[j].length;
+        if (light.tokens + la - lb > max_tokens || heavy.tokens - la + lb > max_tokens) return;
+        const double pair_max = std::max(heavy.cost - wa + wb, light.cost + wa - wb);
+        if (pair_max < best) std::tie(best, from_h, from_l) = std::tuple(pair_max, i, j);
+      };
+      for (size_t i = 0; i < heavy.documents.size(); ++i) {
+        const double wa = cost(heavy.documents[i].length);
+        consider(static_cast<int64_t>(i), -1, wa, 0.0);
+        const auto it = std::lower_bound(l_costs.begin(), l_costs.end(),
+                                         std::make_pair(wa - gap / 2.0, int64_t{-1}));
+        const auto lo = it - std::min<std::ptrdiff_t>(it - l_costs.begin(), 3);
+        const auto hi = it + std::min<std::ptrdiff_t>(l_costs.end() - it, 3);
+        for (auto k = lo; k != hi; ++k) consider(static_cast<int64_t>(i), k->second, wa, k->first);
+      }
+      if (from_h < 0 || best >= heavy.cost * (1.0 - 1e-12)) continue;
+      MicroBatch& hb = mbs[h];
+      MicroBatch& lb = mbs[l];
+      by_cost.erase({hb.cost, h});
+      by_cost.erase({lb.cost, l});
+      const Document a = hb.documents[from_h];
+      hb.documents.erase(hb.documents.begin() + from_h);
+      update(hb, a, -1);
+      if (from_l >= 0) {
+        const Document b = lb.documents[from_l];
+        lb.documents.erase(lb.documents.begin() + from_l);
+        update(lb, b, -1);
+        hb.documents.push_back(b);
+        update(hb, b, +1);
+      }
+      lb.documents.push_back(a);
+      update(lb, a, +1);
+      by_cost.insert({hb.cost, h});
+      by_cost.insert({lb.cost, l});
+      changed = true;
+      break;
+    }
+    if (!changed) break;
+  }
+  return applied;
+}
+
+// A cost that is not monotone in length, so sorting by cost is not the reverse of longest first.
+struct Zigzag {
+  double Attention(int64_t d) const { return static_cast<double>((d * 37) % 101) * d; }
+  double Linear(int64_t d) const { return 3.0 * static_cast<double>(d); }
+};
+
+// Same changes, same order of documents, same token and cost sums (bit for bit) as the reference
+// on seeded random steps: lengths with many ties, documents placed longest first (as packers
+// place them) or in random order, monotone and non-monotone costs, caps that bind or not.
+TEST(RefineMicroBatches, MakesExactlyTheChangesOfTheReferenceSearch) {
+  std::mt19937_64 rng(77);
+  const std::vector<DocumentCost> costs = {
+      kSquares, kMixed, DocumentCost::From(Zigzag{}, "zigzag", "non-monotone test cost")};
+  int changes = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const DocumentCost& cost = costs[trial % costs.size()];
+    const int n = std::uniform_int_distribution<int>(2, trial % 5 == 0 ? 64 : 9)(rng);
+    const int64_t max_length = trial % 3 == 0 ? 8 : 200;  // 8: many equal lengths
+    const int64_t cap = std::uniform_int_distribution<int64_t>(max_length, 30 * max_length)(rng);
+    std::vector<MicroBatch> mbs;
+    int64_t id = 0;
+    for (int b = 0; b < n; ++b) {
+      std::vector<int64_t> lengths;
+      int64_t tokens = 0;
+      const int docs = std::uniform_int_distribution<int>(0, 40)(rng);
+      for (int k = 0; k < docs; ++k) {
+        const int64_t l = std::uniform_int_distribution<int64_t>(1, max_length)(rng);
+        if (tokens + l > cap) break;
+        lengths.push_back(l);
+        tokens += l;
+      }
+      if (trial % 2 == 0) std::sort(lengths.rbegin(), lengths.rend());
+      mbs.push_back(Mb(cost, lengths, id));
+      id += static_cast<int64_t>(lengths.size());
+    }
+    std::vector<MicroBatch> expected = mbs;
+    const int rounds = std::uniform_int_distribution<int>(1, 4 * n)(rng);
+    const int applied = RefineMicroBatches(mbs, cap, cost, rounds);
+    ASSERT_EQ(applied, ReferenceRefine(expected, cap, cost, rounds)) << "trial " << trial;
+    changes += applied;
+    for (size_t b = 0; b < mbs.size(); ++b) {
+      ASSERT_EQ(mbs[b].tokens, expected[b].tokens) << "trial " << trial << " micro-batch " << b;
+      ASSERT_EQ(mbs[b].cost, expected[b].cost) << "trial " << trial << " micro-batch " << b;
+      ASSERT_EQ(mbs[b].documents.size(), expected[b].documents.size()) << "trial " << trial;
+      for (size_t k = 0; k < mbs[b].documents.size(); ++k) {
+        ASSERT_EQ(mbs[b].documents[k].id, expected[b].documents[k].id)
+            << "trial " << trial << " micro-batch " << b << " position " << k;
+      }
+    }
+  }
+  EXPECT_GT(changes, 10000) << "the steps must give the search work to do";
 }
 
 TEST(RefineMicroBatches, MovesOneDocumentToAnEmptyPartner) {

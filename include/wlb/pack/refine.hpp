@@ -13,6 +13,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <set>
 #include <utility>
 #include <vector>
@@ -23,11 +25,46 @@
 namespace wlb {
 
 namespace detail {
-struct Change {
-  double pair_max;   // max(cost_h, cost_l) after the change
-  int64_t from_h;    // index in h, or -1
-  int64_t from_l;    // index in l, or -1 (a move)
+// A document of a micro-batch as a refinement round searches it.
+struct CostEntry {
+  double cost;     // W(length)
+  int64_t length;  // tokens
+  int64_t index;   // position in the micro-batch's documents
 };
+
+// Orders by (cost, position): the order in which a round looks at a partner's documents.
+struct CheaperFirst {
+  bool operator()(const CostEntry& a, const CostEntry& b) const {
+    return a.cost < b.cost || (a.cost == b.cost && a.index < b.index);
+  }
+};
+
+// A micro-batch's documents by CheaperFirst. Placement appends longest first, so the reversed
+// documents are usually in order already and the sort is skipped.
+inline void SortByCost(const MicroBatch& mb, const DocumentCost& cost,
+                       std::vector<CostEntry>& out) {
+  out.clear();
+  out.reserve(mb.documents.size() + 8);  // room for a few documents moved in
+  for (size_t j = mb.documents.size(); j-- > 0;) {
+    const int64_t length = mb.documents[j].length;
+    out.push_back({cost(length), length, static_cast<int64_t>(j)});
+  }
+  if (!std::is_sorted(out.begin(), out.end(), CheaperFirst{})) {
+    std::sort(out.begin(), out.end(), CheaperFirst{});
+  }
+}
+
+// Keeps `sorted` in step with its micro-batch when the document at `index` is erased.
+inline void EraseSorted(std::vector<CostEntry>& sorted, int64_t index) {
+  std::erase_if(sorted, [index](const CostEntry& e) { return e.index == index; });
+  for (CostEntry& e : sorted) e.index -= e.index > index ? 1 : 0;
+}
+
+// ... and when `entry` is appended (its index is the largest, so it goes after equal costs).
+inline void InsertSorted(std::vector<CostEntry>& sorted, const CostEntry& entry) {
+  const auto at = std::upper_bound(sorted.begin(), sorted.end(), entry, CheaperFirst{});
+  sorted.insert(at, entry);
+}
 }  // namespace detail
 
 // Partners tried per round, lightest first. The lightest few hold nearly all the useful changes;
@@ -36,15 +73,27 @@ struct Change {
 inline constexpr int kMaxPartners = 8;
 
 // Returns the number of changes applied (at most max_rounds).
+//
+// The search of a pair (h, l) looks, for each document a of h, at moving a and at swapping it with
+// the 3 documents of l just below and the 3 at or above cost W_a - gap / 2 (a swap is best when
+// W_a - W_b is near half the gap); of the changes that lower max(cost_h, cost_l) it takes the
+// lowest, ties to the first document of h in its micro-batch, then the move, then the cheaper b.
+// Each micro-batch's documents are sorted by cost once, on first use, and kept sorted through
+// the changes. a's are walked costliest first, so the window into l's moves one way, and the
+// walk stops where no cheaper a can beat the best change found.
 inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
                               const DocumentCost& cost, int max_rounds) {
   if (mbs.size() < 2) return 0;
   std::set<std::pair<double, size_t>> by_cost;  // lightest first
   for (size_t b = 0; b < mbs.size(); ++b) by_cost.insert({mbs[b].cost, b});
-  std::vector<std::pair<double, int64_t>> l_costs;  // (cost, index) of l's documents, sorted
-  auto update = [&](MicroBatch& mb, const Document& d, int sign) {
-    mb.tokens += sign * d.length;
-    mb.cost += sign * cost(d.length);
+  std::vector<std::vector<detail::CostEntry>> sorted(mbs.size());
+  std::vector<bool> have_sorted(mbs.size(), false);
+  auto sorted_costs = [&](size_t b) -> std::vector<detail::CostEntry>& {
+    if (!have_sorted[b]) {
+      detail::SortByCost(mbs[b], cost, sorted[b]);
+      have_sorted[b] = true;
+    }
+    return sorted[b];
   };
   int applied = 0;
   for (; applied < max_rounds; ++applied) {
@@ -58,46 +107,81 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
       const MicroBatch& light = mbs[l];
       const double gap = heavy.cost - light.cost;
       if (l == h || gap <= heavy.cost * 1e-12) break;  // partners only get heavier from here
-      l_costs.clear();
-      for (size_t j = 0; j < light.documents.size(); ++j) {
-        l_costs.push_back({cost(light.documents[j].length), static_cast<int64_t>(j)});
-      }
-      std::sort(l_costs.begin(), l_costs.end());
-      detail::Change best{heavy.cost, -1, -1};
-      auto consider = [&](int64_t i, int64_t j, double wa, double wb) {
-        const int64_t la = heavy.documents[i].length;
-        const int64_t lb = j < 0 ? 0 : light.documents[j].length;
-        if (light.tokens + la - lb > max_tokens || heavy.tokens - la + lb > max_tokens) return;
-        const double pair_max = std::max(heavy.cost - wa + wb, light.cost + wa - wb);
-        if (pair_max < best.pair_max) best = {pair_max, i, j};
+      const std::vector<detail::CostEntry>& hs = sorted_costs(h);
+      const std::vector<detail::CostEntry>& ls = sorted_costs(l);
+      // The best change so far: pair_max, then a's position, then b's place in ls (-1: a move).
+      double best = heavy.cost;
+      int64_t best_a = -1;
+      std::ptrdiff_t best_b = -1;
+      auto consider = [&](const detail::CostEntry& a, std::ptrdiff_t b) {
+        const double wb = b < 0 ? 0.0 : ls[b].cost;
+        const int64_t lb = b < 0 ? 0 : ls[b].length;
+        if (light.tokens + a.length - lb > max_tokens ||
+            heavy.tokens - a.length + lb > max_tokens) {
+          return;
+        }
+        const double pair_max = std::max(heavy.cost - a.cost + wb, light.cost + a.cost - wb);
+        if (pair_max < best || (best_a >= 0 && pair_max == best &&
+                                (a.index < best_a || (a.index == best_a && b < best_b)))) {
+          best = pair_max;
+          best_a = a.index;
+          best_b = b;
+        }
       };
-      for (size_t i = 0; i < heavy.documents.size(); ++i) {
-        const double wa = cost(heavy.documents[i].length);
-        consider(static_cast<int64_t>(i), -1, wa, 0.0);  // a move
-        // A swap is best when wa - wb is near gap / 2: look at l's documents around that cost.
-        const auto it = std::lower_bound(l_costs.begin(), l_costs.end(),
-                                         std::make_pair(wa - gap / 2.0, int64_t{-1}));
-        const auto lo = it - std::min<std::ptrdiff_t>(it - l_costs.begin(), 3);
-        const auto hi = it + std::min<std::ptrdiff_t>(l_costs.end() - it, 3);
-        for (auto k = lo; k != hi; ++k) consider(static_cast<int64_t>(i), k->second, wa, k->first);
+      // The search skips only changes whose pair maximum is already above the best, by bounds
+      // that rounding cannot break: (cost_h - W_a) + W_b rises with W_b and (cost_l + W_a) - W_b
+      // falls with it, and both are terms of the pair maximum.
+      const auto size = static_cast<std::ptrdiff_t>(ls.size());
+      const double cheapest_b = size == 0 ? 0.0 : std::min(0.0, ls.front().cost);
+      std::ptrdiff_t at = size;  // the first of l's documents with cost >= W_a - gap / 2
+      for (auto it = hs.rbegin(); it != hs.rend(); ++it) {  // costliest a first
+        const detail::CostEntry& a = *it;
+        const double h_without_a = heavy.cost - a.cost;
+        if (h_without_a + cheapest_b > best) break;  // and so for every cheaper a
+        consider(a, -1);                             // a move
+        const double target = a.cost - gap / 2.0;
+        while (at > 0 && !(ls[at - 1].cost < target)) --at;
+        for (std::ptrdiff_t b = at; b < std::min(at + 3, size); ++b) {
+          if (h_without_a + ls[b].cost > best) break;  // and so for every costlier b
+          consider(a, b);
+        }
+        const double l_with_a = light.cost + a.cost;
+        for (std::ptrdiff_t b = at - 1; b >= std::max<std::ptrdiff_t>(at - 3, 0); --b) {
+          if (l_with_a - ls[b].cost > best) break;  // and so for every cheaper b
+          consider(a, b);
+        }
       }
-      if (best.from_h < 0 || best.pair_max >= heavy.cost * (1.0 - 1e-12)) continue;
+      if (best_a < 0 || best >= heavy.cost * (1.0 - 1e-12)) continue;
+      const int64_t from_l = best_b < 0 ? -1 : ls[best_b].index;
+      // Applied in the order the sums must see: a leaves h, b leaves l and joins h, a joins l.
+      auto take = [&](size_t m, int64_t index) {
+        MicroBatch& mb = mbs[m];
+        const Document d = mb.documents[index];
+        const double w = cost(d.length);
+        mb.documents.erase(mb.documents.begin() + index);
+        detail::EraseSorted(sorted[m], index);
+        mb.tokens -= d.length;
+        mb.cost -= w;
+        return std::pair(d, w);
+      };
+      auto add = [&](size_t m, const Document& d, double w) {
+        MicroBatch& mb = mbs[m];
+        mb.documents.push_back(d);
+        detail::InsertSorted(sorted[m],
+                             {w, d.length, static_cast<int64_t>(mb.documents.size()) - 1});
+        mb.tokens += d.length;
+        mb.cost += w;
+      };
       MicroBatch& hb = mbs[h];
       MicroBatch& lb = mbs[l];
       by_cost.erase({hb.cost, h});
       by_cost.erase({lb.cost, l});
-      const Document a = hb.documents[best.from_h];
-      hb.documents.erase(hb.documents.begin() + best.from_h);
-      update(hb, a, -1);
-      if (best.from_l >= 0) {
-        const Document b = lb.documents[best.from_l];
-        lb.documents.erase(lb.documents.begin() + best.from_l);
-        update(lb, b, -1);
-        hb.documents.push_back(b);
-        update(hb, b, +1);
+      const auto [a, wa] = take(h, best_a);
+      if (from_l >= 0) {
+        const auto [b, wb] = take(l, from_l);
+        add(h, b, wb);
       }
-      lb.documents.push_back(a);
-      update(lb, a, +1);
+      add(l, a, wa);
       by_cost.insert({hb.cost, h});
       by_cost.insert({lb.cost, l});
       changed = true;
