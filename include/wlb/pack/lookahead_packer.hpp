@@ -75,7 +75,11 @@ class LookaheadPacker final : public Packer {
         lookahead_(lookahead),
         bound_delay_(bound_delay),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
-        delay_(config, std::move(thresholds), delay_budget) {}
+        delay_(config, std::move(thresholds), delay_budget),
+        sketcher_(config_, cost_) {}
+  // The sketcher refers to this packer's configuration and cost.
+  LookaheadPacker(const LookaheadPacker&) = delete;
+  LookaheadPacker& operator=(const LookaheadPacker&) = delete;
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
@@ -218,15 +222,15 @@ class LookaheadPacker final : public Packer {
         arrivals, next_step_, bound_delay_,
         bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
     lookahead::Holding held = std::move(held_);
-    std::vector<Document> fresh = lookahead::Enqueue(arrivals, held);
+    std::vector<Document> fresh = lookahead::Enqueue(std::move(arrivals), held);
     SortLongestFirst(fresh);
     const std::vector<lookahead::Candidate> candidates = lookahead::Candidates(
         held, fresh, static_cast<size_t>(config_.micro_batches), lookahead_, next_step_);
     std::vector<MicroBatch> mbs;
     if (candidates.size() == 1) {
-      mbs = Packing().PlanStep(candidates[0], std::move(fresh), held, /*fresh_sorted=*/true);
+      mbs = Packing().PlanStep(candidates[0], fresh, held);
     } else {
-      const lookahead::Sketcher sketcher(config_, cost_);
+      const lookahead::Sketcher& sketcher = sketcher_;
       const Scoring scoring{
           .candidates = candidates,
           .held = held,
@@ -237,7 +241,7 @@ class LookaheadPacker final : public Packer {
           .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
       const size_t best = Best(scoring);
       if (!bound_delay_) {
-        mbs = Packing().PlanStep(candidates[best], std::move(fresh), held, /*fresh_sorted=*/true);
+        mbs = Packing().PlanStep(candidates[best], fresh, held);
       } else {
         mbs = PlanWithinWlbDelay(scoring, best, standing, held);
       }
@@ -318,8 +322,7 @@ class LookaheadPacker final : public Packer {
     };
     auto plan = [&](size_t i) {
       Planned p{.mbs = {}, .held = held, .delay = delay_.planned_token_steps()};
-      p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*fresh_sorted=*/true,
-                               /*refined=*/false);
+      p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*refined=*/false);
       p.delay += lookahead::TrainedDelay(p.mbs, next_step_) +
                  lookahead::AccruedDelay(p.held, next_step_ + 1);
       p.delay += ahead.empty() ? packing.DrainDelay(p.held)
@@ -364,6 +367,8 @@ class LookaheadPacker final : public Packer {
   lookahead::Holding held_;
   std::deque<std::vector<Document>> buffer_;  // arrivals pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;
+  // Sketches of this packer's steps; its working memory is kept from step to step.
+  lookahead::Sketcher sketcher_;
 };
 
 }  // namespace wlb

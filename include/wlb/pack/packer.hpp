@@ -20,6 +20,7 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -445,7 +446,7 @@ inline bool LongerFirst(const Document& a, const Document& b) { return a.length 
 // steps. Lengths too long to pack with the positions fall back to a comparison sort. With
 // `lengths`, also sets (*lengths)[i] = docs[order[i]].length, read from the words, for a caller
 // that needs only the lengths in that order (not the documents).
-inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs,
+inline std::vector<size_t> LongestFirstOrder(std::span<const Document> docs,
                                              std::vector<int64_t>* lengths = nullptr) {
   const size_t n = docs.size();
   std::vector<size_t> order(n);
@@ -498,7 +499,7 @@ inline std::vector<size_t> LongestFirstOrder(const std::vector<Document>& docs,
 // kPrefetchAhead places ahead is asked for early (its first and last byte: a document may span two
 // cache lines) and the cache misses overlap.
 template <typename Fn>
-void ForEachInOrder(const std::vector<Document>& docs, const std::vector<size_t>& order, Fn&& fn) {
+void ForEachInOrder(std::span<const Document> docs, const std::vector<size_t>& order, Fn&& fn) {
   constexpr size_t kPrefetchAhead = 16;
   for (size_t i = 0; i < order.size(); ++i) {
     if (i + kPrefetchAhead < order.size()) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,7 +51,8 @@ namespace detail {
 inline constexpr size_t kGroupedCopyMicroBatches = 1024;
 
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, LengthOrdered& carry,
-                                            std::vector<Document> fresh, const PackerConfig& config,
+                                            std::span<const Document> fresh,
+                                            const PackerConfig& config,
                                             const DocumentCost& cost, bool fresh_sorted = false) {
   SortLongestFirst(released);
   const size_t n = static_cast<size_t>(config.micro_batches);
@@ -282,7 +284,7 @@ class WlbPacker final : public Packer {
  private:
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
     std::vector<MicroBatch> mbs =
-        detail::PackUnderCap(std::move(released), carry_, std::move(fresh), config_, cost_);
+        detail::PackUnderCap(std::move(released), carry_, fresh, config_, cost_);
     if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
     return MakeStep(std::move(mbs));
   }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -65,36 +66,31 @@ struct StepPacking {
 
   // Packs a step as wlb-refine does; what fits nowhere stays in `carry`.
   std::vector<MicroBatch> PackRefined(std::vector<Document> released, detail::LengthOrdered& carry,
-                                      std::vector<Document> fresh,
+                                      std::span<const Document> fresh,
                                       bool fresh_sorted = false) const {
-    std::vector<MicroBatch> mbs = detail::PackUnderCap(std::move(released), carry, std::move(fresh),
-                                                       config, cost, fresh_sorted);
+    std::vector<MicroBatch> mbs =
+        detail::PackUnderCap(std::move(released), carry, fresh, config, cost, fresh_sorted);
     RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
     return mbs;
   }
 
   // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
-  // under `c`; leaves in `held` what the step does not take. Unrefined, the micro-batches hold
-  // the same documents, not yet moved between them (Refine).
-  std::vector<MicroBatch> PlanStep(const Candidate& c, std::vector<Document> fresh, Holding& held,
-                                   bool fresh_sorted = false, bool refined = true) const {
-    if (!fresh_sorted) SortLongestFirst(fresh);
+  // (longest first) under `c`; leaves in `held` what the step does not take. Unrefined, the
+  // micro-batches hold the same documents, not yet moved between them (Refine).
+  std::vector<MicroBatch> PlanStep(const Candidate& c, std::span<const Document> fresh,
+                                   Holding& held, bool refined = true) const {
     std::vector<Document> released;
     for (size_t l = 0; l < held.queues.levels(); ++l) {
       held.queues.Release(l, c.release[l], released);
     }
-    std::vector<Document> hold;
-    if (c.hold_longest > 0) {
-      hold.assign(fresh.begin(), fresh.begin() + c.hold_longest);
-      fresh.erase(fresh.begin(), fresh.begin() + c.hold_longest);
-    }
+    const std::span<const Document> hold = fresh.first(static_cast<size_t>(c.hold_longest));
+    fresh = fresh.subspan(hold.size());
     std::vector<MicroBatch> mbs =
-        refined ? PackRefined(std::move(released), held.carry, std::move(fresh), true)
-                : detail::PackUnderCap(std::move(released), held.carry, std::move(fresh), config,
-                                       cost, true);
+        refined ? PackRefined(std::move(released), held.carry, fresh, true)
+                : detail::PackUnderCap(std::move(released), held.carry, fresh, config, cost, true);
     // What was held back on purpose goes first next step, as carry-over does (after what was
     // carried of its length).
-    held.carry.Merge({}, hold);
+    if (!hold.empty()) held.carry.Merge({}, std::vector<Document>(hold.begin(), hold.end()));
     return mbs;
   }
   void Refine(std::vector<MicroBatch>& mbs) const {
@@ -127,14 +123,14 @@ struct StepPacking {
   }
 };
 
-// Queues the outliers of `arrivals` and returns the rest.
-inline std::vector<Document> Enqueue(const std::vector<Document>& arrivals, Holding& held) {
-  std::vector<Document> fresh;
-  fresh.reserve(arrivals.size());
+// Queues the outliers of `arrivals` and returns the rest, in order (in the same memory).
+inline std::vector<Document> Enqueue(std::vector<Document> arrivals, Holding& held) {
+  size_t fresh = 0;
   for (const Document& d : arrivals) {
-    if (!held.queues.Enqueue(d)) fresh.push_back(d);
+    if (!held.queues.Enqueue(d)) arrivals[fresh++] = d;
   }
-  return fresh;
+  arrivals.resize(fresh);
+  return arrivals;
 }
 
 // Tokens of queued outliers `c` releases minus the arrivals it holds back.

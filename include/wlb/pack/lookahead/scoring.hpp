@@ -67,6 +67,7 @@ class Sketcher {
         long_cut_(std::max<int64_t>(1, config.context / (config.micro_batches <= 4    ? 64
                                                          : config.micro_batches <= 16 ? 32
                                                                                       : 8))),
+        poly_(cost.polynomial()),
         scratch_(static_cast<size_t>(config.micro_batches)) {}
 
   void AddToSketch(const Document& d, Sketch& sketch) const {
@@ -74,7 +75,7 @@ class Sketcher {
       sketch.lengths.push_back(d.length);
     } else {
       sketch.short_tokens += static_cast<double>(d.length);
-      sketch.short_cost += cost_(d.length);
+      sketch.short_cost += poly_ ? (*poly_)(d.length) : cost_(d.length);
     }
   }
   // Where long documents start. A small step holds a few hundred documents and each long one
@@ -121,7 +122,7 @@ class Sketcher {
       for (size_t b = 1; b < n; ++b) best = v[b] < v[best] ? b : best;
       return best;
     };
-    const CostModel* poly = cost_.polynomial();  // inlined: one evaluation per long document
+    const CostModel* poly = poly_;  // inlined: one evaluation per long document
     for (int64_t length : *lengths) {
       const double l = static_cast<double>(length);
       size_t target = scan ? argmin(cost) : lightest.Min();
@@ -203,6 +204,7 @@ class Sketcher {
                          const OutlierQueues<Document>& queues) const {
     Arrivals a;
     a.outliers.resize(queues.levels());
+    a.fresh.lengths.reserve(arrivals.size());  // one allocation, not one per doubling
     for (const Document& d : arrivals) {
       const int level = queues.Level(d.length);
       if (level >= 0) {
@@ -219,6 +221,7 @@ class Sketcher {
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh,
                             const std::deque<std::vector<Document>>& buffer) const {
     SketchBase s;
+    s.step.lengths.reserve(static_cast<size_t>(base.carry.size()) + fresh.size());
     base.carry.ForEach([&](const Document& d) { AddToSketch(d, s.step); });
     const size_t carried = s.step.lengths.size();
     s.longest.resize(std::min<size_t>(kMaxHeldArrivals, fresh.size()));
@@ -242,6 +245,13 @@ class Sketcher {
     std::merge(sorted.begin(), sorted.end(), extra.begin(), extra.end(), out.begin(),
                std::greater<>());
   }
+  // Empties `s`, keeping its memory.
+  static Sketch& Reset(Sketch& s) {
+    s.lengths.clear();
+    s.short_tokens = 0.0;
+    s.short_cost = 0.0;
+    return s;
+  }
   static void AddSketch(const Sketch& from, Sketch& to) {
     to.lengths.insert(to.lengths.end(), from.lengths.begin(), from.lengths.end());
     to.short_tokens += from.short_tokens;
@@ -262,7 +272,7 @@ class Sketcher {
     // Lengths are gathered in scratch memory and merged, longest first, with the sketches'
     // sorted ones (the floating-point sums add up in the order AddSketch would).
     Scratch& m = scratch_;
-    Sketch carry;
+    Sketch& carry = Reset(m.carry);
     Sketch& step = m.step;
     step.short_tokens = sketch.step.short_tokens;
     step.short_cost = sketch.step.short_cost;
@@ -300,7 +310,7 @@ class Sketcher {
       future.short_tokens = carry.short_tokens + a.fresh.short_tokens;
       future.short_cost = carry.short_cost + a.fresh.short_cost;
       m.extra.assign(carry.lengths.begin(), carry.lengths.end());
-      carry = Sketch();
+      Reset(carry);
       bool releases = false;
       for (size_t l = 0; l < queues.size(); ++l) {
         queues[l].insert(queues[l].end(), a.outliers[l].begin(), a.outliers[l].end());
@@ -323,12 +333,12 @@ class Sketcher {
       }
       MergeLengths(a.fresh.lengths, m.extra, future.lengths);
       MergeLengths(a.fresh.lengths, m.all_extra, all.lengths);
-      Sketch all_carry;
+      Sketch& all_carry = Reset(m.all_carry);
       const double by_wlb = EstimateStep(future, carry);
       const double by_all = EstimateStep(all, all_carry);
       if (by_all < by_wlb) {
         score += by_all;
-        carry = std::move(all_carry);
+        std::swap(carry, all_carry);
         for (auto& q : queues) q.clear();
       } else {
         score += by_wlb;
@@ -344,6 +354,7 @@ class Sketcher {
   const PackerConfig& config_;
   const DocumentCost& cost_;
   int64_t long_cut_;
+  const CostModel* poly_;  // the cost's polynomial, evaluated inline (nullptr: a custom cost)
   struct Scratch {
     explicit Scratch(size_t n) : lightest(n, 0.0), emptiest(n, 0.0) {}
     // EstimateStep's
@@ -352,7 +363,7 @@ class Sketcher {
     std::vector<std::pair<double, int>> breaks;
     std::vector<int64_t> sorted;
     // ScoreBySketch's
-    Sketch step, future, all;
+    Sketch step, future, all, carry, all_carry;
     std::vector<int64_t> extra, all_extra;
     std::vector<std::vector<int64_t>> queues;
   };
