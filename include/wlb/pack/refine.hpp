@@ -40,17 +40,29 @@ struct CheaperFirst {
 };
 
 // A micro-batch's documents by CheaperFirst. Placement appends longest first, so the reversed
-// documents are usually in order already and the sort is skipped.
+// documents are in order or nearly.
 inline void SortByCost(const MicroBatch& mb, const DocumentCost& cost,
                        std::vector<CostEntry>& out) {
   out.clear();
   out.reserve(mb.documents.size() + 8);  // room for a few documents moved in
+  const CostModel* poly = cost.polynomial();  // evaluated inline, not through DocumentCost
   for (size_t j = mb.documents.size(); j-- > 0;) {
     const int64_t length = mb.documents[j].length;
-    out.push_back({cost(length), length, static_cast<int64_t>(j)});
+    out.push_back({poly ? (*poly)(length) : cost(length), length, static_cast<int64_t>(j)});
   }
-  if (!std::is_sorted(out.begin(), out.end(), CheaperFirst{})) {
-    std::sort(out.begin(), out.end(), CheaperFirst{});
+  // An insertion sort while it stays cheap (placement leaves a few sorted runs: released, carried
+  // and fresh documents), else a full sort.
+  size_t moved = 0;
+  for (size_t i = 1; i < out.size(); ++i) {
+    const CostEntry e = out[i];
+    size_t j = i;
+    for (; j > 0 && CheaperFirst{}(e, out[j - 1]); --j) out[j] = out[j - 1];
+    out[j] = e;
+    moved += i - j;
+    if (moved > 4 * out.size()) {
+      std::sort(out.begin(), out.end(), CheaperFirst{});
+      return;
+    }
   }
 }
 
@@ -174,16 +186,19 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
       };
       MicroBatch& hb = mbs[h];
       MicroBatch& lb = mbs[l];
-      by_cost.erase({hb.cost, h});
-      by_cost.erase({lb.cost, l});
+      // Their entries are taken out and put back with the new costs, reusing the set's nodes.
+      auto h_entry = by_cost.extract({hb.cost, h});
+      auto l_entry = by_cost.extract({lb.cost, l});
       const auto [a, wa] = take(h, best_a);
       if (from_l >= 0) {
         const auto [b, wb] = take(l, from_l);
         add(h, b, wb);
       }
       add(l, a, wa);
-      by_cost.insert({hb.cost, h});
-      by_cost.insert({lb.cost, l});
+      h_entry.value().first = hb.cost;
+      l_entry.value().first = lb.cost;
+      by_cost.insert(std::move(h_entry));
+      by_cost.insert(std::move(l_entry));
       changed = true;
       break;  // by_cost changed under the loop
     }
