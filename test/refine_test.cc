@@ -27,6 +27,30 @@ MicroBatch Mb(const DocumentCost& cost, std::vector<int64_t> lengths, int64_t fi
   return mb;
 }
 
+// n micro-batches of up to max_docs documents of lengths in [1, max_length], each filled until
+// the next document would pass `cap`; longest first (as packers place them) or in draw order.
+std::vector<MicroBatch> RandomMicroBatches(std::mt19937_64& rng, const DocumentCost& cost, int n,
+                                           int64_t cap, int max_docs, int64_t max_length,
+                                           bool longest_first) {
+  std::vector<MicroBatch> mbs;
+  int64_t id = 0;
+  for (int b = 0; b < n; ++b) {
+    std::vector<int64_t> lengths;
+    int64_t tokens = 0;
+    const int docs = std::uniform_int_distribution<int>(0, max_docs)(rng);
+    for (int k = 0; k < docs; ++k) {
+      const int64_t l = std::uniform_int_distribution<int64_t>(1, max_length)(rng);
+      if (tokens + l > cap) break;
+      lengths.push_back(l);
+      tokens += l;
+    }
+    if (longest_first) std::sort(lengths.rbegin(), lengths.rend());
+    mbs.push_back(Mb(cost, lengths, id));
+    id += static_cast<int64_t>(lengths.size());
+  }
+  return mbs;
+}
+
 double MaxCost(const std::vector<MicroBatch>& mbs) {
   double m = 0.0;
   for (const MicroBatch& mb : mbs) m = std::max(m, mb.cost);
@@ -144,22 +168,8 @@ TEST(RefineMicroBatches, MakesExactlyTheChangesOfTheReferenceSearch) {
     const int n = std::uniform_int_distribution<int>(2, trial % 5 == 0 ? 64 : 9)(rng);
     const int64_t max_length = trial % 3 == 0 ? 8 : 200;  // 8: many equal lengths
     const int64_t cap = std::uniform_int_distribution<int64_t>(max_length, 30 * max_length)(rng);
-    std::vector<MicroBatch> mbs;
-    int64_t id = 0;
-    for (int b = 0; b < n; ++b) {
-      std::vector<int64_t> lengths;
-      int64_t tokens = 0;
-      const int docs = std::uniform_int_distribution<int>(0, 40)(rng);
-      for (int k = 0; k < docs; ++k) {
-        const int64_t l = std::uniform_int_distribution<int64_t>(1, max_length)(rng);
-        if (tokens + l > cap) break;
-        lengths.push_back(l);
-        tokens += l;
-      }
-      if (trial % 2 == 0) std::sort(lengths.rbegin(), lengths.rend());
-      mbs.push_back(Mb(cost, lengths, id));
-      id += static_cast<int64_t>(lengths.size());
-    }
+    std::vector<MicroBatch> mbs =
+        RandomMicroBatches(rng, cost, n, cap, 40, max_length, trial % 2 == 0);
     std::vector<MicroBatch> expected = mbs;
     const int rounds = std::uniform_int_distribution<int>(1, 4 * n)(rng);
     const int applied = RefineMicroBatches(mbs, cap, cost, rounds);
@@ -229,21 +239,7 @@ TEST(RefineMicroBatches, RandomStepsNeverWorseConservedAndUnderTheCap) {
     const DocumentCost cost = trial % 2 ? DocumentCost(kSquares) : DocumentCost(kMixed);
     const int n = std::uniform_int_distribution<int>(2, 12)(rng);
     const int64_t cap = std::uniform_int_distribution<int64_t>(64, 400)(rng);
-    std::vector<MicroBatch> mbs;
-    int64_t id = 0;
-    for (int b = 0; b < n; ++b) {
-      std::vector<int64_t> lengths;
-      int64_t tokens = 0;
-      const int docs = std::uniform_int_distribution<int>(0, 8)(rng);
-      for (int k = 0; k < docs; ++k) {
-        const int64_t l = std::uniform_int_distribution<int64_t>(1, 64)(rng);
-        if (tokens + l > cap) break;
-        lengths.push_back(l);
-        tokens += l;
-      }
-      mbs.push_back(Mb(cost, lengths, id));
-      id += static_cast<int64_t>(lengths.size());
-    }
+    std::vector<MicroBatch> mbs = RandomMicroBatches(rng, cost, n, cap, 8, 64, false);
     const auto before_docs = AllDocuments(mbs);
     const double before_max = MaxCost(mbs);
     const int rounds = std::uniform_int_distribution<int>(1, 64)(rng);

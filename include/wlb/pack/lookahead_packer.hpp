@@ -230,13 +230,12 @@ class LookaheadPacker final : public Packer {
     if (candidates.size() == 1) {
       mbs = Packing().PlanStep(candidates[0], fresh, held);
     } else {
-      const lookahead::Sketcher& sketcher = sketcher_;
       const Scoring scoring{
           .candidates = candidates,
           .held = held,
           .fresh = fresh,
-          .sketcher = sketcher,
-          .sketch = sketcher.MakeSketchBase(held, fresh, buffer_),
+          .sketcher = sketcher_,
+          .sketch = sketcher_.MakeSketchBase(held, fresh, buffer_),
           .price = standing.price,
           .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
       const size_t best = Best(scoring);

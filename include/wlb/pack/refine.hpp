@@ -44,7 +44,7 @@ struct CheaperFirst {
 inline void SortByCost(const MicroBatch& mb, const DocumentCost& cost,
                        std::vector<CostEntry>& out) {
   out.clear();
-  out.reserve(mb.documents.size() + 8);  // room for a few documents moved in
+  out.reserve(mb.documents.size() + 8);       // room for a few documents moved in
   const CostModel* poly = cost.polynomial();  // evaluated inline, not through DocumentCost
   for (size_t j = mb.documents.size(); j-- > 0;) {
     const int64_t length = mb.documents[j].length;

@@ -90,7 +90,7 @@ struct StepPacking {
                 : detail::PackUnderCap(std::move(released), held.carry, fresh, config, cost, true);
     // What was held back on purpose goes first next step, as carry-over does (after what was
     // carried of its length).
-    if (!hold.empty()) held.carry.Merge({}, std::vector<Document>(hold.begin(), hold.end()));
+    held.carry.Merge({}, {hold.begin(), hold.end()});
     return mbs;
   }
   void Refine(std::vector<MicroBatch>& mbs) const {
