@@ -88,13 +88,15 @@ class LookaheadPacker final : public Packer {
     std::vector<Document> pending;
     held_.queues.AppendTo(pending);
     held_.carry.AppendTo(pending);
-    for (const auto& step : buffer_) pending.insert(pending.end(), step.begin(), step.end());
+    for (const Buffered& step : buffer_) {
+      pending.insert(pending.end(), step.arrivals.begin(), step.arrivals.end());
+    }
     return pending;
   }
   HeldBack Held() const override {
     HeldBack held = held_.queues.held();
     held = held + HeldBack{held_.carry.size(), held_.carry.tokens()};
-    for (const auto& step : buffer_) detail::AddHeld(step, held);
+    for (const Buffered& step : buffer_) detail::AddHeld(step.arrivals, held);
     return held;
   }
 
@@ -109,7 +111,7 @@ class LookaheadPacker final : public Packer {
   }
   nlohmann::json StateJson() const override {
     nlohmann::json buffer = nlohmann::json::array();
-    for (const auto& step : buffer_) buffer.push_back(detail::DocumentsState(step));
+    for (const Buffered& step : buffer_) buffer.push_back(detail::DocumentsState(step.arrivals));
     return {{"queues", held_.queues.StateJson()},
             {"carry", detail::DocumentsState(held_.carry.ToVector())},
             {"buffer", buffer},
@@ -134,8 +136,8 @@ class LookaheadPacker final : public Packer {
         throw nlohmann::json::out_of_range::create(401, "carry-over is not ordered longest first",
                                                    &j);
       }
-      std::deque<std::vector<Document>> buffer;
-      for (const nlohmann::json& b : bs) buffer.push_back(detail::DocumentsFromState(b));
+      std::deque<Buffered> buffer;
+      for (const nlohmann::json& b : bs) buffer.push_back(Buffer(detail::DocumentsFromState(b)));
       held.carry = detail::LengthOrdered(carry);
       lookahead::DelayAccount delay = delay_;
       if (absl::Status s = delay.LoadStateJson(j.at("wlb_delay")); !s.ok()) return s;
@@ -163,8 +165,8 @@ class LookaheadPacker final : public Packer {
     });
     if (!carried.ok()) return carried;
     int64_t expected = first_buffered;
-    for (const std::vector<Document>& step : buffer_) {
-      for (const Document& d : step) {
+    for (const Buffered& step : buffer_) {
+      for (const Document& d : step.arrivals) {
         if (d.arrival_step != expected) {
           return absl::InvalidArgumentError(
               absl::StrFormat("buffered document %d: arrival step %d, expected %d", d.id,
@@ -191,7 +193,7 @@ class LookaheadPacker final : public Packer {
   }
 
   std::vector<StepPlan> DoPush(std::vector<Document> arrivals) override {
-    buffer_.push_back(std::move(arrivals));
+    buffer_.push_back(Buffer(std::move(arrivals)));
     std::vector<StepPlan> steps;
     if (buffer_.size() > static_cast<size_t>(lookahead_)) steps.push_back(PlanFront());
     return steps;
@@ -209,6 +211,34 @@ class LookaheadPacker final : public Packer {
   }
 
  private:
+  // A pushed step not yet planned: its arrivals and their sketch, made once at the push (the
+  // look-ahead reads it while the step is buffered, then as the step's own arrivals).
+  struct Buffered {
+    std::vector<Document> arrivals;
+    lookahead::Arrivals sketch;
+  };
+  Buffered Buffer(std::vector<Document> arrivals) const {
+    lookahead::Arrivals sketch;
+    if (lookahead_ > 0) sketch = sketcher_.SplitArrivals(arrivals, held_.queues);  // K = 0: unused
+    return {.arrivals = std::move(arrivals), .sketch = std::move(sketch)};
+  }
+  std::vector<const lookahead::Arrivals*> AheadSketches() const {
+    std::vector<const lookahead::Arrivals*> ahead;
+    for (const Buffered& step : buffer_) ahead.push_back(&step.sketch);
+    return ahead;
+  }
+
+  // The arrival step of the first buffered step (the first document's; INT64_MAX when the buffer
+  // holds no document).
+  static int64_t next_buffered_arrival(const std::deque<Buffered>& buffer) {
+    for (size_t i = 0; i < buffer.size(); ++i) {
+      if (!buffer[i].arrivals.empty()) {
+        return buffer[i].arrivals.front().arrival_step - static_cast<int64_t>(i);
+      }
+    }
+    return INT64_MAX;
+  }
+
   lookahead::StepPacking Packing() const {
     return {.config = config_, .cost = cost_, .refine_rounds = refine_rounds_};
   }
@@ -216,7 +246,8 @@ class LookaheadPacker final : public Packer {
   // Plans the front buffered step: scores every candidate, then packs the best one as
   // wlb-refine packs a step (bounded: the best one that keeps the delay within wlb's).
   StepPlan PlanFront() {
-    std::vector<Document> arrivals = std::move(buffer_.front());
+    std::vector<Document> arrivals = std::move(buffer_.front().arrivals);
+    const lookahead::Arrivals arrived = std::move(buffer_.front().sketch);
     buffer_.pop_front();
     const lookahead::DelayAccount::Standing standing = delay_.BeginStep(
         arrivals, next_step_, bound_delay_,
@@ -235,7 +266,7 @@ class LookaheadPacker final : public Packer {
           .held = held,
           .fresh = fresh,
           .sketcher = sketcher_,
-          .sketch = sketcher_.MakeSketchBase(held, fresh, buffer_),
+          .sketch = sketcher_.MakeSketchBase(held, fresh, arrived, AheadSketches()),
           .price = standing.price,
           .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
       const size_t best = Best(scoring);
@@ -307,11 +338,7 @@ class LookaheadPacker final : public Packer {
     const lookahead::StepPacking packing = Packing();
     const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
     std::vector<double> ahead;
-    for (const std::vector<Document>& step : buffer_) {
-      double tokens = 0.0;
-      for (const Document& d : step) tokens += static_cast<double>(d.length);
-      ahead.push_back(tokens);
-    }
+    for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
     const double wlb_delay =
         wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
     struct Planned {
@@ -351,20 +378,11 @@ class LookaheadPacker final : public Packer {
     return std::move(closest.mbs);
   }
 
-  // The arrival step of the first buffered step (the first document's; INT64_MAX when the buffer
-  // holds no document).
-  static int64_t next_buffered_arrival(const std::deque<std::vector<Document>>& buffer) {
-    for (size_t i = 0; i < buffer.size(); ++i) {
-      if (!buffer[i].empty()) return buffer[i].front().arrival_step - static_cast<int64_t>(i);
-    }
-    return INT64_MAX;
-  }
-
   int refine_rounds_;
   int lookahead_;
   bool bound_delay_;  // plan within wlb-refine's delay (PackerOptions::bound_delay)
   lookahead::Holding held_;
-  std::deque<std::vector<Document>> buffer_;  // arrivals pushed but not yet planned, oldest first
+  std::deque<Buffered> buffer_;  // pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;
   // Sketches of this packer's steps; its working memory is kept from step to step.
   lookahead::Sketcher sketcher_;

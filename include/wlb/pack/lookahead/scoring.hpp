@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -41,10 +40,13 @@ struct Sketch {
   double short_cost = 0.0;
 };
 
-// A buffered step split as the look-ahead needs it: outliers per level, the rest as a sketch.
+// A pushed step split as the look-ahead needs it: outliers per level, the rest as a sketch (its
+// long lengths longest first). Made once per push (Sketcher::SplitArrivals): it serves while the
+// step is buffered and then as its own step's arrivals.
 struct Arrivals {
   std::vector<std::vector<int64_t>> outliers;  // lengths, in arrival order
   Sketch fresh;
+  double tokens = 0.0;  // of all the arrivals
 };
 
 // What every candidate's sketch score shares, computed once per step: the carry-over and the
@@ -52,7 +54,7 @@ struct Arrivals {
 struct SketchBase {
   Sketch step;                  // carry-over and arrivals but the longest
   std::vector<Sketch> longest;  // the kMaxHeldArrivals longest arrivals (fewer if fewer)
-  std::vector<Arrivals> ahead;
+  std::vector<const Arrivals*> ahead;
 };
 
 // Sketches of steps under one configuration and cost.
@@ -199,13 +201,15 @@ class Sketcher {
     return level;  // not reached: the room exceeds the fluid
   }
 
-  // `arrivals` split into the outliers of each level of `queues` and a sketch of the rest.
+  // `arrivals` split into the outliers of each level of `queues` and a sketch of the rest, its
+  // long lengths longest first.
   Arrivals SplitArrivals(const std::vector<Document>& arrivals,
                          const OutlierQueues<Document>& queues) const {
     Arrivals a;
     a.outliers.resize(queues.levels());
     a.fresh.lengths.reserve(arrivals.size());  // one allocation, not one per doubling
     for (const Document& d : arrivals) {
+      a.tokens += static_cast<double>(d.length);
       const int level = queues.Level(d.length);
       if (level >= 0) {
         a.outliers[level].push_back(d.length);
@@ -213,28 +217,38 @@ class Sketcher {
         AddToSketch(d, a.fresh);
       }
     }
+    std::sort(a.fresh.lengths.begin(), a.fresh.lengths.end(), std::greater<>());
     return a;
   }
 
-  // `fresh` sorted longest first; the sketches' long lengths come out longest first (the carry
-  // and `fresh` are each in that order, so they merge; a buffered step is sorted).
+  // The step's sketch from the carry-over and `arrived`, the SplitArrivals of its arrivals, whose
+  // non-outliers are `fresh`, sorted longest first; `ahead`: the buffered steps' SplitArrivals.
+  // The sketches' long lengths come out longest first (the carry and the arrivals' are each in
+  // that order, so they merge). The arrivals are not sketched again: only their longest (at most
+  // kMaxHeldArrivals, held back by some candidates) are set apart, which are the sketch's first
+  // long lengths unless the step has fewer long ones than that.
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh,
-                            const std::deque<std::vector<Document>>& buffer) const {
+                            const Arrivals& arrived, std::vector<const Arrivals*> ahead) const {
     SketchBase s;
-    s.step.lengths.reserve(static_cast<size_t>(base.carry.size()) + fresh.size());
+    s.ahead = std::move(ahead);
+    s.step.lengths.reserve(static_cast<size_t>(base.carry.size()) + arrived.fresh.lengths.size());
     base.carry.ForEach([&](const Document& d) { AddToSketch(d, s.step); });
     const size_t carried = s.step.lengths.size();
-    s.longest.resize(std::min<size_t>(kMaxHeldArrivals, fresh.size()));
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      AddToSketch(fresh[i], i < s.longest.size() ? s.longest[i] : s.step);
+    const size_t apart = std::min<size_t>(kMaxHeldArrivals, fresh.size());
+    s.longest.resize(apart);
+    const std::vector<int64_t>& lengths = arrived.fresh.lengths;
+    if (lengths.size() >= apart) {
+      for (size_t i = 0; i < apart; ++i) s.longest[i].lengths.push_back(lengths[i]);
+      s.step.lengths.insert(s.step.lengths.end(), lengths.begin() + apart, lengths.end());
+      s.step.short_tokens += arrived.fresh.short_tokens;
+      s.step.short_cost += arrived.fresh.short_cost;
+    } else {  // a short arrival is among the longest: sketch them one by one
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        AddToSketch(fresh[i], i < apart ? s.longest[i] : s.step);
+      }
     }
     std::inplace_merge(s.step.lengths.begin(), s.step.lengths.begin() + carried,
                        s.step.lengths.end(), std::greater<>());
-    for (const std::vector<Document>& next : buffer) {
-      s.ahead.push_back(SplitArrivals(next, base.queues));
-      std::vector<int64_t>& lengths = s.ahead.back().fresh.lengths;
-      std::sort(lengths.begin(), lengths.end(), std::greater<>());
-    }
     return s;
   }
   // `sorted` (longest first) and `extra` (any order; sorted here) merged longest first into `out`.
@@ -304,7 +318,7 @@ class Sketcher {
     const size_t n = static_cast<size_t>(config_.micro_batches);
     for (size_t s = 0; s < sketch.ahead.size(); ++s) {
       if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
-      const Arrivals& a = sketch.ahead[s];
+      const Arrivals& a = *sketch.ahead[s];
       // The step takes what was carried and the arrivals; `carry` starts over for what it leaves.
       Sketch& future = m.future;
       future.short_tokens = carry.short_tokens + a.fresh.short_tokens;
