@@ -71,9 +71,9 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   std::printf("heavy tail: wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
               lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
               refine.delay.mean);
-  // Bounded (the default): 1.0520 at 0.439 steps, 0.027 below wlb-refine; the price alone
-  // (below) reaches 0.03 below it.
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.025);
+  // Bounded (the default): 1.0479 at 0.436 steps, 0.031 below wlb-refine (1.0520 before the
+  // sketch's long-document cut went from S/64 to S/32 at N = 4).
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.03);
   EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
   EXPECT_GE(lookahead.imbalance_mean, lookahead.cap_lower_bound_mean);
   // With a delay budget of a quarter step, below what any queue costs wlb here (>= 0.25), it
@@ -90,7 +90,7 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
               tight.imbalance_mean, tight.delay.mean, none.imbalance_mean);
   EXPECT_LE(tight.delay.mean, 0.25);
   EXPECT_LT(tight.imbalance_mean, none.imbalance_mean - 0.2);
-  // The delay price alone (bound_delay = false): 1.0464 at 0.453 steps here, also within
+  // The delay price alone (bound_delay = false): 1.0458 at 0.450 steps here, also within
   // wlb-refine's delay on this stream.
   auto priced =
       *MakePacker("wlb-lookahead", config, cost,

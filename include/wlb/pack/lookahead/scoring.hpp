@@ -66,9 +66,7 @@ class Sketcher {
   Sketcher(const PackerConfig& config, const DocumentCost& cost)
       : config_(config),
         cost_(cost),
-        long_cut_(std::max<int64_t>(1, config.context / (config.micro_batches <= 4    ? 64
-                                                         : config.micro_batches <= 16 ? 32
-                                                                                      : 8))),
+        long_cut_(std::max<int64_t>(1, config.context / (config.micro_batches <= 16 ? 32 : 8))),
         poly_(cost.polynomial()),
         scratch_(static_cast<size_t>(config.micro_batches)) {}
 
@@ -81,13 +79,15 @@ class Sketcher {
     }
   }
   // Where long documents start. A small step holds a few hundred documents and each long one
-  // moves a micro-batch's weight, so the sketch places more of them one by one: from S/64 up to
-  // N = 4, S/32 up to N = 16, S/8 beyond, which keeps it cheap where steps hold thousands.
-  // Measured with wlb-plan (K = 1) against scoring by real packings, which the look-ahead did
-  // up to N = 4 before: the WLB-LLM-like data at N = 4 1.0246 (real packings 1.0237; S/32
-  // 1.0250), the heavy tail (400 steps) 1.0464 (1.0462), the heavy tail of seed 5
-  // 1.035 at 0.55 steps of delay (1.036 at 0.65); at N = 16 S/32 1.046 (S/8 1.054); at N = 64
-  // and 1,024 S/32 changed nothing and took twice the time.
+  // moves a micro-batch's weight, so the sketch places more of them one by one: from S/32 up to
+  // N = 16, S/8 beyond, which keeps it cheap where steps hold thousands. Measured with wlb-plan
+  // (K = 1, delay bounded by wlb-refine's, the default) at N = 4, S/32 against S/64: the
+  // WLB-LLM-like data 1.02448 at 0.4075 steps of delay (S/64 1.02445 at 0.4073), the heavy tail
+  // of seed 5 (40 steps) 1.0690 (1.0758), seeds 1 and 2 (400 steps) 1.0479 and 1.0478 (1.0520,
+  // 1.0482), the default of seeds 1 and 2 (400 steps) 1.0227 and 1.0214 (1.0226, 1.0215), at
+  // half the long documents per estimate (46 against 86 a step of the default); with the delay
+  // price alone the WLB-LLM-like data gives 1.0250 (1.0246). At N = 16 S/32 1.046 (S/8 1.054);
+  // at N = 64 and 1,024 S/32 changed nothing and took twice the time.
   // Computed once: a division per document cost more than the rest of a sketch's bookkeeping.
   int64_t LongCut() const { return long_cut_; }
 
