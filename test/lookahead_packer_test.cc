@@ -366,5 +366,91 @@ TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
   EXPECT_GT(full, 10);  // steps that fill every micro-batch were tried too
 }
 
+// A step's sketch from the sketch its arrivals got when they were pushed (SplitArrivals, then
+// MakeSketchBase) against sketching every document of the step anew: the carry-over and the
+// arrivals' long lengths longest first, the kMaxHeldArrivals longest arrivals apart (long or
+// short: steps with 0, 1 or more long non-outliers), the same short tokens, their cost to
+// rounding; and the push-time split itself: outliers per level in arrival order, the rest's long
+// lengths sorted, the arrivals' tokens.
+TEST(LookaheadSketcher, SketchBaseFromThePushTimeSplitMatchesSketchingEveryDocument) {
+  std::mt19937_64 rng(37);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const DocumentCost cost =
+      CostModel{.attn_quadratic = 1.0, .linear_per_token = 300.0, .unit = "flop"};
+  int few_long = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    PackerConfig config;
+    config.context = uniform(64, 4096);
+    config.max_tokens = DefaultMaxTokens(config.context);
+    config.micro_batches = static_cast<int32_t>(uniform(1, 40));
+    const lookahead::Sketcher sketcher(config, cost);
+    const int64_t cut = sketcher.LongCut();
+    lookahead::Holding held{
+        .queues = OutlierQueues<Document>(
+            DefaultThresholds(config.context, static_cast<int>(uniform(1, 3))), config.context),
+        .carry = {}};
+    auto document = [&](int64_t id, int64_t step, int64_t max_length) {
+      return Document{.id = id, .length = uniform(1, max_length), .arrival_step = step};
+    };
+    std::vector<Document> carried;
+    for (int64_t i = uniform(0, 6); i > 0; --i) carried.push_back(document(i, 0, config.context));
+    held.carry = detail::LengthOrdered(carried);
+    // Mostly short arrivals; a trial in four has at most one long one besides outliers.
+    std::vector<Document> arrivals;
+    const bool sparse = trial % 4 == 0;
+    int64_t longs = 0;
+    for (int64_t i = uniform(0, 60); i > 0; --i) {
+      const bool long_one = uniform(0, 3) == 0 && (!sparse || longs == 0);
+      Document d = document(100 + i, 1, long_one ? config.context : std::max<int64_t>(1, cut - 1));
+      longs += d.length >= cut && held.queues.Level(d.length) < 0;
+      arrivals.push_back(d);
+    }
+    const lookahead::Arrivals arrived = sketcher.SplitArrivals(arrivals, held.queues);
+    // The split: outliers per level in arrival order, the rest's long lengths longest first.
+    std::vector<std::vector<int64_t>> outliers(held.queues.levels());
+    std::vector<Document> fresh;
+    double tokens = 0.0;
+    for (const Document& d : arrivals) {
+      tokens += static_cast<double>(d.length);
+      const int level = held.queues.Level(d.length);
+      if (level >= 0) {
+        outliers[level].push_back(d.length);
+      } else {
+        fresh.push_back(d);
+      }
+    }
+    EXPECT_EQ(arrived.outliers, outliers) << "trial " << trial;
+    EXPECT_EQ(arrived.tokens, tokens) << "trial " << trial;
+    SortLongestFirst(fresh);
+    // The reference: every document sketched anew, as the step's sketch was made before.
+    lookahead::Sketch step;
+    std::vector<lookahead::Sketch> longest(
+        std::min<size_t>(lookahead::kMaxHeldArrivals, fresh.size()));
+    held.carry.ForEach([&](const Document& d) { sketcher.AddToSketch(d, step); });
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      sketcher.AddToSketch(fresh[i], i < longest.size() ? longest[i] : step);
+    }
+    std::sort(step.lengths.begin(), step.lengths.end(), std::greater<>());
+    const lookahead::Arrivals ahead;
+    const lookahead::SketchBase base = sketcher.MakeSketchBase(held, fresh, arrived, {&ahead});
+    ASSERT_EQ(base.ahead.size(), 1u);
+    EXPECT_EQ(base.ahead[0], &ahead);
+    EXPECT_EQ(base.step.lengths, step.lengths) << "trial " << trial;
+    EXPECT_EQ(base.step.short_tokens, step.short_tokens) << "trial " << trial;
+    EXPECT_NEAR(base.step.short_cost, step.short_cost, 1e-12 * step.short_cost)
+        << "trial " << trial;
+    ASSERT_EQ(base.longest.size(), longest.size()) << "trial " << trial;
+    for (size_t i = 0; i < longest.size(); ++i) {
+      EXPECT_EQ(base.longest[i].lengths, longest[i].lengths) << "trial " << trial;
+      EXPECT_EQ(base.longest[i].short_tokens, longest[i].short_tokens) << "trial " << trial;
+      EXPECT_EQ(base.longest[i].short_cost, longest[i].short_cost) << "trial " << trial;
+    }
+    few_long += longs < static_cast<int64_t>(longest.size());
+  }
+  EXPECT_GE(few_long, 40) << "trials with a short arrival among the longest, to cover that path";
+}
+
 }  // namespace lookahead_packer_test
 }  // namespace wlb
