@@ -274,6 +274,22 @@ TEST(LookaheadPacker, ConfigRecordsTheLookaheadAndAFiniteDelayBudget) {
   EXPECT_TRUE((*no_budget)->RestoreState((*no_budget)->SaveState()).ok());
 }
 
+// The sketch tests' cost (a Sketcher keeps a reference to its cost: one that outlives it) and
+// configurations: S in [64, 4096], S_max its default, N in [1, 40] (the scan up to N = 8 and the
+// tournament trees beyond).
+const DocumentCost& SketchTestCost() {
+  static const DocumentCost cost =
+      CostModel{.attn_quadratic = 1.0, .linear_per_token = 300.0, .unit = "flop"};
+  return cost;
+}
+PackerConfig RandomSketchConfig(std::mt19937_64& rng) {
+  PackerConfig config;
+  config.context = std::uniform_int_distribution<int64_t>(64, 4096)(rng);
+  config.max_tokens = DefaultMaxTokens(config.context);
+  const int64_t n = std::uniform_int_distribution<int64_t>(1, 40)(rng);
+  config.micro_batches = static_cast<int32_t>(n);
+  return config;
+}
 
 // Sketcher::EstimateStep against a slow reference: the long documents placed as PackUnderCap
 // places them (a scan for the lightest micro-batch, else the emptiest, else carried), then the
@@ -285,15 +301,10 @@ TEST(LookaheadSketcher, EstimateStepMatchesASlowWaterFill) {
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  // The Sketcher keeps a reference to its cost: a DocumentCost that outlives it.
-  const DocumentCost cost =
-      CostModel{.attn_quadratic = 1.0, .linear_per_token = 300.0, .unit = "flop"};
+  const DocumentCost& cost = SketchTestCost();
   int full = 0;
   for (int trial = 0; trial < 500; ++trial) {
-    PackerConfig config;
-    config.context = uniform(64, 4096);
-    config.max_tokens = DefaultMaxTokens(config.context);
-    config.micro_batches = static_cast<int32_t>(uniform(1, 40));
+    const PackerConfig config = RandomSketchConfig(rng);
     const lookahead::Sketcher sketcher(config, cost);
     lookahead::Sketch step;
     const int64_t longs = uniform(0, 3 * config.micro_batches);
@@ -377,15 +388,10 @@ TEST(LookaheadSketcher, SketchBaseFromThePushTimeSplitMatchesSketchingEveryDocum
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  const DocumentCost cost =
-      CostModel{.attn_quadratic = 1.0, .linear_per_token = 300.0, .unit = "flop"};
   int few_long = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    PackerConfig config;
-    config.context = uniform(64, 4096);
-    config.max_tokens = DefaultMaxTokens(config.context);
-    config.micro_batches = static_cast<int32_t>(uniform(1, 40));
-    const lookahead::Sketcher sketcher(config, cost);
+    const PackerConfig config = RandomSketchConfig(rng);
+    const lookahead::Sketcher sketcher(config, SketchTestCost());
     const int64_t cut = sketcher.LongCut();
     lookahead::Holding held{
         .queues = OutlierQueues<Document>(
