@@ -15,12 +15,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <set>
+#include <limits>
 #include <utility>
 #include <vector>
 
 #include "wlb/core/document.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/pack/argmin_tree.hpp"
 
 namespace wlb {
 
@@ -96,8 +97,20 @@ inline constexpr int kMaxPartners = 8;
 inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
                               const DocumentCost& cost, int max_rounds) {
   if (mbs.size() < 2) return 0;
-  std::set<std::pair<double, size_t>> by_cost;  // lightest first
-  for (size_t b = 0; b < mbs.size(); ++b) by_cost.insert({mbs[b].cost, b});
+  // The heaviest micro-batch (ties to the largest index) and the lightest ones in order (ties to
+  // the smallest), from two tournament trees: the heaviest one keys micro-batch b by -cost at leaf
+  // n - 1 - b, so its ties go to the largest b. No allocation per micro-batch, where an ordered
+  // set allocated a node for each.
+  const size_t n = mbs.size();
+  detail::ArgminTree<double> lightest(n, 0.0);
+  detail::ArgminTree<double> heaviest(n, 0.0);
+  for (size_t b = 0; b < n; ++b) {
+    lightest.SetLeaf(b, mbs[b].cost);
+    heaviest.SetLeaf(n - 1 - b, -mbs[b].cost);
+  }
+  lightest.Rebuild();
+  heaviest.Rebuild();
+  std::vector<size_t> passed;  // partners tried this round, set aside in `lightest`
   std::vector<std::vector<detail::CostEntry>> sorted(mbs.size());
   std::vector<bool> have_sorted(mbs.size(), false);
   auto sorted_costs = [&](size_t b) -> std::vector<detail::CostEntry>& {
@@ -109,13 +122,14 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
   };
   int applied = 0;
   for (; applied < max_rounds; ++applied) {
-    const size_t h = by_cost.rbegin()->second;
+    const size_t h = n - 1 - heaviest.Min();
     const MicroBatch& heavy = mbs[h];
     bool changed = false;
     int partners = 0;
-    for (const auto& entry : by_cost) {
-      const size_t l = entry.second;  // a copy: the entry is erased below
-      if (++partners > kMaxPartners) break;
+    passed.clear();
+    for (;;) {
+      if (++partners > kMaxPartners || passed.size() == n) break;
+      const size_t l = lightest.Min();
       const MicroBatch& light = mbs[l];
       const double gap = heavy.cost - light.cost;
       if (l == h || gap <= heavy.cost * 1e-12) break;  // partners only get heavier from here
@@ -163,7 +177,12 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
           consider(a, b);
         }
       }
-      if (best_a < 0 || best >= heavy.cost * (1.0 - 1e-12)) continue;
+      if (best_a < 0 || best >= heavy.cost * (1.0 - 1e-12)) {
+        // The next partner is the next lightest: this one is set aside until the round ends.
+        passed.push_back(l);
+        lightest.Set(l, std::numeric_limits<double>::max());
+        continue;
+      }
       const int64_t from_l = best_b < 0 ? -1 : ls[best_b].index;
       // Applied in the order the sums must see: a leaves h, b leaves l and joins h, a joins l.
       auto take = [&](size_t m, int64_t index) {
@@ -184,24 +203,20 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
         mb.tokens += d.length;
         mb.cost += w;
       };
-      MicroBatch& hb = mbs[h];
-      MicroBatch& lb = mbs[l];
-      // Their entries are taken out and put back with the new costs, reusing the set's nodes.
-      auto h_entry = by_cost.extract({hb.cost, h});
-      auto l_entry = by_cost.extract({lb.cost, l});
       const auto [a, wa] = take(h, best_a);
       if (from_l >= 0) {
         const auto [b, wb] = take(l, from_l);
         add(h, b, wb);
       }
       add(l, a, wa);
-      h_entry.value().first = hb.cost;
-      l_entry.value().first = lb.cost;
-      by_cost.insert(std::move(h_entry));
-      by_cost.insert(std::move(l_entry));
+      for (const size_t m : {h, l}) {
+        lightest.Set(m, mbs[m].cost);
+        heaviest.Set(n - 1 - m, -mbs[m].cost);
+      }
       changed = true;
-      break;  // by_cost changed under the loop
+      break;
     }
+    for (size_t m : passed) lightest.Set(m, mbs[m].cost);
     if (!changed) break;
   }
   return applied;
