@@ -3,6 +3,7 @@
 #include "wlb/pack/refine.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <set>
 #include <tuple>
@@ -186,6 +187,41 @@ TEST(RefineMicroBatches, MakesExactlyTheChangesOfTheReferenceSearch) {
     }
   }
   EXPECT_GT(changes, 10000) << "the steps must give the search work to do";
+}
+
+// A micro-batch's documents sorted by (cost, position) as a plain sort orders them, for
+// micro-batches of 1 to 6 runs each longest first (placement appends up to three; from five on
+// SortByCost sorts instead of merging), lengths with many ties, monotone and non-monotone costs.
+TEST(SortByCost, MergesLongestFirstRunsAsASortOrdersThem) {
+  std::mt19937_64 rng(78);
+  const std::vector<DocumentCost> costs = {
+      kSquares, kMixed, DocumentCost::From(Zigzag{}, "zigzag", "non-monotone test cost")};
+  std::vector<detail::CostEntry> sorted, scratch;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const DocumentCost& cost = costs[trial % costs.size()];
+    const int64_t max_length = trial % 2 == 0 ? 8 : 200;  // 8: many equal lengths
+    std::vector<int64_t> lengths;
+    const int runs = std::uniform_int_distribution<int>(1, 6)(rng);
+    for (int r = 0; r < runs; ++r) {
+      std::vector<int64_t> run(std::uniform_int_distribution<size_t>(0, 12)(rng));
+      for (int64_t& l : run) l = std::uniform_int_distribution<int64_t>(1, max_length)(rng);
+      std::sort(run.begin(), run.end(), std::greater<>());
+      lengths.insert(lengths.end(), run.begin(), run.end());
+    }
+    const MicroBatch mb = Mb(cost, lengths, 0);
+    std::vector<detail::CostEntry> expected;
+    for (size_t j = 0; j < lengths.size(); ++j) {
+      expected.push_back({cost(lengths[j]), lengths[j], static_cast<int64_t>(j)});
+    }
+    std::sort(expected.begin(), expected.end(), detail::CheaperFirst{});
+    detail::SortByCost(mb, cost, sorted, scratch);
+    ASSERT_EQ(sorted.size(), expected.size()) << "trial " << trial;
+    for (size_t k = 0; k < expected.size(); ++k) {
+      ASSERT_EQ(sorted[k].index, expected[k].index) << "trial " << trial << " position " << k;
+      ASSERT_EQ(sorted[k].cost, expected[k].cost) << "trial " << trial;
+      ASSERT_EQ(sorted[k].length, expected[k].length) << "trial " << trial;
+    }
+  }
 }
 
 TEST(RefineMicroBatches, MovesOneDocumentToAnEmptyPartner) {

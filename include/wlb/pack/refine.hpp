@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -40,30 +41,49 @@ struct CheaperFirst {
   }
 };
 
-// A micro-batch's documents by CheaperFirst. Placement appends longest first, so the reversed
-// documents are in order or nearly.
+// A micro-batch's documents by CheaperFirst. Placement appends a few runs, each longest first
+// (released, carried and fresh documents), so each run is reversed (its equal costs kept in
+// document order) and the runs merged; many runs (a hand-made micro-batch) are sorted instead.
+// (cost, position) pairs are distinct, so every way of sorting gives the same order.
 inline void SortByCost(const MicroBatch& mb, const DocumentCost& cost,
-                       std::vector<CostEntry>& out) {
+                       std::vector<CostEntry>& out, std::vector<CostEntry>& scratch) {
+  constexpr size_t kMaxRuns = 4;
+  const size_t n = mb.documents.size();
   out.clear();
-  out.reserve(mb.documents.size() + 8);       // room for a few documents moved in
+  out.reserve(n + 8);                         // room for a few documents moved in
   const CostModel* poly = cost.polynomial();  // evaluated inline, not through DocumentCost
-  for (size_t j = mb.documents.size(); j-- > 0;) {
+  std::array<size_t, kMaxRuns + 1> run_start{};
+  size_t runs = 0;
+  for (size_t j = 0; j < n; ++j) {
     const int64_t length = mb.documents[j].length;
     out.push_back({poly ? (*poly)(length) : cost(length), length, static_cast<int64_t>(j)});
-  }
-  // An insertion sort while it stays cheap (placement leaves a few sorted runs: released, carried
-  // and fresh documents), else a full sort.
-  size_t moved = 0;
-  for (size_t i = 1; i < out.size(); ++i) {
-    const CostEntry e = out[i];
-    size_t j = i;
-    for (; j > 0 && CheaperFirst{}(e, out[j - 1]); --j) out[j] = out[j - 1];
-    out[j] = e;
-    moved += i - j;
-    if (moved > 4 * out.size()) {
-      std::sort(out.begin(), out.end(), CheaperFirst{});
-      return;
+    if (j == 0 || out[j].cost > out[j - 1].cost) {
+      if (runs < kMaxRuns) run_start[runs] = j;
+      ++runs;
     }
+  }
+  if (runs > kMaxRuns) {
+    std::sort(out.begin(), out.end(), CheaperFirst{});
+    return;
+  }
+  run_start[runs] = n;
+  for (size_t r = 0; r < runs; ++r) {
+    const auto first = out.begin() + static_cast<std::ptrdiff_t>(run_start[r]);
+    const auto last = out.begin() + static_cast<std::ptrdiff_t>(run_start[r + 1]);
+    std::reverse(first, last);
+    for (auto tie = first; tie != last;) {  // equal costs back into document order
+      auto end = tie + 1;
+      while (end != last && end->cost == tie->cost) ++end;
+      std::reverse(tie, end);
+      tie = end;
+    }
+  }
+  for (size_t r = 1; r < runs; ++r) {  // merge run r into the sorted prefix before it
+    const auto mid = out.begin() + static_cast<std::ptrdiff_t>(run_start[r]);
+    const auto last = out.begin() + static_cast<std::ptrdiff_t>(run_start[r + 1]);
+    scratch.assign(out.begin(), last);
+    const auto split = scratch.begin() + (mid - out.begin());
+    std::merge(scratch.begin(), split, split, scratch.end(), out.begin(), CheaperFirst{});
   }
 }
 
@@ -112,10 +132,11 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
   heaviest.Rebuild();
   std::vector<size_t> passed;  // partners tried this round, set aside in `lightest`
   std::vector<std::vector<detail::CostEntry>> sorted(mbs.size());
+  std::vector<detail::CostEntry> merge_scratch;
   std::vector<bool> have_sorted(mbs.size(), false);
   auto sorted_costs = [&](size_t b) -> std::vector<detail::CostEntry>& {
     if (!have_sorted[b]) {
-      detail::SortByCost(mbs[b], cost, sorted[b]);
+      detail::SortByCost(mbs[b], cost, sorted[b], merge_scratch);
       have_sorted[b] = true;
     }
     return sorted[b];
