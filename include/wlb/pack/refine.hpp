@@ -149,7 +149,9 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
     int partners = 0;
     passed.clear();
     for (;;) {
-      if (++partners > kMaxPartners || passed.size() == n) break;
+      if (++partners > kMaxPartners) break;
+      // Never a set-aside one: h is not set aside (reaching it ends the round), and its key is
+      // below theirs.
       const size_t l = lightest.Min();
       const MicroBatch& light = mbs[l];
       const double gap = heavy.cost - light.cost;
