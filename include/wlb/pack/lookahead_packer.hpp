@@ -33,7 +33,8 @@
 // is also checked by its real packing: the step is planned under the best-scoring candidate that
 // keeps the packer's token delay within a lower bound of wlb-refine's on the same stream, or else
 // under the one that comes closest (PlanWithinWlbDelay; PackerOptions::bound_delay says how often
-// none does). K = 0 considers no alternative and equals wlb-refine exactly.
+// none does). K = 0 considers no alternative and equals wlb-refine exactly; so does N = 1 (one
+// micro-batch is always balanced, so an alternative could only add delay).
 #pragma once
 
 #include <algorithm>

@@ -37,12 +37,12 @@ struct PackerOptions {
   // it accrues, the held tokens' drain or continuation included; LookaheadPacker::
   // PlanWithinWlbDelay); when none does, under the one that comes closest. Measured: no run ends
   // above wlb-refine's mean token delay on heavy-tailed and default streams at S = 128K (32 in
-  // test/lookahead_packer_test.cc, 72 more in README "Bounded delay"); on tiny streams (S <= 2K,
-  // documents up to 3S) 1 of 160 seeded and 1 of 300 generated runs do, by 3.8% (N = 3) and 0.1%
-  // (N = 1): there a step can leave the packer holding as many tokens as wlb but in documents
-  // that pack worse. false: the price alone steers delay (above wlb-refine's on 93 of those 160
-  // and 91 of the 300 runs, and on 36 of the 72 streams at S = 128K), at better imbalance where
-  // it overspends.
+  // test/lookahead_packer_test.cc, 72 more in README "Bounded delay"), nor on 300 generated
+  // tiny heavy-tailed streams (S <= 2K, documents up to 3S); 1 of 160 seeded tiny runs does, by
+  // 3.8% (N = 3): there a step can leave the packer holding as many tokens as wlb but in
+  // documents that pack worse. false: the price alone steers delay (above wlb-refine's on 93 of
+  // those 160 and 91 of the 300 runs, and on 36 of the 72 streams at S = 128K), at better
+  // imbalance where it overspends. With one micro-batch either way the packer is wlb-refine.
   bool bound_delay = true;
 };
 

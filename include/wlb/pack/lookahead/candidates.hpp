@@ -253,12 +253,14 @@ inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate
 }
 
 // The alternatives to wlb's rule for the step `next_step` whose outliers are queued in `held`,
-// with N = `n` micro-batches and a look-ahead of `lookahead` steps (0: wlb's rule alone).
+// with N = `n` micro-batches and a look-ahead of `lookahead` steps (0: wlb's rule alone). With one
+// micro-batch every plan is balanced (imbalance 1), so the alternatives could only add delay:
+// wlb's rule alone there too, which makes the packer wlb-refine at N = 1.
 inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh,
                                          size_t n, int lookahead, int64_t next_step) {
   const Candidate wlb{.release = WlbRelease(held, n)};
   std::vector<Candidate> out = {wlb};
-  if (lookahead == 0) return out;
+  if (lookahead == 0 || n == 1) return out;
   for (size_t l = 0; l < held.queues.levels(); ++l) {
     const std::vector<Document>& q = held.queues.queue(l);
     if (q.empty()) continue;
