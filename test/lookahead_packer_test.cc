@@ -192,8 +192,8 @@ int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
 }
 
 // The same demand over the 300 generated streams (S <= 2K, N <= 32): none ends above
-// wlb-refine's delay (the price alone: 91 do). The one that did (N = 1, by 0.1%) no longer can: with
-// one micro-batch the packer plans wlb's rule alone (lookahead::Candidates).
+// wlb-refine's delay (the price alone: 91 do). The one that did (N = 1, by 0.1%) no longer can:
+// with one micro-batch the packer plans wlb's rule alone (lookahead::Candidates).
 TEST(LookaheadPacker, MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
   EXPECT_EQ(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/true), 0);
 }
@@ -224,13 +224,13 @@ TEST(LookaheadPacker, OneMicroBatchPlansAsWlbRefine) {
     for (const int k : {1, 3}) {
       for (const double budget : {0.0, std::numeric_limits<double>::infinity()}) {
         for (const bool bound_delay : {true, false}) {
-          const std::vector<StepPlan> lookahead = steps(
-              "wlb-lookahead", {.lookahead = k, .delay_budget = budget, .bound_delay = bound_delay});
+          const std::vector<StepPlan> lookahead =
+              steps("wlb-lookahead",
+                    {.lookahead = k, .delay_budget = budget, .bound_delay = bound_delay});
           ASSERT_EQ(lookahead.size(), refine.size()) << "trial " << trial << ", K " << k;
           for (size_t i = 0; i < refine.size(); ++i) {
             ASSERT_EQ(lookahead[i].micro_batches.size(), 1u);
-            EXPECT_EQ(lookahead[i].micro_batches[0].documents,
-                      refine[i].micro_batches[0].documents)
+            EXPECT_EQ(lookahead[i].micro_batches[0].documents, refine[i].micro_batches[0].documents)
                 << "trial " << trial << ", K " << k << ", step " << i;
           }
         }
