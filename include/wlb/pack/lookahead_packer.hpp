@@ -220,7 +220,10 @@ class LookaheadPacker final : public Packer {
   };
   Buffered Buffer(std::vector<Document> arrivals) const {
     lookahead::Arrivals sketch;
-    if (lookahead_ > 0) sketch = sketcher_.SplitArrivals(arrivals, held_.queues);  // K = 0: unused
+    // Read only when candidates are scored: never at K = 0 or N = 1 (lookahead::Candidates).
+    if (lookahead_ > 0 && config_.micro_batches > 1) {
+      sketch = sketcher_.SplitArrivals(arrivals, held_.queues);
+    }
     return {.arrivals = std::move(arrivals), .sketch = std::move(sketch)};
   }
   std::vector<const lookahead::Arrivals*> AheadSketches() const {
