@@ -49,6 +49,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -226,8 +227,8 @@ class LookaheadPacker final : public Packer {
     }
     return {.arrivals = std::move(arrivals), .sketch = std::move(sketch)};
   }
-  std::vector<const lookahead::Arrivals*> AheadSketches() const {
-    std::vector<const lookahead::Arrivals*> ahead;
+  lookahead::AheadArrivals AheadSketches() const {
+    lookahead::AheadArrivals ahead;
     for (const Buffered& step : buffer_) ahead.push_back(&step.sketch);
     return ahead;
   }
@@ -341,7 +342,7 @@ class LookaheadPacker final : public Packer {
                                              lookahead::Holding& held) const {
     const lookahead::StepPacking packing = Packing();
     const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
-    std::vector<double> ahead;
+    absl::InlinedVector<double, 8> ahead;  // K <= kMaxLookahead (8) steps
     for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
     const double wlb_delay =
         wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);

@@ -168,9 +168,7 @@ class OutlierQueues {
   void Release(size_t level, std::span<const size_t> positions, std::vector<Entry>& out) {
     if (positions.empty()) return;
     std::vector<Entry>& q = queues_[level];
-    std::vector<Entry> kept;
-    kept.reserve(q.size());
-    size_t next = 0;
+    size_t next = 0, kept = 0;  // the kept entries move forward in place (kept <= i)
     for (size_t i = 0; i < q.size(); ++i) {
       const bool released = next < positions.size() && positions[next] == i;
       next += released;
@@ -178,10 +176,10 @@ class OutlierQueues {
         held_ = held_ - HeldBack{1, q[i].length};
         out.push_back(q[i]);
       } else {
-        kept.push_back(q[i]);
+        q[kept++] = q[i];
       }
     }
-    q.swap(kept);
+    q.resize(kept);
   }
 
   // Every queued entry, level by level, oldest first, appended to `out`.

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
@@ -52,9 +53,14 @@ inline double AccruedDelay(const Holding& held, int64_t step) {
   return accrued;
 }
 
+// Positions in one level's queue, increasing. Inline up to four (a step at N = 4 makes a dozen
+// candidates, each of a few levels; heap vectors were a fifth of its allocations).
+using Positions = absl::InlinedVector<size_t, 4>;
+using Release = absl::InlinedVector<Positions, 3>;  // per level
+
 // One way to plan a step: which queued outliers it releases, which arrivals it holds back.
 struct Candidate {
-  std::vector<std::vector<size_t>> release;  // per level: positions in the queue, increasing
+  Release release;       // per level: positions in the queue, increasing
   int hold_longest = 0;  // the longest non-queued arrivals to hold back to the next step
 };
 
@@ -145,8 +151,8 @@ inline double TrainedTokens(const Candidate& c, const Holding& held,
 }
 
 // wlb's rule: a level holding >= N (`n`) documents releases its N oldest.
-inline std::vector<std::vector<size_t>> WlbRelease(const Holding& held, size_t n) {
-  std::vector<std::vector<size_t>> release(held.queues.levels());
+inline Release WlbRelease(const Holding& held, size_t n) {
+  Release release(held.queues.levels());
   for (size_t l = 0; l < held.queues.levels(); ++l) {
     if (held.queues.queue(l).size() < n) continue;
     for (size_t i = 0; i < n; ++i) release[l].push_back(i);
@@ -167,7 +173,7 @@ inline bool RepeatsEarlier(const std::vector<Candidate>& candidates, size_t i) {
 
 // Every queued outlier, no arrival held back.
 inline Candidate ReleaseAll(const Holding& held) {
-  Candidate all{.release = std::vector<std::vector<size_t>>(held.queues.levels())};
+  Candidate all{.release = Release(held.queues.levels())};
   for (size_t l = 0; l < held.queues.levels(); ++l) {
     all.release[l].resize(held.queues.queue(l).size());
     for (size_t i = 0; i < held.queues.queue(l).size(); ++i) all.release[l][i] = i;
@@ -181,12 +187,12 @@ inline Candidate ReleaseAll(const Holding& held) {
 inline void ReleaseOverdue(const Holding& held, int64_t next_step, Candidate& c) {
   for (size_t l = 0; l < held.queues.levels(); ++l) {
     const std::vector<Document>& q = held.queues.queue(l);
-    std::vector<size_t> overdue;
+    Positions overdue;
     for (size_t i = 0; i < q.size() && q[i].arrival_step + kMaxOutlierWait <= next_step; ++i) {
       overdue.push_back(i);  // queues are in arrival order: the overdue ones come first
     }
     if (overdue.empty()) continue;
-    std::vector<size_t> merged;
+    Positions merged;
     std::set_union(overdue.begin(), overdue.end(), c.release[l].begin(), c.release[l].end(),
                    std::back_inserter(merged));
     c.release[l] = std::move(merged);
@@ -230,11 +236,11 @@ inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate
   };
   // Releases queued[first, first + k).
   auto add = [&](size_t first, size_t k) {
-    Candidate c{.release = std::vector<std::vector<size_t>>(held.queues.levels())};
+    Candidate c{.release = Release(held.queues.levels())};
     for (size_t j = 0; j < queued.size(); ++j) {
       if (j >= first && j < first + k) c.release[queued[j].level].push_back(queued[j].position);
     }
-    for (std::vector<size_t>& r : c.release) std::sort(r.begin(), r.end());
+    for (Positions& r : c.release) std::sort(r.begin(), r.end());
     out.push_back(std::move(c));
   };
   for (size_t k : {n + n / 2, 2 * n}) {
@@ -259,7 +265,9 @@ inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate
 inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh,
                                          size_t n, int lookahead, int64_t next_step) {
   const Candidate wlb{.release = WlbRelease(held, n)};
-  std::vector<Candidate> out = {wlb};
+  std::vector<Candidate> out;
+  out.reserve(16);  // about as many as a step makes at two levels
+  out.push_back(wlb);
   if (lookahead == 0 || n == 1) return out;
   for (size_t l = 0; l < held.queues.levels(); ++l) {
     const std::vector<Document>& q = held.queues.queue(l);

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,7 +83,7 @@ double AccruedDelay(const OutlierQueues<T>& queues, int64_t step) {
 // more. A backlog costs more while arrivals keep coming than once they stop. With nothing ahead
 // and held at most wlb's, it is at most what wlb's drain adds (each drain step trains at most
 // N x S_max).
-inline double ContinuationDelay(double held, const std::vector<double>& ahead, double capacity) {
+inline double ContinuationDelay(double held, std::span<const double> ahead, double capacity) {
   double delay = 0.0;
   for (const double tokens : ahead) {
     held = std::max(0.0, held + tokens - capacity);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "wlb/core/document.hpp"
 #include "wlb/pack/argmin_tree.hpp"
 #include "wlb/pack/lookahead/candidates.hpp"
@@ -49,12 +50,16 @@ struct Arrivals {
   double tokens = 0.0;  // of all the arrivals
 };
 
+// The buffered steps' arrivals, oldest first: at most kMaxLookahead (make_packer.hpp), 8, so
+// never on the heap.
+using AheadArrivals = absl::InlinedVector<const Arrivals*, 8>;
+
 // What every candidate's sketch score shares, computed once per step: the carry-over and the
 // arrivals (the longest one apart, as a candidate may hold it back), and the buffered steps.
 struct SketchBase {
   Sketch step;                  // carry-over and arrivals but the longest
   std::vector<Sketch> longest;  // the kMaxHeldArrivals longest arrivals (fewer if fewer)
-  std::vector<const Arrivals*> ahead;
+  AheadArrivals ahead;
 };
 
 // Sketches of steps under one configuration and cost.
@@ -228,7 +233,7 @@ class Sketcher {
   // kMaxHeldArrivals, held back by some candidates) are set apart, which are the sketch's first
   // long lengths unless the step has fewer long ones than that.
   SketchBase MakeSketchBase(const Holding& base, const std::vector<Document>& fresh,
-                            const Arrivals& arrived, std::vector<const Arrivals*> ahead) const {
+                            const Arrivals& arrived, AheadArrivals ahead) const {
     SketchBase s;
     s.ahead = std::move(ahead);
     s.step.lengths.reserve(static_cast<size_t>(base.carry.size()) + arrived.fresh.lengths.size());
