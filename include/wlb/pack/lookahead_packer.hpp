@@ -38,6 +38,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -346,25 +347,22 @@ class LookaheadPacker final : public Packer {
     for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
     const double wlb_delay =
         wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
-    struct Planned {
-      std::vector<MicroBatch> mbs;
-      lookahead::Holding held;
-      double delay;  // as wlb_delay counts wlb-refine's
-    };
-    auto plan = [&](size_t i) {
-      Planned p{.mbs = {}, .held = held, .delay = delay_.planned_token_steps()};
+    auto plan = [&](size_t i, Planned& p) {
+      p.held = held;  // a copy into memory kept from earlier steps
+      p.delay = delay_.planned_token_steps();
       p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*refined=*/false);
       p.delay += lookahead::TrainedDelay(p.mbs, next_step_) +
                  lookahead::AccruedDelay(p.held, next_step_ + 1);
-      p.delay += ahead.empty() ? packing.DrainDelay(p.held)
-                               : lookahead::ContinuationDelay(
-                                     static_cast<double>(p.held.queues.held().tokens +
-                                                         p.held.carry.tokens()),
-                                     ahead, capacity);
-      return p;
+      p.delay += ahead.empty()
+                     ? packing.DrainDelay(p.held)
+                     : lookahead::ContinuationDelay(
+                           static_cast<double>(p.held.queues.held().tokens + p.held.carry.tokens()),
+                           ahead, capacity);
     };
-    Planned closest = plan(best);
-    if (closest.delay > wlb_delay) {
+    Planned* closest = &planned_[0];
+    Planned* next = &planned_[1];
+    plan(best, *closest);
+    if (closest->delay > wlb_delay) {
       // The others by score, each scored in full.
       std::vector<std::pair<double, size_t>> ranked;
       for (size_t i = 0; i < scoring.candidates.size(); ++i) {
@@ -373,15 +371,22 @@ class LookaheadPacker final : public Packer {
       }
       std::sort(ranked.begin(), ranked.end());
       for (const auto& [score, i] : ranked) {
-        Planned p = plan(i);
-        if (p.delay < closest.delay) closest = std::move(p);
-        if (closest.delay <= wlb_delay) break;
+        plan(i, *next);
+        if (next->delay < closest->delay) std::swap(closest, next);
+        if (closest->delay <= wlb_delay) break;
       }
     }
-    packing.Refine(closest.mbs);
-    held = std::move(closest.held);
-    return std::move(closest.mbs);
+    packing.Refine(closest->mbs);
+    std::swap(held, closest->held);  // the plan keeps the old holding's memory for the next step
+    return std::move(closest->mbs);
   }
+
+  // A step planned under one candidate (PlanWithinWlbDelay).
+  struct Planned {
+    std::vector<MicroBatch> mbs;
+    lookahead::Holding held;
+    double delay = 0.0;  // as PlanWithinWlbDelay counts wlb-refine's
+  };
 
   int refine_rounds_;
   int lookahead_;
@@ -391,6 +396,9 @@ class LookaheadPacker final : public Packer {
   lookahead::DelayAccount delay_;
   // Sketches of this packer's steps; its working memory is kept from step to step.
   lookahead::Sketcher sketcher_;
+  // PlanWithinWlbDelay's plans, kept from step to step: copying the holding into them reuses
+  // their memory (two copies a step allocated a dozen times at N = 4).
+  mutable std::array<Planned, 2> planned_;
 };
 
 }  // namespace wlb

@@ -225,7 +225,8 @@ class DelayAccount {
   double FollowWlb(const std::vector<Document>& arrivals, int64_t step, bool outliers_divisible) {
     double room = static_cast<double>(config_.micro_batches) * config_.max_tokens;
     double delay = 0.0;
-    std::vector<ArrivedTokens> carry;  // left over
+    std::vector<ArrivedTokens>& carry = next_carry_;  // left over
+    carry.clear();
     auto place = [&](int64_t arrival, int64_t tokens, bool divisible) {
       const double t = static_cast<double>(tokens);
       const double placed = t <= room ? t : (divisible ? room : 0.0);
@@ -240,7 +241,8 @@ class DelayAccount {
         fresh += d.length;
       }
     }
-    std::vector<ArrivedTokens> released;
+    std::vector<ArrivedTokens>& released = released_;
+    released.clear();
     wlb_queues_.ReleaseFull(static_cast<size_t>(config_.micro_batches), released);
     for (const ArrivedTokens& e : released) {
       place(e.arrival_step, e.length, outliers_divisible);
@@ -249,7 +251,7 @@ class DelayAccount {
     // The fluid keeps its push index as its arrival, as queued lengths do: after a Flush() step
     // indices run ahead of push indices, and a saved account must hold arrivals before the pushes.
     if (fresh > 0) place(arrivals.front().arrival_step, fresh, true);
-    wlb_carry_ = std::move(carry);
+    wlb_carry_.swap(carry);
     return delay;
   }
 
@@ -271,6 +273,8 @@ class DelayAccount {
   double token_steps_ = 0.0;
   double wlb_token_steps_ = 0.0;
   double tokens_ = 0.0;
+  // FollowWlb's working memory, kept from step to step (not state).
+  std::vector<ArrivedTokens> released_, next_carry_;
 };
 
 }  // namespace wlb::lookahead
