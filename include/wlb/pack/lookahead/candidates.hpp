@@ -54,7 +54,7 @@ inline double AccruedDelay(const Holding& held, int64_t step) {
 }
 
 // Positions in one level's queue, increasing. Inline up to four (a step at N = 4 makes a dozen
-// candidates, each of a few levels; heap vectors were a fifth of its allocations).
+// candidates, each of a few levels; their heap vectors were about a third of its allocations).
 using Positions = absl::InlinedVector<size_t, 4>;
 using Release = absl::InlinedVector<Positions, 3>;  // per level
 
