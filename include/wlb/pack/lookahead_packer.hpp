@@ -343,7 +343,7 @@ class LookaheadPacker final : public Packer {
                                              lookahead::Holding& held) const {
     const lookahead::StepPacking packing = Packing();
     const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
-    absl::InlinedVector<double, 8> ahead;  // K <= kMaxLookahead (8) steps
+    absl::InlinedVector<double, kMaxLookahead> ahead;  // the buffered steps' tokens
     for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
     const double wlb_delay =
         wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
@@ -376,6 +376,7 @@ class LookaheadPacker final : public Packer {
         if (closest->delay <= wlb_delay) break;
       }
     }
+    next->mbs = {};  // a losing plan's documents are not kept until the next step
     packing.Refine(closest->mbs);
     std::swap(held, closest->held);  // the plan keeps the old holding's memory for the next step
     return std::move(closest->mbs);

@@ -46,10 +46,6 @@ struct PackerOptions {
   bool bound_delay = true;
 };
 
-// The most steps wlb-lookahead may see ahead (each costs a step of buffered arrivals and of
-// planning work per candidate).
-inline constexpr int kMaxLookahead = 8;
-
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
 // S = 128K, N = 4 (README, "Results"); the tuner (wlb/pack/tuner.hpp) picks thresholds for other

@@ -17,6 +17,12 @@
 #include "wlb/pack/lookahead/candidates.hpp"
 #include "wlb/pack/packer.hpp"
 
+namespace wlb {
+// The most steps wlb-lookahead may see ahead (each costs a step of buffered arrivals and of
+// planning work per candidate); MakePacker checks it.
+inline constexpr int kMaxLookahead = 8;
+}  // namespace wlb
+
 namespace wlb::lookahead {
 
 // The least a step's imbalance can be, from Sketcher::EstimateStep(): the
@@ -50,9 +56,8 @@ struct Arrivals {
   double tokens = 0.0;  // of all the arrivals
 };
 
-// The buffered steps' arrivals, oldest first: at most kMaxLookahead (make_packer.hpp), 8, so
-// never on the heap.
-using AheadArrivals = absl::InlinedVector<const Arrivals*, 8>;
+// The buffered steps' arrivals, oldest first: at most kMaxLookahead, so never on the heap.
+using AheadArrivals = absl::InlinedVector<const Arrivals*, kMaxLookahead>;
 
 // What every candidate's sketch score shares, computed once per step: the carry-over and the
 // arrivals (the longest one apart, as a candidate may hold it back), and the buffered steps.
