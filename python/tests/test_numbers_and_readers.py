@@ -41,7 +41,8 @@ BOOL_CALLS = {
 @pytest.mark.parametrize("name", sorted(BOOL_CALLS))
 @pytest.mark.parametrize("value", [True, False, np.True_])
 def test_bindings_refuse_bools_where_numbers_are_expected(name, value):
-    with pytest.raises(TypeError, match="incompatible function arguments"):
+    # nanobind's TypeError lists the signatures (an overload taking arrays names its own).
+    with pytest.raises(TypeError, match="incompatible function arguments|integer array"):
         BOOL_CALLS[name](value)
 
 
@@ -72,7 +73,7 @@ def test_bool_and_unsigned_arrays_are_checked_before_conversion():
 
 def test_finite_inputs_whose_results_overflow_are_refused():
     huge = [1e308, 1e308]
-    with pytest.raises(ValueError, match=r"micro-batch 0: backward time 1e\+308 brings"):
+    with pytest.raises(ValueError, match=r"micro-batch 0: forward time 1e\+308 brings"):
         wlb.assign_dp_ranks(huge, huge, 1, 2)
     with pytest.raises(ValueError, match=r"values\[1\] = 1e\+308 brings the sum"):
         wlb.imbalance_degree(np.array(huge))

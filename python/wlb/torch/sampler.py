@@ -63,27 +63,28 @@ _FINGERPRINT_CHUNK = 1 << 26  # bytes of lengths hashed per task (64 MiB)
 
 
 def corpus_fingerprint(lengths: np.ndarray) -> str:
-    """A BLAKE2b digest of the int64 lengths array (its bytes, little-endian), hashed in 64 MiB
-    chunks on a thread pool (hashlib releases the GIL) and the chunk digests hashed again: any
-    changed, added, removed or reordered length changes it, unlike a count and a sum. A
-    memory-mapped array is read once, chunk by chunk."""
+    """A SHA-256 digest of the int64 lengths array (its bytes, little-endian), hashed in 64 MiB
+    chunks on a thread pool (hashlib releases the GIL; SHA-256 runs on the CPU's SHA extensions
+    where it has them, 2.7x BLAKE2b's speed on this project's machine) and the chunk digests
+    hashed again with the count: any changed, added, removed or reordered length changes it,
+    unlike a count and a sum. A memory-mapped array is read once, chunk by chunk (cost:
+    bench/python_fingerprint_bench.py)."""
     data = np.ascontiguousarray(lengths, dtype="<i8")
     view = memoryview(data).cast("B")
     spans = range(0, len(view), _FINGERPRINT_CHUNK)
 
     def digest(start: int) -> bytes:
-        return hashlib.blake2b(view[start:start + _FINGERPRINT_CHUNK], digest_size=32).digest()
+        return hashlib.sha256(view[start:start + _FINGERPRINT_CHUNK]).digest()
 
     if len(spans) > 1:
         with ThreadPoolExecutor() as pool:
             parts = list(pool.map(digest, spans))
     else:
         parts = [digest(start) for start in spans]
-    top = hashlib.blake2b(digest_size=16, person=b"wlb-lengths")
-    top.update(len(data).to_bytes(8, "little"))
+    top = hashlib.sha256(b"wlb-lengths\0" + len(data).to_bytes(8, "little"))
     for part in parts:
         top.update(part)
-    return top.hexdigest()
+    return top.hexdigest()[:32]
 
 
 def _is_int(value: Any) -> bool:
@@ -146,7 +147,7 @@ class PackedBatchSampler:
         of their lengths), their order and the packer."""
         if self._fingerprint is None:
             self._fingerprint = corpus_fingerprint(self.lengths)
-        return dict(self._corpus_key, lengths_blake2b=self._fingerprint)
+        return dict(self._corpus_key, lengths_sha256=self._fingerprint)
 
     @property
     def micro_batches(self) -> int:
