@@ -294,6 +294,34 @@ def test_ranks_that_disagree_all_raise_the_same_error_naming_field_and_ranks():
     assert all(set(results[r]) == {4} for r in (2, 3))
 
 
+def test_agreement_records_keep_every_failure_and_name_fields_and_ranks():
+    """The exchanged records (no process group needed): a failure survives any message length,
+    the verdict names every failing rank, or the first differing field and who holds what."""
+    import importlib
+    import json
+
+    cpa = importlib.import_module("wlb.torch.cp_attention")  # the module, not the function
+
+    fields = {"cp_size": 2, "strategy": "per-doc", "dtype": "torch.float64", "heads": 4}
+    huge = "\u00e9\u4e2d" * 5000  # escapes to 6 bytes a character in JSON
+    long_mix = dict(fields, mask="window:4x3,chunk:8x1," * 200)  # a layer mix of many masks
+    entries = [json.loads(cpa._encode(fields, None, "value").rstrip(b"\0")),
+               json.loads(cpa._encode(long_mix, huge, "value").rstrip(b"\0"))]
+    assert len(cpa._encode(long_mix, huge, "value")) == cpa._RECORD_BYTES
+    assert entries[1]["e"] is not None
+    kind, message = cpa._verdict(entries)
+    assert kind is ValueError and "rank 1 of 2 rejected its inputs" in message
+    other = dict(fields, dtype="torch.float32")
+    entries = [json.loads(cpa._encode(f, None, "value").rstrip(b"\0"))
+               for f in (fields, other, fields)]
+    kind, message = cpa._verdict(entries)
+    assert message.startswith("cp_attention: the CP ranks disagree on dtype (torch.float64 on "
+                              "ranks 0, 2; torch.float32 on rank 1)")
+    assert cpa._verdict([entries[0], entries[2]]) is None
+    typed = json.loads(cpa._encode({}, "plan must be a wlb.ShardPlan", "type").rstrip(b"\0"))
+    assert cpa._verdict([entries[0], typed])[0] is TypeError
+
+
 def test_scale_must_be_finite_and_positive():
     from wlb.torch import CPAttention
     from wlb.torch.attention import check_scale

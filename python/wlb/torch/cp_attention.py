@@ -243,7 +243,7 @@ def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
 
 # ---- agreement: every rank checks, then all ranks compare, before any collective moves a row ----
 
-_RECORD_BYTES = 1024  # one rank's fingerprint and verdict, UTF-8 JSON padded with NULs
+_RECORD_BYTES = 2048  # one rank's fingerprint and verdict, UTF-8 JSON padded with NULs
 _MESSAGE_CHARS = 600  # a local error longer than this is cut in the shared message
 # Compared across ranks in this order; the first that differs is named in the error.
 _FIELDS = ("cp_size", "strategy", "mask", "micro_batch", "plan", "dtype", "device", "heads",
@@ -325,13 +325,15 @@ def _fingerprint(q, k, v, plan, group, world: int, rank: int, scale, backend, di
 
 
 def _encode(record: Dict[str, Any], problem: Optional[str], kind: str) -> bytes:
-    entry = {"f": record, "e": None if problem is None else problem[:_MESSAGE_CHARS], "k": kind}
+    """One rank's record as _RECORD_BYTES of JSON: field texts cut to 64 characters (the plan's
+    digest covers what they leave out), the local error cut to fit (never dropped: an empty
+    message still marks the rank as failed), NUL padding."""
+    fields = {key: value[:64] if isinstance(value, str) else value
+              for key, value in record.items()}
+    entry = {"f": fields, "e": None if problem is None else problem[:_MESSAGE_CHARS], "k": kind}
     blob = json.dumps(entry, sort_keys=True).encode()
-    while len(blob) > _RECORD_BYTES:  # only a pathological message: cut it further
-        entry["e"] = entry["e"][: len(entry["e"]) // 2] if entry["e"] else None
-        for key in list(entry["f"]):
-            if entry["e"] is None and len(blob) > _RECORD_BYTES:
-                entry["f"][key] = str(entry["f"][key])[:32]
+    while len(blob) > _RECORD_BYTES:  # escaped characters: cut the message further
+        entry["e"] = entry["e"][: len(entry["e"]) * 3 // 4]
         blob = json.dumps(entry, sort_keys=True).encode()
     return blob.ljust(_RECORD_BYTES, b"\0")
 
