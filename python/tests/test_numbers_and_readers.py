@@ -82,6 +82,26 @@ def test_finite_inputs_whose_results_overflow_are_refused():
     assert np.isfinite(out["step_seconds"]) and np.isfinite(out["round_robin_seconds"])
 
 
+def test_unsigned_token_ids_above_int64_are_named_not_wrapped(tmp_path):
+    import torch
+
+    from wlb.formats import jsonl_lengths
+    from wlb.torch import PackedDataset, PackedPieces
+
+    docs = [np.array([1, 2, 3], dtype=np.uint64), np.array([4, (1 << 63) + 9], dtype=np.uint64)]
+    with pytest.raises(ValueError, match=r"dataset\[1\] token ids from offset 0\[1\] = "
+                                         r"9223372036854775817 does not fit int64"):
+        PackedPieces(docs)[(1, 0, 2)]
+    assert PackedPieces(docs)[(0, 1, 2)][2].tolist() == [2, 3]
+    dataset = PackedDataset(docs, packer=wlb.Packer("original", context=8, micro_batches=1))
+    with pytest.raises(ValueError, match=r"dataset\[1\] token ids\[1\] = 9223372036854775817"):
+        list(torch.utils.data.DataLoader(dataset, batch_size=None))
+    path = tmp_path / "lengths.jsonl"  # pyarrow reads it as double: refused, not wrapped
+    path.write_text('{"length": 3}\n{"length": 9223372036854775818}\n')
+    with pytest.raises(TypeError, match="must be an integer length, got double"):
+        jsonl_lengths(str(path))
+
+
 # ---- Arrow readers: null token ids -----------------------------------------------------------
 
 def lists(rows, value_type=pa.int64()):

@@ -47,6 +47,17 @@ def _pyarrow():
     return pyarrow
 
 
+def as_int64(values: np.ndarray, what: str) -> np.ndarray:
+    """An integer array as int64, range-checked before the conversion: an unsigned value above
+    int64 is a ValueError naming it as given and its position (``what[i]``), never wrapped."""
+    values = np.asarray(values)
+    if values.dtype == np.uint64 and values.size:
+        big = np.flatnonzero(values > np.uint64(np.iinfo(np.int64).max))
+        if big.size:
+            raise ValueError(f"{what}[{int(big[0])}] = {int(values[big[0]])} does not fit int64")
+    return values.astype(np.int64, copy=False)
+
+
 class _TokenSource:
     """What every source shares: ``lengths`` and bounds-checked ``source[i]``."""
 

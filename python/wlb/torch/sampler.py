@@ -65,7 +65,7 @@ _FINGERPRINT_CHUNK = 1 << 26  # bytes of lengths hashed per task (64 MiB)
 def corpus_fingerprint(lengths: np.ndarray) -> str:
     """A SHA-256 digest of the int64 lengths array (its bytes, little-endian), hashed in 64 MiB
     chunks on a thread pool (hashlib releases the GIL; SHA-256 runs on the CPU's SHA extensions
-    where it has them, 2.7x BLAKE2b's speed on this project's machine) and the chunk digests
+    where it has them: 2.1x BLAKE2b's speed on this project's machine) and the chunk digests
     hashed again with the count: any changed, added, removed or reordered length changes it,
     unlike a count and a sum. A memory-mapped array is read once, chunk by chunk (cost:
     bench/python_fingerprint_bench.py)."""
