@@ -747,9 +747,12 @@ TEST(ChooseExchangeTest, RuleAndPrediction) {
   }
   EXPECT_DOUBLE_EQ(p.exchanged_bytes, received * row_bytes);
   EXPECT_DOUBLE_EQ(p.max_rank_bytes, rows * row_bytes);
-  // A latency too large for any saving still never all-gathers when rows are strictly fewer.
+  // Both candidates pay the latency: however large, it never turns strictly fewer rows into an
+  // all-gather.
   const CommModel slow{.link_gbps = 1e6, .latency_us = 1e6};
-  EXPECT_EQ(ChooseExchange(ExchangedKvRows(doc), doc.rank_capacity, 16384, slow).kind,
+  EXPECT_EQ(ChooseExchange(ExchangedKvRows(doc, *AttentionMask::SlidingWindow(8)),
+                           doc.rank_capacity, 16384, slow)
+                .kind,
             ExchangeKind::kRowExact);
 }
 

@@ -341,24 +341,21 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
     def backward(ctx, d_out, _d_lse):
         q, k_l, v_l, q_r, k_r, v_r, out, lse = ctx.saved_tensors
         rp, h_kv = ctx.rp, ctx.h_kv
-        dq = d_kv_r = work = None
-        if len(rp.remote_q_rows):
-            rq = rp.remote_q_rows
+        rq, work = rp.remote_q_rows, None
+        d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
+        if len(rq):
             dq_r, dk_r, dv_r = math_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
                                              rp.cu_q_remote, rp.cu_k_remote, ctx.scale,
                                              causal=False)
-            d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
             d_received.index_add_(0, rp.remote_key_rows, torch.cat([dk_r, dv_r], dim=1))
-        else:
-            d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
         if rp.moves:
             d_kv_r = q.new_empty((len(rp.send_index), 2 * h_kv, q.shape[2]))
             work = dist.all_to_all_single(d_kv_r, d_received, rp.send_splits, rp.recv_splits,
                                           group=ctx.group, async_op=True)
         dq, dk_l, dv_l = math_backward(q, k_l, v_l, out, lse, d_out, rp.cu_q, rp.cu_k_local,
                                        ctx.scale)
-        if len(rp.remote_q_rows):
-            dq.index_add_(0, rp.remote_q_rows, dq_r)
+        if len(rq):
+            dq.index_add_(0, rq, dq_r)
         d_kv = q.new_zeros((rp.local_rows, 2 * h_kv, q.shape[2]))
         d_kv.index_add_(0, rp.local_key_rows, torch.cat([dk_l, dv_l], dim=1))
         if work is not None:
