@@ -412,9 +412,10 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
     tensors and exchange, so that calling it for every layer builds them once.
     ``overlap``: run attention over the keys this rank holds while the row-exact exchange is in
-    flight and merge the received keys' part by log-sum-exp, backward likewise (None: whenever it
-    applies: the row-exact exchange, a causal or chunked mask and the "math" backend; False: the
-    sequential path; results equal to rounding). Its forward laps in ``timings``:
+    flight and merge the received keys' part by log-sum-exp, backward likewise (None or True:
+    wherever it applies, i.e. the row-exact exchange, a causal or chunked mask and the "math"
+    backend, the sequential path elsewhere; False: always the sequential path; results equal to
+    rounding). Its forward laps in ``timings``:
     "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums in
     "attention_s" and "gather_s", the exchange time not hidden).
     """
@@ -454,9 +455,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
             _rank_plans[key] = _rank_plan(plan, rank, q.device, row_bytes)
         rp = _rank_plans[key]
     clock = _Clock(timings, q.device)
-    if overlap is None:
-        overlap = chosen == "math"
-    if overlap and rp.local_key_rows is not None and chosen == "math":
+    if overlap is not False and rp.local_key_rows is not None and chosen == "math":
         scale = default_scale(q.shape[-1]) if scale is None else float(scale)
         return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
