@@ -154,7 +154,7 @@ inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t ra
   c.allgather_ms =
       others > 0 ? static_cast<double>(c.allgather_rows) * row_ms + comm.LatencyMs() : 0.0;
   c.kind = c.row_exact_rows == 0 || c.row_exact_ms < c.allgather_ms ? ExchangeKind::kRowExact
-                                                                     : ExchangeKind::kAllGather;
+                                                                    : ExchangeKind::kAllGather;
   return c;
 }
 
@@ -209,7 +209,7 @@ struct CpPrediction {
                                   // rank's padded buffer moves (received, summed over ranks)
   double allgather_share = 0.0;   // share of the mix's layers whose exchange is the all-gather
   std::vector<ExchangeKind> exchange;  // per layer kind of the mix, in its order
-  std::vector<double> rank_ms;    // per rank: mix mean of attention + exchange
+  std::vector<double> rank_ms;         // per rank: mix mean of attention + exchange
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
   // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
   std::vector<int64_t> rank_pairs;
@@ -229,7 +229,8 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   for (const auto& [mask, count] : options.mix.layers) {
     const double w = static_cast<double>(count) / total;
     const std::vector<RankExchange> x = detail::ExchangeOf(by_doc, ranks, mask);
-    const ExchangeChoice choice = ChooseExchange(x, plan.rank_capacity, row_bytes_int, options.comm);
+    const ExchangeChoice choice =
+        ChooseExchange(x, plan.rank_capacity, row_bytes_int, options.comm);
     const bool gather = choice.kind == ExchangeKind::kAllGather;
     p.exchange.push_back(choice.kind);
     if (gather) p.allgather_share += w;
@@ -241,15 +242,15 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
         attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
         p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
       }
-      const double rows = static_cast<double>(
-          gather ? choice.allgather_rows : std::max(x[r].recv_rows, x[r].send_rows));
+      const double rows = static_cast<double>(gather ? choice.allgather_rows
+                                                     : std::max(x[r].recv_rows, x[r].send_rows));
       const double t = attention + rows * row_ms + latency;
       p.rank_ms[r] += w * t;
       worst = std::max(worst, t);
       worst_attention = std::max(worst_attention, attention);
       worst_rows = std::max(worst_rows, rows);
-      received += gather ? static_cast<double>(choice.allgather_rows)
-                         : static_cast<double>(x[r].recv_rows);
+      received +=
+          gather ? static_cast<double>(choice.allgather_rows) : static_cast<double>(x[r].recv_rows);
     }
     p.max_ms += w * worst;
     p.attention_max_ms += w * worst_attention;

@@ -63,8 +63,9 @@
 //    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
 //    non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which prices
 //    every plan with the exchange the executor runs (ChooseExchange: row-exact, or the all-gather
-//    when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties keep the greedy plan), recording the strategy used
-//    (kDocumentDegree for a greedy plan) as kAdaptive does. So it is never predicted slower than
+//    when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties keep the
+//    greedy plan), recording the strategy used (kDocumentDegree for a greedy plan) as kAdaptive
+//    does. So it is never predicted slower than
 //    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
 //    rank_capacity is the largest rank's tokens.

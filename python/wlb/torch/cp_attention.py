@@ -118,8 +118,9 @@ class _Exchange:
         sent = [self.sent_to_others(r) for r in range(self.cp_size)]
         if recv != choice["recv_rows"].tolist() or sent != choice["send_rows"].tolist():
             raise RuntimeError(  # the planner and the executor disagree on the rows: a bug
-                f"internal error: cp_attention's exchange rows (received {recv}, sent {sent}) differ from the "
-                f"planner's ({choice['recv_rows'].tolist()}, {choice['send_rows'].tolist()})")
+                f"internal error: cp_attention's exchange rows (received {recv}, sent {sent}) "
+                f"differ from the planner's ({choice['recv_rows'].tolist()}, "
+                f"{choice['send_rows'].tolist()})")
 
     def _from(self, rows: np.ndarray, owner: int) -> np.ndarray:
         lo, hi = np.searchsorted(rows, [owner * self.capacity, (owner + 1) * self.capacity])
