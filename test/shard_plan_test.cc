@@ -723,8 +723,8 @@ TEST(ChooseExchangeTest, RuleAndPrediction) {
   EXPECT_EQ(p.exchanged_bytes, p.allgather_bytes);
   const double row_ms = options.comm.RowMs(model);
   EXPECT_NEAR(p.max_ms - p.attention_max_ms, 3 * 1024 * row_ms + 0.01, 1e-9);
-  const ShardPlan doc = MustPlan(MakeMicroBatch(std::vector<int64_t>(64, 64)), 4,
-                                 ShardStrategy::kPerDocument);
+  const ShardPlan doc =
+      MustPlan(MakeMicroBatch(std::vector<int64_t>(64, 64)), 4, ShardStrategy::kPerDocument);
   const CpPlanOptions mixed{.comm = options.comm, .mix = *LayerMix::Parse("causalx3,window:8")};
   p = PredictCp(doc, model, mixed);
   ASSERT_EQ(p.exchange.size(), 2u);

@@ -90,7 +90,8 @@ inline nlohmann::json CpPredictionToJson(const CpPrediction& p) {
           {"max_rank_bytes", p.max_rank_bytes},
           {"allgather_bytes", p.allgather_bytes},
           {"allgather_share", p.allgather_share},
-          {"exchange", [&] {
+          {"exchange",
+           [&] {
              std::vector<std::string> kinds;
              for (const ExchangeKind k : p.exchange) kinds.emplace_back(ExchangeKindName(k));
              return kinds;
