@@ -12,10 +12,10 @@
 // A second table compares the K/V exchange at S = 128K, C = 2, 4, 8: per-doc, hybrid,
 // te-zigzag (Transformer Engine's 2C zig-zag, every document padded to 2C), adaptive and doc-degree
 // (per-document CP degree, communication-aware), each predicted with wlb::PredictCp (attention
-// + max(sent, received) K/V rows x 16 KiB / --cp_link_gbps per rank): slowest rank in ms, its
-// attention alone, K/V bytes received over all ranks (a selective exchange), and what an
-// all-gather of every rank's padded buffer moves (the backends' executors), per layer, means over
-// micro-batches.
+// + the exchange wlb::ChooseExchange picks, as wlb.torch.cp_attention runs it: max(sent,
+// received) K/V rows x 16 KiB / --cp_link_gbps per rank and a collective's latency): slowest rank
+// in ms, its attention alone, K/V bytes received over all ranks by that exchange, and what an
+// all-gather of every rank's padded buffer moves, per layer, means over micro-batches.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -94,10 +94,13 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
   if (!run.ok()) return run.status();
   std::printf(
       "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %d steps; "
-      "link %g GB/s per direction, 16 KiB K/V per token and layer (LLaMA-2-7B, bf16). Cells: "
-      "predicted slowest rank (attention + exchange) ms / its attention alone ms / K/V received "
-      "over all ranks MB (selective) / all-gather MB, per layer, means over micro-batches.\n\n",
-      shared.spec.packer.c_str(), n, base.name.c_str(), steps, options.comm.link_gbps);
+      "link %g GB/s per direction and %g us per collective, 16 KiB K/V per token and layer "
+      "(LLaMA-2-7B, bf16). Cells: predicted slowest rank (attention + exchange) ms / its "
+      "attention alone ms / K/V received "
+      "over all ranks MB (row-exact or all-gather, as wlb::ChooseExchange picks) / all-gather MB, "
+      "per layer, means over micro-batches.\n\n",
+      shared.spec.packer.c_str(), n, base.name.c_str(), steps, options.comm.link_gbps,
+      options.comm.latency_us);
   const auto& strategies = kExchangeStrategies;
   constexpr size_t kCount = std::size(kExchangeStrategies);
   static_assert(kExchangeStrategies[kCount - 1] == wlb::ShardStrategy::kDocumentDegree,

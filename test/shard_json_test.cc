@@ -115,6 +115,8 @@ TEST(CpPredictionToJson, MaxRankPairsIsTheLargestRanksOrZero) {
   p.exchanged_bytes = 1024.0;
   p.max_rank_bytes = 512.0;
   p.allgather_bytes = 4096.0;
+  p.allgather_share = 0.25;
+  p.exchange = {ExchangeKind::kRowExact, ExchangeKind::kAllGather};
   EXPECT_EQ(CpPredictionToJson(p).at("max_rank_pairs"), 0);
   p.rank_pairs = {7, 31, 12};
   const nlohmann::json j = CpPredictionToJson(p);
@@ -123,6 +125,8 @@ TEST(CpPredictionToJson, MaxRankPairsIsTheLargestRanksOrZero) {
                                {"exchanged_bytes", 1024.0},
                                {"max_rank_bytes", 512.0},
                                {"allgather_bytes", 4096.0},
+                               {"allgather_share", 0.25},
+                               {"exchange", {"row-exact", "all-gather"}},
                                {"max_rank_pairs", 31}}));
   // A real plan: the pairs of a causal plan are its ranks' causal pairs.
   const ShardPlan plan = MustPlan(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence);

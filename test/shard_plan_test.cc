@@ -685,6 +685,77 @@ TEST(ShardPlanTest, DocumentDegreeFollowsTheLink) {
   }
 }
 
+// ChooseExchange: row-exact when no rank needs another's rows or when it is strictly faster than
+// the all-gather (bytes over the link + one latency each), else the all-gather; PredictCp prices
+// every layer kind with the chosen exchange.
+TEST(ChooseExchangeTest, RuleAndPrediction) {
+  const CommModel comm{.link_gbps = 1.0, .latency_us = 10.0};  // 1 KB per us
+  auto choose = [&](std::vector<RankExchange> x, int64_t capacity) {
+    return ChooseExchange(x, capacity, 1000, comm);
+  };
+  ExchangeChoice c = choose({{0, 0}, {0, 0}}, 8);  // nothing to move: no collective
+  EXPECT_EQ(c.kind, ExchangeKind::kRowExact);
+  EXPECT_EQ(c.row_exact_ms, 0.0);
+  EXPECT_DOUBLE_EQ(c.allgather_ms, 8 * 1e-3 + 0.01);
+  c = choose({{7, 0}, {0, 7}}, 8);  // 7 rows against 8
+  EXPECT_EQ(c.kind, ExchangeKind::kRowExact);
+  EXPECT_EQ(c.row_exact_rows, 7);
+  EXPECT_EQ(c.allgather_rows, 8);
+  EXPECT_DOUBLE_EQ(c.row_exact_ms, 7 * 1e-3 + 0.01);
+  c = choose({{8, 3}, {0, 8}}, 8);  // as many rows as the all-gather: the all-gather
+  EXPECT_EQ(c.kind, ExchangeKind::kAllGather);
+  c = choose({{0, 0}, {4, 4}, {24, 2}}, 12);  // C = 3: (C - 1) x 12 rows
+  EXPECT_EQ(c.allgather_rows, 24);
+  EXPECT_EQ(c.kind, ExchangeKind::kAllGather);
+  EXPECT_EQ(choose({{0, 0}}, 5).kind, ExchangeKind::kRowExact);  // C = 1
+  EXPECT_EQ(choose({{0, 0}}, 5).allgather_ms, 0.0);
+
+  // One document: per-seq's rank 0 holds the first and last chunk and needs every other row,
+  // so it receives as many rows as the all-gather brings (per-doc likewise, per document, under
+  // causal masks); under a short window per-doc needs a fraction of them.
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions options{.comm = {.link_gbps = 100.0, .latency_us = 10.0}};
+  const ShardPlan seq = MustPlan(MakeMicroBatch({4096}), 4, ShardStrategy::kPerSequence);
+  CpPrediction p = PredictCp(seq, model, options);
+  ASSERT_EQ(p.exchange.size(), 1u);
+  EXPECT_EQ(p.exchange[0], ExchangeKind::kAllGather);
+  EXPECT_EQ(p.allgather_share, 1.0);
+  EXPECT_EQ(p.exchanged_bytes, p.allgather_bytes);
+  const double row_ms = options.comm.RowMs(model);
+  EXPECT_NEAR(p.max_ms - p.attention_max_ms, 3 * 1024 * row_ms + 0.01, 1e-9);
+  const ShardPlan doc =
+      MustPlan(MakeMicroBatch(std::vector<int64_t>(64, 64)), 4, ShardStrategy::kPerDocument);
+  const CpPlanOptions mixed{.comm = options.comm, .mix = *LayerMix::Parse("causalx3,window:8")};
+  p = PredictCp(doc, model, mixed);
+  ASSERT_EQ(p.exchange.size(), 2u);
+  EXPECT_EQ(p.exchange[0], ExchangeKind::kAllGather);
+  EXPECT_EQ(p.exchange[1], ExchangeKind::kRowExact);
+  EXPECT_EQ(p.allgather_share, 0.75);
+  double received = 0.0, rows = 0.0;
+  const double row_bytes = static_cast<double>(options.comm.RowBytes(model));
+  for (const AttentionMask& m : {AttentionMask::Causal(), *AttentionMask::SlidingWindow(8)}) {
+    const double w = m.causal() ? 0.75 : 0.25;
+    const std::vector<RankExchange> x = ExchangedKvRows(doc, m);
+    const ExchangeChoice choice =
+        ChooseExchange(x, doc.rank_capacity, options.comm.RowBytes(model), options.comm);
+    const bool gather = choice.kind == ExchangeKind::kAllGather;
+    for (const RankExchange& r : x) {
+      received += w * static_cast<double>(gather ? choice.allgather_rows : r.recv_rows);
+    }
+    rows += w * static_cast<double>(gather ? choice.allgather_rows : choice.row_exact_rows);
+    if (!m.causal()) EXPECT_LT(choice.row_exact_rows, choice.allgather_rows / 3);  // 896 of 3072
+  }
+  EXPECT_DOUBLE_EQ(p.exchanged_bytes, received * row_bytes);
+  EXPECT_DOUBLE_EQ(p.max_rank_bytes, rows * row_bytes);
+  // Both candidates pay the latency: however large, it never turns strictly fewer rows into an
+  // all-gather.
+  const CommModel slow{.link_gbps = 1e6, .latency_us = 1e6};
+  EXPECT_EQ(ChooseExchange(ExchangedKvRows(doc, *AttentionMask::SlidingWindow(8)),
+                           doc.rank_capacity, 16384, slow)
+                .kind,
+            ExchangeKind::kRowExact);
+}
+
 TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
   for (double gbps : {0.0, -1.0, 2e6, std::nan("")}) {
@@ -692,6 +763,13 @@ TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
                                              KernelModel::Default(), {.comm = {.link_gbps = gbps}});
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %g", gbps)));
+  }
+  for (double us : {-1.0, 2e6, std::nan("")}) {
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+                                             KernelModel::Default(), {.comm = {.latency_us = us}});
+    ASSERT_FALSE(p.ok());
+    EXPECT_THAT(std::string(p.status().message()),
+                HasSubstr(absl::StrFormat("latency must be in [0, 1e6] us, got %g", us)));
   }
   absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
                                            KernelModel::Default(), {.comm = {.kv_row_bytes = -5}});

@@ -193,6 +193,39 @@ void BindShards(nb::module_& m) {
           "mask"_a,
           "The same plan for one layer's mask of its layer mix ('causal', 'window:W', "
           "'chunk:C'): key rows, kernel segments and cp_attention follow it.")
+      .def(
+          "exchange",
+          [](const PyShardPlan& p, int64_t kv_row_bytes) {
+            if (kv_row_bytes < 1 || kv_row_bytes > (int64_t{1} << 30)) {
+              throw nb::value_error(
+                  absl::StrFormat("kv_row_bytes must be in [1, 2^30], got %d", kv_row_bytes)
+                      .c_str());
+            }
+            const std::vector<wlb::RankExchange> x = wlb::ExchangedKvRows(p.plan, p.Mask());
+            const wlb::ExchangeChoice c =
+                wlb::ChooseExchange(x, p.plan.rank_capacity, kv_row_bytes, p.comm);
+            std::vector<int64_t> recv, send;
+            for (const wlb::RankExchange& r : x) {
+              recv.push_back(r.recv_rows);
+              send.push_back(r.send_rows);
+            }
+            nb::dict d;
+            d["kind"] = std::string(wlb::ExchangeKindName(c.kind));
+            d["row_exact_rows"] = c.row_exact_rows;
+            d["allgather_rows"] = c.allgather_rows;
+            d["row_exact_ms"] = c.row_exact_ms;
+            d["allgather_ms"] = c.allgather_ms;
+            d["recv_rows"] = ToNumpy(std::move(recv));
+            d["send_rows"] = ToNumpy(std::move(send));
+            return d;
+          },
+          "kv_row_bytes"_a,
+          "The K/V exchange wlb.torch.cp_attention runs for this plan under plan.mask, with rows "
+          "of kv_row_bytes (K and V of one token): wlb::ChooseExchange over the link plan_shards "
+          "was given (cp_link_gbps, cp_latency_us). A dict: kind ('row-exact' or 'all-gather'), "
+          "row_exact_rows / allgather_rows (the slowest rank's rows of each), row_exact_ms / "
+          "allgather_ms (their predicted times), recv_rows / send_rows (per rank, the other "
+          "ranks' rows its keys need and its rows the others need; int64).")
       .def_prop_ro(
           "padding_tokens", [](const PyShardPlan& p) { return p.plan.padding_tokens(); },
           nb::rv_policy::automatic)
@@ -222,8 +255,9 @@ void BindShards(nb::module_& m) {
           "cp_prediction",
           [](const PyShardPlan& p) { return JsonToDict(wlb::CpPredictionToJson(p.cp_prediction)); },
           "Predicted per-layer CP time with K/V exchange (wlb::PredictCp under the link and layer "
-          "mix plan_shards was given): max_ms, attention_max_ms, exchanged_bytes, "
-          "max_rank_bytes, allgather_bytes.",
+          "mix plan_shards was given, each layer kind with the exchange ShardPlan.exchange "
+          "picks): max_ms, attention_max_ms, exchanged_bytes, max_rank_bytes, allgather_bytes, "
+          "allgather_share, exchange (per layer kind), max_rank_pairs.",
           nb::rv_policy::automatic)
       .def_prop_ro(
           "balance",
@@ -237,7 +271,8 @@ void BindShards(nb::module_& m) {
   static const std::string plan_shards_doc =
       "Cuts a micro-batch (a MicroBatch, Documents or array of lengths) over `cp` CP ranks: " +
       wlb::ShardStrategyNameList(" or ") +
-      " (see shard_strategy_names()). cp_link_gbps (K/V link GB/s per direction) and layer_mix "
+      " (see shard_strategy_names()). cp_link_gbps (K/V link GB/s per direction), cp_latency_us "
+      "(per exchange collective) and layer_mix "
       "('window:4096x27,causalx5': the layers' attention masks) steer " +
       wlb::ShardStrategyNameList(
           " and ",
@@ -259,14 +294,16 @@ void BindShards(nb::module_& m) {
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,
          std::optional<wlb::KernelModel> kernel_model, double cp_link_gbps,
-         const std::string& layer_mix) {
+         const std::string& layer_mix, double cp_latency_us) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
         const wlb::KernelModel model = kernel_model.value_or(wlb::KernelModel::Default());
-        wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps}};
+        wlb::CpPlanOptions options{
+            .comm = {.link_gbps = cp_link_gbps, .latency_us = cp_latency_us}};
         options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
         auto out = std::make_shared<PyShardPlan>();
         out->mix = options.mix;
+        out->comm = options.comm;
         // The executor's mask is the mix's when it has only one.
         out->mask = options.mix.layers.front().first;
         for (const auto& [mask, count] : options.mix.layers) {
@@ -290,9 +327,11 @@ void BindShards(nb::module_& m) {
       },
       "micro_batch"_a, "cp"_a, "strategy"_a = "adaptive", "kernel_model"_a = nb::none(),
       "cp_link_gbps"_a = wlb::kDefaultCpLinkGbps, "layer_mix"_a = "causal",
+      "cp_latency_us"_a = wlb::kDefaultCpLatencyUs,
       nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
               "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None, "
-              "cp_link_gbps: float = 450.0, layer_mix: str = 'causal') -> ShardPlan"),
+              "cp_link_gbps: float = 450.0, layer_mix: str = 'causal', "
+              "cp_latency_us: float = 10.0) -> ShardPlan"),
       plan_shards_doc.c_str());
 }
 

@@ -324,6 +324,7 @@ struct PyShardPlan {
   wlb::CpBalance balance;
   wlb::CpPrediction cp_prediction;  // attention + K/V exchange under the plan's options
   wlb::LayerMix mix = wlb::LayerMix::Causal();
+  wlb::CommModel comm;  // the link plan_shards planned for (cp_link_gbps, cp_latency_us)
   std::optional<wlb::AttentionMask> mask;
   mutable std::optional<wlb::ShardMaps> maps;
 

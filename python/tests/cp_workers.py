@@ -92,18 +92,28 @@ def case_plan(case, world):
 
 
 def run_cases(rank, world, cases):
-    """Each case: this rank's output, lse and dq/dk/dv rows (packed order via token_indices)."""
+    """Each case: this rank's output, lse and dq/dk/dv rows (packed order via token_indices), and
+    the bytes it passed to the collectives in forward and in backward."""
     from wlb.torch import cp_attention, cp_slice
+    from wlb.torch.collective_bytes import CollectiveBytes
 
     out = []
-    for case in cases:
-        plan = case_plan(case, world)
-        q, k, v, d_out = case_tensors(case, plan.tokens)
-        ql, kl, vl = (cp_slice(t, plan, rank).requires_grad_() for t in (q, k, v))
-        o, lse = cp_attention(ql, kl, vl, plan)
-        (o * cp_slice(d_out, plan, rank)).sum().backward()
-        out.append({"rows": plan[rank].token_indices, "out": o.detach(), "lse": lse,
-                    "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "strategy": plan.strategy})
+    with CollectiveBytes() as counter:
+        for case in cases:
+            plan = case_plan(case, world)
+            q, k, v, d_out = case_tensors(case, plan.tokens)
+            ql, kl, vl = (cp_slice(t, plan, rank).requires_grad_() for t in (q, k, v))
+            counter.take()  # the agreement all-reduce is not an exchange collective
+            timings = {}
+            o, lse = cp_attention(ql, kl, vl, plan, timings=timings,
+                                  overlap=case.get("overlap"))
+            forward = counter.take()
+            (o * cp_slice(d_out, plan, rank)).sum().backward()
+            backward = counter.take()
+            out.append({"rows": plan[rank].token_indices, "out": o.detach(), "lse": lse,
+                        "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "strategy": plan.strategy,
+                        "forward": forward, "backward": backward,
+                        "overlapped": "local_attention_s" in timings})
     return out
 
 

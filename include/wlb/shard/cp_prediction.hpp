@@ -1,6 +1,11 @@
 // Predicting shard plans: kernel time per rank (PredictRankMs), time under attention masks
-// (MaskedSegmentMs), the K/V rows ranks exchange (ExchangedKvRows) and the predicted CP time of a
-// layer mix with its exchange over a link (PredictCp).
+// (MaskedSegmentMs), the K/V rows ranks exchange (ExchangedKvRows), the exchange a CP executor
+// runs for them (ChooseExchange: row-exact or all-gather) and the predicted CP time of a layer mix
+// with that exchange over a link (PredictCp).
+//
+//   const std::vector<RankExchange> x = ExchangedKvRows(plan, mask);
+//   const ExchangeChoice c = ChooseExchange(x, plan.rank_capacity, /*row_bytes=*/16384, comm);
+//   if (c.kind == ExchangeKind::kRowExact) { /* all-to-all-v of x's rows */ }
 #pragma once
 
 #include <algorithm>
@@ -108,6 +113,51 @@ struct RankExchange {
   int64_t send_rows = 0;
 };
 
+// How a CP executor moves one layer's K/V rows (wlb.torch.cp_attention runs exactly this):
+//  - kRowExact: every rank receives exactly the rows its keys need and it does not hold, and in
+//    backward sends those rows' dK/dV back to their owners: one all-to-all-v each way (none at
+//    all when no rank needs another's rows).
+//  - kAllGather: every rank gathers every rank's buffer padded to rank_capacity ((C - 1) x
+//    rank_capacity rows in and out per rank), and reduce-scatters the gradients back.
+enum class ExchangeKind { kRowExact, kAllGather };
+
+inline const char* ExchangeKindName(ExchangeKind k) {
+  return k == ExchangeKind::kRowExact ? "row-exact" : "all-gather";
+}
+
+// ChooseExchange's decision and the predicted (one-way) exchange time of both candidates.
+struct ExchangeChoice {
+  ExchangeKind kind = ExchangeKind::kRowExact;
+  int64_t row_exact_rows = 0;  // max over ranks of max(rows sent, rows received)
+  int64_t allgather_rows = 0;  // (C - 1) x rank_capacity
+  double row_exact_ms = 0.0;   // row_exact_rows x row bytes / link + latency (0 without rows)
+  double allgather_ms = 0.0;   // allgather_rows x row bytes / link + latency (0 for C = 1)
+};
+
+// The executors' exchange rule for one plan and mask, from its per-rank rows `x`
+// (ExchangedKvRows): each candidate is one collective, priced at its slowest rank's bytes over
+// comm.link_gbps plus comm.latency_us; row-exact when no rank needs another's rows (no collective
+// at all) or when it is predicted strictly faster than the all-gather, else the all-gather (on a
+// tie the all-gather, which needs no packing of rows). Every rank of a plan makes the same choice.
+inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t rank_capacity,
+                                     int64_t row_bytes, const CommModel& comm) {
+  ExchangeChoice c;
+  for (const RankExchange& r : x) {
+    c.row_exact_rows = std::max({c.row_exact_rows, r.recv_rows, r.send_rows});
+  }
+  const int64_t others = std::max<int64_t>(0, static_cast<int64_t>(x.size()) - 1);
+  c.allgather_rows = others * rank_capacity;
+  const double row_ms = static_cast<double>(row_bytes) / (comm.link_gbps * 1e9) * 1e3;
+  c.row_exact_ms = c.row_exact_rows > 0
+                       ? static_cast<double>(c.row_exact_rows) * row_ms + comm.LatencyMs()
+                       : 0.0;
+  c.allgather_ms =
+      others > 0 ? static_cast<double>(c.allgather_rows) * row_ms + comm.LatencyMs() : 0.0;
+  c.kind = c.row_exact_rows == 0 || c.row_exact_ms < c.allgather_ms ? ExchangeKind::kRowExact
+                                                                    : ExchangeKind::kAllGather;
+  return c;
+}
+
 namespace detail {
 
 // The plan's segments grouped by document, as DocShards.
@@ -145,17 +195,21 @@ inline std::vector<RankExchange> ExchangedKvRows(const ShardPlan& plan,
 }
 
 // Predicted CP attention time of a plan, per layer: every layer kind of the mix is weighted by
-// its share of the layers. Within one layer kind a rank takes attention (MaskedSegmentMs of its
-// segments) + max(sent, received) K/V rows x CommModel::RowMs; the layer ends with its slowest
-// rank.
+// its share of the layers. Within one layer kind the exchange is the one ChooseExchange picks
+// (the executor's rule); a rank takes attention (MaskedSegmentMs of its segments) + its exchange:
+// row-exact, max(sent, received) K/V rows x CommModel::RowMs + the latency when any rank moves
+// rows; all-gather, the all-gather's time. The layer ends with its slowest rank.
 struct CpPrediction {
   double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange
   double attention_max_ms = 0.0;  // mix mean of max over ranks of attention alone
-  double exchanged_bytes = 0.0;   // mix mean of K/V bytes received, summed over ranks
+  double exchanged_bytes = 0.0;   // mix mean of K/V bytes received, summed over ranks, by the
+                                  // exchange ChooseExchange picks
   double max_rank_bytes = 0.0;    // mix mean of max over ranks of max(sent, received) bytes
   double allgather_bytes = 0.0;   // C x (C-1) x rank_capacity rows: what an all-gather of every
-                                  // rank's padded buffer (the backends' executors) moves
-  std::vector<double> rank_ms;    // per rank: mix mean of attention + exchange
+                                  // rank's padded buffer moves (received, summed over ranks)
+  double allgather_share = 0.0;   // share of the mix's layers whose exchange is the all-gather
+  std::vector<ExchangeKind> exchange;  // per layer kind of the mix, in its order
+  std::vector<double> rank_ms;         // per rank: mix mean of attention + exchange
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
   // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
   std::vector<int64_t> rank_pairs;
@@ -169,11 +223,18 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   p.rank_pairs.assign(ranks, 0);
   const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
   const double row_ms = options.comm.RowMs(model);
-  const double row_bytes = static_cast<double>(options.comm.RowBytes(model));
+  const int64_t row_bytes_int = options.comm.RowBytes(model);
+  const double row_bytes = static_cast<double>(row_bytes_int);
   const double total = static_cast<double>(std::max<int64_t>(1, options.mix.total_layers()));
   for (const auto& [mask, count] : options.mix.layers) {
     const double w = static_cast<double>(count) / total;
     const std::vector<RankExchange> x = detail::ExchangeOf(by_doc, ranks, mask);
+    const ExchangeChoice choice =
+        ChooseExchange(x, plan.rank_capacity, row_bytes_int, options.comm);
+    const bool gather = choice.kind == ExchangeKind::kAllGather;
+    p.exchange.push_back(choice.kind);
+    if (gather) p.allgather_share += w;
+    const double latency = gather || choice.row_exact_rows > 0 ? options.comm.LatencyMs() : 0.0;
     double worst = 0.0, worst_attention = 0.0, worst_rows = 0.0, received = 0.0;
     for (size_t r = 0; r < ranks; ++r) {
       double attention = 0.0;
@@ -181,13 +242,15 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
         attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
         p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
       }
-      const double rows = static_cast<double>(std::max(x[r].recv_rows, x[r].send_rows));
-      const double t = attention + rows * row_ms;
+      const double rows = static_cast<double>(gather ? choice.allgather_rows
+                                                     : std::max(x[r].recv_rows, x[r].send_rows));
+      const double t = attention + rows * row_ms + latency;
       p.rank_ms[r] += w * t;
       worst = std::max(worst, t);
       worst_attention = std::max(worst_attention, attention);
       worst_rows = std::max(worst_rows, rows);
-      received += static_cast<double>(x[r].recv_rows);
+      received +=
+          gather ? static_cast<double>(choice.allgather_rows) : static_cast<double>(x[r].recv_rows);
     }
     p.max_ms += w * worst;
     p.attention_max_ms += w * worst_attention;

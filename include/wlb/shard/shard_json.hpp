@@ -89,6 +89,13 @@ inline nlohmann::json CpPredictionToJson(const CpPrediction& p) {
           {"exchanged_bytes", p.exchanged_bytes},
           {"max_rank_bytes", p.max_rank_bytes},
           {"allgather_bytes", p.allgather_bytes},
+          {"allgather_share", p.allgather_share},
+          {"exchange",
+           [&] {
+             std::vector<std::string> kinds;
+             for (const ExchangeKind k : p.exchange) kinds.emplace_back(ExchangeKindName(k));
+             return kinds;
+           }()},
           {"max_rank_pairs", p.rank_pairs.empty()
                                  ? int64_t{0}
                                  : *std::max_element(p.rank_pairs.begin(), p.rank_pairs.end())}};

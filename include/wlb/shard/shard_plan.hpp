@@ -61,9 +61,11 @@
 //    received, see ExchangedKvRows) times CommModel bytes per row over the link bandwidth (ties:
 //    the lower slowest member, then less added time, smaller g, lower group). The greedy plan is
 //    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
-//    non-causal masks) the greedy plan made for all-causal layers, under the same prediction
-//    (PredictCp); the fastest is kept (ties keep the greedy plan), recording the strategy used
-//    (kDocumentDegree for a greedy plan) as kAdaptive does. So it is never predicted slower than
+//    non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which prices
+//    every plan with the exchange the executor runs (ChooseExchange: row-exact, or the all-gather
+//    when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties keep the
+//    greedy plan), recording the strategy used (kDocumentDegree for a greedy plan) as kAdaptive
+//    does. So it is never predicted slower than
 //    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
 //    rank_capacity is the largest rank's tokens.
@@ -86,7 +88,8 @@
 //  - strategies/*.hpp: one planning file per strategy; plan_builder.hpp: what they share
 //    (micro-batch checks, per-sequence and per-document cuts, PlanBuilder).
 //  - per_seq_order.hpp: kPerSequenceOrdered's order search (PerSequenceOrder).
-//  - cp_prediction.hpp: PredictRankMs, MaskedSegmentMs, ExchangedKvRows, PredictCp.
+//  - cp_prediction.hpp: PredictRankMs, MaskedSegmentMs, ExchangedKvRows, ChooseExchange,
+//    PredictCp.
 //  - validate_plan.hpp: ValidateShardPlan.
 #pragma once
 

@@ -78,10 +78,18 @@ inline int64_t CausalPairs(int64_t q_begin, int64_t q_end) {
 // directions together, 450 GB/s each way; a rank sends and receives at the same time.
 inline constexpr double kDefaultCpLinkGbps = 450.0;
 
+// Default CommModel::latency_us: the fixed cost of one exchange collective (an all-gather or an
+// all-to-all-v) before its bytes flow. An assumption of the order of NCCL's small-message
+// collective times within one NVLink node (nccl-tests report about 10-20 us for 8 ranks), not a
+// measurement of this project's; it only decides between exchanges whose bytes nearly tie.
+inline constexpr double kDefaultCpLatencyUs = 10.0;
+
 // What exchanging K/V rows between CP ranks costs: one token's K and V rows of one layer
-// (kv_row_bytes) over a link of link_gbps GB/s (1e9 bytes) per direction.
+// (kv_row_bytes) over a link of link_gbps GB/s (1e9 bytes) per direction, plus latency_us per
+// collective an exchange issues (see ChooseExchange in cp_prediction.hpp).
 struct CommModel {
   double link_gbps = kDefaultCpLinkGbps;
+  double latency_us = kDefaultCpLatencyUs;
   // 0: 2 (K and V) x heads x head_dim x 2 bytes (bf16) of the kernel model's shape, i.e. 16 KiB
   // for the default 32 x 128 (multi-head; pass kv_heads x head_dim x 4 for grouped-query).
   int64_t kv_row_bytes = 0;
@@ -93,14 +101,19 @@ struct CommModel {
   double RowMs(const KernelModel& model) const {
     return static_cast<double>(RowBytes(model)) / (link_gbps * 1e9) * 1e3;
   }
+  double LatencyMs() const { return latency_us * 1e-3; }
 };
 
-// InvalidArgument naming the bad value: link_gbps must be in (0, 1e6], kv_row_bytes in
-// [0, 2^30].
+// InvalidArgument naming the bad value: link_gbps must be in (0, 1e6], latency_us in [0, 1e6],
+// kv_row_bytes in [0, 2^30].
 inline absl::Status ValidateCommModel(const CommModel& c) {
   if (!(c.link_gbps > 0.0) || !(c.link_gbps <= 1e6)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("CP link bandwidth must be in (0, 1e6] GB/s, got %g", c.link_gbps));
+  }
+  if (!(c.latency_us >= 0.0) || !(c.latency_us <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CP collective latency must be in [0, 1e6] us, got %g", c.latency_us));
   }
   if (c.kv_row_bytes < 0 || c.kv_row_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(

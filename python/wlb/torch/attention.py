@@ -48,12 +48,15 @@ def _segments(cu_q: "torch.Tensor", cu_k: "torch.Tensor"):
         yield cq[i], cq[i + 1], ck[i], ck[i + 1]
 
 
-def _blocks(q0: int, q1: int, k0: int, k1: int, window: int):
+def _blocks(q0: int, q1: int, k0: int, k1: int, window: int, causal: bool = True):
     """Query blocks of one segment with the key range each needs (bottom-right causal, the last
-    ``window`` keys per row when ``window`` > 0)."""
+    ``window`` keys per row when ``window`` > 0; every key of the segment when not ``causal``)."""
     n_q, n_k = q1 - q0, k1 - k0
     for a in range(0, n_q, _MATH_BLOCK_ROWS):
         b = min(a + _MATH_BLOCK_ROWS, n_q)
+        if not causal:  # row t's limit n_k + t lies past every key: none is masked
+            yield q0 + a, q0 + b, k0, k1, n_k
+            continue
         # Query row a + t sees keys [lo(a + t), n_k - n_q + a + t]; the block needs keys
         # [lo(a), n_k - n_q + b), lo(row) = 0 or, under a window, max(0, last key - window + 1).
         last = n_k - n_q + a
@@ -77,22 +80,60 @@ def _block_scores(qb, kb, scale, first_key_limit, window):
     return qh, scores.masked_fill(masked, float("-inf"))
 
 
+def math_forward(q, k, v, cu_q, cu_k, scale, window=0, causal=True):
+    """The math backend's forward without autograd: ``(out, lse)`` of bottom-right causal (or,
+    ``causal=False``, unmasked) attention per segment. A query row that sees no key (a segment
+    without keys) gets out 0 and lse -inf."""
+    t_q, h_q, d = q.shape
+    out = torch.zeros_like(q)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.full((h_q, t_q), float("-inf"), dtype=lse_dtype, device=q.device)
+    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+        if k1 == k0:
+            continue
+        for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window, causal):
+            _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
+            block_lse = torch.logsumexp(s.to(lse_dtype), dim=-1)  # (h_kv, g, rows)
+            p = torch.exp(s.to(lse_dtype) - block_lse[..., None]).to(q.dtype)
+            o = torch.einsum("hgnm,mhd->nhgd", p, v[ka:kb_end])
+            out[a:b] = o.reshape(b - a, h_q, d)
+            lse[:, a:b] = block_lse.reshape(h_q, b - a)
+    return out, lse
+
+
+def math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, scale, window=0, causal=True):
+    """dq, dk, dv of ``math_forward``'s attention given the output gradient, from the FlashAttention
+    recurrences over ``out`` and ``lse``. When this is one part of an attention whose keys were
+    split (merged by log-sum-exp), pass the merged out and lse: the result is this part's share of
+    the gradients (dq summed over the parts is the whole dq)."""
+    h_q, d = q.shape[1], q.shape[2]
+    h_kv = k.shape[1]
+    g = h_q // h_kv
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+        if k1 == k0:
+            continue
+        for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window, causal):
+            rows = b - a
+            qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
+            block_lse = lse[:, a:b].reshape(h_kv, g, rows)
+            p = torch.exp(s.to(block_lse.dtype) - block_lse[..., None]).to(q.dtype)
+            do = d_out[a:b].reshape(rows, h_kv, g, d)
+            o = out[a:b].reshape(rows, h_kv, g, d)
+            dv[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", p, do)
+            dp = torch.einsum("nhgd,mhd->hgnm", do, v[ka:kb_end])
+            delta = (do * o).sum(-1).permute(1, 2, 0)  # (h_kv, g, rows)
+            ds = p * (dp - delta[..., None])
+            dq[a:b] = (torch.einsum("hgnm,mhd->nhgd", ds, k[ka:kb_end]) * scale).reshape(
+                rows, h_q, d)
+            dk[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", ds, qh) * scale
+    return dq, dk, dv
+
+
 class _MathAttention(torch.autograd.Function if torch is not None else object):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, scale, window):
-        t_q, h_q, d = q.shape
-        h_kv = k.shape[1]
-        out = torch.zeros_like(q)
-        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        lse = torch.zeros(h_q, t_q, dtype=lse_dtype, device=q.device)
-        for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window):
-                _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
-                block_lse = torch.logsumexp(s.to(lse_dtype), dim=-1)  # (h_kv, g, rows)
-                p = torch.exp(s.to(lse_dtype) - block_lse[..., None]).to(q.dtype)
-                o = torch.einsum("hgnm,mhd->nhgd", p, v[ka:kb_end])
-                out[a:b] = o.reshape(b - a, h_q, d)
-                lse[:, a:b] = block_lse.reshape(h_q, b - a)
+        out, lse = math_forward(q, k, v, cu_q, cu_k, scale, window)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.scale, ctx.window = scale, window
         ctx.mark_non_differentiable(lse)
@@ -101,26 +142,7 @@ class _MathAttention(torch.autograd.Function if torch is not None else object):
     @staticmethod
     def backward(ctx, d_out, _d_lse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        scale, window = ctx.scale, ctx.window
-        h_q, d = q.shape[1], q.shape[2]
-        h_kv = k.shape[1]
-        g = h_q // h_kv
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window):
-                rows = b - a
-                qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
-                block_lse = lse[:, a:b].reshape(h_kv, g, rows)
-                p = torch.exp(s.to(block_lse.dtype) - block_lse[..., None]).to(q.dtype)
-                do = d_out[a:b].reshape(rows, h_kv, g, d)
-                o = out[a:b].reshape(rows, h_kv, g, d)
-                dv[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", p, do)
-                dp = torch.einsum("nhgd,mhd->hgnm", do, v[ka:kb_end])
-                delta = (do * o).sum(-1).permute(1, 2, 0)  # (h_kv, g, rows)
-                ds = p * (dp - delta[..., None])
-                dq[a:b] = (torch.einsum("hgnm,mhd->nhgd", ds, k[ka:kb_end]) * scale).reshape(
-                    rows, h_q, d)
-                dk[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", ds, qh) * scale
+        dq, dk, dv = math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, ctx.scale, ctx.window)
         return dq, dk, dv, None, None, None, None
 
 

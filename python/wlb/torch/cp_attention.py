@@ -5,23 +5,27 @@ as q, k, v of shape (tokens, heads, head_dim), GQA allowed. ``cp_attention`` app
 attention mask, ``plan.mask`` (the ``layer_mix`` of ``wlb.plan_shards`` when it has one mask; for
 a mix of several, ``plan.for_mask(mask)`` gives the plan for one layer's): ``"causal"``,
 ``"window:W"`` (query p of a document sees its keys ``[max(0, p - W + 1), p]``) or
-``"chunk:C"`` (its keys ``[floor(p / C) * C, p]``). Under causal masks it
+``"chunk:C"`` (its keys ``[floor(p / C) * C, p]``). It
 
-1. all-gathers the ranks' K and V rows, each padded to ``plan.rank_capacity``
-   (``all_gather_into_tensor``, one call for K and V together),
-2. picks this rank's key rows (``plan[rank].key_rows``: every segment's document prefix), and
-3. runs varlen causal attention per segment, bottom-right aligned (``wlb.torch.attention``).
+1. exchanges K/V rows by the rule the planner prices plans with (``plan.exchange(row_bytes)``,
+   ``wlb::ChooseExchange``): **row-exact**, every rank receives exactly the other ranks' rows its
+   keys need (``plan[rank].key_rows``) and sends every other rank exactly the rows that rank
+   needs, in one ``all_to_all_single`` (none when no rank needs another's rows), or the
+   **all-gather** of every rank's rows padded to ``plan.rank_capacity``
+   (``all_gather_into_tensor``) when that is not predicted strictly faster (the slowest rank
+   would move as many rows: e.g. a causal per-seq or per-doc plan, whose rank holding a
+   document's last chunk needs all of it); K and V travel together,
+2. picks this rank's key rows from its own rows and what it received, and
+3. runs varlen causal attention per kernel segment, bottom-right aligned
+   (``wlb.torch.attention``; a chunked mask cuts segments at chunk boundaries), keeping the last
+   ``plan.kernel_window`` keys per query row under a window.
 
-Under a window or chunked mask a rank needs only the keys its queries see
-(``plan[rank].key_rows``: from ``key_begin`` of every kernel segment on), so step 1 is a selective
-exchange instead (``all_to_all_single``: every rank sends each other rank exactly the rows it
-needs, once) and step 3 runs over the plan's kernel segments (a chunked mask cuts segments at
-chunk boundaries), keeping the last ``plan.kernel_window`` keys per query row under a window.
-Both return this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
-sends the key gradients back to the ranks that own the rows (``reduce_scatter_tensor``, or the
-reverse ``all_to_all_single``), so every rank receives the gradients of its own K/V rows. The
-result equals single-process attention under the mask over the whole packed micro-batch, for
-every strategy; ``comm_volume`` says what each rank moves.
+It returns this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
+sends the key gradients of the rows it received back to their owners (the reverse
+``all_to_all_single``, or ``reduce_scatter_tensor`` after an all-gather), so every rank receives
+the gradients of its own K/V rows. The result equals single-process attention under the mask over
+the whole packed micro-batch, for every strategy; ``comm_volume`` says what each rank passes to
+the collectives, which is what ``plan.cp_prediction`` prices.
 
     plan = wlb.plan_shards(micro_batch, cp=world, strategy="adaptive")
     q, k, v = (cp_slice(t, plan, rank) for t in (q_full, k_full, v_full))
@@ -53,7 +57,8 @@ import numpy as np
 import wlb
 
 from ._common import require_torch, torch
-from .attention import check_scale, select_backend, varlen_causal_attention
+from .attention import (check_scale, default_scale, math_backward, math_forward,
+                        select_backend, varlen_causal_attention)
 
 if torch is not None:
     import torch.distributed as dist
@@ -61,35 +66,41 @@ if torch is not None:
 
 @dataclass(frozen=True)
 class CommVolume:
-    """Bytes one rank exchanges per call. Causal masks: ring collectives, each rank receives, and
-    in the reduce-scatter sends, the other ranks' (C - 1) x rank_capacity rows of K and V (and
-    sends its own rows on). Window and chunked masks: the selective exchange, each rank receives
-    the other ranks' rows its keys need and sends each other rank the rows that rank needs, and
-    backward moves their gradients the other way."""
+    """Bytes one rank passes to the exchange collectives per call, for the exchange the plan picks
+    (``exchange``, ``plan.exchange``: ``wlb::ChooseExchange``). ``"row-exact"``: the rank
+    receives exactly the other ranks' K/V rows its keys need and sends each other rank exactly
+    the rows that rank needs (one ``all_to_all_single``; none when no rank needs another's rows),
+    and backward moves those rows' gradients the other way. ``"all-gather"``: the ring
+    collectives, each rank receives and sends (C - 1) x rank_capacity rows of K and V, and the
+    reduce-scatter moves as many gradient rows each way."""
 
     gathered_bytes: int  # forward: bytes received from the other ranks
     scattered_bytes: int  # backward: gradient bytes sent to the other ranks
     gather_buffer_bytes: int  # the K/V buffer the keys are picked from (C x rank_capacity rows
-    #                           gathered, or the rows received under a window or chunked mask)
+    #                           gathered, or the rank's own rows and the rows it received)
     sent_bytes: int = 0  # forward: bytes sent to the other ranks
+    grad_received_bytes: int = 0  # backward: gradient bytes received from the other ranks
+    exchange: str = ""  # "row-exact" or "all-gather"
 
 
 def comm_volume(plan: wlb.ShardPlan, kv_heads: int, head_dim: int, element_size: int,
                 rank: Optional[int] = None) -> CommVolume:
     """What ``cp_attention`` moves for this plan and K/V shape: on ``rank``, or (None) the most
-    any rank moves, field by field (under causal masks every rank moves the same)."""
+    any rank moves, field by field."""
     row = 2 * kv_heads * head_dim * element_size  # K and V of one token
-    if plan.mask == "causal":
+    x = _Exchange(plan, row)
+    ranks = range(plan.cp_size) if rank is None else [_check_rank(plan, rank)]
+    if x.kind == "all-gather":
         others = (plan.cp_size - 1) * plan.rank_capacity * row
         return CommVolume(gathered_bytes=others, scattered_bytes=others,
                           gather_buffer_bytes=plan.cp_size * plan.rank_capacity * row,
-                          sent_bytes=others)
-    x = _Exchange(plan)
-    ranks = range(plan.cp_size) if rank is None else [_check_rank(plan, rank)]
+                          sent_bytes=others, grad_received_bytes=others, exchange=x.kind)
     recv = max(x.received_from_others(r) for r in ranks)
+    sent = max(x.sent_to_others(r) for r in ranks)
     return CommVolume(gathered_bytes=recv * row, scattered_bytes=recv * row,
-                      gather_buffer_bytes=max(len(x.needed[r]) for r in ranks) * row,
-                      sent_bytes=max(x.sent_to_others(r) for r in ranks) * row)
+                      gather_buffer_bytes=max(plan[r].tokens + x.received_from_others(r)
+                                              for r in ranks) * row,
+                      sent_bytes=sent * row, grad_received_bytes=sent * row, exchange=x.kind)
 
 
 def _check_rank(plan: wlb.ShardPlan, rank: int) -> int:
@@ -99,25 +110,39 @@ def _check_rank(plan: wlb.ShardPlan, rank: int) -> int:
 
 
 class _Exchange:
-    """The selective exchange of a window or chunked plan, from its key rows: ``needed[r]``, the
-    gathered rows (r' x rank_capacity + local row, sorted, unique) rank r's keys read. Rank r
-    receives them in that order, i.e. grouped by owner as ``all_to_all_single`` concatenates."""
+    """The exchange of a plan under its mask, from its key rows: ``needed[r]``, the gathered rows
+    (r' x rank_capacity + local row, sorted, unique) rank r's keys read, and ``kind``, the
+    exchange ``plan.exchange(row_bytes)`` picks (the planner's rule, ``wlb::ChooseExchange``).
+    Under the row-exact exchange rank r receives needed[r]'s rows of the other ranks in that
+    order, i.e. grouped by owner as ``all_to_all_single`` concatenates them, and nothing from
+    itself; the row counts are the planner's (``wlb::ExchangedKvRows``, checked here)."""
 
-    def __init__(self, plan: wlb.ShardPlan):
+    def __init__(self, plan: wlb.ShardPlan, row_bytes: int):
         self.capacity = plan.rank_capacity
         self.cp_size = plan.cp_size
         self.needed: List[np.ndarray] = [np.unique(plan[r].key_rows) for r in range(plan.cp_size)]
+        choice = plan.exchange(row_bytes)
+        self.kind: str = choice["kind"]
+        recv = [self.received_from_others(r) for r in range(self.cp_size)]
+        sent = [self.sent_to_others(r) for r in range(self.cp_size)]
+        if recv != choice["recv_rows"].tolist() or sent != choice["send_rows"].tolist():
+            raise RuntimeError(  # the planner and the executor disagree on the rows: a bug
+                f"internal error: cp_attention's exchange rows (received {recv}, sent {sent}) "
+                f"differ from the planner's ({choice['recv_rows'].tolist()}, "
+                f"{choice['send_rows'].tolist()})")
 
     def _from(self, rows: np.ndarray, owner: int) -> np.ndarray:
         lo, hi = np.searchsorted(rows, [owner * self.capacity, (owner + 1) * self.capacity])
         return rows[lo:hi]
 
     def recv_splits(self, rank: int) -> List[int]:
-        return [len(self._from(self.needed[rank], s)) for s in range(self.cp_size)]
+        """Per source rank: rows received from it (0 from itself)."""
+        return [0 if s == rank else len(self._from(self.needed[rank], s))
+                for s in range(self.cp_size)]
 
     def send_rows(self, rank: int) -> List[np.ndarray]:
-        """Per destination: the local rows of ``rank`` it needs."""
-        return [self._from(self.needed[d], rank) - rank * self.capacity
+        """Per destination: the local rows of ``rank`` it needs (none for itself)."""
+        return [self._from(self.needed[d], rank)[:0 if d == rank else None] - rank * self.capacity
                 for d in range(self.cp_size)]
 
     def received_from_others(self, rank: int) -> int:
@@ -127,6 +152,16 @@ class _Exchange:
         return sum(len(self._from(self.needed[d], rank)) for d in range(self.cp_size)
                    if d != rank)
 
+    def buffer_rows(self, rank: int, local_rows: int) -> np.ndarray:
+        """Every gathered row's index in the row-exact buffer of ``rank`` (its local rows, then
+        the received ones), for the rows it needs; -1 elsewhere."""
+        where = np.full(self.cp_size * self.capacity, -1, dtype=np.int64)
+        mine = np.arange(rank * self.capacity, rank * self.capacity + local_rows)
+        where[mine] = np.arange(local_rows)
+        remote = np.setdiff1d(self.needed[rank], mine, assume_unique=True)
+        where[remote] = local_rows + np.arange(len(remote))
+        return where
+
 
 @dataclass
 class _RankPlan:
@@ -135,61 +170,105 @@ class _RankPlan:
     cp_size: int
     capacity: int
     local_rows: int
-    key_rows: "torch.Tensor"  # causal: into the gathered rows; else: into the received rows
+    key_rows: "torch.Tensor"  # all-gather: into the gathered rows; row-exact: into the buffer of
+    #                           the local rows followed by the received rows
     cu_q: "torch.Tensor"
     cu_k: "torch.Tensor"
     max_q: int
     max_k: int
     window: int  # keys per query row (0: all up to its own)
-    # The selective exchange (window and chunked masks; None under causal masks).
+    exchange: str  # "row-exact" or "all-gather"
+    # The row-exact exchange (None under the all-gather).
     send_index: Optional["torch.Tensor"] = None  # local rows sent, grouped by destination
     send_splits: Optional[List[int]] = None
     recv_splits: Optional[List[int]] = None
+    moves: bool = True  # whether any rank of the plan sends rows (else no collective at all)
+    # The overlapped path (row-exact exchange, causal and chunked masks): every kernel segment's
+    # keys split into this rank's own (local_key_rows into its rows, cu_k_local; the segment's
+    # queries are the last of them, so bottom-right causal stays exact) and the received ones
+    # (remote_key_rows into the received rows), all before the segment's first query, so every
+    # query sees all of them; the segments with received keys (remote_q_rows, cu_q_remote,
+    # cu_k_remote).
+    local_key_rows: Optional["torch.Tensor"] = None
+    cu_k_local: Optional["torch.Tensor"] = None
+    remote_key_rows: Optional["torch.Tensor"] = None
+    remote_q_rows: Optional["torch.Tensor"] = None
+    cu_q_remote: Optional["torch.Tensor"] = None
+    cu_k_remote: Optional["torch.Tensor"] = None
 
 
-def _rank_plan(plan: wlb.ShardPlan, rank: int, device) -> _RankPlan:
+def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankPlan:
     r = plan[rank]
+    x = _Exchange(plan, row_bytes)
     rp = _RankPlan(cp_size=plan.cp_size, capacity=plan.rank_capacity, local_rows=r.tokens,
                    key_rows=torch.from_numpy(r.key_rows).to(device),
                    cu_q=torch.from_numpy(r.cu_seqlens_q).to(device),
                    cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
                    max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k),
-                   window=int(plan.kernel_window))
-    if plan.mask != "causal":
-        x = _Exchange(plan)
+                   window=int(plan.kernel_window), exchange=x.kind)
+    if x.kind == "row-exact":
         sends = x.send_rows(rank)
         rp.send_index = torch.from_numpy(np.concatenate(sends)).to(device)
         rp.send_splits = [len(s) for s in sends]
         rp.recv_splits = x.recv_splits(rank)
-        rp.key_rows = torch.from_numpy(np.searchsorted(x.needed[rank], r.key_rows)).to(device)
+        rp.moves = any(x.sent_to_others(s) for s in range(plan.cp_size))
+        rows = x.buffer_rows(rank, r.tokens)[r.key_rows]
+        rp.key_rows = torch.from_numpy(rows).to(device)
+        if rp.window == 0:
+            _split_keys(rp, rows, r.cu_seqlens_q.astype(np.int64),
+                        r.cu_seqlens_k.astype(np.int64), device)
     return rp
 
 
+def _split_keys(rp: _RankPlan, rows: np.ndarray, cu_q: np.ndarray, cu_k: np.ndarray,
+                device) -> None:
+    """Fills the overlapped path's key split (see _RankPlan) from the buffer rows of the keys."""
+    local = rows < rp.local_rows
+    seg = np.repeat(np.arange(len(cu_k) - 1), np.diff(cu_k))  # kernel segment of every key
+    n_local = np.bincount(seg[local], minlength=len(cu_k) - 1)
+    n_remote = np.diff(cu_k) - n_local
+    with_remote = np.flatnonzero(n_remote)
+    q_rows = [np.arange(cu_q[i], cu_q[i + 1]) for i in with_remote]
+    as_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
+    rp.local_key_rows = as_tensor(rows[local])
+    rp.cu_k_local = as_tensor(np.concatenate([[0], np.cumsum(n_local)])).to(torch.int32)
+    rp.remote_key_rows = as_tensor(rows[~local] - rp.local_rows)
+    rp.remote_q_rows = as_tensor(np.concatenate(q_rows) if q_rows else [])
+    rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum([len(a) for a in q_rows])])).to(
+        torch.int32)
+    rp.cu_k_remote = as_tensor(np.concatenate([[0], np.cumsum(n_remote[with_remote])])).to(
+        torch.int32)
+
+
 def _fetch_rows(kv, rp: _RankPlan, group):
-    """The K/V rows this rank's key_rows index: every rank's padded buffer (all-gather, causal
-    masks) or only the rows this rank needs, from their owners (all_to_all_single)."""
-    if rp.send_index is None:
+    """The K/V rows this rank's key_rows index: every rank's padded buffer (all-gather) or this
+    rank's rows followed by exactly the other ranks' rows it needs (all_to_all_single)."""
+    if rp.exchange == "all-gather":
         padded = kv.new_zeros((rp.capacity,) + tuple(kv.shape[1:]))
         padded[: rp.local_rows] = kv
         rows = kv.new_empty((rp.cp_size * rp.capacity,) + tuple(kv.shape[1:]))
         dist.all_gather_into_tensor(rows, padded, group=group)
-    else:
+        return rows
+    received = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
+    if rp.moves:
         send = kv.index_select(0, rp.send_index)
-        rows = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
-        dist.all_to_all_single(rows, send, rp.recv_splits, rp.send_splits, group=group)
-    return rows
+        dist.all_to_all_single(received, send, rp.recv_splits, rp.send_splits, group=group)
+    return torch.cat([kv, received])
 
 
 def _return_grads(d_rows, rp: _RankPlan, group):
     """_fetch_rows' adjoint: every fetched row's gradient summed into its owner's local row."""
-    if rp.send_index is None:
+    if rp.exchange == "all-gather":
         mine = d_rows.new_empty((rp.capacity,) + tuple(d_rows.shape[1:]))
         dist.reduce_scatter_tensor(mine, d_rows, op=dist.ReduceOp.SUM, group=group)
         return mine[: rp.local_rows]
-    d_send = d_rows.new_empty((len(rp.send_index),) + tuple(d_rows.shape[1:]))
-    dist.all_to_all_single(d_send, d_rows, rp.send_splits, rp.recv_splits, group=group)
-    mine = d_rows.new_zeros((rp.local_rows,) + tuple(d_rows.shape[1:]))
-    return mine.index_add_(0, rp.send_index, d_send)  # a row may go to several ranks
+    mine = d_rows[: rp.local_rows].clone()
+    if rp.moves:
+        d_send = d_rows.new_empty((len(rp.send_index),) + tuple(d_rows.shape[1:]))
+        dist.all_to_all_single(d_send, d_rows[rp.local_rows:].contiguous(), rp.send_splits,
+                               rp.recv_splits, group=group)
+        mine.index_add_(0, rp.send_index, d_send)  # a row may go to several ranks
+    return mine
 
 
 class _GatherKeys(torch.autograd.Function if torch is not None else object):
@@ -212,6 +291,87 @@ class _GatherKeys(torch.autograd.Function if torch is not None else object):
         d_rows.index_add_(0, ctx.rp.key_rows, d_keys)
         mine = _return_grads(d_rows, ctx.rp, ctx.group)
         return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None
+
+
+def _merge(out_a, lse_a, out_b, lse_b):
+    """Attention over two disjoint key sets merged by log-sum-exp: (out, lse) over their union.
+    lse is (H, T), out (T, H, D); a row without keys in one part has lse -inf there."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a = torch.exp(lse_a - lse).transpose(0, 1)[..., None].to(out_a.dtype)
+    w_b = torch.exp(lse_b - lse).transpose(0, 1)[..., None].to(out_a.dtype)
+    return out_a * w_a + out_b * w_b, lse
+
+
+class _OverlappedAttention(torch.autograd.Function if torch is not None else object):
+    """Row-exact exchange overlapped with attention (math backend; causal and chunked masks).
+
+    Forward: starts the all_to_all_single of the K/V rows (async), runs attention over the
+    keys this rank holds, waits, runs attention over the received keys and merges the two by
+    log-sum-exp. Backward: the received keys' part first (with the merged out and lse), starts
+    sending their dK/dV back (async), runs the own keys' part, waits and adds the gradients that
+    came back. ``clock`` (a _Clock) records forward laps: "local_attention_s" (overlapping the
+    exchange), "exchange_wait_s" (the exchange left once it was done), "remote_attention_s", and
+    adds the attention laps to "attention_s" and the wait to "gather_s"."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock):
+        h_kv = k.shape[1]
+        kv = torch.cat([k, v], dim=1)
+        received = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
+        work = None
+        if rp.moves:
+            send = kv.index_select(0, rp.send_index)
+            work = dist.all_to_all_single(received, send, rp.recv_splits, rp.send_splits,
+                                          group=group, async_op=True)
+        local = kv.index_select(0, rp.local_key_rows)
+        k_l, v_l = local[:, :h_kv], local[:, h_kv:]
+        out, lse = math_forward(q, k_l, v_l, rp.cu_q, rp.cu_k_local, scale)
+        local_s = clock.lap("local_attention_s")
+        if work is not None:
+            work.wait()
+        clock.add("gather_s", clock.lap("exchange_wait_s"))
+        remote = received.index_select(0, rp.remote_key_rows)
+        k_r, v_r = remote[:, :h_kv], remote[:, h_kv:]
+        q_r = q.index_select(0, rp.remote_q_rows)
+        if len(rp.remote_q_rows):
+            out_r, lse_r = math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale,
+                                        causal=False)
+            merged, merged_lse = _merge(out[rp.remote_q_rows], lse[:, rp.remote_q_rows],
+                                        out_r, lse_r)
+            out[rp.remote_q_rows] = merged
+            lse[:, rp.remote_q_rows] = merged_lse
+        clock.add("attention_s", local_s + clock.lap("remote_attention_s"))
+        ctx.save_for_backward(q, k_l, v_l, q_r, k_r, v_r, out, lse)
+        ctx.rp, ctx.group, ctx.scale, ctx.h_kv = rp, group, scale, h_kv
+        ctx.received_rows = received.shape[0]
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k_l, v_l, q_r, k_r, v_r, out, lse = ctx.saved_tensors
+        rp, h_kv = ctx.rp, ctx.h_kv
+        rq, work = rp.remote_q_rows, None
+        d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
+        if len(rq):
+            dq_r, dk_r, dv_r = math_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
+                                             rp.cu_q_remote, rp.cu_k_remote, ctx.scale,
+                                             causal=False)
+            d_received.index_add_(0, rp.remote_key_rows, torch.cat([dk_r, dv_r], dim=1))
+        if rp.moves:
+            d_kv_r = q.new_empty((len(rp.send_index), 2 * h_kv, q.shape[2]))
+            work = dist.all_to_all_single(d_kv_r, d_received, rp.send_splits, rp.recv_splits,
+                                          group=ctx.group, async_op=True)
+        dq, dk_l, dv_l = math_backward(q, k_l, v_l, out, lse, d_out, rp.cu_q, rp.cu_k_local,
+                                       ctx.scale)
+        if len(rq):
+            dq.index_add_(0, rq, dq_r)
+        d_kv = q.new_zeros((rp.local_rows, 2 * h_kv, q.shape[2]))
+        d_kv.index_add_(0, rp.local_key_rows, torch.cat([dk_l, dv_l], dim=1))
+        if work is not None:
+            work.wait()
+            d_kv.index_add_(0, rp.send_index, d_kv_r)
+        return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None
 
 
 def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
@@ -401,7 +561,8 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
                  group: Any = None, *, scale: Optional[float] = None,
                  backend: Optional[str] = None, agree_on_errors: bool = True,
                  timings: Optional[Dict[str, float]] = None,
-                 _rank_plans: Optional[Dict[Any, _RankPlan]] = None
+                 _rank_plans: Optional[Dict[Any, _RankPlan]] = None,
+                 overlap: Optional[bool] = None
                  ) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """This rank's attention output (T_q, H_q, D) and log-sum-exp (H_q, T_q) under ``plan``.
 
@@ -417,6 +578,13 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
     tensors and exchange (and the plan's digest), so that calling it for every layer builds them
     once.
+    ``overlap``: run attention over the keys this rank holds while the row-exact exchange is in
+    flight and merge the received keys' part by log-sum-exp, backward likewise (None or True:
+    wherever it applies, i.e. the row-exact exchange, a causal or chunked mask and the "math"
+    backend, the sequential path elsewhere; False: always the sequential path; results equal to
+    rounding). Its forward laps in ``timings``:
+    "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums in
+    "attention_s" and "gather_s", the exchange time not hidden).
     """
     require_torch()
     if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
@@ -431,14 +599,18 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
         raise ValueError("cp_attention: this process is not a member of the given group")
     chosen, scale = _agree(q, k, v, plan, group, rank, scale, backend, agree_on_errors,
                            _rank_plans)
+    row_bytes = 2 * k.shape[1] * k.shape[2] * k.element_size()  # K and V of one token
     if _rank_plans is None:
-        rp = _rank_plan(plan, rank, q.device)
+        rp = _rank_plan(plan, rank, q.device, row_bytes)
     else:
-        key = (rank, str(q.device))
+        key = (rank, str(q.device), row_bytes)
         if key not in _rank_plans:
-            _rank_plans[key] = _rank_plan(plan, rank, q.device)
+            _rank_plans[key] = _rank_plan(plan, rank, q.device, row_bytes)
         rp = _rank_plans[key]
     clock = _Clock(timings, q.device)
+    if overlap is not False and rp.local_key_rows is not None and chosen == "math":
+        scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+        return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
     clock.lap("gather_s")
     window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
@@ -460,12 +632,19 @@ class _Clock:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def lap(self, key: str) -> None:
+    def lap(self, key: str) -> float:
+        """Adds the seconds since the last lap to ``key`` and returns them (0 without a dict)."""
         if self.timings is None:
-            return
+            return 0.0
         now = self._now()
-        self.timings[key] = self.timings.get(key, 0.0) + now - self.last
+        seconds = now - self.last
+        self.add(key, seconds)
         self.last = now
+        return seconds
+
+    def add(self, key: str, seconds: float) -> None:
+        if self.timings is not None:
+            self.timings[key] = self.timings.get(key, 0.0) + seconds
 
 
 class CPAttention(torch.nn.Module if torch is not None else object):
