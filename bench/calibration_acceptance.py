@@ -5,8 +5,9 @@ Six planners share one run, alternated step by step so machine noise falls on al
 original, wlb and wlb-lookahead, each (a) with the FLOP cost of the decoder's own shape
 (``wlb.CostModel.from_shape``) and (b) with ``wlb.torch.OnlineCalibration`` (the FLOP cost until
 its first fit, then the fits of the times measured in this run). Every planner reads the same
-document stream (WLB-LLM-like lengths from ../shared/data, the same seed), N = 4 micro-batches a
-step of S tokens. Each micro-batch runs forward + backward of the decoder, float32, attention
+document stream (WLB-LLM-like lengths from ../shared/data, times --length-scale, the same seed),
+N = 4 micro-batches a step of S tokens (by default S = 4K and lengths halved: the packing problem
+of S = 8K at a quarter of the attention time, so a run fits in about ten minutes on a shared CPU). Each micro-batch runs forward + backward of the decoder, float32, attention
 through ``wlb.torch.attention``'s ``math`` backend, one thread; an SGD step ends each step.
 
 Every planner's micro-batches are timed the same way (``OnlineCalibration.measure``); the (a)
@@ -19,7 +20,7 @@ calibration's cost per step (recording + end_step with its refits) and per refit
 packer ignores the cost, so original (a) and (b) plan the same micro-batches: the difference of
 their measured imbalance is the run's noise floor.
 
-    build/pyenv/bin/python bench/calibration_acceptance.py --steps 24 --out run.json
+    build/pyenv/bin/python bench/calibration_acceptance.py --out run.json
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ import wlb
 from wlb.torch import OnlineCalibration, PackedBatchSampler
 from wlb.torch.attention import varlen_causal_attention
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
-                    "doc_lengths_wlbllm_like.json")
+# ../shared/data beside the repository (as CMake's WLB_SHARED_DATA_DIR), or that variable.
+DATA = os.path.join(os.environ.get("WLB_SHARED_DATA_DIR", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")),
+    "doc_lengths_wlbllm_like.json")
 
 
 class Block(nn.Module):
@@ -94,23 +97,59 @@ def flop_error(costs, ms):
     return float(np.mean(np.abs(s * r - 1)))
 
 
+def overhead(repeats=5):
+    """The calibration's own cost, apart from training: measure() around an empty block, and
+    end_step() with and without a refit, for windows of 64 to 1,024 micro-batches (PP = 4)."""
+    out = {}
+    rng = np.random.default_rng(0)
+    calibration = OnlineCalibration()
+    t0 = time.perf_counter()
+    for _ in range(10000):
+        with calibration.measure([4096, 2048, 1024]):
+            pass
+    out["measure_us"] = (time.perf_counter() - t0) / 10000 * 1e6
+    for window in (16, 64, 256):
+        calibration = OnlineCalibration(refit_every=window, window=window)
+        plain, refit = [], []
+        for step in range(window * (repeats + 1)):
+            for _ in range(4):
+                lengths = rng.integers(1, 8192, size=rng.integers(1, 9))
+                calibration.record(lengths, 1e-5 * float(np.sum(lengths.astype(float) ** 2)) +
+                                   0.01 * float(lengths.sum()) + 3.0 + rng.uniform(0, 0.1))
+            before = calibration.refits
+            t0 = time.perf_counter()
+            calibration.end_step()
+            (refit if calibration.refits != before else plain).append(time.perf_counter() - t0)
+        out[f"window_{window}_steps"] = {
+            "micro_batches_fitted": len(calibration.state_dict()["window"]),
+            "end_step_us": 1e6 * float(np.median(plain)),
+            "refit_ms": 1e3 * float(np.median(refit[1:])),
+            "per_step_us_amortised": 1e6 * (float(np.sum(plain)) + float(np.sum(refit))) /
+            (len(plain) + len(refit))}
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=24, help="steps per planner")
-    parser.add_argument("--context", type=int, default=8192)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--ffn", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=20, help="steps per planner")
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=1)
+    parser.add_argument("--ffn", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--refit-every", type=int, default=4)
     parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--min-samples", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--length-scale", type=float, default=0.5,
+                        help="document lengths times this (0.5 at S = 4K packs as 1.0 at 8K)")
     parser.add_argument("--out", help="write the raw results (JSON) here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    lengths = np.asarray(json.load(open(DATA)), dtype=np.int64)
+    lengths = np.maximum(1, np.round(np.asarray(json.load(open(DATA)), dtype=np.float64) *
+                                     args.length_scale)).astype(np.int64)
     micro_batches = 4
     model = Decoder(args.vocab, args.hidden, args.heads, args.ffn, args.layers,
                     args.context + args.context // 4)
@@ -121,7 +160,8 @@ def main():
     configs = []
     for packer in ("original", "wlb", "wlb-lookahead"):
         for calibrated in (False, True):
-            calibration = OnlineCalibration(refit_every=args.refit_every, window=args.window)
+            calibration = OnlineCalibration(refit_every=args.refit_every, window=args.window,
+                                            min_samples=args.min_samples)
             extra = {"lookahead": 1} if packer == "wlb-lookahead" else {}
             sampler = PackedBatchSampler(lengths, pp=micro_batches, dp=1, rank=0,
                                          context=args.context, packer=packer, seed=args.seed,
@@ -142,6 +182,8 @@ def main():
             calibration = c["calibration"]
             record_s = 0.0
             for pieces in step_pieces:
+                if not pieces:  # an empty micro-batch (wlb's first step queues outliers): 0 ms
+                    continue
                 ids, positions, cu, max_len, labels = tensors(pieces, args.vocab)
                 t0 = time.perf_counter()
                 with calibration.measure([p[2] for p in pieces]):
@@ -161,7 +203,8 @@ def main():
                 c["refit_s"].append(end_s)
             c["calibration_s"].append(record_s + end_s)
             state = calibration.state_dict()
-            measured = [s[1] for s in state["previous"]]  # this step's ms, as recorded
+            ms = iter(s[1] for s in state["previous"])  # this step's ms, as recorded
+            measured = [next(ms) if pieces else 0.0 for pieces in step_pieces]
             c["steps"].append({"lengths": [[p[2] for p in mb] for mb in step_pieces],
                                "ms": measured,
                                "cost": "FLOP" if not c["calibrated"] or
@@ -172,12 +215,14 @@ def main():
               file=sys.stderr, flush=True)
 
     # The pooled fit of every measurement (all planners) predicts each plan's imbalance.
-    all_lengths = [np.asarray(l) for c in configs for s in c["steps"] for l in s["lengths"]]
-    all_ms = [m for c in configs for s in c["steps"] for m in s["ms"]]
-    all_steps = [i for c in configs for i, s in enumerate(c["steps"]) for _ in s["ms"]]
+    measured_mbs = [(np.asarray(l), m, i) for c in configs for i, s in enumerate(c["steps"])
+                    for l, m in zip(s["lengths"], s["ms"]) if m > 0]
+    all_lengths = [l for l, _, _ in measured_mbs]
+    all_ms = [m for _, m, _ in measured_mbs]
+    all_steps = [i for _, _, i in measured_mbs]
     pooled = wlb.fit_micro_batch_cost(all_lengths, all_ms, step=all_steps)
-    first_fit = min(c["steps"].index(s) for c in configs if c["calibrated"]
-                    for s in c["steps"] if s["cost"] != "FLOP")
+    first_fit = min([i for c in configs if c["calibrated"] for i, s in enumerate(c["steps"])
+                     if s["cost"] != "FLOP"] or [args.steps])
     results = {"args": vars(args), "micro_batches": micro_batches,
                "wall_s": time.perf_counter() - started,
                "machine": {"platform": platform.platform(), "processor": platform.processor(),
@@ -198,7 +243,7 @@ def main():
         measured = [max(s["ms"]) / np.mean(s["ms"]) for s in c["steps"]]
         predicted = []
         for s in c["steps"]:
-            p = [float(np.sum(pooled.model(np.asarray(l)))) + pooled.per_call_ms
+            p = [float(np.sum(pooled.model(np.asarray(l)))) + pooled.per_call_ms if l else 0.0
                  for l in s["lengths"]]
             predicted.append(max(p) / np.mean(p))
         fit = c["calibration"].last_fit
@@ -216,6 +261,7 @@ def main():
             "plan_ms_per_step": 1e3 * float(np.mean(c["plan_s"])),
             "steps": c["steps"], "measured_imbalance": measured,
         })
+    results["overhead"] = overhead()
     text = json.dumps(results, indent=1)
     if args.out:
         with open(args.out, "w") as f:
@@ -233,6 +279,10 @@ def main():
     print(f"pooled fit: {pooled.model.description}; per call {pooled.per_call_ms:.2f} ms; held-out "
           f"{100 * pooled.held_out.mean_relative:.1f}% over {pooled.held_out.points} micro-batches;"
           f" FLOP cost at its best scale: {100 * results['flop_error_on_all']:.1f}%")
+    o = results["overhead"]
+    print(f"calibration alone: measure() {o['measure_us']:.1f} us a micro-batch; " + "; ".join(
+        f"{v['micro_batches_fitted']} micro-batches fitted: end_step {v['end_step_us']:.1f} us, "
+        f"refit {v['refit_ms']:.2f} ms" for k, v in o.items() if k.startswith("window")))
     print(f"first calibrated plan: step {first_fit}; wall {results['wall_s']:.0f} s; "
           f"load average at end {results['machine']['load_avg_at_end']}")
 
