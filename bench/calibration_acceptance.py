@@ -162,12 +162,10 @@ def main():
         for calibrated in (False, True):
             calibration = OnlineCalibration(refit_every=args.refit_every, window=args.window,
                                             min_samples=args.min_samples)
-            extra = {"lookahead": 1} if packer == "wlb-lookahead" else {}
             sampler = PackedBatchSampler(lengths, pp=micro_batches, dp=1, rank=0,
                                          context=args.context, packer=packer, seed=args.seed,
                                          cost=flop, assign="round_robin",
-                                         calibration=calibration if calibrated else None,
-                                         **extra)
+                                         calibration=calibration if calibrated else None)
             configs.append({"name": f"{packer} ({'calibrated' if calibrated else 'FLOP'})",
                             "sampler": sampler, "iter": iter(sampler),
                             "calibration": calibration, "calibrated": calibrated,
