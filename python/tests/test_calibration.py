@@ -390,3 +390,28 @@ def test_resumed_step_count_matches_the_uninterrupted_run():
         resumed.load_state_dict(states[stop])
         after = [resumed.state_dict()["steps"] for _ in resumed]
         assert after == counts[stop + 1:], stop
+
+
+def test_resume_inside_a_multi_step_flush_redoes_it_with_its_own_cost():
+    """The flush at an epoch's end returns several steps from one push, all planned with the
+    cost of the first; a fit every step makes later steps' costs differ, so a resume inside the
+    flush must redo it with the cost the state saved, not with its own step's."""
+    lengths, _ = corpus(11, count=200)
+    kw = dict(pp=2, refit_every=1, window=4, lookahead=2)
+    sampler, calibration = make(lengths, "wlb-lookahead", **kw)
+    full = Trainer(sampler, calibration, 2).run()
+    assert len(calibration.fits()) >= 1
+    multi = 0
+    for stop in range(len(full) - 30, len(full)):
+        sampler, calibration = make(lengths, "wlb-lookahead", **kw)
+        trainer = Trainer(sampler, calibration, 2)
+        head = trainer.run(stop)
+        state = pickle.loads(pickle.dumps(sampler.state_dict()))
+        push = state["calibration"]["push"]
+        multi += push["step"] < state["calibration"]["run_steps"] - (state["micro_batch"] == 2)
+        sampler, calibration = make(lengths, "wlb-lookahead", **kw)
+        sampler.load_state_dict(state)
+        trainer = Trainer(sampler, calibration, 2)
+        trainer.given = stop
+        assert head + trainer.run() == full, stop
+    assert multi >= 1  # a save point inside a push that returned several steps
