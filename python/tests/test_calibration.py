@@ -295,6 +295,8 @@ BAD_CALIBRATION = [
     ("refit_every", lambda s: s["config"].update(refit_every=4)),
     ("refits_skipped", lambda s: s.update(refits_skipped=10**6)),
     ("unknown entry 'extra'", lambda s: s.update(extra=1)),
+    ("'unfinished' is 2", lambda s: s.update(unfinished=2)),  # GPU work not waited for
+    ("'unfinished' must be", lambda s: s.update(unfinished=-1)),
     ("no 'fits' entry", lambda s: s.pop("fits")),
 ]
 

@@ -43,7 +43,8 @@ timing, and a resume plans exactly as the uninterrupted run.
 
 State. ``state_dict()`` holds the measurements (those not read yet included: taking it on CUDA
 waits for them), the window, the fits still in use and the counters; ``PackedBatchSampler``'s
-``state_dict()`` holds it too. torchdata's ``StatefulDataLoader`` with workers takes the sampler's
+``state_dict()`` holds it too, without waiting (a CUDA measurement still running is left out and
+counted, and then only a calibration loaded from the checkpoint can resume it). torchdata's ``StatefulDataLoader`` with workers takes the sampler's
 state when it dispatches a micro-batch, ahead of training, so that copy misses the last steps'
 measurements: save ``calibration.state_dict()`` beside the loader's state and load it before the
 loader's (the sampler keeps a loaded calibration that continues the one in its state; it refuses a
@@ -163,11 +164,15 @@ class OnlineCalibration:
             self._current.append((lengths, ms))
 
     @staticmethod
-    def _read(step: int, pending: List[Any]) -> List[Sample]:
+    def _read(step: int, pending: List[Any], wait: bool = True) -> List[Sample]:
+        """[step, lengths, ms] of each pending measurement; without `wait`, a CUDA measurement
+        the GPU has not finished is left out."""
         out = []
         for lengths, timing in pending:
             if isinstance(timing, tuple):
                 start, end = timing
+                if not wait and not end.query():
+                    continue
                 end.synchronize()
                 timing = float(start.elapsed_time(end))
             out.append([step, lengths, timing])
@@ -260,15 +265,21 @@ class OnlineCalibration:
 
     # ---- state ----------------------------------------------------------------------------------
 
-    def state_dict(self) -> Dict[str, Any]:
-        """Everything a resume needs (the measurements not read yet are read here: on CUDA this
-        waits for them)."""
+    def state_dict(self, wait: bool = True) -> Dict[str, Any]:
+        """Everything a resume needs. The measurements not read yet are read here: on CUDA this
+        waits for them, unless ``wait`` is False (``PackedBatchSampler.state_dict()``, which a
+        StatefulDataLoader with workers calls at every dispatch): then those the GPU has not
+        finished are counted in ``unfinished``, and such a state cannot be loaded alone."""
+        current = self._read(self._ended, self._current, wait)
+        previous = self._read(self._ended - 1, self._previous, wait)
+        unfinished = len(self._current) + len(self._previous) - len(current) - len(previous)
         return {
             "version": _STATE_VERSION,
             "config": {k: getattr(self, k) for k in _CONFIG},
             "steps_ended": self._ended,
-            "current": [[list(s[1]), s[2]] for s in self._read(self._ended, self._current)],
-            "previous": [[list(s[1]), s[2]] for s in self._read(self._ended - 1, self._previous)],
+            "current": [[list(s[1]), s[2]] for s in current],
+            "previous": [[list(s[1]), s[2]] for s in previous],
+            "unfinished": unfinished,
             "unshared": [[s[0], list(s[1]), s[2]] for s in self._unshared],
             "window": [[s[0], list(s[1]), s[2]] for s in self._window],
             "fits": [dict(f) for f in self._fits],
@@ -279,9 +290,14 @@ class OnlineCalibration:
         """Restores a ``state_dict()``; a malformed one is a ValueError naming the field, and then
         nothing changes."""
         parsed = _parse_state(state, {k: getattr(self, k) for k in _CONFIG})
+        if parsed[-1]:
+            raise ValueError(
+                f"calibration state 'unfinished' is {parsed[-1]}: it was taken while that many "
+                f"measurements were still running on the GPU (PackedBatchSampler.state_dict() "
+                f"does not wait for them); load a state from OnlineCalibration.state_dict()")
         self._reset()
         (self._ended, self._current, self._previous, self._unshared, self._window, self._fits,
-         self.refits, self.refits_skipped) = parsed
+         self.refits, self.refits_skipped) = parsed[:-1]
 
     def continues(self, state: Dict[str, Any]) -> bool:
         """Whether this calibration is ``state`` carried further by the same run: it ended at
@@ -362,8 +378,8 @@ def _parse_state(state: Any, config: Dict[str, int]) -> Tuple[Any, ...]:
         raise _field_error("(state)", state, "a dict")
     if state.get("version") != _STATE_VERSION:
         raise _field_error("version", state.get("version"), str(_STATE_VERSION))
-    known = {"version", "config", "steps_ended", "current", "previous", "unshared", "window",
-             "fits", "refits", "refits_skipped"}
+    known = {"version", "config", "steps_ended", "current", "previous", "unfinished", "unshared",
+             "window", "fits", "refits", "refits_skipped"}
     missing = sorted(known - state.keys())
     if missing:
         raise ValueError(f"calibration state has no '{missing[0]}' entry")
@@ -376,6 +392,7 @@ def _parse_state(state: Any, config: Dict[str, int]) -> Tuple[Any, ...]:
         raise ValueError(f"calibration state 'config' was saved with {name} = {saved.get(name)!r}; "
                          f"this calibration has {name} = {config.get(name)!r}")
     ended = _integer("steps_ended", state["steps_ended"], 0)
+    unfinished = _integer("unfinished", state["unfinished"], 0)
     lists = {}
     for name in ("current", "previous", "unshared", "window", "fits"):
         if not isinstance(state[name], list):
@@ -407,4 +424,4 @@ def _parse_state(state: Any, config: Dict[str, int]) -> Tuple[Any, ...]:
         fits.append(out)
     refits = _integer("refits", state["refits"], len(fits))
     skipped = _integer("refits_skipped", state["refits_skipped"], 0, refits)
-    return ended, current, previous, unshared, window, fits, refits, skipped
+    return ended, current, previous, unshared, window, fits, refits, skipped, unfinished

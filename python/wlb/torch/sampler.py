@@ -276,7 +276,8 @@ class PackedBatchSampler:
                 [_columns(mb) for step in steps for mb in step.micro_batches] + [_columns(pending)])
         state = copy.deepcopy(state)
         if self.calibration is not None:
-            state["calibration"]["state"] = self.calibration.state_dict()
+            # Never waits for the GPU: a StatefulDataLoader with workers calls this at dispatch.
+            state["calibration"]["state"] = self.calibration.state_dict(wait=False)
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
