@@ -13,7 +13,9 @@ through ``wlb.torch.attention``'s ``math`` backend, one thread; an SGD step ends
 Every planner's micro-batches are timed the same way (``OnlineCalibration.measure``); the (a)
 planners' calibrations fit too (their fits are reported) but plan nothing. Reported per planner:
 measured imbalance per step (max / mean of the step's measured micro-batch fwd+bwd ms), over all
-steps and over the steps from the first calibrated plan on; the imbalance the pooled fit of all
+steps and over the steps from the first calibrated plan on; the same from the thread's CPU time
+(``time.thread_time``: one torch thread, so it counts the work and not the time the shared machine
+gave to others; the calibration itself fits wall time); the imbalance the pooled fit of all
 measurements predicts for the same plans (less noisy than the measurement); the held-out error of
 the last refit; the FLOP cost's error on the same measurements (at its best time scale); and the
 calibration's cost per step (recording + end_step with its refits) and per refit. The original
@@ -178,17 +180,20 @@ def main():
             step_pieces = [next(c["iter"]) for _ in range(micro_batches)]
             c["plan_s"].append(time.perf_counter() - plan_start)
             calibration = c["calibration"]
-            record_s = 0.0
+            record_s, cpu_ms = 0.0, []
             for pieces in step_pieces:
                 if not pieces:  # an empty micro-batch (wlb's first step queues outliers): 0 ms
+                    cpu_ms.append(0.0)
                     continue
                 ids, positions, cu, max_len, labels = tensors(pieces, args.vocab)
                 t0 = time.perf_counter()
                 with calibration.measure([p[2] for p in pieces]):
                     t1 = time.perf_counter()
+                    c1 = time.thread_time()
                     logits = model(ids, positions, cu, max_len)
                     loss = nn.functional.cross_entropy(logits, labels, ignore_index=-100)
                     loss.backward()
+                    cpu_ms.append(1e3 * (time.thread_time() - c1))
                     t2 = time.perf_counter()
                 record_s += (t1 - t0) + (time.perf_counter() - t2)
             optimizer.step()
@@ -204,7 +209,7 @@ def main():
             ms = iter(s[1] for s in state["previous"])  # this step's ms, as recorded
             measured = [next(ms) if pieces else 0.0 for pieces in step_pieces]
             c["steps"].append({"lengths": [[p[2] for p in mb] for mb in step_pieces],
-                               "ms": measured,
+                               "ms": measured, "cpu_ms": cpu_ms,
                                "cost": "FLOP" if not c["calibrated"] or
                                c["sampler"]._live["before"]["push"]["cost"] is None else
                                "fit from step %d" % c["sampler"]._live["before"]["push"]["cost"][
@@ -239,6 +244,7 @@ def main():
                "planners": []}
     for c in configs:
         measured = [max(s["ms"]) / np.mean(s["ms"]) for s in c["steps"]]
+        cpu = [max(s["cpu_ms"]) / np.mean(s["cpu_ms"]) for s in c["steps"]]
         predicted = []
         for s in c["steps"]:
             p = [float(np.sum(pooled.model(np.asarray(l)))) + pooled.per_call_ms if l else 0.0
@@ -250,6 +256,7 @@ def main():
             "measured_imbalance_all": float(np.mean(measured)),
             "measured_imbalance_calibrated_phase": float(np.mean(measured[first_fit:])),
             "pooled_fit_imbalance_calibrated_phase": float(np.mean(predicted[first_fit:])),
+            "cpu_time_imbalance_calibrated_phase": float(np.mean(cpu[first_fit:])),
             "step_ms_mean": float(np.mean([np.sum(s["ms"]) for s in c["steps"]])),
             "last_fit_held_out_mean_relative": fit.held_out.mean_relative if fit else None,
             "last_fit_points": fit.held_out.points if fit else None,
@@ -264,13 +271,15 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
-    print(f"{'planner':<28}{'measured all':>13}{'measured cal.':>14}{'fit-predicted':>14}"
+    print(f"{'planner':<28}{'measured all':>13}{'measured cal.':>14}{'CPU-time cal.':>14}"
+          f"{'fit-predicted':>14}"
           f"{'held-out':>10}{'calib ms/step':>14}{'refit ms':>10}")
     for p in results["planners"]:
         held = p["last_fit_held_out_mean_relative"]
         refit = p["refit_ms_mean"]
         print(f"{p['name']:<28}{p['measured_imbalance_all']:>13.4f}"
               f"{p['measured_imbalance_calibrated_phase']:>14.4f}"
+              f"{p['cpu_time_imbalance_calibrated_phase']:>14.4f}"
               f"{p['pooled_fit_imbalance_calibrated_phase']:>14.4f}"
               f"{'-' if held is None else f'{100 * held:.1f}%':>10}"
               f"{p['calibration_ms_per_step']:>14.2f}{'-' if refit is None else f'{refit:.1f}':>10}")
