@@ -7,8 +7,9 @@ original, wlb and wlb-lookahead, each (a) with the FLOP cost of the decoder's ow
 its first fit, then the fits of the times measured in this run). Every planner reads the same
 document stream (WLB-LLM-like lengths from ../shared/data, times --length-scale, the same seed),
 N = 4 micro-batches a step of S tokens (by default S = 4K and lengths halved: the packing problem
-of S = 8K at a quarter of the attention time, so a run fits in about ten minutes on a shared CPU). Each micro-batch runs forward + backward of the decoder, float32, attention
-through ``wlb.torch.attention``'s ``math`` backend, one thread; an SGD step ends each step.
+of S = 8K at a quarter of the attention time, so a run fits in about ten minutes on a shared
+CPU). Each micro-batch runs forward + backward of the decoder, float32, attention through
+``wlb.torch.attention``'s ``math`` backend, one thread; an SGD step ends each step.
 
 Every planner's micro-batches are timed the same way (``OnlineCalibration.measure``); the (a)
 planners' calibrations fit too (their fits are reported) but plan nothing. Reported per planner:
@@ -282,7 +283,8 @@ def main():
               f"{p['cpu_time_imbalance_calibrated_phase']:>14.4f}"
               f"{p['pooled_fit_imbalance_calibrated_phase']:>14.4f}"
               f"{'-' if held is None else f'{100 * held:.1f}%':>10}"
-              f"{p['calibration_ms_per_step']:>14.2f}{'-' if refit is None else f'{refit:.1f}':>10}")
+              f"{p['calibration_ms_per_step']:>14.2f}"
+              f"{'-' if refit is None else f'{refit:.1f}':>10}")
     print(f"pooled fit: {pooled.model.description}; per call {pooled.per_call_ms:.2f} ms; held-out "
           f"{100 * pooled.held_out.mean_relative:.1f}% over {pooled.held_out.points} micro-batches;"
           f" FLOP cost at its best scale: {100 * results['flop_error_on_all']:.1f}%")

@@ -1,4 +1,4 @@
-"""``OnlineCalibration``: the packer's cost fitted to the micro-batch times a training loop measures.
+"""``OnlineCalibration``: the packer's cost, fitted to the micro-batch times training measures.
 
 The training loop times each micro-batch's forward + backward and says where each step ends; every
 ``refit_every`` steps the cost is refitted (``wlb.fit_micro_batch_cost``: ms = a * sum d^2 +
@@ -44,11 +44,12 @@ timing, and a resume plans exactly as the uninterrupted run.
 State. ``state_dict()`` holds the measurements (those not read yet included: taking it on CUDA
 waits for them), the window, the fits still in use and the counters; ``PackedBatchSampler``'s
 ``state_dict()`` holds it too, without waiting (a CUDA measurement still running is left out and
-counted, and then only a calibration loaded from the checkpoint can resume it). torchdata's ``StatefulDataLoader`` with workers takes the sampler's
-state when it dispatches a micro-batch, ahead of training, so that copy misses the last steps'
-measurements: save ``calibration.state_dict()`` beside the loader's state and load it before the
-loader's (the sampler keeps a loaded calibration that continues the one in its state; it refuses a
-state whose calibration ended another number of steps than the sampler gave).
+counted, and then only a calibration loaded from the checkpoint can resume it). torchdata's
+``StatefulDataLoader`` with workers takes the sampler's state when it dispatches a micro-batch,
+ahead of training, so that copy misses the last steps' measurements: save
+``calibration.state_dict()`` beside the loader's state and load it before the loader's (the
+sampler keeps a loaded calibration that continues the one in its state; it refuses a state whose
+calibration ended another number of steps than the sampler gave).
 
 Several processes planning one job (DP ranks, pipeline stages) must fit the same measurements, or
 their plans differ: give ``group`` (a ``torch.distributed`` process group of all of them, or
