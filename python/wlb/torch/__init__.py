@@ -11,9 +11,13 @@
   attention that executes a shard plan over ``torch.distributed`` under its attention mask
   (causal, sliding window or chunked local: ``plan.mask``); ``varlen_causal_attention``
   (``wlb.torch.attention``): its per-rank varlen attention backends.
+- ``OnlineCalibration`` (``wlb.torch.calibration``): times each micro-batch's forward + backward in
+  the training loop, refits the cost every K steps and hands it to ``PackedBatchSampler``
+  (resumable with it).
 """
 
 from .attention import varlen_causal_attention
+from .calibration import OnlineCalibration
 from .collate import PackedCollate, PackedPieces
 from .cp import cp_keys, cp_pad, cp_slice, cp_varlen_args
 from .cp_attention import CommVolume, CPAttention, comm_volume, cp_attention
@@ -23,6 +27,7 @@ from .sampler import PackedBatchSampler
 __all__ = [
     "CPAttention",
     "CommVolume",
+    "OnlineCalibration",
     "PackedBatchSampler",
     "PackedCollate",
     "PackedDataset",

@@ -27,6 +27,12 @@ applied) and the packer's queued and carried pieces are pushed first to a new pa
 N' = PP x DP', then the rest of the epoch follows in N' x S-token steps. Steps finished before the
 save are never repeated and no piece is lost; every plan after the restore may differ from an
 uninterrupted run at DP' (or at the old DP).
+
+Online calibration. ``calibration=OnlineCalibration(...)`` (``wlb.torch.calibration``) replaces the
+cost with fits of the micro-batch times the training loop measures: step s (counted from the first
+step this sampler planned, across epochs) is planned with the last fit whose first step is <= s,
+the sampler's ``cost`` before the first fit. The cost each push planned with and the calibration's
+state are part of ``state_dict()``, so a resume plans exactly as the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import numpy as np
 import wlb
 
 from ._common import require_torch
+from .calibration import OnlineCalibration, cost_model, parse_fit
 
 _STATE_VERSION = 1
 _COLUMNS = ("ids", "lengths", "pieces", "offsets")
@@ -106,14 +113,15 @@ class PackedBatchSampler:
     ``lengths``: tokens per document (``dataset[i]`` has ``lengths[i]`` tokens). ``pp``, ``dp``,
     ``rank``: pipeline stages, data-parallel ranks and this rank. ``assign``: ``"model"`` (the
     1F1B step-time model of a (TP, CP, PP, DP) job of preset ``model``) or ``"round_robin"``
-    (micro-batch k on rank k % DP, in order). Other keyword arguments go to ``wlb.Packer``
-    (``micro_batches`` is PP x DP; ``cost`` defaults to ``model``).
+    (micro-batch k on rank k % DP, in order). ``calibration``: an ``OnlineCalibration`` whose fits
+    replace ``cost`` as they come (module docstring). Other keyword arguments go to
+    ``wlb.Packer`` (``micro_batches`` is PP x DP; ``cost`` defaults to ``model``).
     """
 
     def __init__(self, lengths: Any, *, pp: int, dp: int, rank: int, context: int,
                  packer: str = "wlb", seed: int = 0, shuffle: bool = True, assign: str = "model",
                  model: str = "llama2-7b", tp: int = 1, cp: int = 1, gemm_tflops: float = 500.0,
-                 **packer_args):
+                 calibration: Optional[OnlineCalibration] = None, **packer_args):
         require_torch()
         lengths = _checked_lengths(lengths)
         for name, value in (("pp", pp), ("dp", dp)):
@@ -127,6 +135,11 @@ class PackedBatchSampler:
             raise ValueError(f"assign must be 'model' or 'round_robin', got {assign!r}")
         if "micro_batches" in packer_args:
             raise TypeError("micro_batches is PP x DP; give pp and dp instead")
+        if calibration is not None and not isinstance(calibration, OnlineCalibration):
+            raise TypeError(f"calibration must be an OnlineCalibration, got {calibration!r}")
+        if calibration is not None and dp > 1 and calibration.group is None:
+            raise ValueError("with DP > 1 every rank must fit the same measurements: give the "
+                             "OnlineCalibration a group (group='world' or a process group)")
         self.lengths = lengths.astype(np.int64)
         self.pp, self.dp, self.rank = pp, dp, rank
         self.seed, self.shuffle, self.assign = seed, shuffle, assign
@@ -137,6 +150,8 @@ class PackedBatchSampler:
         self._corpus_key = {"documents": len(self.lengths), "seed": seed, "shuffle": shuffle,
                             "packer": packer}
         self._fingerprint: Optional[str] = None  # corpus_fingerprint, hashed on first use
+        self.calibration = calibration
+        self._run_steps = 0  # steps given over the whole run (the calibration's step numbers)
         self.epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
         self._state: Dict[str, Any] = self._start_state(self.epoch)
@@ -163,7 +178,28 @@ class PackedBatchSampler:
         return {"version": _STATE_VERSION, "epoch": epoch, "pp": self.pp, "dp": self.dp,
                 "context": self._packer_args["context"], "corpus": self._corpus(), "steps": 0,
                 "packer": None,
-                "consumed": 0, "queued": _join([]), "step_in_push": 0, "micro_batch": 0}
+                "consumed": 0, "queued": _join([]), "step_in_push": 0, "micro_batch": 0,
+                **self._calibration_entry(self._run_steps, None)}
+
+    def _calibration_entry(self, run_steps: int, push: Any) -> Dict[str, Any]:
+        """The state's "calibration" entry: steps given over the run, the cost of the push a
+        resume redoes (``push``: {"step", "cost"}) and, filled in by state_dict(), the
+        calibration's own state. Nothing without a calibration."""
+        if self.calibration is None:
+            return {}
+        return {"calibration": {"run_steps": run_steps, "push": push, "state": None}}
+
+    def _push_cost(self, run_step: int) -> Dict[str, Any]:
+        return {"step": run_step, "cost": self.calibration.cost_for(run_step)}
+
+    def _packer_for(self, packer: Any, cost: Optional[Dict[str, Any]]) -> Any:
+        """A packer planning with `cost` (None: the sampler's own) that holds `packer`'s state."""
+        args = dict(self._packer_args)
+        if cost is not None:
+            args["cost"] = cost_model(cost)
+        fresh = wlb.Packer(**args)
+        fresh.load_state_dict(packer.state_dict())
+        return fresh
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -199,12 +235,25 @@ class PackedBatchSampler:
             packer.load_state_dict(state["packer"])
         consumed, queued = state["consumed"], state["queued"]
         skip_steps, skip_mbs = (0, 0) if elastic else (state["step_in_push"], state["micro_batch"])
+        calibrated = state.get("calibration")
+        # The run's number of the epoch's step 0, and the cost of the push a resume redoes.
+        base = calibrated["run_steps"] - state["steps"] if calibrated else 0
+        redo = calibrated["push"] if calibrated and not elastic else None
+        cost_key: Any = "own"
         # Steps finished before the first one yielded here: a state saved after its step's last
         # micro-batch counts that step, which is yielded again (with nothing left to give).
         steps = state["steps"] - (1 if not elastic and state["micro_batch"] == self.pp else 0)
         tokens_per_step = self._packer_args["context"] * self.micro_batches
         while True:
             before = {"packer": packer.state_dict(), "consumed": consumed, "queued": queued}
+            if self.calibration is not None:
+                # This push plans with the cost of the first step it can return.
+                push = redo if redo is not None else self._push_cost(base + steps)
+                redo = None
+                key = push["cost"]["from_step"] if push["cost"] is not None else "own"
+                if key != cost_key:
+                    packer, cost_key = self._packer_for(packer, push["cost"]), key
+                before["push"] = push
             ready, end, final = _push(packer, pieces, consumed, queued, tokens_per_step)
             consumed, queued = end, _join([])
             for index, step in enumerate(ready):
@@ -212,7 +261,8 @@ class PackedBatchSampler:
                     continue
                 ranks = self._assignment(step)
                 self._live = {"before": before, "ready": ready, "index": index, "packer": packer,
-                              "consumed": consumed, "epoch": state["epoch"], "steps": steps}
+                              "consumed": consumed, "epoch": state["epoch"], "steps": steps,
+                              "base": base}
                 yield step, ranks, skip_mbs if index == skip_steps else 0
                 steps += 1
             skip_steps, skip_mbs = 0, 0
@@ -236,6 +286,7 @@ class PackedBatchSampler:
     def _record(self, given: int, per_rank: int) -> None:
         live = self._live
         done = given == per_rank  # this rank finished the step (every rank has, in lockstep)
+        self._run_steps = live["base"] + live["steps"] + (1 if done else 0)
         self._state = {
             "version": _STATE_VERSION, "epoch": live["epoch"], "pp": self.pp, "dp": self.dp,
             "context": self._packer_args["context"], "corpus": self._corpus(),
@@ -249,6 +300,7 @@ class PackedBatchSampler:
             "elastic_consumed": live["consumed"],
             "elastic_queued": (live["ready"][live["index"] + (1 if done else 0):],
                                live["packer"].pending),
+            **self._calibration_entry(self._run_steps, live["before"].get("push")),
         }
 
     def state_dict(self) -> Dict[str, Any]:
@@ -259,7 +311,11 @@ class PackedBatchSampler:
             steps, pending = queued
             state["elastic_queued"] = _join(
                 [_columns(mb) for step in steps for mb in step.micro_batches] + [_columns(pending)])
-        return copy.deepcopy(state)
+        state = copy.deepcopy(state)
+        if self.calibration is not None:
+            # Never waits for the GPU: a StatefulDataLoader with workers calls this at dispatch.
+            state["calibration"]["state"] = self.calibration.state_dict(wait=False)
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration resumes after the micro-batch this state was taken at; a state of
@@ -276,6 +332,7 @@ class PackedBatchSampler:
                              f"{_STATE_VERSION}, got "
                              f"{state.get('version') if isinstance(state, dict) else state!r}")
         state = _validate_state(self, copy.deepcopy(state))
+        self._load_calibration(state)
         if state["dp"] != self.dp and "elastic_queued" in state:
             # What is not trained yet, as the queue of a state before its first micro-batch at
             # this DP (it validates as one if it is saved again before iterating).
@@ -285,6 +342,64 @@ class PackedBatchSampler:
         self.epoch = state["epoch"]
         self._resume = state
         self._state = state
+        if self.calibration is not None:
+            self._run_steps = state["calibration"]["run_steps"]
+
+    def _check_calibration_entry(self, state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """Checks the state's "calibration" entry (ValueError naming the field; nothing changes)
+        and returns the fitted cost its push planned with (None: the sampler's own cost)."""
+        entry = state.get("calibration")
+        if self.calibration is None or entry is None:
+            if self.calibration is not None or entry is not None:
+                raise ValueError(
+                    "state 'calibration': the state was saved " +
+                    ("without" if entry is None else "with") + " an OnlineCalibration and this "
+                    "sampler has " + ("one" if entry is None else "none"))
+            return None
+        if not isinstance(entry, dict) or set(entry) != {"run_steps", "push", "state"}:
+            raise ValueError(f"state 'calibration' must be a dict with run_steps, push and state, "
+                             f"got {entry!r:.200}")
+        run_steps = entry["run_steps"]
+        if (isinstance(run_steps, bool) or not isinstance(run_steps, int) or
+                not state["steps"] <= run_steps <= 2**62):
+            raise ValueError(f"state 'calibration.run_steps' must be an integer in "
+                             f"[steps = {state['steps']}, 2^62], got {run_steps!r}")
+        push = entry["push"]
+        if push is not None:
+            if not isinstance(push, dict) or set(push) != {"step", "cost"}:
+                raise ValueError(f"state 'calibration.push' must be None or a dict with step and "
+                                 f"cost, got {push!r:.200}")
+            if (isinstance(push["step"], bool) or not isinstance(push["step"], int) or
+                    not 0 <= push["step"] <= run_steps):
+                raise ValueError(f"state 'calibration.push.step' must be an integer in "
+                                 f"[0, run_steps = {run_steps}], got {push['step']!r}")
+            if push["cost"] is not None:
+                push["cost"] = parse_fit("calibration.push.cost", push["cost"])
+        return push["cost"] if push is not None else None
+
+    def _load_calibration(self, state: Dict[str, Any]) -> None:
+        """Loads the state's calibration state (its entry checked by _check_calibration_entry),
+        unless the calibration already holds one that continues it (one saved at a checkpoint,
+        when a StatefulDataLoader with workers took the sampler's state ahead of training)."""
+        if self.calibration is None:
+            return
+        self._check_calibration_entry(state)
+        run_steps = state["calibration"]["run_steps"]
+        held = self.calibration
+        saved = state["calibration"]["state"]
+        if held.steps_ended == run_steps and held.continues(saved):
+            return  # the calibration loaded from the checkpoint carries this state further
+        probe = OnlineCalibration(refit_every=held.refit_every, window=held.window,
+                                  delay=held.delay, min_samples=held.min_samples)
+        probe.load_state_dict(saved)  # ValueError naming the field
+        if probe.steps_ended != run_steps:
+            raise ValueError(
+                f"state 'calibration.state.steps_ended' is {probe.steps_ended}, but the sampler "
+                f"resumes after {run_steps} steps: the sampler's state was taken ahead of "
+                f"training (a StatefulDataLoader with workers takes it when it dispatches a "
+                f"micro-batch). Load the calibration saved at the checkpoint "
+                f"(calibration.load_state_dict) before loading the loader's state")
+        held.load_state_dict(saved)
 
 
 _MAX_MICRO_BATCHES = 4096  # N = PP x DP (wlb/core/limits.hpp kMaxMicroBatches)
@@ -412,7 +527,7 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
     if elastic and elastic != _ELASTIC_KEYS:
         raise ValueError(f"PackedBatchSampler state has {sorted(elastic)} without "
                          f"{sorted(_ELASTIC_KEYS - elastic)}")
-    unknown = sorted(set(state) - _STATE_KEYS - _ELASTIC_KEYS)
+    unknown = sorted(set(state) - _STATE_KEYS - _ELASTIC_KEYS - {"calibration"})
     if unknown:
         raise ValueError(f"PackedBatchSampler state has unknown entries {unknown}")
     context = sampler._packer_args["context"]
@@ -436,6 +551,9 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
     state["queued"] = queued
     blob = state["packer"]
     args = dict(sampler._packer_args, micro_batches=sampler.pp * dp)
+    push_cost = sampler._check_calibration_entry(state)
+    if push_cost is not None:  # the push the state was taken in planned with a fitted cost
+        args["cost"] = cost_model(push_cost)
     packer = wlb.Packer(**args)
     if blob is not None:
         if not isinstance(blob, dict):
