@@ -11,7 +11,7 @@
 // attention weighed 0.5x and 2.5x. Each truth is planned with its FLOP preset (the wrong cost) and,
 // for a calibration, with the calibration itself (the right cost). Planners: wlb, wlb-refine and
 // wlb-lookahead (--lookahead), each with refinement's attention range at the cost's default
-// (DefaultAttentionRange: [0.5, 2.5] for a FLOP cost, exact for a measured one) and, as "exact",
+// (DefaultAttentionRange: [1, 2.5] for a FLOP cost, exact for a measured one) and, as "exact",
 // with the planning cost taken as exact (the rule off; wlb does not refine, so it has one row).
 // Columns: mean imbalance over the steady steps scored under the truth (max / mean of the
 // micro-batches' truth costs), and mean token delay in steps. Markdown on stdout; --csv also
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
           rows.push_back({stream.name, truth.name, planned_name, p.packer,
                           p.packer == std::string("wlb")
                               ? "-"
-                              : absl::StrFormat("%s [%g, %g]", p.rule, used.low, used.high),
+                              : absl::StrFormat("%s %g..%g", p.rule, used.low, used.high),
                           sum.imbalance_mean, sum.delay.mean});
         }
       }
