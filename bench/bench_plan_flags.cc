@@ -34,7 +34,8 @@ ABSL_FLAG(int64_t, max_tokens, wlb::PlanSpec{}.max_tokens,
 ABSL_FLAG(int32_t, micro_batches, wlb::PlanSpec{}.micro_batches,
           "micro-batches per step N (= PP x DP)");
 ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
-          "cost model: a preset name, a masked preset or a profile CSV to fit");
+          "cost model: a preset name (FLOPs or a shipped calibration), a masked preset, a "
+          "micro-batch measurement CSV or a profile CSV to fit");
 ABSL_FLAG(int32_t, queues, wlb::PlanSpec{}.queues, "WLB outlier-queue levels (default thresholds)");
 ABSL_FLAG(int32_t, lookahead, wlb::PlanSpec{}.lookahead,
           "wlb-lookahead: K, steps of arrivals seen ahead");

@@ -6,8 +6,8 @@
 //
 // Streams: the lengths file (--docs; the WLB-LLM-like public lengths), the embedded default
 // histogram and the embedded heavy-tail distribution (--seed), each --steps steps at S = --context,
-// S_max = --max_tokens, N = --micro_batches. Truths: each calibration (kCalibrations: fwd+bwd
-// ms = a·Σd² + b·Σd fitted to the committed H100 layer measurements), and the FLOP preset with its
+// S_max = --max_tokens, N = --micro_batches. Truths: each shipped calibration
+// (wlb::CalibratedPresets(), fitted to the committed H100 layer measurements), and the FLOP preset with its
 // attention weighed 0.5x and 2.5x. Each truth is planned with its FLOP preset (the wrong cost) and,
 // for a calibration, with the calibration itself (the right cost). Planners: wlb, wlb-refine and
 // wlb-lookahead (--lookahead), each with refinement's attention range at the cost's default
@@ -44,34 +44,6 @@ ABSL_FLAG(std::vector<std::string>, ranges, {},
           "more attention ranges LOW:HIGH for wlb-refine and wlb-lookahead rows (e.g. 1:2.5)");
 
 namespace {
-
-// A calibration: fwd+bwd ms = a·Σd² + b·Σd of a micro-batch, fitted by least squares to the
-// committed H100 layer measurements, and the FLOP preset of the same model.
-struct Calibration {
-  const char* name;
-  const char* flop_preset;
-  double quadratic;  // ms per d²
-  double linear;     // ms per token
-  const char* source;
-};
-// 7B: REFERENCE "Costs measured on GPUs" (0.9% mean error on its 288 micro-batches). 550M: the
-// same two-term least squares over the 576 rows of the 550M CSV (forward_ms + backward_ms against
-// Σd², Σd; 2.2% mean error).
-constexpr Calibration kCalibrations[] = {
-    {"h100-flash-llama2-7b-tp8", "llama2-7b", 1.587e-8, 3.388e-4,
-     "docs/results/h100_layer_7b_128k_measurements.csv"},
-    {"h100-cudnn-wlb-550m-tp2", "wlb-550m", 1.3401e-8, 2.105e-4,
-     "docs/results/h100_layer_550m_64k_measurements.csv"},
-};
-
-wlb::CostModel CalibrationCost(const Calibration& c) {
-  wlb::CostModel m;
-  m.attn_quadratic = c.quadratic;
-  m.linear_per_token = c.linear;
-  m.unit = "ms";
-  m.description = c.name;
-  return m;
-}
 
 wlb::CostModel ScaledAttention(wlb::CostModel m, double scale) {
   m.attn_quadratic *= scale;
@@ -139,11 +111,13 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Truth> truths;
-  for (const Calibration& c : kCalibrations) {
+  for (const wlb::CalibratedCost& c : wlb::CalibratedPresets()) {
     absl::StatusOr<wlb::CostModel> flop = wlb::CostModelFromPreset(c.flop_preset);
     if (!flop.ok()) return Fail(flop.status());
-    const wlb::CostModel cal = CalibrationCost(c);
-    truths.push_back({c.name, cal, {{std::string("flop ") + c.flop_preset, *flop}, {c.name, cal}}});
+    absl::StatusOr<wlb::CostModel> cal = wlb::CostModelFromPreset(c.name);
+    if (!cal.ok()) return Fail(cal.status());
+    const std::string name(c.name);
+    truths.push_back({name, *cal, {{"flop " + std::string(c.flop_preset), *flop}, {name, *cal}}});
   }
   absl::StatusOr<wlb::CostModel> flop = wlb::CostModelFromPreset("llama2-7b");
   if (!flop.ok()) return Fail(flop.status());

@@ -1,6 +1,7 @@
 // End-to-end tests of the wlb-plan binary: outputs, determinism and bad input.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -74,9 +75,16 @@ TEST(WlbPlan, ListPrintsTheRegistriesNames) {
   Result s = RunPlan("--list=sharding");
   EXPECT_EQ(s.exit_code, 0) << s.err;
   EXPECT_EQ(s.out, strategies);
-  Result bad = RunPlan("--list costs");
+  std::string costs;
+  for (const std::string& name : CostPresetNames()) costs += name + "\n";
+  for (const MaskedModel& m : MaskedModelPresets()) costs += m.name + "\n";
+  Result c = RunPlan("--list costs");
+  EXPECT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(c.out, costs);
+  EXPECT_THAT(c.out, HasSubstr("\nh100-flash-llama2-7b-tp8\nh100-cudnn-wlb-550m-tp2\n"));
+  Result bad = RunPlan("--list knobs");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_THAT(bad.err, HasSubstr("--list must be packers or sharding, got 'costs'"));
+  EXPECT_THAT(bad.err, HasSubstr("--list must be packers, sharding or costs, got 'knobs'"));
   Result more = RunPlan("--list packers --steps 3");
   EXPECT_EQ(more.exit_code, 1);
   EXPECT_THAT(more.err, HasSubstr("--list prints the registry's names and takes no other flag"));
@@ -180,6 +188,66 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   Result unknown = RunPlan("--steps 5 --profile-cost spline --cost " + profile);
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_THAT(unknown.err, HasSubstr("--profile-cost must be fit or table, got 'spline'"));
+}
+
+TEST(WlbPlan, PlansWithMicroBatchMeasurementsAndShippedCalibrations) {
+  const std::string measured =
+      std::string(WLB_SOURCE_DIR) + "/docs/results/h100_layer_7b_128k_measurements.csv";
+  // The layer bench's CSV, unmodified, as --cost: the fit and its held-out error in the output.
+  Result r = RunPlan("--steps 5 --compare=false --cost " + measured);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("cost: fitted to 288 measured micro-batches: 1.59511e-08*d^2"));
+  EXPECT_THAT(r.out, HasSubstr("held out by step parity mean 0.9%, max 3.7%"));
+  // The shipped calibration of the same CSV plans the same steps.
+  Result named = RunPlan("--steps 5 --format json --timing=false --cost h100-flash-llama2-7b-tp8");
+  Result file = RunPlan("--steps 5 --format json --timing=false --cost " + measured);
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  nlohmann::json a = nlohmann::json::parse(named.out), b = nlohmann::json::parse(file.out);
+  EXPECT_THAT(a["summary"]["cost_model"].get<std::string>(),
+              HasSubstr("h100-flash-llama2-7b-tp8: fwd+bwd ms"));
+  EXPECT_EQ(a["summary"]["cost_unit"], "ms");
+  ASSERT_EQ(a["steps"].size(), b["steps"].size());
+  for (size_t s = 0; s < a["steps"].size(); ++s) {
+    for (size_t m = 0; m < a["steps"][s]["micro_batches"].size(); ++m) {
+      const auto& x = a["steps"][s]["micro_batches"][m];
+      const auto& y = b["steps"][s]["micro_batches"][m];
+      EXPECT_EQ(x["documents"], y["documents"]);
+      EXPECT_NEAR(x["cost"].get<double>(), y["cost"].get<double>(), 1e-7 * y["cost"].get<double>());
+    }
+  }
+  // --fit-cost: the coefficients the preset ships, beside the FLOP preset's error.
+  Result fit = RunPlan("--fit-cost " + measured);
+  ASSERT_EQ(fit.exit_code, 0) << fit.err;
+  EXPECT_THAT(fit.out, HasSubstr("288 measured micro-batches; held out by step parity"));
+  EXPECT_THAT(fit.out, HasSubstr("a = 1.59510802e-08 ms per token^2"));
+  EXPECT_THAT(fit.out, HasSubstr("the shipped calibration h100-flash-llama2-7b-tp8"));
+  EXPECT_THAT(fit.out, HasSubstr("| micro-batch fit | 0.88% | 3.69% | 0.89% | 3.75% |"));
+  EXPECT_THAT(fit.out, HasSubstr("| FLOP preset llama2-7b, best time scale"));
+  Result other = RunPlan("--fit-cost " + measured + " --cost wlb-550m");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_THAT(other.out, HasSubstr("| FLOP preset wlb-550m, best time scale"));
+  // Bad files and flags: one line naming the row and value.
+  const std::string bad = ::testing::TempDir() + "/wlb_cli_bad_measurements.csv";
+  std::ofstream(bad) << "# x\nstep,ms,lengths\n0,1.5,100;200\n1,2.5,100;x\n";
+  for (const std::string& args : {"--steps 5 --cost " + bad, "--fit-cost " + bad}) {
+    Result e = RunPlan(args);
+    EXPECT_EQ(e.exit_code, 1) << args;
+    EXPECT_THAT(e.err, HasSubstr("bad_measurements.csv:4: document length 'x' is not an integer"));
+    EXPECT_EQ(std::count(e.err.begin(), e.err.end(), '\n'), 1) << e.err;
+  }
+  Result flags = RunPlan("--fit-cost " + measured + " --steps 3");
+  EXPECT_EQ(flags.exit_code, 1);
+  EXPECT_THAT(flags.err, HasSubstr("--fit-cost prints a fit and plans nothing: it takes only "
+                                   "--cost (the FLOP preset to compare with), not --steps"));
+  Result calibrated = RunPlan("--fit-cost " + measured + " --cost h100-flash-llama2-7b-tp8");
+  EXPECT_EQ(calibrated.exit_code, 1);
+  EXPECT_THAT(calibrated.err, HasSubstr("--fit-cost compares with a FLOP preset: --cost must be "
+                                        "one of llama2-7b, llama2-13b, llama2-70b, wlb-550m"));
+  Result estimate = RunPlan("--steps 5 --cost h100-flash-llama2-7b-tp8 --estimate 8,1,2,2");
+  EXPECT_EQ(estimate.exit_code, 1);
+  EXPECT_THAT(estimate.err, HasSubstr("--estimate needs a model shape: --cost must be a FLOP "
+                                      "preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m)"));
 }
 
 TEST(WlbPlan, CpShardPlansReproduceTheArtifactsWorkedExample) {
@@ -375,7 +443,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--docs -", "5\n" + std::string(1 << 20, '7') + "x\n", "(1048577 bytes in all)"},
       {"--cp 2 --sharding zigzag", "", "'zigzag'"},
       {"--cost llama2-7b-swa4k --profile-cost table", "", "--profile-cost is not used by this run"},
-      {"--cost llama2-7b-swa4k --estimate 8,2,4,1", "", "--cost must be a preset"},
+      {"--cost llama2-7b-swa4k --estimate 8,2,4,1", "", "--cost must be a FLOP preset"},
       {"--cp 2 --sharding per-doc --cp-link-gbps 100", "",
        "--cp-link-gbps is not used by this run: it applies to --cp with --sharding doc-degree"},
       {"--cp-link-gbps 100", "", "--cp-link-gbps is not used by this run"},
@@ -395,7 +463,7 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--estimate 8,2,4,4097", "", "'4097' is not an integer in [1, 4096]"},
       {"--estimate " + std::string(100, '9'), "", "(100 bytes in all)"},
       {"--estimate 8,2,4,1 --cost /nonexistent/profile.csv", "",
-       "--estimate needs a model shape: --cost must be a preset"},
+       "--estimate needs a model shape: --cost must be a FLOP preset"},
       {"--gemm-tflops 400", "", "--gemm-tflops is not used by this run"},
       {"--lookahead 2", "", "--lookahead is not used by this run"},
       {"--packer wlb-lookahead --lookahead 9", "", "look-ahead must be in [0, 8] steps, got 9"},

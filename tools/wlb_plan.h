@@ -47,13 +47,19 @@ struct Settings {
   std::optional<ParallelSizes> estimate;  // --estimate TP,CP,PP,DP
   double gemm_tflops = 0.0;
   bool dp_assign = false;
-  std::string list;  // --list packers|sharding: print the registry's names, plan nothing
+  std::string list;      // --list packers|sharding|costs: print the registry's names, plan nothing
+  std::string fit_cost;  // --fit-cost CSV: print the micro-batch fit against --cost, plan nothing
 };
 absl::StatusOr<Settings> SettingsFromFlags();
 
 // wlb-plan --list: the names of the registry `registry` ("packers": kPackers; "sharding": the CP
-// strategies), one per line, for scripts (test/golden_plans.py checks its cases cover them).
+// strategies; "costs": CostPresetNames, then the masked presets), one per line, for scripts
+// (test/golden_plans.py checks its cases cover them).
 std::string RegistryNames(const std::string& registry);
+
+// wlb-plan --fit-cost: the micro-batch fit of the measurement CSV `path`, its coefficients and
+// errors beside the FLOP preset `flop_preset`'s at its best time scale (a markdown table).
+absl::StatusOr<std::string> FitCostReport(const std::string& path, const std::string& flop_preset);
 
 // wlb-plan --help: its own flags by group, and the packers with their summaries.
 std::string HelpText();

@@ -55,10 +55,13 @@ ABSL_FLAG(std::string, attention_range, "",
           "change must not make a step worse under the cost with attention weighed LOW..HIGH x "
           "the planning cost's; empty = [1, 2.5] for a FLOP preset, exact for a measured cost");
 ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
-          "cost model: a preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a masked preset "
-          "(llama2-7b-swa4k, llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of "
-          "attention masks; doc-degree CP plans for its masks too) or a profile CSV of length -> "
-          "latency to fit");
+          "cost model: a FLOP preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a shipped "
+          "calibration (fwd+bwd ms measured on a GPU: h100-flash-llama2-7b-tp8, "
+          "h100-cudnn-wlb-550m-tp2; --list costs), a masked preset (llama2-7b-swa4k, "
+          "llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of attention masks; "
+          "doc-degree CP plans for its masks too), a micro-batch measurement CSV (header with a "
+          "'lengths' column: docs/guides/calibration.md) or a profile CSV of length -> latency "
+          "to fit");
 ABSL_FLAG(std::string, profile_cost, wlb::PlanSpec{}.profile_cost,
           "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
           "interpolation of the measured points)");
@@ -91,8 +94,12 @@ ABSL_FLAG(std::string, out, "", "write the output to this file instead of stdout
 ABSL_FLAG(bool, timing, true, "json: include planning times in the summary (they vary run to run)");
 ABSL_FLAG(bool, compare, true, "table: also run original and wlb packing on the same stream");
 ABSL_FLAG(std::string, list, "",
-          "packers or sharding: print the registry's packer or CP strategy names, one per line, "
-          "and plan nothing (takes no other flag)");
+          "packers, sharding or costs: print the registry's packer, CP strategy or cost preset "
+          "names, one per line, and plan nothing (takes no other flag)");
+ABSL_FLAG(std::string, fit_cost, "",
+          "a micro-batch measurement CSV: print the micro-batch cost fitted to it (a*sum d^2 + "
+          "b*sum d + c*documents + per call), its in-sample and held-out errors beside the FLOP "
+          "preset --cost's at its best time scale, and plan nothing (takes only --cost)");
 
 namespace wlb::cli {
 namespace {
@@ -113,6 +120,7 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"CP shard plans", {"cp", "sharding", "cp_link_gbps", "kernel_profile"}},
       {"Step-time estimate", {"estimate", "gemm_tflops", "dp_assign"}},
       {"Output", {"format", "out", "timing", "compare", "list"}},
+      {"Calibration", {"fit_cost"}},
   };
   return groups;
 }
@@ -204,15 +212,35 @@ absl::StatusOr<Settings> SettingsFromFlags() {
   Settings s;
   if (Given("list")) {
     s.list = absl::GetFlag(FLAGS_list);
-    if (s.list != "packers" && s.list != "sharding") {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--list must be packers or sharding, got %s", QuoteForMessage(s.list)));
+    if (s.list != "packers" && s.list != "sharding" && s.list != "costs") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--list must be packers, sharding or costs, got %s", QuoteForMessage(s.list)));
     }
     if (GivenFlags().size() > 1) {
       return absl::InvalidArgumentError(
           "--list prints the registry's names and takes no other flag");
     }
   }  // the rest: wlb-plan's defaults, checked as always
+  if (Given("fit_cost")) {
+    s.fit_cost = absl::GetFlag(FLAGS_fit_cost);
+    for (const std::string& name : GivenFlags()) {
+      if (name != "fit_cost" && name != "cost") {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--fit-cost prints a fit and plans nothing: it takes only --cost (the FLOP preset to "
+            "compare with), not --%s",
+            name));
+      }
+    }
+    if (s.fit_cost.empty()) {
+      return absl::InvalidArgumentError("--fit-cost needs a measurement CSV path");
+    }
+    if (!FindTransformerShape(absl::GetFlag(FLAGS_cost)).ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--fit-cost compares with a FLOP preset: --cost must be one of %s, got %s",
+          absl::StrJoin(TransformerPresetNames(), ", "),
+          QuoteForMessage(absl::GetFlag(FLAGS_cost))));
+    }
+  }
   // The plan: the given plan flags, as ParsePlanSpec reads them (a flag not given keeps its
   // default, which is PlanSpec's).
   std::vector<std::pair<std::string, std::string>> plan_flags;
@@ -287,11 +315,10 @@ absl::StatusOr<Settings> SettingsFromFlags() {
           absl::StrFormat("--cp %d differs from the CP size %d of --estimate %s", s.spec.cp,
                           sizes->cp, QuoteForMessage(estimate)));
     }
-    if (!CostModelFromPreset(s.spec.cost).ok()) {
+    if (!FindTransformerShape(s.spec.cost).ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--estimate needs a model shape: --cost must be a preset (llama2-7b, llama2-13b, "
-          "llama2-70b, wlb-550m), got %s",
-          QuoteForMessage(s.spec.cost)));
+          "--estimate needs a model shape: --cost must be a FLOP preset (%s), got %s",
+          absl::StrJoin(TransformerPresetNames(), ", "), QuoteForMessage(s.spec.cost)));
     }
     s.estimate = *sizes;
   } else if (Given("gemm_tflops")) {
@@ -312,6 +339,9 @@ std::string RegistryNames(const std::string& registry) {
   std::string text;
   if (registry == "packers") {
     for (const char* name : kPackerNames) absl::StrAppend(&text, name, "\n");
+  } else if (registry == "costs") {
+    for (const std::string& name : CostPresetNames()) absl::StrAppend(&text, name, "\n");
+    for (const MaskedModel& m : MaskedModelPresets()) absl::StrAppend(&text, m.name, "\n");
   } else {
     for (const ShardStrategyInfo& s : ShardStrategies()) {
       absl::StrAppend(&text, std::string(s.name), "\n");

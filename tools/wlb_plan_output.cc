@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -353,6 +354,51 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
     }
   }
   return WriteOutput(settings.out, out);
+}
+
+}  // namespace wlb::cli
+
+namespace wlb::cli {
+
+absl::StatusOr<std::string> FitCostReport(const std::string& path, const std::string& flop_preset) {
+  absl::StatusOr<std::vector<MicroBatchSample>> rows = ReadMicroBatchCsv(path);
+  if (!rows.ok()) return rows.status();
+  absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(*rows);
+  if (!fit.ok()) return fit.status();
+  absl::StatusOr<CostModel> flop = CostModelFromPreset(flop_preset);
+  if (!flop.ok()) return flop.status();
+  absl::StatusOr<ModelErrors> flop_errors = CostModelErrors(*flop, *rows, /*fit_scale=*/true);
+  if (!flop_errors.ok()) return flop_errors.status();
+  std::string out = absl::StrFormat(
+      "wlb-plan --fit-cost %s: %d measured micro-batches; held out %s (a fit on each half "
+      "predicts the other half)\n"
+      "fit: ms = a*sum(d^2) + b*sum(d) + c*documents + per_call, all >= 0, least relative error\n"
+      "  a = %.9g ms per token^2 (attn_quadratic)\n"
+      "  b = %.9g ms per token (linear_per_token)\n"
+      "  c = %.9g ms per document (per_document)\n"
+      "  per_call = %.9g ms\n",
+      absl::CHexEscape(path), fit->samples, fit->held_out_rule, fit->model.attn_quadratic,
+      fit->model.linear_per_token, fit->model.per_document, fit->per_call_ms);
+  for (const CalibratedCost& c : CalibratedPresets()) {
+    if (std::filesystem::path(path).filename() == std::filesystem::path(c.source).filename()) {
+      absl::StrAppendFormat(&out, "  (the shipped calibration %s is fitted to %s)\n", c.name,
+                            c.source);
+    }
+  }
+  absl::StrAppend(&out,
+                  "\n| cost model | in sample mean | in sample max | held out mean | held out "
+                  "max |\n|---|---|---|---|---|\n");
+  const auto row = [](std::string_view name, const PredictionError& in,
+                      const PredictionError& held) {
+    return absl::StrFormat("| %s | %.2f%% | %.2f%% | %.2f%% | %.2f%% |\n", name,
+                           100 * in.mean_relative, 100 * in.max_relative, 100 * held.mean_relative,
+                           100 * held.max_relative);
+  };
+  absl::StrAppend(&out, row("micro-batch fit", fit->in_sample, fit->held_out));
+  absl::StrAppend(&out, row(absl::StrFormat("FLOP preset %s, best time scale (%.4g ms per TFLOP)",
+                                            flop_preset, 1e12 * flop_errors->in_sample.scale),
+                            flop_errors->in_sample, flop_errors->held_out));
+  return out;
 }
 
 }  // namespace wlb::cli

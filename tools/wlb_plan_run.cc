@@ -204,6 +204,14 @@ int Main(int argc, char** argv) {
     std::fputs(RegistryNames(settings->list).c_str(), stdout);
     return 0;
   }
+  if (status.ok() && !settings->fit_cost.empty()) {
+    absl::StatusOr<std::string> report = FitCostReport(settings->fit_cost, settings->spec.cost);
+    if (report.ok()) {
+      std::fputs(report->c_str(), stdout);
+      return 0;
+    }
+    status = report.status();
+  }
   if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
   if (status.ok()) status = Run(*settings);
   if (!status.ok()) {

@@ -10,7 +10,8 @@
 //   auto packer = wlb::MakePacker(plan->packer, plan->config, *cost, plan->options);
 //
 // Keys are spelled like wlb-plan's flags (underscores; '-' is accepted too): packer, context,
-// max_tokens (0 = S + S/4), micro_batches, cost (a preset, a masked preset or a profile CSV),
+// max_tokens (0 = S + S/4), micro_batches, cost (a FLOP preset, a shipped calibration such as
+// h100-flash-llama2-7b-tp8, a masked preset, a micro-batch measurement CSV or a profile CSV),
 // profile_cost (fit | table), thresholds (comma-separated, or "none"), queues, tune, window,
 // refine_rounds, lookahead, delay_budget, bound_delay, attention_range (LOW,HIGH or "exact"), cp,
 // sharding, cp_link_gbps, kernel_profile. A key not given keeps wlb-plan's default; a given key the
@@ -39,7 +40,9 @@
 #include "wlb/cost/attention_mask.hpp"
 #include "wlb/cost/document_cost.hpp"
 #include "wlb/io/kernel_profile.hpp"
+#include "wlb/io/micro_batch_csv.hpp"
 #include "wlb/io/profile.hpp"
+#include "wlb/io/read_file.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
@@ -61,7 +64,7 @@ struct PlanSpec {
   int64_t context = 131072;
   int64_t max_tokens = 0;  // 0 = S + S/4
   int32_t micro_batches = 4;
-  std::string cost = "llama2-7b";  // a preset, a masked preset or a profile CSV
+  std::string cost = "llama2-7b";  // a preset, a masked preset, or a measurement / profile CSV
   std::string profile_cost = "fit";
   std::optional<std::vector<int64_t>> thresholds;  // set: these ({} = none); unset: `queues`
   int32_t queues = 2;                              // default thresholds for this many queues
@@ -398,7 +401,15 @@ inline absl::StatusOr<DocumentCost> PlanSpec::MakeCost() const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--profile-cost table needs a profile CSV in --cost, got %s", QuoteForMessage(cost)));
   }
-  absl::StatusOr<std::vector<ProfilePoint>> points = ReadProfileCsv(cost);
+  absl::StatusOr<std::string> text = ReadInputFile(cost, "profile");
+  if (!text.ok()) return text.status();
+  if (IsMicroBatchCsv(*text)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--profile-cost table interpolates single-document latencies, and --cost %s holds "
+        "micro-batch measurements (a 'lengths' column): leave --profile-cost at fit",
+        QuoteForMessage(cost)));
+  }
+  absl::StatusOr<std::vector<ProfilePoint>> points = ParseProfileCsv(*text, absl::CHexEscape(cost));
   if (!points.ok()) return points.status();
   absl::StatusOr<TabulatedCost> table = TabulatedCost::Create(*points);
   if (!table.ok()) return table.status();

@@ -27,16 +27,11 @@ void BindCost(nb::module_& m) {
       .def_static(
           "from_preset",
           [](const std::string& name) { return Unwrap(wlb::CostModelFromPreset(name)); }, "name"_a,
-          "Forward-FLOP model of a preset (see CostModel.presets()).")
+          "The model of a preset (see CostModel.presets()): forward FLOPs, or a calibration's ms.")
       .def_static(
-          "presets",
-          [] {
-            std::vector<std::string> names;
-            for (const wlb::TransformerShape& s : wlb::TransformerPresets())
-              names.push_back(s.name);
-            return names;
-          },
-          "Names of the built-in transformer shapes.")
+          "presets", [] { return wlb::CostPresetNames(); },
+          "Names of the built-in cost presets: FLOP models of the transformer shapes, then the "
+          "shipped calibrations (fwd+bwd ms measured on a GPU, e.g. h100-flash-llama2-7b-tp8).")
       .def_static(
           "from_shape",
           [](int64_t hidden, int64_t ffn, int64_t heads, int64_t kv_heads, int64_t layers,
@@ -101,6 +96,98 @@ void BindCost(nb::module_& m) {
       .def("__repr__", [](const wlb::CostModel& c) {
         return absl::StrFormat("CostModel(%s)", c.description.empty() ? c.unit : c.description);
       });
+
+  // ---- micro-batch measurements as a cost ---------------------------------------------------
+  nb::class_<wlb::PredictionError>(m, "PredictionError",
+                                   "Relative errors |scale * predicted - measured| / measured "
+                                   "of a model over measured micro-batches.")
+      .def_ro("scale", &wlb::PredictionError::scale)
+      .def_ro("mean_relative", &wlb::PredictionError::mean_relative)
+      .def_ro("max_relative", &wlb::PredictionError::max_relative)
+      .def_ro("points", &wlb::PredictionError::points)
+      .def("__repr__", [](const wlb::PredictionError& e) {
+        return absl::StrFormat("PredictionError(mean_relative=%.4g, max_relative=%.4g, points=%d)",
+                               e.mean_relative, e.max_relative, e.points);
+      });
+  nb::class_<wlb::MicroBatchFit>(
+      m, "MicroBatchFit",
+      "ms = a*sum(d^2) + b*sum(d) + c*documents + per_call fitted to measured micro-batches "
+      "(wlb.fit_micro_batch_cost); model is W(d) = a d^2 + b d + c in ms.")
+      .def_ro("model", &wlb::MicroBatchFit::model)
+      .def_ro("per_call_ms", &wlb::MicroBatchFit::per_call_ms)
+      .def_ro("in_sample", &wlb::MicroBatchFit::in_sample)
+      .def_ro("held_out", &wlb::MicroBatchFit::held_out)
+      .def_ro("held_out_rule", &wlb::MicroBatchFit::held_out_rule)
+      .def_ro("samples", &wlb::MicroBatchFit::samples)
+      .def(
+          "predict",
+          [](const wlb::MicroBatchFit& fit, nb::handle lengths) {
+            return wlb::PredictMicroBatchMs(fit, ToInt64(lengths, "lengths"));
+          },
+          "lengths"_a, "Predicted ms of one micro-batch of these document lengths.")
+      .def("__repr__", [](const wlb::MicroBatchFit& fit) {
+        return absl::StrFormat("MicroBatchFit(%s)", fit.model.description);
+      });
+  m.def(
+      "fit_micro_batch_cost",
+      [](nb::handle lengths, nb::handle ms, nb::handle step) {
+        RejectBytesAndText(lengths, "lengths");
+        std::vector<wlb::MicroBatchSample> samples;
+        for (nb::handle row : lengths) {
+          const std::string what = absl::StrFormat("lengths[%d]", samples.size());
+          samples.push_back({.lengths = ToInt64(row, what.c_str()),
+                             .where = absl::StrFormat("row %d", samples.size())});
+        }
+        const std::vector<double> times = ToDouble(ms, "ms");
+        if (times.size() != samples.size()) {
+          Raise(absl::InvalidArgumentError(absl::StrFormat(
+              "lengths has %d micro-batches but ms has %d times", samples.size(), times.size())));
+        }
+        for (size_t i = 0; i < times.size(); ++i) samples[i].ms = times[i];
+        if (!step.is_none()) {
+          const std::vector<int64_t> steps = ToInt64(step, "step");
+          if (steps.size() != samples.size()) {
+            Raise(absl::InvalidArgumentError(
+                absl::StrFormat("lengths has %d micro-batches but step has %d steps",
+                                samples.size(), steps.size())));
+          }
+          for (size_t i = 0; i < steps.size(); ++i) samples[i].step = steps[i];
+        }
+        return Unwrap(wlb::FitMicroBatchCost(samples));
+      },
+      "lengths"_a, "ms"_a, nb::kw_only(), "step"_a = nb::none(),
+      nb::sig("def fit_micro_batch_cost(lengths: typing.Sequence[numpy.typing.ArrayLike], ms: "
+              "numpy.typing.ArrayLike, *, step: numpy.typing.ArrayLike | None = None) -> "
+              "MicroBatchFit"),
+      "Fits ms = a*sum(d^2) + b*sum(d) + c*documents + per_call (all >= 0, relative error) to "
+      "measured micro-batches: lengths[i] is micro-batch i's document lengths, ms[i] its "
+      "measured time (e.g. forward + backward). Held-out error: fits on half the rows predict "
+      "the other half and back, halves by step parity when step is given, else by row parity. "
+      "ValueError naming the row and value for bad input.");
+  m.def(
+      "read_micro_batch_measurements",
+      [](const std::string& path) {
+        const std::vector<wlb::MicroBatchSample> rows =
+            Unwrap(wlb::ReadMicroBatchCsv(path), ErrorKind::kFile);
+        nb::list lengths;
+        std::vector<double> ms;
+        std::vector<int64_t> steps;
+        for (const wlb::MicroBatchSample& s : rows) {
+          lengths.append(ToNumpy(std::vector<int64_t>(s.lengths)));
+          ms.push_back(s.ms);
+          if (s.step) steps.push_back(*s.step);
+        }
+        nb::dict out;
+        out["lengths"] = lengths;
+        out["ms"] = ToNumpy(std::move(ms));
+        out["step"] = rows.front().step ? nb::cast(ToNumpy(std::move(steps))) : nb::none();
+        return out;
+      },
+      "path"_a,
+      "Reads a micro-batch measurement CSV (a 'lengths' column of ';'-separated lengths, 'ms' or "
+      "'forward_ms' + 'backward_ms', optional 'step'; as wlb-plan --cost reads it) into "
+      "{'lengths': [int64 arrays], 'ms': float64 array, 'step': int64 array or None}, so "
+      "wlb.fit_micro_batch_cost(**wlb.read_micro_batch_measurements(path)) fits it.");
 
   nb::class_<wlb::KernelModel>(m, "KernelModel",
                                "Predicted latency of causal varlen attention segments (the "

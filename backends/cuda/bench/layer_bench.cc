@@ -316,12 +316,10 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<MicroBatchFit> mb_fit = FitMicroBatchCost(rows);
   if (mb_fit.ok()) {
-    Say(absl::StrFormat(
-        "%s: in sample mean %.1f%%, max %.1f%%; held out (even steps predict odd and back, %d "
-        "micro-batches) mean %.1f%%, max %.1f%%",
-        mb_fit->model.description, 100 * mb_fit->in_sample.mean_relative,
-        100 * mb_fit->in_sample.max_relative, mb_fit->held_out.points,
-        100 * mb_fit->held_out.mean_relative, 100 * mb_fit->held_out.max_relative));
+    Say(
+        absl::StrFormat("micro-batch cost of forward ms %s (held out: even steps predict odd "
+                        "and back, %d micro-batches)",
+                        mb_fit->model.description, mb_fit->held_out.points));
   } else {
     Say("micro-batch cost fit: " + std::string(mb_fit.status().message()));
   }

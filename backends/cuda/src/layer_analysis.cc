@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <optional>
 #include <set>
 #include <tuple>
 
@@ -14,7 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "wlb/core/limits.hpp"
-#include "wlb/cost/cost_fit.hpp"
+#include "wlb/cost/micro_batch_fit.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb::cuda {
@@ -183,133 +182,21 @@ absl::StatusOr<std::vector<ImbalanceRow>> ImbalanceTable(
   return table;
 }
 
-namespace {
-
-// Non-negative least squares of relative error over the features [sum d^2, sum d, documents, 1].
-absl::StatusOr<MicroBatchFit> FitOn(const std::vector<const MicroBatchMeasurement*>& rows) {
-  const Eigen::Index n = static_cast<Eigen::Index>(rows.size());
-  if (n < 4) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "a micro-batch cost fit needs at least 4 non-empty micro-batches, got %d", n));
-  }
-  Eigen::MatrixXd a(n, 4);
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const MicroBatchMeasurement& m = *rows[size_t(i)];
-    double d2 = 0.0, d1 = 0.0;
-    for (int64_t d : m.lengths) {
-      d2 += double(d) * double(d);
-      d1 += double(d);
-    }
-    const double w = 1.0 / m.forward_ms;  // relative-error weighting
-    a.row(i) << d2 * w, d1 * w, double(m.lengths.size()) * w, w;
-  }
-  const std::optional<Eigen::VectorXd> best =
-      NonNegativeLeastSquares(a, Eigen::VectorXd::Ones(n));
-  if (!best) {
-    return absl::InvalidArgumentError("micro-batch measurements admit no non-negative fit");
-  }
-  MicroBatchFit fit;
-  const Eigen::VectorXd& x = *best;
-  fit.model.attn_quadratic = x(0);
-  fit.model.attn_linear = x(1);
-  fit.model.per_document = x(2);
-  fit.model.unit = "ms";
-  fit.model.description =
-      absl::StrFormat("fitted to micro-batches: %.4g*d^2 + %.4g*d + %.4g ms per document, "
-                      "%.4g ms per call",
-                      x(0), x(1), x(2), x(3));
-  fit.per_call_ms = x(3);
-  return fit;
-}
-
-absl::StatusOr<PredictionError> ErrorOf(const MicroBatchFit& fit,
-                                        const std::vector<const MicroBatchMeasurement*>& rows) {
-  std::vector<double> predicted, measured;
-  for (const MicroBatchMeasurement* m : rows) {
-    predicted.push_back(PredictMicroBatch(fit, *m));
-    measured.push_back(m->forward_ms);
-  }
-  return ComparePredictions(predicted, measured, /*fit_scale=*/false);
-}
-
-}  // namespace
-
 double PredictMicroBatch(const MicroBatchFit& fit, const MicroBatchMeasurement& m) {
-  return PredictMicroBatch(fit.model, m) + fit.per_call_ms;
+  return ::wlb::PredictMicroBatchMs(fit, m.lengths);
 }
 
 absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchMeasurement> rows) {
-  std::vector<const MicroBatchMeasurement*> all, parity[2];
+  std::vector<MicroBatchSample> samples;
   for (const MicroBatchMeasurement& m : rows) {
-    if (m.lengths.empty()) continue;
-    if (!(m.forward_ms > 0.0) || !std::isfinite(m.forward_ms)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s step %d micro-batch %d: forward_ms must be > 0 and finite, got %g", m.method,
-          m.step, m.index, m.forward_ms));
-    }
-    all.push_back(&m);
-    parity[m.step & 1].push_back(&m);
+    if (m.lengths.empty()) continue;  // an empty micro-batch: nothing ran, 0 ms
+    samples.push_back({.lengths = m.lengths,
+                       .ms = m.forward_ms,
+                       .step = m.step,
+                       .where = absl::StrFormat("%s step %d micro-batch %d forward_ms", m.method,
+                                                m.step, m.index)});
   }
-  absl::StatusOr<MicroBatchFit> fit = FitOn(all);
-  if (!fit.ok()) return fit.status();
-  for (int k : {0, 1}) {
-    if (parity[k].size() < 4) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "held-out check: steps of parity %d hold %d non-empty micro-batches, need at least 4",
-          k, parity[k].size()));
-    }
-  }
-  absl::StatusOr<PredictionError> in_sample = ErrorOf(*fit, all);
-  if (!in_sample.ok()) return in_sample.status();
-  fit->in_sample = *in_sample;
-  PredictionError held;
-  for (int k : {0, 1}) {
-    absl::StatusOr<MicroBatchFit> half = FitOn(parity[k]);
-    if (!half.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "held-out check, steps of parity %d: %s", k, half.status().message()));
-    }
-    absl::StatusOr<PredictionError> e = ErrorOf(*half, parity[1 - k]);
-    if (!e.ok()) return e.status();
-    held.mean_relative += e->mean_relative * double(e->points);
-    held.max_relative = std::max(held.max_relative, e->max_relative);
-    held.points += e->points;
-  }
-  held.mean_relative /= double(held.points);
-  fit->held_out = held;
-  return fit;
-}
-
-absl::StatusOr<PredictionError> ComparePredictions(std::span<const double> predicted,
-                                                   std::span<const double> measured,
-                                                   bool fit_scale) {
-  if (predicted.size() != measured.size() || predicted.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "comparing %d predictions with %d measurements: need equal, non-zero counts",
-        predicted.size(), measured.size()));
-  }
-  double sum_r = 0.0, sum_r2 = 0.0;  // r = p / m
-  for (size_t i = 0; i < predicted.size(); ++i) {
-    for (double v : {predicted[i], measured[i]}) {
-      if (!(v > 0.0) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("point %d: prediction %g and measurement %g must be > 0 and finite", i,
-                            predicted[i], measured[i]));
-      }
-    }
-    const double r = predicted[i] / measured[i];
-    sum_r += r;
-    sum_r2 += r * r;
-  }
-  PredictionError e;
-  e.points = static_cast<int64_t>(predicted.size());
-  e.scale = fit_scale ? sum_r / sum_r2 : 1.0;  // argmin_s sum (s r - 1)^2
-  for (size_t i = 0; i < predicted.size(); ++i) {
-    const double rel = std::abs(e.scale * predicted[i] - measured[i]) / measured[i];
-    e.mean_relative += rel / static_cast<double>(predicted.size());
-    e.max_relative = std::max(e.max_relative, rel);
-  }
-  return e;
+  return ::wlb::FitMicroBatchCost(samples);
 }
 
 double PredictMicroBatch(const CostModel& model, const MicroBatchMeasurement& m) {

@@ -171,13 +171,15 @@ TEST(LayerAnalysisTest, MicroBatchFitRecoversKnownModelsUnderNoise) {
     EXPECT_EQ(fit->model.unit, "ms");
   }
   std::vector<MicroBatchMeasurement> few = RandomMeasurements(rng, 1, 1);
-  EXPECT_THAT(FitMicroBatchCost(few).status().message(), HasSubstr("at least 4 non-empty"));
+  EXPECT_THAT(FitMicroBatchCost(few).status().message(),
+              HasSubstr("2 micro-batches for 4 unknowns"));
   std::vector<MicroBatchMeasurement> one_step = RandomMeasurements(rng, 1, 8);
-  EXPECT_THAT(FitMicroBatchCost(one_step).status().message(), HasSubstr("parity 1"));
+  EXPECT_THAT(FitMicroBatchCost(one_step).status().message(),
+              HasSubstr("odd half: 0 micro-batches"));
   std::vector<MicroBatchMeasurement> bad = RandomMeasurements(rng, 2, 4);
   bad[3].forward_ms = 0.0;
   EXPECT_THAT(FitMicroBatchCost(bad).status().message(),
-              HasSubstr("forward_ms must be > 0 and finite, got 0"));
+              HasSubstr("original step 0 micro-batch 3 forward_ms: time 0 ms"));
 }
 
 TEST(LayerAnalysisTest, FitRecoversKnownModelAndWlbPlanReadsTheProfile) {

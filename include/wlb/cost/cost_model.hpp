@@ -4,7 +4,11 @@
 //   absl::StatusOr<wlb::CostModel> w = wlb::CostModelFromPreset("llama2-7b");
 //   double flops = (*w)(4096);
 //
-// A model fitted to measured attention latency (FitCostModel) is in wlb/cost/cost_fit.hpp.
+//   // A shipped calibration: fwd+bwd ms of a layer measured on a GPU (CalibratedPresets).
+//   absl::StatusOr<wlb::CostModel> ms = wlb::CostModelFromPreset("h100-flash-llama2-7b-tp8");
+//
+// A model fitted to measured attention latency (FitCostModel) is in wlb/cost/cost_fit.hpp, one
+// fitted to measured micro-batches (FitMicroBatchCost) in wlb/cost/micro_batch_fit.hpp.
 //
 // FLOP formula (forward pass, one document of d tokens, summed over `layers` layers; h = hidden,
 // f = ffn, hd = h / heads, kv = kv_heads * hd):
@@ -126,10 +130,101 @@ inline absl::StatusOr<TransformerShape> FindTransformerShape(std::string_view na
                                              QuoteForMessage(name), absl::StrJoin(known, ", ")));
 }
 
-// The FLOP cost model of a named preset; an unknown name is an error listing the known ones.
+// A shipped calibration: the micro-batch cost (FitMicroBatchCost, wlb/cost/micro_batch_fit.hpp)
+// fitted to committed GPU measurements of one layer, as a preset named by GPU, engine and model.
+// Each is reproduced by `wlb-plan --fit-cost <source> --cost <flop_preset>` (docs/guides/
+// calibration.md); test/calibration_test.cc refits `source` and checks these numbers. Only these
+// GPU / engine / layer pairs were measured.
+struct CalibratedCost {
+  std::string_view name;         // --cost name: gpu-engine-model-tp
+  std::string_view gpu;          // the GPU measured
+  std::string_view engine;       // the attention kernels that ran
+  std::string_view layer;        // the layer measured (one GPU's TP slice of one layer)
+  std::string_view flop_preset;  // the FLOP preset of the same model (TransformerPresets)
+  std::string_view source;       // the committed measurements, relative to the repository
+  double quadratic = 0.0;        // ms per d^2 (attn_quadratic)
+  double linear = 0.0;           // ms per token (linear_per_token)
+  double per_document = 0.0;     // ms per document
+  double per_call_ms = 0.0;      // ms per micro-batch (not in W(d): the same for every one)
+  int64_t micro_batches = 0;     // measured micro-batches fitted
+  double held_out_mean = 0.0;    // held-out relative error (by step parity), mean
+  double held_out_max = 0.0;     // .. and max
+};
+
+inline const std::vector<CalibratedCost>& CalibratedPresets() {
+  static const std::vector<CalibratedCost> presets = {
+      {.name = "h100-flash-llama2-7b-tp8",
+       .gpu = "NVIDIA H100 80GB HBM3",
+       .engine = "flash (wlb's own kernels)",
+       .layer = "llama2-7b TP-8 slice of one layer (hidden 4096, heads 4/4 x 128, ffn 1376)",
+       .flop_preset = "llama2-7b",
+       .source = "docs/results/h100_layer_7b_128k_measurements.csv",
+       .quadratic = 1.59510802e-08,
+       .linear = 0.000337292894,
+       .per_document = 0.0,
+       .per_call_ms = 0.0,
+       .micro_batches = 288,
+       .held_out_mean = 0.00886877666,
+       .held_out_max = 0.0374799841},
+      {.name = "h100-cudnn-wlb-550m-tp2",
+       .gpu = "NVIDIA H100 80GB HBM3",
+       .engine = "cudnn",
+       .layer = "wlb-550m TP-2 slice of one layer (hidden 1536, heads 8/8 x 96, ffn 2048)",
+       .flop_preset = "wlb-550m",
+       .source = "docs/results/h100_layer_550m_64k_measurements.csv",
+       .quadratic = 1.36066413e-08,
+       .linear = 0.000208419334,
+       .per_document = 0.0,
+       .per_call_ms = 0.0,
+       .micro_batches = 576,
+       .held_out_mean = 0.0209926904,
+       .held_out_max = 0.158153689},
+  };
+  return presets;
+}
+
+// The cost model of a calibration: W(d) in fwd+bwd ms of its layer.
+inline CostModel CostModelFromCalibration(const CalibratedCost& c) {
+  CostModel m;
+  m.attn_quadratic = c.quadratic;
+  m.linear_per_token = c.linear;
+  m.per_document = c.per_document;
+  m.unit = "ms";
+  m.description = absl::StrFormat(
+      "%s: fwd+bwd ms of a %s on %s, %s engine, fitted to %d measured micro-batches (%s): "
+      "%.6g*d^2 + %.6g*d + %.6g ms per document, %.6g ms per call; held out mean %.1f%%, max "
+      "%.1f%%",
+      c.name, c.layer, c.gpu, c.engine, c.micro_batches, c.source, c.quadratic, c.linear,
+      c.per_document, c.per_call_ms, 100 * c.held_out_mean, 100 * c.held_out_max);
+  return m;
+}
+
+// The FLOP presets' names (TransformerPresets).
+inline std::vector<std::string> TransformerPresetNames() {
+  std::vector<std::string> names;
+  for (const TransformerShape& s : TransformerPresets()) names.push_back(s.name);
+  return names;
+}
+
+// Every cost preset name CostModelFromPreset accepts: the FLOP presets, then the calibrations.
+inline std::vector<std::string> CostPresetNames() {
+  std::vector<std::string> names = TransformerPresetNames();
+  for (const CalibratedCost& c : CalibratedPresets()) names.emplace_back(c.name);
+  return names;
+}
+
+// The cost model of a named preset: a FLOP preset (TransformerPresets) or a calibration
+// (CalibratedPresets); an unknown name is an error listing the known ones.
 inline absl::StatusOr<CostModel> CostModelFromPreset(std::string_view name) {
+  for (const CalibratedCost& c : CalibratedPresets()) {
+    if (c.name == name) return CostModelFromCalibration(c);
+  }
   absl::StatusOr<TransformerShape> shape = FindTransformerShape(name);
-  if (!shape.ok()) return shape.status();
+  if (!shape.ok()) {
+    return absl::NotFoundError(absl::StrFormat("unknown cost preset %s (known: %s)",
+                                               QuoteForMessage(name),
+                                               absl::StrJoin(CostPresetNames(), ", ")));
+  }
   return CostModelFromShape(*shape);
 }
 

@@ -4,6 +4,9 @@
 //       wlb::ReadProfileCsv("../shared/data/h100/compute-attn-H100.csv");
 //   absl::StatusOr<wlb::ProfileFit> fit = wlb::ResolveCostModel("llama2-7b");  // or a CSV path
 //
+// `--cost` also takes a micro-batch measurement CSV (one row per measured micro-batch, header
+// with a `lengths` column: wlb/io/micro_batch_csv.hpp), fitted by FitMicroBatchCost.
+//
 // A profile is a CSV (or TSV) with a header. The length column is the first of L, seq_len,
 // ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc, latency(ms),
 // latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are kept (one GPU,
@@ -28,6 +31,8 @@
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_fit.hpp"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/micro_batch_fit.hpp"
+#include "wlb/io/micro_batch_csv.hpp"
 #include "wlb/io/read_file.hpp"
 
 namespace wlb {
@@ -120,8 +125,11 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ReadProfileCsv(const std::strin
   return ParseProfileCsv(*text, absl::CHexEscape(path));
 }
 
-// A `--cost` argument: a preset name (exact FLOP model, zero fit error) or the path of a profile
-// to fit. Anything else is an error that lists the presets.
+// A `--cost` argument: a preset name (a FLOP model, zero fit error, or a shipped calibration), or
+// the path of a CSV to fit: a micro-batch measurement CSV (its header has a `lengths` column,
+// wlb/io/micro_batch_csv.hpp; fitted by FitMicroBatchCost, whose held-out error is in the model's
+// description; `rms_relative_error` and `max_relative_error` are in sample) or a single-document
+// profile (FitCostModel). Anything else is an error that lists the presets.
 inline absl::StatusOr<ProfileFit> ResolveCostModel(const std::string& spec) {
   absl::StatusOr<CostModel> preset = CostModelFromPreset(spec);
   if (preset.ok()) return ProfileFit{.model = *std::move(preset)};
@@ -131,7 +139,25 @@ inline absl::StatusOr<ProfileFit> ResolveCostModel(const std::string& spec) {
         absl::StrFormat("--cost %s is neither a readable profile file nor a preset (%s)",
                         QuoteForMessage(spec), preset.status().message()));
   }
-  absl::StatusOr<std::vector<ProfilePoint>> points = ReadProfileCsv(spec);
+  absl::StatusOr<std::string> text = ReadInputFile(spec, "profile");
+  if (!text.ok()) return text.status();
+  if (IsMicroBatchCsv(*text)) {
+    absl::StatusOr<std::vector<MicroBatchSample>> rows =
+        ParseMicroBatchCsv(*text, absl::CHexEscape(spec));
+    if (!rows.ok()) return rows.status();
+    absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(*rows);
+    if (!fit.ok()) return fit.status();
+    ProfileFit out{.model = fit->model, .max_relative_error = fit->in_sample.max_relative};
+    double sum_sq = 0.0;
+    for (const MicroBatchSample& s : *rows) {
+      const double rel = (PredictMicroBatchMs(*fit, s.lengths) - s.ms) / s.ms;
+      sum_sq += rel * rel;
+    }
+    out.rms_relative_error = std::sqrt(sum_sq / static_cast<double>(rows->size()));
+    out.model.description += absl::StrFormat(" from %s", absl::CHexEscape(spec));
+    return out;
+  }
+  absl::StatusOr<std::vector<ProfilePoint>> points = ParseProfileCsv(*text, absl::CHexEscape(spec));
   if (!points.ok()) return points.status();
   return FitCostModel(*points);
 }

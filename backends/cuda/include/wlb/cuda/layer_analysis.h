@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/cost/micro_batch_fit.hpp"
 #include "wlb/sim/step_time.hpp"
 
 namespace wlb::cuda {
@@ -62,38 +63,21 @@ struct ImbalanceRow {
 absl::StatusOr<std::vector<ImbalanceRow>> ImbalanceTable(
     std::span<const MicroBatchMeasurement> rows);
 
-// How well `predicted` tracks `measured` (same length, all > 0 and finite): relative errors
-// |s * p - m| / m after the scale s that minimises their squares (fit_scale: a FLOP count has no
-// time unit) or with s = 1 (a model in ms).
-struct PredictionError {
-  double scale = 1.0;
-  double mean_relative = 0.0;
-  double max_relative = 0.0;
-  int64_t points = 0;
-};
-absl::StatusOr<PredictionError> ComparePredictions(std::span<const double> predicted,
-                                                   std::span<const double> measured,
-                                                   bool fit_scale);
+// How well predictions track measurements (relative errors, the best scale for a FLOP count):
+// the library's, wlb/cost/micro_batch_fit.hpp.
+using ::wlb::ComparePredictions;
+using ::wlb::PredictionError;
 
 // A cost model's prediction of a measurement: sum of W(d) over its documents.
 double PredictMicroBatch(const CostModel& model, const MicroBatchMeasurement& m);
 
-// A cost model fitted to whole micro-batches rather than to single documents: forward ms =
-// a * sum d^2 + b * sum d + c * documents + per_call, all coefficients >= 0, minimising the
-// squared relative error (every active set of the four tried, the best feasible one kept).
-// `model` is W(d) = a d^2 + b d + c in ms (what a packer balances; per_call is the same for every
-// micro-batch). A sum of single-document times overcounts a packed call: each short document
-// alone pays a launch and an idle GPU that it does not pay inside a micro-batch.
-// `held_out` is the error of fits on the even steps predicting the odd steps and back (two-fold by
-// step parity; `points` counts the micro-batches predicted); `in_sample` that of the fit on all.
-struct MicroBatchFit {
-  CostModel model;
-  double per_call_ms = 0.0;
-  PredictionError in_sample;
-  PredictionError held_out;
-};
-// InvalidArgument when fewer than 4 non-empty micro-batches (or fewer than 4 in either step
-// parity) are given, or no non-negative fit exists.
+// The library's micro-batch cost (wlb::FitMicroBatchCost, wlb/cost/micro_batch_fit.hpp: ms =
+// a * sum d^2 + b * sum d + c * documents + per_call, all >= 0, least squared relative error)
+// fitted to the measured FORWARD ms of the non-empty micro-batches (empty ones measure 0 ms and
+// are skipped); held out by step parity (fits on even steps predict odd steps and back).
+// InvalidArgument (the library's, naming "method step S micro-batch I") for a forward time that
+// is not > 0 and finite, fewer than 4 non-empty micro-batches, or fewer in either step parity.
+using ::wlb::MicroBatchFit;
 absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchMeasurement> rows);
 double PredictMicroBatch(const MicroBatchFit& fit, const MicroBatchMeasurement& m);
 
