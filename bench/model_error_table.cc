@@ -7,13 +7,13 @@
 // Streams: the lengths file (--docs; the WLB-LLM-like public lengths), the embedded default
 // histogram and the embedded heavy-tail distribution (--seed), each --steps steps at S = --context,
 // S_max = --max_tokens, N = --micro_batches. Truths: each shipped calibration
-// (wlb::CalibratedPresets(), fitted to the committed H100 layer measurements), and the FLOP preset with its
-// attention weighed 0.5x and 2.5x. Each truth is planned with its FLOP preset (the wrong cost) and,
-// for a calibration, with the calibration itself (the right cost). Planners: wlb, wlb-refine and
-// wlb-lookahead (--lookahead), each with refinement's attention range at the cost's default
-// (DefaultAttentionRange: [1, 2.5] for a FLOP cost, exact for a measured one) and, as "exact",
-// with the planning cost taken as exact (the rule off; wlb does not refine, so it has one row).
-// Columns: mean imbalance over the steady steps scored under the truth (max / mean of the
+// (wlb::CalibratedPresets(), fitted to the committed H100 layer measurements), and the FLOP preset
+// with its attention weighed 0.5x and 2.5x. Each truth is planned with its FLOP preset (the wrong
+// cost) and, for a calibration, with the calibration itself (the right cost). Planners: wlb,
+// wlb-refine and wlb-lookahead (--lookahead), each with refinement's attention range at the cost's
+// default (DefaultAttentionRange: [1, 2.5] for a FLOP cost, exact for a measured one) and, as
+// "exact", with the planning cost taken as exact (the rule off; wlb does not refine, so it has one
+// row). Columns: mean imbalance over the steady steps scored under the truth (max / mean of the
 // micro-batches' truth costs), and mean token delay in steps. Markdown on stdout; --csv also
 // writes every row as CSV.
 #include <cstdio>
