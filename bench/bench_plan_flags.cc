@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
 ABSL_FLAG(int32_t, queues, wlb::PlanSpec{}.queues, "WLB outlier-queue levels (default thresholds)");
 ABSL_FLAG(int32_t, lookahead, wlb::PlanSpec{}.lookahead,
           "wlb-lookahead: K, steps of arrivals seen ahead");
+ABSL_FLAG(std::string, attention_range, "",
+          "wlb-refine/wlb-lookahead: LOW,HIGH or 'exact', the attention weights refinement must "
+          "not worsen (empty: the cost's default)");
 ABSL_FLAG(double, cp_link_gbps, wlb::PlanSpec{}.cp_link_gbps,
           "K/V link bandwidth per rank and direction (GB/s) of the CP predictions");
 
@@ -47,8 +50,8 @@ namespace {
 
 // The shared plan flags: PlanSpec keys, and the CP link (not a PlanSpec key here: the benches
 // predict the exchange of every strategy with it, not only doc-degree's plans).
-const char* const kPlanFlags[] = {"packer", "context", "max_tokens", "micro_batches",
-                                  "cost",   "queues",  "lookahead",  "cp_link_gbps"};
+const char* const kPlanFlags[] = {"packer", "context",   "max_tokens",      "micro_batches", "cost",
+                                  "queues", "lookahead", "attention_range", "cp_link_gbps"};
 constexpr std::string_view kCpLink = "cp_link_gbps";
 
 // The shared plan flags the program takes (ParseFlags).

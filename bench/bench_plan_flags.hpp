@@ -1,6 +1,7 @@
 // The flags the table benches (bench/*_table.cc) share, declared once in bench_plan_flags.cc:
 // the input (--docs, --distribution, --seed), the plan keys of wlb::PlanSpec spelled as wlb-plan
-// spells them (--packer, --context, --max_tokens, --micro_batches, --cost, --queues, --lookahead)
+// spells them (--packer, --context, --max_tokens, --micro_batches, --cost, --queues, --lookahead,
+// --attention_range)
 // and the CP link of the predictions (--cp_link_gbps). Each bench says which of them it takes;
 // --steps (its default and meaning differ per bench) and the bench's own flags stay in its file.
 //

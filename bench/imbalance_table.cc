@@ -365,7 +365,7 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   wlb::bench::ParseFlags(
       argc, argv, "Reproduces the WLB-LLM paper's Table 2 (packing imbalance) with wlb's packers.",
-      {"context", "max_tokens", "micro_batches", "cost", "lookahead"});
+      {"context", "max_tokens", "micro_batches", "cost", "lookahead", "attention_range"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "imbalance_table: %s\n", std::string(s.message()).c_str());
     return 1;

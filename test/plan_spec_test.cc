@@ -99,6 +99,37 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
   EXPECT_TRUE(spec->Validate().ok());
 }
 
+TEST(PlanSpec, AttentionRange) {
+  absl::StatusOr<PlanSpec> spec =
+      ParsePlanSpec({{"packer", "wlb-lookahead"}, {"attention-range", "0.5,3"}});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<PlanSettings> plan = spec->Validate();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(plan->options.attention_range.has_value());
+  EXPECT_EQ(*plan->options.attention_range, (AttentionRange{.low = 0.5, .high = 3.0}));
+  spec = ParsePlanSpec({{"packer", "wlb-refine"}, {"attention_range", "exact"}});
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(*spec->Validate()->options.attention_range, AttentionRange{});
+  // Not given: unset, so MakePacker takes the cost's default.
+  EXPECT_FALSE(ParsePlanSpec({{"packer", "wlb-refine"}})->Validate()->options.attention_range);
+  EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"attention_range", "2"}}),
+              HasSubstr("--attention-range: '2' is not LOW,HIGH"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"attention_range", "1.5,2"}}),
+              HasSubstr("0 <= LOW <= 1 <= HIGH (finite), got 1.5,2"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"attention_range", "0.5,inf"}}),
+              HasSubstr("got 0.5,inf"));
+  EXPECT_THAT(ValidateError({{"packer", "wlb"}, {"attention_range", "1,2"}}),
+              HasSubstr("--attention-range is not used by this run"));
+}
+
+// The default range follows the cost: a FLOP cost is not trusted, a measured one is.
+TEST(PlanSpec, DefaultAttentionRangeFollowsTheCost) {
+  EXPECT_EQ(DefaultAttentionRange(*CostModelFromPreset("llama2-7b")),
+            (AttentionRange{.low = 1.0, .high = 2.5}));
+  EXPECT_EQ(DefaultAttentionRange(CostModel{.attn_quadratic = 1e-8, .unit = "ms"}),
+            AttentionRange{});
+}
+
 TEST(PlanSpec, MaskedPresetCostAndLayerMix) {
   absl::StatusOr<PlanSpec> spec =
       ParsePlanSpec({{"cost", "llama2-7b-swa4k"}, {"cp", "4"}, {"sharding", "doc-degree"}});

@@ -50,6 +50,10 @@ ABSL_FLAG(double, delay_budget, wlb::PlanSpec{}.delay_budget,
 ABSL_FLAG(bool, bound_delay, wlb::PlanSpec{}.bound_delay,
           "wlb-lookahead: plan each step within wlb-refine's token delay on the same stream "
           "(--bound_delay=false: the delay price alone steers, which can end above it)");
+ABSL_FLAG(std::string, attention_range, "",
+          "wlb-refine/wlb-lookahead: LOW,HIGH (0 <= LOW <= 1 <= HIGH) or 'exact': a refinement "
+          "change must not make a step worse under the cost with attention weighed LOW..HIGH x "
+          "the planning cost's; empty = [1, 2.5] for a FLOP preset, exact for a measured cost");
 ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
           "cost model: a FLOP preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a shipped "
           "calibration (fwd+bwd ms measured on a GPU: h100-flash-llama2-7b-tp8, "
@@ -111,7 +115,7 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"Input", {"docs", "distribution", "seed", "steps"}},
       {"Packing (a plan: wlb::PlanSpec)",
        {"packer", "context", "max_tokens", "micro_batches", "thresholds", "queues", "tune",
-        "delay_budget", "window", "lookahead", "bound_delay"}},
+        "delay_budget", "window", "lookahead", "bound_delay", "attention_range"}},
       {"Cost model", {"cost", "profile_cost"}},
       {"CP shard plans", {"cp", "sharding", "cp_link_gbps", "kernel_profile"}},
       {"Step-time estimate", {"estimate", "gemm_tflops", "dp_assign"}},
@@ -123,9 +127,11 @@ const std::vector<FlagGroup>& FlagGroups() {
 
 // The flags that are PlanSpec keys (ParsePlanSpec gets those given).
 constexpr const char* kPlanFlags[] = {
-    "packer", "context",     "max_tokens", "micro_batches", "cost",     "profile_cost",
-    "thresholds", "queues",  "tune",       "window",        "lookahead", "delay_budget",
-    "bound_delay", "cp",     "sharding",   "cp_link_gbps",  "kernel_profile"};
+    "packer",       "context",         "max_tokens", "micro_batches",
+    "cost",         "profile_cost",    "thresholds", "queues",
+    "tune",         "window",          "lookahead",  "delay_budget",
+    "bound_delay",  "attention_range", "cp",         "sharding",
+    "cp_link_gbps", "kernel_profile"};
 
 bool IsOurFlag(const std::string& name) {
   for (const FlagGroup& g : FlagGroups()) {

@@ -13,9 +13,9 @@
 // max_tokens (0 = S + S/4), micro_batches, cost (a FLOP preset, a shipped calibration such as
 // h100-flash-llama2-7b-tp8, a masked preset, a micro-batch measurement CSV or a profile CSV),
 // profile_cost (fit | table), thresholds (comma-separated, or "none"), queues, tune, window,
-// refine_rounds, lookahead, delay_budget, bound_delay, cp, sharding, cp_link_gbps,
-// kernel_profile. A key not given keeps wlb-plan's default; a given key the plan would not use is
-// an error ("--window is not used by this run: ..."), never silently ignored.
+// refine_rounds, lookahead, delay_budget, bound_delay, attention_range (LOW,HIGH or "exact"), cp,
+// sharding, cp_link_gbps, kernel_profile. A key not given keeps wlb-plan's default; a given key the
+// plan would not use is an error ("--window is not used by this run: ..."), never silently ignored.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -73,6 +74,8 @@ struct PlanSpec {
   int32_t lookahead = 1;
   double delay_budget = 1.0;  // wlb-lookahead's bound when given (or with tune); else none
   bool bound_delay = true;    // wlb-lookahead: PackerOptions::bound_delay
+  // wlb-refine, wlb-lookahead: PackerOptions::attention_range (unset: the cost's default)
+  std::optional<AttentionRange> attention_range;
   int32_t cp = -1;            // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
@@ -113,7 +116,8 @@ inline constexpr PackerOptionKey kPackerOptionKeys[] = {{"window", kUsesWindow},
                                                         {"refine_rounds", kUsesRefineRounds},
                                                         {"lookahead", kUsesLookahead},
                                                         {"delay_budget", kUsesDelayBudget},
-                                                        {"bound_delay", kUsesDelayBound}};
+                                                        {"bound_delay", kUsesDelayBound},
+                                                        {"attention_range", kUsesAttentionRange}};
 
 // "--flag is not used by this run: why": an option the run would not use is an error, never
 // silently ignored. `key` is spelled with '_' or '-'.
@@ -160,6 +164,22 @@ absl::Status ParseNumber(const std::string& key, const std::string& text, T& out
       absl::StrFormat("--%s: %s is not %s", key, QuoteForMessage(text), kind));
 }
 
+// "LOW,HIGH" or "exact" (1,1); the range itself is checked by ValidateAttentionRange.
+inline absl::StatusOr<AttentionRange> ParseAttentionRange(const std::string& text) {
+  if (text == "exact") return AttentionRange{};
+  const std::vector<std::string> parts = absl::StrSplit(text, ',');
+  AttentionRange r;
+  if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &r.low) ||
+      !absl::SimpleAtod(parts[1], &r.high)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--attention-range: %s is not LOW,HIGH (two numbers) or exact", QuoteForMessage(text)));
+  }
+  if (absl::Status s = ValidateAttentionRange(r); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--attention-range: ", s.message()));
+  }
+  return r;
+}
+
 }  // namespace detail
 
 // A PlanSpec from key/value pairs (see the file comment); an unknown key, a key given twice or a
@@ -204,6 +224,10 @@ inline absl::StatusOr<PlanSpec> ParsePlanSpec(
       st = detail::ParseNumber(key, value, s.lookahead);
     } else if (key == "bound_delay") {
       st = detail::ParseNumber(key, value, s.bound_delay);
+    } else if (key == "attention_range") {
+      absl::StatusOr<AttentionRange> r = detail::ParseAttentionRange(value);
+      if (!r.ok()) return r.status();
+      s.attention_range = *r;
     } else if (key == "delay_budget") {
       st = detail::ParseNumber(key, value, s.delay_budget);
       if (st.ok() && (!(s.delay_budget >= 0.0) || !std::isfinite(s.delay_budget))) {
@@ -264,6 +288,13 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   if (Given("bound_delay") && !uses(kUsesDelayBound)) {
     return UnusedOption("bound_delay",
                         "it bounds wlb-lookahead's token delay, and --packer is " + packer);
+  }
+  s.options.attention_range = attention_range;
+  if (Given("attention_range") && !uses(kUsesAttentionRange)) {
+    return UnusedOption("attention_range",
+                        "it sets which costs wlb-refine's and wlb-lookahead's refinement must not "
+                        "worsen, and --packer is " +
+                            packer);
   }
   if (Given("window") && !uses(kUsesWindow)) {
     return UnusedOption("window", "it sets fixed-greedy's window, and --packer is " + packer);

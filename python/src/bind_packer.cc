@@ -1,4 +1,6 @@
 // wlb._wlb bindings: the packers (the registry of make_packer.hpp, built through wlb::PlanSpec).
+#include <nanobind/stl/pair.h>
+
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +22,8 @@ void BindPacker(nb::module_& m) {
              std::optional<std::vector<int64_t>> thresholds, std::optional<int> queues,
              std::optional<int> window, std::optional<int> refine_rounds,
              std::optional<int> lookahead, std::optional<double> delay_budget,
-             std::optional<bool> bound_delay) {
+             std::optional<bool> bound_delay,
+             std::optional<std::variant<std::string, std::pair<double, double>>> attention_range) {
             // The keyword arguments as a wlb::PlanSpec: checked as wlb-plan checks its flags.
             wlb::PlanSpec spec;
             spec.packer = name;
@@ -54,6 +57,15 @@ void BindPacker(nb::module_& m) {
             set("lookahead", lookahead, spec.lookahead);
             set("delay_budget", delay_budget, spec.delay_budget);
             set("bound_delay", bound_delay, spec.bound_delay);
+            if (attention_range.has_value()) {  // (low, high) or "exact", checked as wlb-plan does
+              const auto* pair = std::get_if<std::pair<double, double>>(&*attention_range);
+              const std::string text = pair ? absl::StrCat(pair->first, ",", pair->second)
+                                            : std::get<std::string>(*attention_range);
+              spec.attention_range = Unwrap(wlb::detail::ParseAttentionRange(text));
+              spec.MarkGiven("attention_range");
+              shown["attention_range"] = absl::StrCat(
+                  "attention_range=", nb::cast<std::string>(nb::repr(nb::cast(*attention_range))));
+            }
             if (const wlb::PackerInfo* info = wlb::FindPacker(name); info != nullptr) {
               for (const wlb::PackerOptionKey& o : wlb::kPackerOptionKeys) {
                 if (shown.count(o.key) && !info->Uses(o.option)) {
@@ -82,11 +94,11 @@ void BindPacker(nb::module_& m) {
           "micro_batches"_a = 4, "cost"_a = "llama2-7b", "profile_cost"_a = nb::none(),
           "thresholds"_a = nb::none(), "queues"_a = nb::none(), "window"_a = nb::none(),
           "refine_rounds"_a = nb::none(), "lookahead"_a = nb::none(), "delay_budget"_a = nb::none(),
-          "bound_delay"_a = nb::none(),
+          "bound_delay"_a = nb::none(), "attention_range"_a = nb::none(),
           "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
           "None = default thresholds for `queues` queues (None: 2), [] = no queues; an option "
           "the packer does not use (window, thresholds, queues, refine_rounds, lookahead, "
-          "delay_budget, bound_delay) is an error; cost is a preset name (FLOPs, or a shipped "
+          "delay_budget, bound_delay, attention_range) is an error; cost is a preset name (FLOPs, or a shipped "
           "calibration such as h100-flash-llama2-7b-tp8: see CostModel.presets()), "
           "a masked preset (llama2-7b-swa4k, ...: mask-aware FLOPs), a CSV path (a "
           "single-document length,ms profile, or micro-batch measurements with a 'lengths' "
@@ -97,7 +109,10 @@ void BindPacker(nb::module_& m) {
           "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
           "wlb-lookahead's most mean token delay in steps (None: within wlb's); bound_delay = "
           "False lets the delay price alone steer wlb-lookahead (None: True, each step planned "
-          "within wlb-refine's token delay on the same stream).")
+          "within wlb-refine's token delay on the same stream); attention_range = (low, high) "
+          "with 0 <= low <= 1 <= high, or 'exact': wlb-refine's and wlb-lookahead's refinement "
+          "changes must not make a step worse under the cost with attention weighed low..high x "
+          "the planning cost's (None: (1, 2.5) for a FLOP cost, exact for a measured one).")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

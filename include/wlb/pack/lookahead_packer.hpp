@@ -72,11 +72,12 @@ class LookaheadPacker final : public Packer {
   LookaheadPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
                   int refine_rounds, int lookahead,
                   double delay_budget = std::numeric_limits<double>::infinity(),
-                  bool bound_delay = true)
+                  bool bound_delay = true, AttentionRange attention_range = {})
       : Packer(config, std::move(cost)),
         refine_rounds_(refine_rounds),
         lookahead_(lookahead),
         bound_delay_(bound_delay),
+        attention_range_(attention_range),
         held_{.queues = OutlierQueues<Document>(thresholds, config.context), .carry = {}},
         delay_(config, std::move(thresholds), delay_budget),
         sketcher_(config_, cost_) {}
@@ -110,6 +111,9 @@ class LookaheadPacker final : public Packer {
     j["lookahead"] = lookahead_;
     if (std::isfinite(delay_.budget())) j["delay_budget"] = delay_.budget();
     j["bound_delay"] = bound_delay_;
+    if (!attention_range_.exact()) {
+      j["attention_range"] = {attention_range_.low, attention_range_.high};
+    }
     return j;
   }
   nlohmann::json StateJson() const override {
@@ -246,7 +250,10 @@ class LookaheadPacker final : public Packer {
   }
 
   lookahead::StepPacking Packing() const {
-    return {.config = config_, .cost = cost_, .refine_rounds = refine_rounds_};
+    return {.config = config_,
+            .cost = cost_,
+            .refine_rounds = refine_rounds_,
+            .attention_range = attention_range_};
   }
 
   // Plans the front buffered step: scores every candidate, then packs the best one as
@@ -392,6 +399,7 @@ class LookaheadPacker final : public Packer {
   int refine_rounds_;
   int lookahead_;
   bool bound_delay_;  // plan within wlb-refine's delay (PackerOptions::bound_delay)
+  AttentionRange attention_range_;  // refinement's changes must not worsen these costs
   lookahead::Holding held_;
   std::deque<Buffered> buffer_;  // pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -44,7 +45,21 @@ struct PackerOptions {
   // those 160 and 91 of the 300 runs, and on 36 of the 72 streams at S = 128K), at better
   // imbalance where it overspends. With one micro-batch either way the packer is wlb-refine.
   bool bound_delay = true;
+  // wlb-refine, wlb-lookahead: the attention weights, relative to the planning cost, under which
+  // a refinement change must not make a step worse (AttentionRange, pack/refine.hpp). Unset: the
+  // default for the cost, DefaultAttentionRange.
+  std::optional<AttentionRange> attention_range;
 };
+
+// The attention range a refinement uses when none is given: [1, 2.5] for a FLOP cost (unit
+// "flop": nobody calibrated it, and every kernel measured on the H100 weighs attention more than
+// the FLOP presets say, 1.17x (cuDNN, 550M) to 2.3x (wlb's flash, 7B TP-8),
+// docs/guides/calibration.md "Planning under model error"), exact for any other (a measured cost
+// in "ms", whose error is a percent or two and not systematic).
+inline AttentionRange DefaultAttentionRange(const DocumentCost& cost) {
+  if (cost.unit() == "flop") return {.low = 1.0, .high = 2.5};
+  return {};
+}
 
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
@@ -63,12 +78,13 @@ inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
 
 // Which PackerOptions a packer reads (bits of PackerInfo::options).
 enum PackerOption : unsigned {
-  kUsesWindow = 1u << 0,        // window
-  kUsesThresholds = 1u << 1,    // thresholds (wlb-plan: --thresholds or --queues)
-  kUsesRefineRounds = 1u << 2,  // refine_rounds
-  kUsesLookahead = 1u << 3,     // lookahead
-  kUsesDelayBudget = 1u << 4,   // delay_budget
-  kUsesDelayBound = 1u << 5,    // bound_delay
+  kUsesWindow = 1u << 0,          // window
+  kUsesThresholds = 1u << 1,      // thresholds (wlb-plan: --thresholds or --queues)
+  kUsesRefineRounds = 1u << 2,    // refine_rounds
+  kUsesLookahead = 1u << 3,       // lookahead
+  kUsesDelayBudget = 1u << 4,     // delay_budget
+  kUsesDelayBound = 1u << 5,      // bound_delay
+  kUsesAttentionRange = 1u << 6,  // attention_range
 };
 
 // One packer of the registry: what MakePacker builds for `name`. The factory gets a valid config
@@ -98,6 +114,14 @@ inline absl::Status CheckWindow(const PackerConfig& config, const PackerOptions&
         kMaxWindowMicroBatches));
   }
   return absl::OkStatus();
+}
+
+// The attention range a refining packer uses: the given one, checked, or the cost's default.
+inline absl::StatusOr<AttentionRange> CheckAttentionRange(const DocumentCost& cost,
+                                                          const PackerOptions& options) {
+  if (!options.attention_range) return DefaultAttentionRange(cost);
+  if (absl::Status s = ValidateAttentionRange(*options.attention_range); !s.ok()) return s;
+  return *options.attention_range;
 }
 
 // The thresholds and refinement rounds of wlb's packers: the rounds a packer runs (`refines`:
@@ -145,16 +169,20 @@ inline constexpr PackerInfo kPackers[] = {
        return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, *rounds);
      }},
     {"wlb-refine", "wlb, then moves pieces between micro-batches to cut the step's imbalance",
-     kUsesThresholds | kUsesRefineRounds,
+     kUsesThresholds | kUsesRefineRounds | kUsesAttentionRange,
      [](const PackerConfig& config, DocumentCost cost,
         const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
        absl::StatusOr<int> rounds = detail::CheckWlbOptions(config, options, true);
        if (!rounds.ok()) return rounds.status();
-       return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, *rounds);
+       absl::StatusOr<AttentionRange> range = detail::CheckAttentionRange(cost, options);
+       if (!range.ok()) return range.status();
+       return std::make_unique<WlbPacker>(config, std::move(cost), options.thresholds, *rounds,
+                                          *range);
      }},
     {"wlb-lookahead",
      "wlb-refine that sees K prefetched steps ahead (--lookahead), within a delay budget",
-     kUsesThresholds | kUsesRefineRounds | kUsesLookahead | kUsesDelayBudget | kUsesDelayBound,
+     kUsesThresholds | kUsesRefineRounds | kUsesLookahead | kUsesDelayBudget | kUsesDelayBound |
+         kUsesAttentionRange,
      [](const PackerConfig& config, DocumentCost cost,
         const PackerOptions& options) -> absl::StatusOr<std::unique_ptr<Packer>> {
        absl::StatusOr<int> rounds = detail::CheckWlbOptions(config, options, true);
@@ -167,9 +195,11 @@ inline constexpr PackerInfo kPackers[] = {
          return absl::InvalidArgumentError(absl::StrFormat(
              "wlb-lookahead delay budget must be >= 0 steps, got %g", options.delay_budget));
        }
+       absl::StatusOr<AttentionRange> range = detail::CheckAttentionRange(cost, options);
+       if (!range.ok()) return range.status();
        return std::make_unique<LookaheadPacker>(config, std::move(cost), options.thresholds,
                                                 *rounds, options.lookahead, options.delay_budget,
-                                                options.bound_delay);
+                                                options.bound_delay, *range);
      }},
 };
 

@@ -10,16 +10,29 @@
 // moves work from a heavier to a lighter micro-batch without overshooting, so the sum of squared
 // costs strictly falls and rounds cannot cycle. Which documents a step holds is unchanged, so
 // token delay is exactly that of the packing it refines.
+//
+// Planning under model error (AttentionRange): the cost is known only to some error, and when
+// nobody calibrated it the error is systematic (the kernels weigh attention 0.5-2.5x what a FLOP
+// preset says). With a range [low, high] around 1, a change is applied only if, under every cost
+// W_g(d) = g * W_a(d) + W_l(d) with g in [low, high], neither micro-batch of the pair ends heavier
+// than the heaviest one was before it. Both sides are linear in g, so checking g = low and
+// g = high covers the range; the other micro-batches are untouched and the step's documents (so
+// its mean) are the same, so every applied change leaves the step's imbalance under every such
+// cost no higher than before, and the refined step is never worse than the packing it refines
+// under any of them (test/refine_test.cc, RobustRefinementNeverWorseUnderTheFamily).
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/cost/document_cost.hpp"
 #include "wlb/pack/argmin_tree.hpp"
@@ -100,6 +113,26 @@ inline void InsertSorted(std::vector<CostEntry>& sorted, const CostEntry& entry)
 }
 }  // namespace detail
 
+// The attention weights, relative to the planning cost, under which refinement must not make a
+// step worse (see the file comment). {1, 1}: the planning cost is taken as exact.
+struct AttentionRange {
+  double low = 1.0;
+  double high = 1.0;
+
+  bool exact() const { return low == 1.0 && high == 1.0; }
+  friend bool operator==(const AttentionRange&, const AttentionRange&) = default;
+};
+
+// Checks 0 <= low <= 1 <= high (finite): the planning cost itself must be one of the family.
+inline absl::Status ValidateAttentionRange(const AttentionRange& r) {
+  if (!(r.low >= 0.0 && r.low <= 1.0) || !(r.high >= 1.0) || !std::isfinite(r.high)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "attention range must be LOW,HIGH with 0 <= LOW <= 1 <= HIGH (finite), got %g,%g", r.low,
+        r.high));
+  }
+  return absl::OkStatus();
+}
+
 // Partners tried per round, lightest first. The lightest few hold nearly all the useful changes;
 // trying every micro-batch made a round O(N) sorts for a negligible gain (measured on the
 // WLB-LLM-like data at N = 4, 16, 64: mean imbalance within 0.0002, planning time 10-35% lower).
@@ -114,9 +147,25 @@ inline constexpr int kMaxPartners = 8;
 // Each micro-batch's documents are sorted by cost once, on first use, and kept sorted through
 // the changes. a's are walked costliest first, so the window into l's moves one way, and the
 // walk stops where no cheaper a can beat the best change found.
+//
+// With a non-exact `range`, a change must also pass the check of the file comment; the search is
+// otherwise the same (it takes the best change that passes).
 inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
-                              const DocumentCost& cost, int max_rounds) {
+                              const DocumentCost& cost, int max_rounds, AttentionRange range = {}) {
   if (mbs.size() < 2) return 0;
+  const bool robust = !range.exact();
+  const CostModel* poly = cost.polynomial();
+  auto attention = [&](int64_t length) {
+    return poly ? poly->Attention(length) : cost.Attention(length);
+  };
+  // Each micro-batch's attention part (robust only), kept in step with the changes.
+  std::vector<double> attention_sum;
+  if (robust) {
+    attention_sum.assign(mbs.size(), 0.0);
+    for (size_t b = 0; b < mbs.size(); ++b) {
+      for (const Document& d : mbs[b].documents) attention_sum[b] += attention(d.length);
+    }
+  }
   // The heaviest micro-batch (ties to the largest index) and the lightest ones in order (ties to
   // the smallest), from two tournament trees: the heaviest one keys micro-batch b by -cost at leaf
   // n - 1 - b, so its ties go to the largest b. No allocation per micro-batch, where an ordered
@@ -170,6 +219,18 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
           return;
         }
         const double pair_max = std::max(heavy.cost - a.cost + wb, light.cost + a.cost - wb);
+        if (robust && (pair_max < best || (best_a >= 0 && pair_max == best))) {
+          // Under W_g = W + (g - 1) W_a: neither of the pair may end above the heavy one's cost.
+          const double da = attention(a.length) - (b < 0 ? 0.0 : attention(ls[b].length));
+          for (const double g : {range.low, range.high}) {
+            const double heavy_g = heavy.cost + (g - 1.0) * attention_sum[h];
+            const double light_after =
+                light.cost + a.cost - wb + (g - 1.0) * (attention_sum[l] + da);
+            const double heavy_after =
+                heavy.cost - a.cost + wb + (g - 1.0) * (attention_sum[h] - da);
+            if (light_after > heavy_g || heavy_after > heavy_g) return;
+          }
+        }
         if (pair_max < best || (best_a >= 0 && pair_max == best &&
                                 (a.index < best_a || (a.index == best_a && b < best_b)))) {
           best = pair_max;
@@ -216,6 +277,7 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
         detail::EraseSorted(sorted[m], index);
         mb.tokens -= d.length;
         mb.cost -= w;
+        if (robust) attention_sum[m] -= attention(d.length);
         return std::pair(d, w);
       };
       auto add = [&](size_t m, const Document& d, double w) {
@@ -225,6 +287,7 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
                              {w, d.length, static_cast<int64_t>(mb.documents.size()) - 1});
         mb.tokens += d.length;
         mb.cost += w;
+        if (robust) attention_sum[m] += attention(d.length);
       };
       const auto [a, wa] = take(h, best_a);
       if (from_l >= 0) {

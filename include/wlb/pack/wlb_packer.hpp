@@ -196,11 +196,13 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
 class WlbPacker final : public Packer {
  public:
   // `thresholds` must pass ValidateThresholds (MakePacker checks); refine_rounds = 0 is plain WLB.
+  // `attention_range` (refinement only) must pass ValidateAttentionRange.
   WlbPacker(PackerConfig config, DocumentCost cost, std::vector<int64_t> thresholds,
-            int refine_rounds)
+            int refine_rounds, AttentionRange attention_range = {})
       : Packer(config, std::move(cost)),
         queues_(std::move(thresholds), config.context),
-        refine_rounds_(refine_rounds) {}
+        refine_rounds_(refine_rounds),
+        attention_range_(attention_range) {}
 
   std::string_view name() const override { return refine_rounds_ > 0 ? "wlb-refine" : "wlb"; }
   const std::vector<int64_t>& thresholds() const { return queues_.thresholds(); }
@@ -220,6 +222,9 @@ class WlbPacker final : public Packer {
     nlohmann::json j = Packer::ConfigJson();
     j["thresholds"] = queues_.thresholds();
     j["refine_rounds"] = refine_rounds_;
+    if (refine_rounds_ > 0 && !attention_range_.exact()) {
+      j["attention_range"] = {attention_range_.low, attention_range_.high};
+    }
     return j;
   }
   nlohmann::json StateJson() const override {
@@ -285,13 +290,16 @@ class WlbPacker final : public Packer {
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
     std::vector<MicroBatch> mbs =
         detail::PackUnderCap(std::move(released), carry_, fresh, config_, cost_);
-    if (refine_rounds_ > 0) RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_);
+    if (refine_rounds_ > 0) {
+      RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_, attention_range_);
+    }
     return MakeStep(std::move(mbs));
   }
 
   OutlierQueues<Document> queues_;  // Algorithm 1's outlier queues, first in, first out
   detail::LengthOrdered carry_;     // did not fit in the last step
   int refine_rounds_;
+  AttentionRange attention_range_;  // refinement's changes must not worsen these costs
 };
 
 }  // namespace wlb

@@ -69,6 +69,7 @@ struct StepPacking {
   const PackerConfig& config;
   const DocumentCost& cost;
   int refine_rounds;
+  AttentionRange attention_range = {};  // RefineMicroBatches' range
 
   // Packs a step as wlb-refine does; what fits nowhere stays in `carry`.
   std::vector<MicroBatch> PackRefined(std::vector<Document> released, detail::LengthOrdered& carry,
@@ -76,7 +77,7 @@ struct StepPacking {
                                       bool fresh_sorted = false) const {
     std::vector<MicroBatch> mbs =
         detail::PackUnderCap(std::move(released), carry, fresh, config, cost, fresh_sorted);
-    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
+    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds, attention_range);
     return mbs;
   }
 
@@ -100,7 +101,7 @@ struct StepPacking {
     return mbs;
   }
   void Refine(std::vector<MicroBatch>& mbs) const {
-    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds);
+    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds, attention_range);
   }
 
   // One step of Flush()'s drain: every queued outlier released, packed with the carry-over; what
