@@ -15,7 +15,16 @@ yields its PP micro-batches in that order.
         ...                              # mb["input_ids"], mb["position_ids"], mb["cu_seqlens"]
 
 A yielded batch is a list of ``(document, offset, length)`` pieces (documents longer than S are cut
-into pieces of at most S tokens). An epoch is the documents in a seeded random order (``shuffle``),
+into pieces of at most S tokens). Documents of length 0 (Megatron's builder writes them) are
+skipped: counted in ``empty_documents`` and reported once, by a warning when the sampler is built.
+
+Epoch end: every rank yields PP micro-batches per step, in lockstep with the others, so when the
+epoch's last tokens do not fill N micro-batches, some are empty: an empty list of pieces, which
+``PackedCollate`` turns into a batch of 0 tokens (``cu_seqlens`` ``[0]``). Run the step anyway
+(DDP and pipeline schedules wait for every rank): ``wlb.torch.packed_cross_entropy`` gives such a
+micro-batch a zero loss that still has a gradient (never NaN) and the ``(sum, count)`` pair for
+the token-weighted mean across ranks. Hugging Face models cannot run 0 tokens: skip their forward
+on an empty micro-batch, or, under DDP, back-propagate ``0 * sum(p.sum() for p in params)``. An epoch is the documents in a seeded random order (``shuffle``),
 arriving N x S tokens per step as ``wlb.split_into_steps`` cuts them; call ``set_epoch(e)`` before
 each epoch (as with ``DistributedSampler``), or every iteration replays the same order.
 
@@ -32,6 +41,7 @@ uninterrupted run at DP' (or at the old DP).
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -75,10 +85,19 @@ class PackedBatchSampler:
         if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
             raise TypeError(f"lengths must be a 1-D integer array, got {lengths.dtype} with shape "
                             f"{lengths.shape}")
-        bad = np.flatnonzero(lengths < 1)
+        bad = np.flatnonzero(lengths < 0)
         if bad.size:
             raise ValueError(f"document {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
-                             "must be >= 1")
+                             "must be >= 0")
+        empty = np.flatnonzero(lengths == 0)
+        self.empty_documents = int(empty.size)  # skipped: no token to plan
+        # The documents planned, when some are empty (None: all of them; no copy of the indices).
+        self._planned: Optional[np.ndarray] = None
+        if empty.size:
+            self._planned = np.flatnonzero(lengths != 0)
+            warnings.warn(f"PackedBatchSampler: {empty.size} of {lengths.size} documents have no "
+                          f"token (the first: document {int(empty[0])}); they are skipped",
+                          stacklevel=2)
         for name, value in (("pp", pp), ("dp", dp)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -125,8 +144,11 @@ class PackedBatchSampler:
     # ---- planning -----------------------------------------------------------------------------
 
     def _epoch_pieces(self, epoch: int) -> Dict[str, np.ndarray]:
-        order = (np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
-                 if self.shuffle else np.arange(len(self.lengths)))
+        count = len(self.lengths) if self._planned is None else len(self._planned)
+        order = (np.random.default_rng([self.seed, epoch]).permutation(count)
+                 if self.shuffle else np.arange(count))
+        if self._planned is not None:
+            order = self._planned[order]
         pieces = wlb.make_documents(self.lengths[order], self._packer_args["context"])
         out = {c: np.asarray(getattr(pieces, c), dtype=np.int64) for c in _COLUMNS}
         out["ids"] = order[out["ids"]].astype(np.int64)
