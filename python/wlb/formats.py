@@ -263,6 +263,7 @@ class ArrowTokens(_TokenSource):
 
 def jsonl_lengths(path: str, field: str = "length") -> np.ndarray:
     """Document lengths from an integer field of a JSON-lines file (int64 array)."""
+    pa = _pyarrow()
     table = _read_json(os.fspath(path))
     if field not in table.column_names:
         raise KeyError(f"{path}: no field {field!r}; the lines have {table.column_names}")
