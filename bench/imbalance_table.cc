@@ -3,7 +3,8 @@
 //
 //   build/bench/imbalance_table                                   # embedded distribution
 //   build/bench/imbalance_table --docs ../shared/data/doc_lengths_wlbllm_like.json \
-//       --csv docs/results/imbalance.csv --step_csv docs/results/step_costs.csv
+//       --csv docs/results/packing/imbalance_wlbllm_like.csv \
+//       --step_csv docs/results/packing/step_costs_wlbllm_like.csv
 //
 // Rows: original packing; fixed-length greedy over windows of W steps; the fixed-length MILP
 // solver (COIN-OR CBC, time-limited) over windows of W steps; WLB-LLM variable-length packing with

@@ -1,6 +1,6 @@
 // kernel_model_table: the analytic kernel model against measured kernel profile tables.
 //
-//   cd docs/results && ../../build/bench/kernel_model_table
+//   cd docs/results/gpu && ../../../build/bench/kernel_model_table
 //       --profiles h100_kernel_profile_flash.csv,h100_kernel_profile_cudnn.csv
 //
 // A profile table (written by backends/cuda's wlb_cuda_kernel_profiler on a GPU: single causal

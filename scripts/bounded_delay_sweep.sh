@@ -1,8 +1,8 @@
 #!/bin/bash
-# wlb-lookahead's mean token delay against wlb-refine's on 72 streams at S = 128K (README
-# "Bounded delay"): the embedded heavy-tailed and default distributions, N = 4, 16, 64, 20 and 60
-# steps, seeds 1 to 6. Prints each stream that ends above wlb-refine's delay and a summary line
-# (streams, how many ended above, mean imbalance of both packers).
+# wlb-lookahead's mean token delay against wlb-refine's on 72 streams at S = 128K (docs/guides/
+# packers.md, "Bounded delay"): the embedded heavy-tailed and default distributions, N = 4, 16, 64,
+# 20 and 60 steps, seeds 1 to 6. Prints each stream that ends above wlb-refine's delay and a
+# summary line (streams, how many ended above, mean imbalance of both packers).
 #
 #   scripts/bounded_delay_sweep.sh [WLB_PLAN] [EXTRA wlb-lookahead flags, e.g. --bound_delay=false]
 set -euo pipefail

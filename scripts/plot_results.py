@@ -2,12 +2,12 @@
 """Turns the bench tables' CSVs into the PNGs under docs/img/.
 
     pip install matplotlib            # the only dependency
-    scripts/plot_results.py           # reads docs/results/*.csv, writes docs/img/*.png
+    scripts/plot_results.py           # reads docs/results/{packing,estimate}/*.csv, writes docs/img/*.png
 
 Inputs (written by the commands in docs/RESULTS.md):
-  imbalance_wlbllm_like.csv   bench/imbalance_table --csv
-  step_costs_wlbllm_like.csv  bench/imbalance_table --step_csv
-  speedup_wlbllm_like.csv     bench/speedup_table --csv
+  packing/imbalance_wlbllm_like.csv    bench/imbalance_table --csv
+  packing/step_costs_wlbllm_like.csv   bench/imbalance_table --step_csv
+  estimate/speedup_wlbllm_like.csv     bench/speedup_table --csv
 """
 import argparse
 import csv
@@ -107,9 +107,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(root, "docs", "img"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    jobs = [("imbalance_wlbllm_like.csv", plot_imbalance, "imbalance_by_method.png"),
-            ("step_costs_wlbllm_like.csv", plot_step_costs, "step_costs.png"),
-            ("speedup_wlbllm_like.csv", plot_speedup, "speedup_vs_context.png")]
+    jobs = [("packing/imbalance_wlbllm_like.csv", plot_imbalance, "imbalance_by_method.png"),
+            ("packing/step_costs_wlbllm_like.csv", plot_step_costs, "step_costs.png"),
+            ("estimate/speedup_wlbllm_like.csv", plot_speedup, "speedup_vs_context.png")]
     for name, fn, png in jobs:
         path = os.path.join(args.results, name)
         if not os.path.exists(path):

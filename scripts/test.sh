@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Set-up + tests in one command: installs dependencies, builds everything (the CUDA backend too
-# when nvcc is found) and runs the whole ctest suite, then lists the tests that skipped and why
-# (GPU tests without a GPU, data tests without ../shared/data), then installs the Python package
-# into build/pyenv (with PyTorch and the other test dependencies) and runs pytest. Then one more
-# build of the planning library's tests (no CUDA, bench or solver) with clang++, AddressSanitizer
-# and UndefinedBehaviorSanitizer, which also replays the fuzz corpora (fuzz/corpus): the second
+# Set-up + tests in one command: installs dependencies, then builds the library in two trees.
+# (1) The Python test environment build/pyenv (PyTorch and the other test dependencies, installed
+# once per machine). (2) The g++ release tree build/ with everything (the CUDA backend too when
+# nvcc is found) and the Python extension, built with the venv's Python; the whole ctest suite,
+# then the tests that skipped and why (GPU tests without a GPU, data tests without
+# ../shared/data). (3) pip install . into build/pyenv over that same tree, which installs the
+# extension without compiling it again, and pytest over the installed package. (4) The planning
+# library's tests (no CUDA, bench or solver) with clang++, AddressSanitizer and
+# UndefinedBehaviorSanitizer, which also replays the fuzz corpora (fuzz/corpus): the second
 # compiler and the sanitizers in one tree, since every build of the header-only library's tests
-# is slow on two cores (README, Tests).
+# is slow on two cores (docs/guides/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -14,20 +17,25 @@ jobs="$(nproc)"
 library_only=(-G Ninja -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF
               -DWLB_BUILD_SOLVER=OFF)
 
-echo "== release build (g++), every test" >&2
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+echo "== Python test environment (build/pyenv)" >&2
+# PyTorch, pyarrow, hypothesis and nanobind come from python/requirements-test.txt, installed once
+# per machine (scripts/python_env.sh), so the torch and data-format tests run here instead of
+# skipping; nanobind is what the release tree builds the extension with.
+scripts/python_env.sh build --deps-only
+
+echo "== release build (g++) with the Python extension, every test" >&2
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DWLB_BUILD_PYTHON=ON \
+  -DPython_EXECUTABLE="$PWD/build/pyenv/bin/python" "$@"
 cmake --build build --parallel "$jobs"
 ctest --test-dir build --output-on-failure --parallel "$jobs"
 scripts/skipped_tests.py build
 
-echo "== Python package (pip install . into build/pyenv), pytest" >&2
-# pytest runs over the real extension (it also runs build/tools/wlb-plan and
-# build/test/packer_state_tool); PyTorch, pyarrow and hypothesis come from
-# python/requirements-test.txt, installed once per machine (scripts/python_env.sh), so the
-# torch and data-format tests run here instead of skipping. The CUDA backend's GPU scripts (the
-# device verdicts of gtest_report.py, torch_attention_bench.py's signature handling) are tested
-# here too: they run on a GPU machine only once a session has one.
-scripts/python_env.sh build
+echo "== Python package (pip install . over build/, no second compile), pytest" >&2
+# pytest runs over the real installed package (it also runs build/tools/wlb-plan and
+# build/test/packer_state_tool). The CUDA backend's GPU scripts (the device verdicts of
+# gtest_report.py, torch_attention_bench.py's signature handling) are tested here too: they run
+# on a GPU machine only once a session has one.
+scripts/python_env.sh build --reuse-build
 pytest_status=0
 WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests \
   backends/cuda/scripts/gtest_report_test.py backends/cuda/bench/test_torch_attention_bench.py \

@@ -5,6 +5,8 @@
 #include "wlb/sim/dp_assign.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -151,6 +153,21 @@ TEST(AssignDpRanksTest, BadInputsAreErrorsNamingTheValue) {
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->ranks, std::vector<std::vector<int>>(2));
   EXPECT_EQ(empty->step_seconds, 0.0);
+}
+
+// Finite times whose step time would overflow to inf are refused, naming the micro-batch; the
+// largest accepted total still gives finite step times at the largest PP.
+TEST(AssignDpRanksTest, FiniteTimesThatWouldOverflowAreErrors) {
+  const double huge = std::numeric_limits<double>::max() / 4;  // finite, but 4 of them are not
+  std::vector<StageTimes> times(4, StageTimes{huge, huge});
+  absl::StatusOr<DpAssignment> a = AssignDpRanks(times, 2, 2);
+  EXPECT_THAT(a.status().message(), HasSubstr("micro-batch 0: forward time 4.49423e+307 brings"));
+  EXPECT_THAT(Simulate1F1B(times, 2).status().message(), HasSubstr("would overflow"));
+  const double limit = std::numeric_limits<double>::max() / kMaxPipelineSize;
+  times.assign(4, StageTimes{limit / 8, limit / 8});
+  a = AssignDpRanks(times, kMaxPipelineSize, 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(std::isfinite(a->step_seconds) && std::isfinite(a->round_robin_seconds));
 }
 
 }  // namespace dp_assign_test

@@ -26,13 +26,14 @@ DIGESTS = os.path.join(REPO, "test", "golden", "plan_digests.txt")
 PACKERS = ("original", "original-nextfit", "fixed-greedy", "wlb", "wlb-refine", "wlb-lookahead")
 STRATEGIES = ("per-seq", "per-seq-ordered", "per-doc", "adaptive", "hybrid", "te-zigzag",
               "doc-degree")
-KERNEL_PROFILE = "kernel_profile.csv"  # docs/results/h100_kernel_profile_flash.csv
+KERNEL_PROFILE = "kernel_profile.csv"  # docs/results/gpu/h100_kernel_profile_flash.csv
 COST_PROFILE = "cost_profile.csv"
 
 
 def write_inputs(directory):
     """The input files the cases name, in the scratch folder they run in."""
-    with open(os.path.join(REPO, "docs", "results", "h100_kernel_profile_flash.csv")) as src, \
+    profile = os.path.join(REPO, "docs", "results", "gpu", "h100_kernel_profile_flash.csv")
+    with open(profile) as src, \
             open(os.path.join(directory, KERNEL_PROFILE), "w") as dst:
         dst.write(src.read())
     # A length -> ms cost profile (the shape a measured one has) for --cost PROFILE.

@@ -127,5 +127,43 @@ TEST(MegatronIndexTest, DamagedFilesAreErrorsNamingTheField) {
   EXPECT_THAT(Error(bad), HasSubstr("sequence 1 starts at byte 3 of the .bin, expected 10"));
 }
 
+// A header claiming `sequences` and `documents`, then a hole up to `size` bytes (a sparse file:
+// no disk blocks, and nothing a reader could parse past the header).
+std::filesystem::path SparseIndex(uint64_t sequences, uint64_t documents, uint64_t size) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("wlb_megatron_sparse_" + std::to_string(::getpid()) + ".idx");
+  std::string header(kMegatronIndexMagic);
+  PutLe(header, 1, 8);
+  PutLe(header, 4, 1);
+  PutLe(header, sequences, 8);
+  PutLe(header, documents, 8);
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  }
+  std::filesystem::resize_file(path, size);
+  return path;
+}
+
+// The header's counts are checked against the file size before the arrays are read: files
+// larger than any index may be (kMaxInputBytes) are refused for their counts, not read.
+TEST(MegatronIndexTest, CountsAreCheckedAgainstTheFileSizeBeforeReading) {
+  const uint64_t huge = static_cast<uint64_t>(kMaxInputBytes) + 4096;
+  std::filesystem::path path = SparseIndex(static_cast<uint64_t>(kMaxPieces) + 1, 2, huge);
+  absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path.string());
+  EXPECT_THAT(index.status().message(),
+              HasSubstr("16777217 sequences, more than the limit of 16777216"));
+  path = SparseIndex(1000, 2, huge);  // counts within the limits, size far from theirs
+  index = ReadMegatronIndex(path.string());
+  EXPECT_THAT(
+      index.status().message(),
+      HasSubstr(absl::StrFormat("%d bytes: 1000 sequences and 2 documents need 12050", huge)));
+  path = SparseIndex(1000, 2, 100);  // truncated, found from the size alone
+  index = ReadMegatronIndex(path.string());
+  EXPECT_THAT(index.status().message(),
+              HasSubstr("truncated: 100 bytes, 1000 sequences and 2 documents need 12050"));
+  std::filesystem::remove(path);
+}
+
 }  // namespace megatron_index_test
 }  // namespace wlb

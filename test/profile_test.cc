@@ -167,7 +167,7 @@ TEST(ResolveCostModel, FitsTheH100AttentionProfile) {
   absl::StatusOr<ProfileFit> fit = ResolveCostModel(path);
   ASSERT_TRUE(fit.ok()) << fit.status();
   // Attention latency is flat below ~256 tokens and quadratic above: a + b d + c d^2 fits it to
-  // within a few percent on average (measured: see README, "Cost models").
+  // within a few percent on average (measured: docs/guides/calibration.md).
   EXPECT_LT(fit->rms_relative_error, 0.15) << fit->model.description;
   EXPECT_GT(fit->model.attn_quadratic, 0);
   EXPECT_GT(fit->model.per_document, 0);  // the flat part: fixed launch cost per document

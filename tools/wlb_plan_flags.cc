@@ -165,7 +165,7 @@ absl::Status ParseArgs(const std::vector<std::string>& args) {
     }
     if (flag == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("unknown flag %s (README.md lists the flags; --help prints them)",
+          absl::StrFormat("unknown flag %s (--help prints the flags; docs/guides/cli.md)",
                           QuoteForMessage(arg.substr(0, eq))));
     }
     if (!GivenFlags().insert(name).second) {
@@ -317,7 +317,7 @@ std::string RegistryNames(const std::string& registry) {
 std::string HelpText() {
   std::string text =
       "wlb-plan: plans balanced micro-batches for a document stream and reports their balance.\n"
-      "Usage: wlb-plan [--flag=value ...]   (README.md, \"wlb-plan\", has the JSON schema; "
+      "Usage: wlb-plan [--flag=value ...]   (docs/guides/cli.md has the flags and JSON schema; "
       "--helpfull also lists Abseil's flags)\n";
   for (const FlagGroup& g : FlagGroups()) {
     absl::StrAppend(&text, "\n", g.title, ":\n");

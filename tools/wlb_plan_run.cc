@@ -181,7 +181,7 @@ absl::Status PlanStepCp(const StepPlan& step, const PlanSettings& settings,
 int Main(int argc, char** argv) {
   ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
-      "plans balanced micro-batches for a document stream; see README.md for the flags");
+      "plans balanced micro-batches for a document stream; see docs/guides/cli.md for the flags");
   std::vector<std::string> args(argv + 1, argv + argc);
   for (const std::string& a : args) {
     std::string name = a.substr(

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "py_numbers.h"
 #include "wlb/io/megatron_index.hpp"
 #include "wlb/sim/dp_assign.hpp"
 

@@ -168,11 +168,20 @@ void BindSteps(nb::module_& m) {
       "imbalance_degree",
       [](nb::handle values) {
         const std::vector<double> v = ToDouble(values, "values");
-        for (double x : v) {
+        double total = 0.0;  // finite values whose sum overflows would give a mean of inf
+        for (size_t i = 0; i < v.size(); ++i) {
+          const double x = v[i];
           if (!(x >= 0.0) || !std::isfinite(x)) {
             Raise(absl::InvalidArgumentError(
                 absl::StrFormat("imbalance_degree: values must be >= 0 and finite, got %g", x)));
           }
+          if (x > std::numeric_limits<double>::max() - total) {
+            Raise(absl::InvalidArgumentError(absl::StrFormat(
+                "imbalance_degree: values[%d] = %g brings the sum of the values past the largest "
+                "double; scale them down",
+                i, x)));
+          }
+          total += x;
         }
         return wlb::MaxOverMean(v);
       },

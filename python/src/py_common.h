@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "py_numbers.h"
 #include "wlb/wlb.hpp"
 
 namespace nb = nanobind;
@@ -175,13 +176,20 @@ inline std::vector<int64_t> ToInt64(nb::handle obj, const char* what) {
   return out;
 }
 
-// A 1-D array-like of finite floats (latencies): accepts any real dtype.
+// A 1-D array-like of finite floats (latencies): accepts any integer or float dtype; a bool
+// array is a TypeError (numpy would make it 0.0 and 1.0).
 inline std::vector<double> ToDouble(nb::handle obj, const char* what) {
   RejectBytesAndText(obj, what);
   RejectBoolItems(obj, what);
   nb::object a;
   try {
-    a = nb::module_::import_("numpy").attr("asarray")(obj, "dtype"_a = "float64");
+    nb::object numpy = nb::module_::import_("numpy");
+    nb::object given = numpy.attr("asarray")(obj);
+    if (nb::cast<std::string>(given.attr("dtype").attr("kind")) == "b") {
+      throw nb::type_error(
+          absl::StrFormat("%s must be an array of numbers, got a bool array", what).c_str());
+    }
+    a = numpy.attr("asarray")(given, "dtype"_a = "float64");
   } catch (const nb::python_error&) {  // ragged nesting, strings, objects
     throw nb::type_error(absl::StrFormat("%s must be a 1-D array of numbers, got %s", what,
                                          nb::inst_name(obj).c_str())

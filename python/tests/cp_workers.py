@@ -129,31 +129,89 @@ def run_module_twice(rank, world, case):
     return {"builds": module_builds, "equal": all(torch.equal(o, expected) for o in outs)}
 
 
-def run_bad_inputs(rank, world, _payload):
-    """Bad plans and tensors raise on every rank without hanging; the group stays usable."""
+def disagreement_cases():
+    """What the last rank changes in run_disagreements: every field of the agreement, and every
+    check that used to raise on one rank only."""
+    return ["dtype", "kv_heads", "head_dim", "heads", "strategy", "mask", "micro_batch",
+            "plan", "scale", "cp_size", "mix", "meta", "nan_scale", "not_a_plan", "rows", "gqa",
+            "backend"]
+
+
+def run_disagreements(rank, world, payload):
+    """Each case of ``payload["cases"]`` on the whole gloo group and on a subgroup of ranks 0 and
+    1 (one spawn serves both sizes): the group's last rank calls cp_attention differently from
+    the others, and every rank records (case, exception type, message, seconds to raise). The
+    last rank lingers ``payload["linger_s"]`` seconds after raising in the "cp_size" case, so a
+    rank that waited for it would take at least that long. A valid call ends every case: the
+    group must still be in step. Returns {group size: outcomes}."""
+
+    groups = [(None, world)]
+    if world > 2:
+        groups.append((dist.new_group([0, 1]), 2))  # every rank creates it
+    out = {}
+    for group, size in groups:
+        if rank < size:
+            out[size] = _disagreements(rank, size, group, payload)
+    return out
+
+
+def _disagreements(rank, world, group, payload):
+    import time
+
     from wlb.torch import cp_attention, cp_slice
 
-    messages = []
-    lengths = np.array([5, 9, 3], dtype=np.int64)
-    q, k, v, _ = case_tensors({"seed": 1, "q_heads": 4, "kv_heads": 2, "head_dim": 4}, 17)
-    wrong_size = wlb.plan_shards(lengths, world + 1, "per-doc")
+    bad = rank == world - 1
+    lengths = np.array([9, 5, 14, 3], dtype=np.int64)
+    base = {"seed": 4, "q_heads": 4, "kv_heads": 2, "head_dim": 4}
     plan = wlb.plan_shards(lengths, world, "per-doc")
-    ql, kl, vl = (cp_slice(t, plan, rank) for t in (q, k, v))
-    attempts = [
-        ("wrong rank count", lambda: cp_attention(ql, kl, vl, wrong_size)),
-        # Only the last rank's tensors are wrong: every rank must raise, none may hang.
-        ("rows", lambda: cp_attention(ql if rank != world - 1 else ql[:-1] if len(ql) else
-                                      torch.zeros(1, 4, 4, dtype=torch.float64), kl, vl, plan)),
-        ("heads", lambda: cp_attention(ql[:, :3], kl, vl, plan)),
-        ("dtype", lambda: cp_attention(ql.float(), kl, vl, plan)),
-        ("backend", lambda: cp_attention(ql, kl, vl, plan, backend="varlen")),
-        ("not a plan", lambda: cp_attention(ql, kl, vl, "per-doc")),
-    ]
-    for what, call in attempts:
+    results = []
+    for name in payload["cases"]:
+        case_plan_, scale, dtype = plan, None, torch.float64
+        shape = dict(base)
+        if bad:
+            if name == "strategy":
+                case_plan_ = wlb.plan_shards(lengths, world, "per-seq")
+            elif name == "mask":
+                case_plan_ = wlb.plan_shards(lengths, world, "per-doc", layer_mix="window:4")
+            elif name == "micro_batch":
+                case_plan_ = wlb.plan_shards(np.array([9, 5, 14, 4]), world, "per-doc")
+            elif name == "plan":  # same strategy, mask, C and tokens; other documents
+                case_plan_ = wlb.plan_shards(np.array([14, 5, 9, 3]), world, "per-doc")
+            elif name == "cp_size":
+                case_plan_ = wlb.plan_shards(lengths, world + 1, "per-doc")
+            elif name == "mix":
+                case_plan_ = wlb.plan_shards(lengths, world, "per-doc",
+                                             layer_mix="window:4x3,causal")
+            elif name == "dtype":
+                dtype = torch.float32
+            elif name in ("kv_heads", "heads", "head_dim"):
+                shape.update({"kv_heads": {"kv_heads": 1}, "heads": {"q_heads": 2},
+                              "head_dim": {"head_dim": 2}}[name])
+            elif name == "scale":
+                scale = 0.25
+            elif name == "nan_scale":
+                scale = float("nan")
+        rows_plan = plan if name == "cp_size" else case_plan_
+        q, k, v, _ = case_tensors(shape, rows_plan.tokens)
+        ql, kl, vl = (cp_slice(t, rows_plan, rank).to(dtype) for t in (q, k, v))
+        if bad and name == "meta":
+            ql, kl, vl = (t.to("meta") for t in (ql, kl, vl))
+        if bad and name == "rows":
+            ql = ql[:-1] if len(ql) else torch.zeros(1, 4, 4, dtype=dtype)
+        if bad and name == "gqa":
+            ql = ql[:, :3]
+        call_plan = "per-doc" if bad and name == "not_a_plan" else case_plan_
+        backend = "varlen" if bad and name == "backend" else None
+        start = time.perf_counter()
         try:
-            call()
-            messages.append((what, None))
-        except (ValueError, TypeError) as e:
-            messages.append((what, str(e)))
-    o, _ = cp_attention(ql, kl, vl, plan)  # still in step with the other ranks
-    return {"messages": messages, "rows": o.shape[0]}
+            cp_attention(ql, kl, vl, call_plan, group, scale=scale, backend=backend)
+            outcome = (name, None, None, time.perf_counter() - start)
+        except Exception as e:  # noqa: BLE001 - the test compares every rank's exception
+            outcome = (name, type(e).__name__, str(e), time.perf_counter() - start)
+            if bad and name == "cp_size":
+                time.sleep(payload["linger_s"])
+        results.append(outcome)
+        ql, kl, vl = (cp_slice(t, plan, rank) for t in case_tensors(base, plan.tokens)[:3])
+        o, _ = cp_attention(ql, kl, vl, plan, group)  # the group is still in step
+        assert o.shape[0] == plan[rank].tokens
+    return results

@@ -13,8 +13,8 @@ import wlb
 
 torch = pytest.importorskip("torch")
 
-from cp_workers import (case_plan, case_tensors, run_bad_inputs, run_cases,  # noqa: E402
-                        run_module_twice, spawn)
+from cp_workers import (case_plan, case_tensors, disagreement_cases,  # noqa: E402
+                        run_cases, run_disagreements, run_module_twice, spawn)
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
@@ -243,19 +243,99 @@ def test_module_builds_its_index_tensors_once_for_every_layer():
     assert all(r["equal"] for r in results)
 
 
-def test_bad_plans_and_tensors_raise_on_every_rank_without_hanging():
-    world = 2
-    results = spawn(world, run_bad_inputs, None, timeout=120)
-    for rank, result in enumerate(results):
-        messages = dict(result["messages"])
-        assert all(m is not None for m in messages.values()), (rank, messages)
-        assert "cp_size 3" in messages["wrong rank count"] and "2 ranks" in messages["wrong rank count"]
-        expect_rows = "rows but the plan gives" if rank == world - 1 else "another CP rank"
-        assert expect_rows in messages["rows"]
-        assert "multiple of" in messages["heads"]
-        assert "share a dtype" in messages["dtype"]
-        assert "varlen" in messages["backend"] and "CUDA" in messages["backend"]
-        assert "wlb.ShardPlan" in messages["not a plan"]
+# What every rank's shared error must say when the last rank (b) differs in one way; W: world.
+DISAGREEMENTS = {
+    "dtype": (ValueError, ["disagree on dtype", "torch.float32 on rank {b}",
+                           "torch.float64 on rank"]),
+    "kv_heads": (ValueError, ["disagree on kv_heads", "1 on rank {b}"]),
+    "head_dim": (ValueError, ["disagree on head_dim", "2 on rank {b}"]),
+    "heads": (ValueError, ["disagree on heads", "2 on rank {b}"]),
+    "strategy": (ValueError, ["disagree on strategy", "per-seq on rank {b}"]),
+    "mask": (ValueError, ["disagree on mask", "window:4 on rank {b}"]),
+    "micro_batch": (ValueError, ["disagree on micro_batch", "32 tokens on rank {b}"]),
+    "plan": (ValueError, ["disagree on plan"]),
+    "scale": (ValueError, ["disagree on scale", "0.25 on rank {b}", "default on rank"]),
+    "cp_size": (ValueError, ["rank {b}: the plan is for cp_size {W1} but the process group has "
+                             "{W} ranks"]),
+    "mix": (ValueError, ["rank {b}: the plan's layer mix window:4x3,causalx1 has several masks"]),
+    "meta": (ValueError, ["rank {b}: q, k, v are on device meta"]),
+    "nan_scale": (ValueError, ["rank {b}: scale must be a finite number > 0", "nan"]),
+    "not_a_plan": (TypeError, ["rank {b}: plan must be a wlb.ShardPlan, got str"]),
+    "rows": (ValueError, ["rank {b}: q has", "rows but the plan gives rank {b}"]),
+    "gqa": (ValueError, ["rank {b}: q's 3 heads must be a multiple of k/v's 2 heads"]),
+    "backend": (ValueError, ["rank {b}: attention backend 'varlen' needs CUDA tensors"]),
+}
+
+
+def test_ranks_that_disagree_all_raise_the_same_error_naming_field_and_ranks():
+    """One rank differs from the others in one field (dtype, heads, K/V heads, head dim, the
+    plan's strategy, mask, micro-batch, documents or C, a mix plan, meta tensors, scale, not a
+    plan, rows, heads not a multiple of the K/V heads, a backend it cannot run), in a gloo group
+    of 4 and a subgroup of 2 of the same spawn: every rank raises the same exception, naming
+    the field and the rank, and the group stays usable (each case ends with a valid call). The
+    rank with a plan for another group size lingers after raising: the other ranks must have
+    raised without waiting for it. The spawn's timeout is the watchdog: a rank left waiting in
+    a collective fails the test."""
+    cases = disagreement_cases()
+    assert set(cases) == set(DISAGREEMENTS)
+    linger = 2.0
+    results = spawn(4, run_disagreements, {"cases": cases, "linger_s": linger}, timeout=150)
+    for world in (4, 2):
+        for c, name in enumerate(cases):
+            outcomes = [results[r][world][c] for r in range(world)]
+            kind, needles = DISAGREEMENTS[name]
+            where = (world, name, outcomes)
+            assert all(o[1] == kind.__name__ for o in outcomes), where
+            assert len({o[2] for o in outcomes}) == 1, where  # the same message on every rank
+            for needle in needles:
+                assert needle.format(b=world - 1, W=world, W1=world + 1) in outcomes[0][2], where
+            if name == "cp_size":
+                assert all(o[3] < linger for o in outcomes[:-1]), where
+    assert all(set(results[r]) == {4} for r in (2, 3))
+
+
+def test_agreement_records_keep_every_failure_and_name_fields_and_ranks():
+    """The exchanged records (no process group needed): a failure survives any message length,
+    the verdict names every failing rank, or the first differing field and who holds what."""
+    import importlib
+    import json
+
+    cpa = importlib.import_module("wlb.torch.cp_attention")  # the module, not the function
+
+    fields = {"cp_size": 2, "strategy": "per-doc", "dtype": "torch.float64", "heads": 4}
+    huge = "\u00e9\u4e2d" * 5000  # escapes to 6 bytes a character in JSON
+    long_mix = dict(fields, mask="window:4x3,chunk:8x1," * 200)  # a layer mix of many masks
+    entries = [json.loads(cpa._encode(fields, None, "value").rstrip(b"\0")),
+               json.loads(cpa._encode(long_mix, huge, "value").rstrip(b"\0"))]
+    assert len(cpa._encode(long_mix, huge, "value")) == cpa._RECORD_BYTES
+    assert entries[1]["e"] is not None
+    kind, message = cpa._verdict(entries)
+    assert kind is ValueError and "rank 1 of 2 rejected its inputs" in message
+    other = dict(fields, dtype="torch.float32")
+    entries = [json.loads(cpa._encode(f, None, "value").rstrip(b"\0"))
+               for f in (fields, other, fields)]
+    kind, message = cpa._verdict(entries)
+    assert message.startswith("cp_attention: the CP ranks disagree on dtype (torch.float64 on "
+                              "ranks 0, 2; torch.float32 on rank 1)")
+    assert cpa._verdict([entries[0], entries[2]]) is None
+    typed = json.loads(cpa._encode({}, "plan must be a wlb.ShardPlan", "type").rstrip(b"\0"))
+    assert cpa._verdict([entries[0], typed])[0] is TypeError
+
+
+def test_scale_must_be_finite_and_positive():
+    from wlb.torch import CPAttention
+    from wlb.torch.attention import check_scale
+
+    q = torch.zeros(3, 2, 4, dtype=torch.float64)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    for bad in (float("nan"), float("inf"), 0.0, -1.0, True, "0.5"):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            varlen_causal_attention(q, q, q, cu, cu, 3, 3, scale=bad)
+        with pytest.raises(ValueError, match=f"got {bad!r}".replace("(", r"\(")):
+            CPAttention(wlb.plan_shards(np.array([3]), 1, "per-doc"), scale=bad)
+    assert check_scale(None) is None and check_scale(np.float32(0.5)) == 0.5
+    out, _ = varlen_causal_attention(q, q, q, cu, cu, 3, 3, scale=0.5)
+    assert torch.isfinite(out).all()
 
 
 def random_segments(rng, count):

@@ -58,6 +58,17 @@ def _pyarrow():
     return pyarrow
 
 
+def as_int64(values: np.ndarray, what: str) -> np.ndarray:
+    """An integer array as int64, range-checked before the conversion: an unsigned value above
+    int64 is a ValueError naming it as given and its position (``what[i]``), never wrapped."""
+    values = np.asarray(values)
+    if values.dtype == np.uint64 and values.size:
+        big = np.flatnonzero(values > np.uint64(np.iinfo(np.int64).max))
+        if big.size:
+            raise ValueError(f"{what}[{int(big[0])}] = {int(values[big[0]])} does not fit int64")
+    return values.astype(np.int64, copy=False)
+
+
 class _TokenSource:
     """What every source shares: ``lengths`` and bounds-checked ``source[i]``."""
 
@@ -214,15 +225,63 @@ def _read_table(source: Any):
         raise ValueError(f"the files {files} do not share a schema: {e}") from e
 
 
-class ArrowTokens(_TokenSource):
-    """Token ids in a list-of-integers column of an Arrow table (see the module docstring)."""
+def _check_fill(fill: Any) -> Optional[int]:
+    """``fill`` for ArrowTokens: None (nulls are an error) or an integer token id (not a bool)."""
+    if fill is None:
+        return None
+    if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, (int, np.integer)):
+        raise TypeError(f"fill must be None or an integer token id, got {fill!r}")
+    if not -(1 << 63) <= int(fill) < (1 << 63):
+        raise ValueError(f"fill must be a token id within int64, got {fill!r}")
+    return int(fill)
 
-    def __init__(self, source: Any, column: str = "input_ids"):
+
+def _first_null_token(column_data) -> Optional[tuple]:
+    """(row, position in the row) of the first null token id of a list column, or None."""
+    pa = _pyarrow()
+    row_base = 0
+    for chunk in column_data.chunks:
+        values = pa.compute.list_flatten(chunk)
+        if values.null_count:
+            first = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+            parents = pa.compute.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            row = int(parents[first])
+            start = int(np.searchsorted(parents, row, side="left"))
+            return row_base + row, first - start
+        row_base += len(chunk)
+    return None
+
+
+def _check_int64_tokens(column_data, column: str) -> None:
+    """ValueError naming the row of the first uint64 token id above int64 (it would wrap)."""
+    pa = _pyarrow()
+    limit = np.iinfo(np.int64).max
+    row_base = 0
+    for chunk in column_data.chunks:
+        values = pa.compute.list_flatten(chunk)
+        above = pa.compute.fill_null(pa.compute.greater(values, pa.scalar(limit, pa.uint64())),
+                                     False)  # nulls are refused or filled separately
+        big = np.flatnonzero(above.to_numpy(zero_copy_only=False))
+        if big.size:
+            parents = pa.compute.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            raise ValueError(f"column {column!r}: document {row_base + int(parents[big[0]])} "
+                             f"has token id {values[int(big[0])]}, above the int64 limit {limit}")
+        row_base += len(chunk)
+
+
+class ArrowTokens(_TokenSource):
+    """Token ids in a list-of-integers column of an Arrow table (see the module docstring).
+
+    A null inside a row's token list is a ValueError naming the row, unless ``fill`` gives the
+    token id that replaces it (a null row, a missing document, is always an error)."""
+
+    def __init__(self, source: Any, column: str = "input_ids", fill: Optional[int] = None):
         pa = _pyarrow()
         # Workers reopen the files (a path, glob, list or folder travels, never the tokens); an
         # in-memory table or Dataset object is pickled whole, the one exception.
         self._path = _files(source)
         self.column = column
+        self.fill = _check_fill(fill)
         table = _read_table(source)
         if column not in table.column_names:
             raise KeyError(f"no column {column!r}; the table has {table.column_names}")
@@ -230,20 +289,36 @@ class ArrowTokens(_TokenSource):
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
                 kind.value_type):
             raise TypeError(f"column {column!r} must hold lists of integer token ids, got {kind}")
+        if self.fill is not None:
+            try:
+                pa.scalar(self.fill, type=kind.value_type)
+            except (pa.ArrowInvalid, OverflowError) as e:
+                raise ValueError(f"fill {self.fill} is not a {kind.value_type} token id of column "
+                                 f"{column!r}") from e
         column_data = table.column(column)
         lengths = pa.compute.list_value_length(column_data)
         if lengths.null_count:
             first = int(np.flatnonzero(lengths.is_null().to_numpy(zero_copy_only=False))[0])
             raise ValueError(f"column {column!r}: document {first} is null")
         self.lengths = lengths.to_numpy().astype(np.int64)
+        if pa.types.is_uint64(kind.value_type):  # token ids are read as int64: none may wrap
+            _check_int64_tokens(column_data, column)
+        if self.fill is None:
+            null = _first_null_token(column_data)
+            if null is not None:
+                raise ValueError(f"column {column!r}: document {null[0]} has a null token id at "
+                                 f"position {null[1]}; pass fill=<token id> to replace nulls")
         self._load(table)
 
     def _load(self, table) -> None:
         # Chunk by chunk, zero-copy where Arrow allows (a memory-mapped file stays mapped).
+        pa = _pyarrow()
         chunks = table.column(self.column).chunks
         self._chunk_rows = np.cumsum([0] + [len(c) for c in chunks]).astype(np.int64)
         self._offsets = [c.offsets.to_numpy() for c in chunks]  # the chunk's slice applied
-        self._values = [c.values.to_numpy(zero_copy_only=False) for c in chunks]
+        self._values = [(c.values if self.fill is None or not c.values.null_count else
+                         pa.compute.fill_null(c.values, self.fill)).to_numpy(zero_copy_only=False)
+                        for c in chunks]
 
     def __getstate__(self):
         state = dict(self.__dict__)

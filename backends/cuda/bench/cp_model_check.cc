@@ -1,8 +1,8 @@
 // cp_model_check: the kernel model's per-rank forward prediction against rows that
 // wlb_cuda_cp_bench measured on a GPU, offline (no device needed).
 //
-//   wlb_cuda_cp_model_check --json=docs/results/h100_cp_bench_cudnn.jsonl
-//       --profile=docs/results/h100_kernel_profile_cudnn.csv [--heads=32] [--head_dim=128]
+//   wlb_cuda_cp_model_check --json=docs/results/gpu/h100_cp_bench_cudnn.jsonl
+//       --profile=docs/results/gpu/h100_kernel_profile_cudnn.csv [--heads=32] [--head_dim=128]
 //       [--seed=1]
 //
 // Each JSON row (kernel, cp, mb, tokens, strategy, fwd_ms per rank, max_ms) is re-planned here

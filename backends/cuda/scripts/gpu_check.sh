@@ -23,7 +23,7 @@
 #   cp_cudnn   the same on the cudnn engine
 #   torch_cp   wlb.torch's CP attention (PyTorch varlen_attn): checked over NCCL and per strategy,
 #              then timed per rank on cp_bench's plans and paired with the cp stages' rows
-#              (this call's, else the device's committed docs/results rows;
+#              (this call's, else the device's committed docs/results/gpu rows;
 #              WLB_TORCH_CP_MICRO_BATCHES)
 #   layer      the decoder layer: memcheck on small shapes (WLB_LAYER_MEMCHECK=0 skips it), then
 #              layer_bench at 7B-128K (Table 2 from measured latency, fitted profiles, measured
@@ -396,12 +396,12 @@ device_slug() {
 }
 
 # The profile table the cp stages use: this call's (profile stage), else the committed one of
-# this device (docs/results/<device>_kernel_profile_<kernel>.csv), else none (analytic model).
+# this device (docs/results/gpu/<device>_kernel_profile_<kernel>.csv), else none (analytic model).
 profile_for() {
   local kernel=$1 slug f
   slug=$(device_slug)
   for f in "${out}/kernel_profile_${kernel}.csv" \
-           "${repo}/docs/results/${slug}_kernel_profile_${kernel}.csv"; do
+           "${repo}/docs/results/gpu/${slug}_kernel_profile_${kernel}.csv"; do
     [[ -s "${f}" ]] && { echo "${f}"; return; }
   done
 }
@@ -441,7 +441,7 @@ stage_cp_cudnn() { cp_stage cp_cudnn cudnn; }
 # takes one rank per GPU) and every strategy's ranks emulated, each checked against the math
 # backend; then per-rank times on cp_bench's micro-batches and plans (the flash kernel model, as
 # the cp stage), paired with the cp stages' rows when they ran earlier in this call, else with
-# this device's committed rows (docs/results/<device>_cp_bench_<kernel>.jsonl).
+# this device's committed rows (docs/results/gpu/<device>_cp_bench_<kernel>.jsonl).
 stage_torch_cp() {
   local t="${work}/torch_cp" table_path profile=() compare=()
   [[ -f "${dev}/python/wlb/__init__.py" ]] || {
@@ -451,7 +451,7 @@ stage_torch_cp() {
   compare=( $(ls "${work}"/cp/cp_bench_c*.jsonl "${work}"/cp_cudnn/cp_bench_c*.jsonl 2>/dev/null) )
   if [[ ${#compare[@]} -eq 0 ]]; then
     # No cp stage in this call: this device's committed rows (another call, same device class).
-    compare=( $(ls "${repo}/docs/results/$(device_slug)"_cp_bench_{flash,cudnn}.jsonl 2>/dev/null) )
+    compare=( $(ls "${repo}/docs/results/gpu/$(device_slug)"_cp_bench_{flash,cudnn}.jsonl 2>/dev/null) )
   fi
   say "torch_cp: kernel model from ${table_path:-the analytic default}; pairing with ${#compare[@]} cp_bench files: ${compare[*]##*/}"
   run torch_cp torch_cp_bench env PYTHONPATH="${dev}/python" python3 \

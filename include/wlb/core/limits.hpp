@@ -3,7 +3,7 @@
 // Every bound is chosen so that each product the planners form fits in int64 with margin:
 // S x N <= 2^36, W x N <= 2^16 bins, a stream holds <= 2^35 tokens in <= 2^24 pieces, so offsets,
 // step counts and token sums stay far below 2^63. Inputs beyond a bound are rejected with an error
-// naming the value and the bound; nothing is clamped. README.md ("Limits") lists them.
+// naming the value and the bound; nothing is clamped. docs/guides/guarantees.md lists them.
 #pragma once
 
 #include <algorithm>

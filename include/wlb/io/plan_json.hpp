@@ -1,7 +1,7 @@
 // The JSON form of a packing plan, as wlb-plan --format=json writes it.
 //
 //   nlohmann::json j = wlb::PlanToJson(run.steps, packer->Pending(), cost);
-//   j["summary"] = ...;  // wlb-plan adds the summary (see README, "JSON output")
+//   j["summary"] = ...;  // wlb-plan adds the summary (docs/guides/cli.md, "JSON output")
 //
 // {"steps": [{"step", "drain", "partial", "micro_batches": [{"documents": [{"id", "length",
 //   "piece", "offset", "arrival_step"}], "tokens", "cost"}], "imbalance", "lower_bound",

@@ -37,7 +37,7 @@ struct PackerOptions {
   // it accrues, the held tokens' drain or continuation included; LookaheadPacker::
   // PlanWithinWlbDelay); when none does, under the one that comes closest. Measured: no run ends
   // above wlb-refine's mean token delay on heavy-tailed and default streams at S = 128K (32 in
-  // test/lookahead_packer_test.cc, 72 more in README "Bounded delay"), nor on 300 generated
+  // test/lookahead_packer_test.cc, 72 more in docs/guides/packers.md), nor on 300 generated
   // tiny heavy-tailed streams (S <= 2K, documents up to 3S); 1 of 160 seeded tiny runs does, by
   // 3.8% (N = 3): there a step can leave the packer holding as many tokens as wlb but in
   // documents that pack worse. false: the price alone steers delay (above wlb-refine's on 93 of
@@ -48,7 +48,7 @@ struct PackerOptions {
 
 // Default outlier thresholds for `levels` queues: S/2 for one level; S/4, S/2 for two; S/4, S/2,
 // 3S/4 for three; S*i/(levels+1) beyond. These were the best of a grid on the WLB-LLM-like data at
-// S = 128K, N = 4 (README, "Results"); the tuner (wlb/pack/tuner.hpp) picks thresholds for other
+// S = 128K, N = 4 (docs/RESULTS.md); the tuner (wlb/pack/tuner.hpp) picks thresholds for other
 // distributions and delay budgets.
 inline std::vector<int64_t> DefaultThresholds(int64_t context, int levels) {
   std::vector<int64_t> t;

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -65,7 +66,13 @@ inline constexpr int kMaxPipelineSize = 4096;
 
 namespace detail {
 
+// Every time >= 0 and finite, and their sum small enough that no schedule of them overflows: a
+// makespan is at most PP x the sum of all forward and backward times (every operation of every
+// stage one after another), so the sum must stay within DBL_MAX / kMaxPipelineSize; finite times
+// whose step time would be infinite are an error naming the micro-batch where the sum overflows.
 inline absl::Status CheckStageTimes(std::span<const StageTimes> times) {
+  constexpr double kMaxTotal = std::numeric_limits<double>::max() / kMaxPipelineSize;
+  double total = 0.0;
   for (size_t k = 0; k < times.size(); ++k) {
     for (auto [name, v] :
          {std::pair{"forward", times[k].forward}, std::pair{"backward", times[k].backward}}) {
@@ -73,6 +80,13 @@ inline absl::Status CheckStageTimes(std::span<const StageTimes> times) {
         return absl::InvalidArgumentError(
             absl::StrFormat("micro-batch %d: %s time must be >= 0 and finite, got %g", k, name, v));
       }
+      if (v > kMaxTotal - total) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "micro-batch %d: %s time %g brings the step's times to more than %g seconds, where a "
+            "step time would overflow",
+            k, name, v, kMaxTotal));
+      }
+      total += v;
     }
   }
   return absl::OkStatus();

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Callable, Dict, Optional, Tuple
+import numbers
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from ._common import require_torch, torch
 
@@ -276,6 +277,19 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+def check_scale(scale: Any) -> Optional[float]:
+    """``scale`` as a float (None stays None: the default 1 / sqrt(head_dim)); ValueError naming
+    the value unless it is a finite real number > 0 (a bool is not a number here)."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    value = float(scale)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    return value
+
+
 def varlen_causal_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                             max_seqlen_k: int, scale: Optional[float] = None,
                             backend: Optional[str] = None,
@@ -290,7 +304,8 @@ def varlen_causal_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: i
     if window < 0:
         raise ValueError(f"window must be >= 0 (0: no window), got {window}")
     name = select_backend(q.device, q.dtype, backend, window)
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    scale = check_scale(scale)
+    scale = default_scale(q.shape[-1]) if scale is None else scale
     extra = {"window": window} if window > 0 else {}
     return BACKENDS[name](q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                           **extra)

@@ -29,6 +29,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from wlb.formats import as_int64
+
 from ._common import require_torch, torch
 from .packed import PackedSeqParams
 
@@ -60,7 +62,8 @@ class PackedPieces:
             raise ValueError(f"piece (offset {offset}, length {length}) of document {document} "
                              f"is outside its {tokens.size} tokens (do the lengths given to the "
                              "sampler match the dataset?)")
-        return document, offset, tokens[offset:offset + length].astype(np.int64, copy=False)
+        return document, offset, as_int64(tokens[offset:offset + length],
+                                          f"dataset[{document}] token ids from offset {offset}")
 
 
 class PackedCollate:

@@ -28,13 +28,22 @@ every strategy; ``comm_volume`` says what each rank moves.
     out, lse = cp_attention(q, k, v, plan, group=None)          # None: the default group
     layer = CPAttention(plan)                                     # the same as a module
 
-Every check runs before the first collective. Checks that only this rank can fail (its tensors)
-are agreed over the group with one small all-reduce first (``agree_on_errors=True``), so a rank
-with bad inputs makes every rank raise instead of leaving the others waiting in the all-gather.
+Every check runs before the first collective, and the ranks agree before any of them moves a
+row (``agree_on_errors=True``, the default): each rank all-gathers a small fingerprint of what it
+is about to do (the plan's digest: strategy, mask, micro-batch and C; dtype, device type, heads,
+K/V heads, head dim, scale) together with its own checks' verdict (tensors that do not fit the
+plan, a plan for another group size, a mix plan not narrowed with ``for_mask``, tensors on a
+device the group cannot move, ``meta`` included, a bad ``scale`` or backend). The exchange uses a
+tensor on a device every rank of the group can use (CPU under gloo, the current CUDA device under
+NCCL), never the inputs' device. Any rank's failure or any disagreement raises the same
+``ValueError`` on every rank, naming the field and the ranks (``TypeError`` where every failing
+rank was given a wrong type), so no rank waits in a collective that another rank never enters.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -44,7 +53,7 @@ import numpy as np
 import wlb
 
 from ._common import require_torch, torch
-from .attention import select_backend, varlen_causal_attention
+from .attention import check_scale, select_backend, varlen_causal_attention
 
 if torch is not None:
     import torch.distributed as dist
@@ -232,6 +241,162 @@ def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
     return None
 
 
+# ---- agreement: every rank checks, then all ranks compare, before any collective moves a row ----
+
+_RECORD_BYTES = 2048  # one rank's fingerprint and verdict, UTF-8 JSON padded with NULs
+_MESSAGE_CHARS = 600  # a local error longer than this is cut in the shared message
+# Compared across ranks in this order; the first that differs is named in the error.
+_FIELDS = ("cp_size", "strategy", "mask", "micro_batch", "plan", "dtype", "device", "heads",
+           "kv_heads", "head_dim", "scale", "backend")
+
+
+def _exchange_device(group) -> "torch.device":
+    """Where the agreement's tensor lives: a device every rank of the group can use (the current
+    CUDA device for NCCL alone, else the CPU: gloo, or gloo beside NCCL)."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "gloo" not in backend and "cpu" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _device_problem(t: "torch.Tensor", group) -> Optional[str]:
+    """Why the group cannot exchange rows of a tensor on ``t.device``, or None."""
+    kind = t.device.type
+    backend = str(dist.get_backend(group)).lower()
+    allowed = {"cuda"} if backend == "nccl" else {"cpu", "cuda"}
+    if kind not in allowed:
+        return (f"q, k, v are on device {t.device}, which the {backend} group cannot exchange "
+                f"(expected {' or '.join(sorted(allowed))})")
+    return None
+
+
+def plan_digest(plan: wlb.ShardPlan) -> str:
+    """What a plan makes every rank do, as a short hex digest: strategy, mask, C, tokens,
+    capacity and every rank's segments (document, piece, query range: the micro-batch's
+    documents and their cut); the same plan gives the same digest in every process. It reads
+    the plan's segments only, not its index maps (about 1 ms for 200 documents at C = 8)."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{plan.strategy}|{plan.mask or plan.layer_mix}|{plan.cp_size}|{plan.tokens}|"
+             f"{plan.rank_capacity}".encode())
+    for r in range(plan.cp_size):
+        rank = plan[r]
+        for column in (rank.segment_ids, rank.segment_pieces, rank.q_begin, rank.q_end):
+            h.update(np.ascontiguousarray(column, dtype="<i8").tobytes() + b"|")
+    return h.hexdigest()
+
+
+def _fingerprint(q, k, v, plan, group, world: int, rank: int, scale, backend, digest):
+    """(this rank's fingerprint, its local error or None, error kind, chosen backend, scale)."""
+    record: Dict[str, Any] = {}
+    problem, kind, chosen = None, "value", None
+    if not isinstance(plan, wlb.ShardPlan):
+        problem = f"plan must be a wlb.ShardPlan, got {type(plan).__name__}"
+        return record, problem, "type", None, scale
+    record.update(cp_size=plan.cp_size, strategy=plan.strategy, mask=plan.mask or plan.layer_mix,
+                  micro_batch=f"{plan.tokens} tokens", plan=digest(plan))
+    if plan.mask is None:
+        problem = (f"the plan's layer mix {plan.layer_mix} has several masks; pass "
+                   f"plan.for_mask(mask) for this layer's")
+    elif plan.cp_size != world:
+        problem = (f"the plan is for cp_size {plan.cp_size} but the process group has {world} "
+                   f"ranks")
+    tensors = all(isinstance(t, torch.Tensor) for t in (q, k, v))
+    if tensors and q.dim() == 3 and k.dim() == 3:
+        record.update(dtype=str(q.dtype), device=q.device.type, heads=int(q.shape[1]),
+                      kv_heads=int(k.shape[1]), head_dim=int(q.shape[2]))
+    try:
+        scale = check_scale(scale)
+        record["scale"] = "default" if scale is None else repr(scale)
+    except ValueError as e:
+        problem = problem or str(e)
+    if problem is None:
+        problem = _check_inputs(q, k, v, plan, rank)
+        if problem is not None and not tensors:
+            kind = "type"
+    if problem is None:
+        problem = _device_problem(q, group)
+    if problem is None:
+        try:
+            chosen = select_backend(q.device, q.dtype, backend, plan.kernel_window)
+            record["backend"] = chosen
+        except ValueError as e:
+            problem = str(e)
+    return record, problem, kind, chosen, scale
+
+
+def _encode(record: Dict[str, Any], problem: Optional[str], kind: str) -> bytes:
+    """One rank's record as _RECORD_BYTES of JSON: field texts cut to 64 characters (the plan's
+    digest covers what they leave out), the local error cut to fit (never dropped: an empty
+    message still marks the rank as failed), NUL padding."""
+    fields = {key: value[:64] if isinstance(value, str) else value
+              for key, value in record.items()}
+    entry = {"f": fields, "e": None if problem is None else problem[:_MESSAGE_CHARS], "k": kind}
+    blob = json.dumps(entry, sort_keys=True).encode()
+    while len(blob) > _RECORD_BYTES:  # escaped characters: cut the message further
+        entry["e"] = entry["e"][: len(entry["e"]) * 3 // 4]
+        blob = json.dumps(entry, sort_keys=True).encode()
+    return blob.ljust(_RECORD_BYTES, b"\0")
+
+
+def _ranks_text(ranks: List[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _verdict(entries: List[Dict[str, Any]]) -> Optional[Tuple[type, str]]:
+    """The one error every rank raises for these gathered entries (the same on every rank), or
+    None when all ranks passed their checks and agree on every field."""
+    failed = [r for r, e in enumerate(entries) if e["e"] is not None]
+    if failed:
+        kind = TypeError if all(entries[r]["k"] == "type" for r in failed) else ValueError
+        lines = "; ".join(f"rank {r}: {entries[r]['e']}" for r in failed)
+        return kind, (f"cp_attention: {_ranks_text(failed)} of {len(entries)} rejected "
+                      f"{'its' if len(failed) == 1 else 'their'} inputs, so every rank stops "
+                      f"before any collective ({lines})")
+    for field in _FIELDS:
+        groups: Dict[str, List[int]] = {}
+        for r, e in enumerate(entries):
+            groups.setdefault(str(e["f"].get(field)), []).append(r)
+        if len(groups) > 1:
+            shown = "; ".join(f"{value} on {_ranks_text(ranks)}" for value, ranks in groups.items())
+            return ValueError, (f"cp_attention: the CP ranks disagree on {field} ({shown}); every "
+                                f"rank must call it with the same plan, dtype, device type, "
+                                f"head counts, head dim and scale")
+    return None
+
+
+def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
+           cache: Optional[Dict[Any, Any]] = None):
+    """Every rank's checks and fingerprints, compared on every rank before any collective moves
+    a row: returns (backend, scale) when all ranks passed and agree, else raises the same error
+    on every rank. ``agree=False`` checks this rank alone (no exchange). ``cache``: CPAttention's
+    per-plan cache, where the plan's digest is kept after its first call."""
+
+    def digest(p: wlb.ShardPlan) -> str:
+        if cache is None:
+            return plan_digest(p)
+        if "plan_digest" not in cache:
+            cache["plan_digest"] = plan_digest(p)
+        return cache["plan_digest"]
+
+    world = dist.get_world_size(group)
+    record, problem, kind, chosen, scale = _fingerprint(q, k, v, plan, group, world, rank, scale,
+                                                        backend, digest)
+    if not agree:
+        if problem is not None:
+            raise (TypeError if kind == "type" else ValueError)(
+                f"cp_attention on rank {rank}: {problem}")
+        return chosen, scale
+    device = _exchange_device(group)
+    mine = torch.frombuffer(bytearray(_encode(record, problem, kind)), dtype=torch.uint8)
+    gathered = [torch.empty(_RECORD_BYTES, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(gathered, mine.to(device), group=group)
+    entries = [json.loads(bytes(t.cpu().numpy()).rstrip(b"\0")) for t in gathered]
+    verdict = _verdict(entries)
+    if verdict is not None:
+        raise verdict[0](verdict[1])
+    return chosen, scale
+
+
 def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: wlb.ShardPlan,
                  group: Any = None, *, scale: Optional[float] = None,
                  backend: Optional[str] = None, agree_on_errors: bool = True,
@@ -250,35 +415,22 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     ``timings``: if a dict, the forward's wall seconds are added to its "gather_s" (K/V exchange and
     key selection) and "attention_s" (this rank's varlen attention) keys (CUDA is synchronised
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
-    tensors and exchange, so that calling it for every layer builds them once.
+    tensors and exchange (and the plan's digest), so that calling it for every layer builds them
+    once.
     """
     require_torch()
-    if not isinstance(plan, wlb.ShardPlan):
-        raise TypeError(f"plan must be a wlb.ShardPlan, got {type(plan).__name__}")
-    if plan.mask is None:
-        raise ValueError(f"cp_attention: the plan's layer mix {plan.layer_mix} has several masks; "
-                         f"pass plan.for_mask(mask) for this layer's")
-    if not dist.is_available() or not dist.is_initialized():
+    if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
+        if not isinstance(plan, wlb.ShardPlan):
+            raise TypeError(f"plan must be a wlb.ShardPlan, got {type(plan).__name__}")
+        if plan.mask is None:
+            raise ValueError(f"cp_attention: the plan's layer mix {plan.layer_mix} has several "
+                             f"masks; pass plan.for_mask(mask) for this layer's")
         raise RuntimeError("cp_attention needs an initialised torch.distributed process group")
-    world = dist.get_world_size(group)
-    if world != plan.cp_size:
-        raise ValueError(f"the plan is for cp_size {plan.cp_size} but the process group has "
-                         f"{world} ranks")
     rank = dist.get_rank(group)
-    problem = _check_inputs(q, k, v, plan, rank)
-    if problem is None:
-        try:
-            chosen = select_backend(q.device, q.dtype, backend, plan.kernel_window)
-        except ValueError as e:
-            problem = str(e)
-    if agree_on_errors:
-        flag = torch.tensor([0 if problem is None else 1], dtype=torch.int32,
-                            device=q.device if isinstance(q, torch.Tensor) else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if problem is None and int(flag.item()) != 0:
-            problem = "another CP rank rejected its inputs (see its error)"
-    if problem is not None:
-        raise ValueError(f"cp_attention on rank {rank}: {problem}")
+    if rank < 0:
+        raise ValueError("cp_attention: this process is not a member of the given group")
+    chosen, scale = _agree(q, k, v, plan, group, rank, scale, backend, agree_on_errors,
+                           _rank_plans)
     if _rank_plans is None:
         rp = _rank_plan(plan, rank, q.device)
     else:
@@ -324,7 +476,7 @@ class CPAttention(torch.nn.Module if torch is not None else object):
                  backend: Optional[str] = None, agree_on_errors: bool = True):
         require_torch()
         super().__init__()
-        self.plan, self.group, self.scale = plan, group, scale
+        self.plan, self.group, self.scale = plan, group, check_scale(scale)
         self.backend, self.agree_on_errors = backend, agree_on_errors
         # This rank's index tensors and exchange, per (rank, device): built at the first forward,
         # reused by every later one (one module serves every layer of a micro-batch).

@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 import wlb
+from wlb.formats import as_int64
 
 from ._common import require_torch, torch
 
@@ -97,7 +98,7 @@ class PackedDataset(_IterableDataset):
                 f"dataset[{index}] must be a 1-D sequence of integer token ids, got "
                 f"{tokens.dtype} with shape {tokens.shape}"
             )
-        return tokens.astype(np.int64, copy=False)
+        return as_int64(tokens, f"dataset[{index}] token ids")
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         info = torch.utils.data.get_worker_info()

@@ -41,7 +41,10 @@ uninterrupted run at DP' (or at the old DP).
 from __future__ import annotations
 
 import copy
+import hashlib
+import numbers
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -66,6 +69,47 @@ def _join(parts: Sequence[Dict[str, Any]]) -> Dict[str, np.ndarray]:
                               [np.zeros(0, np.int64)]) for c in _COLUMNS}
 
 
+_FINGERPRINT_CHUNK = 1 << 26  # bytes of lengths hashed per task (64 MiB)
+
+
+def corpus_fingerprint(lengths: np.ndarray) -> str:
+    """A SHA-256 digest of the int64 lengths array (its bytes, little-endian), hashed in 64 MiB
+    chunks on a thread pool (hashlib releases the GIL; SHA-256 runs on the CPU's SHA extensions
+    where it has them: 2.1x BLAKE2b's speed on this project's machine) and the chunk digests
+    hashed again with the count: any changed, added, removed or reordered length changes it,
+    unlike a count and a sum. A memory-mapped array is read once, chunk by chunk (cost:
+    bench/python_fingerprint_bench.py)."""
+    data = np.ascontiguousarray(lengths, dtype="<i8")
+    view = memoryview(data).cast("B")
+    spans = range(0, len(view), _FINGERPRINT_CHUNK)
+
+    def digest(start: int) -> bytes:
+        return hashlib.sha256(view[start:start + _FINGERPRINT_CHUNK]).digest()
+
+    if len(spans) > 1:
+        with ThreadPoolExecutor() as pool:
+            parts = list(pool.map(digest, spans))
+    else:
+        parts = [digest(start) for start in spans]
+    top = hashlib.sha256(b"wlb-lengths\0" + len(data).to_bytes(8, "little"))
+    for part in parts:
+        top.update(part)
+    return top.hexdigest()[:32]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_int(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
+    """``value`` as an int in [low, high]; ValueError naming ``name`` and the value (a bool is
+    not an integer here)."""
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
+    return int(value)
+
+
 class PackedBatchSampler:
     """Yields this DP rank's micro-batches of packed steps (see the module docstring).
 
@@ -81,14 +125,7 @@ class PackedBatchSampler:
                  model: str = "llama2-7b", tp: int = 1, cp: int = 1, gemm_tflops: float = 500.0,
                  **packer_args):
         require_torch()
-        lengths = np.asarray(lengths)
-        if lengths.ndim != 1 or (lengths.size and not np.issubdtype(lengths.dtype, np.integer)):
-            raise TypeError(f"lengths must be a 1-D integer array, got {lengths.dtype} with shape "
-                            f"{lengths.shape}")
-        bad = np.flatnonzero(lengths < 0)
-        if bad.size:
-            raise ValueError(f"document {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
-                             "must be >= 0")
+        lengths = _checked_lengths(lengths)
         empty = np.flatnonzero(lengths == 0)
         self.empty_documents = int(empty.size)  # skipped: no token to plan
         # The documents planned, when some are empty (None: all of them; no copy of the indices).
@@ -99,10 +136,12 @@ class PackedBatchSampler:
                           f"token (the first: document {int(empty[0])}); they are skipped",
                           stacklevel=2)
         for name, value in (("pp", pp), ("dp", dp)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not isinstance(rank, int) or not 0 <= rank < dp:
+            _check_int(name, value, 1, _MAX_MICRO_BATCHES)
+        if not _is_int(rank) or not 0 <= rank < dp:
             raise ValueError(f"rank must be in [0, dp = {dp}), got {rank!r}")
+        _check_int("seed", seed, 0)
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise ValueError(f"shuffle must be a bool, got {shuffle!r}")
         if assign not in ("model", "round_robin"):
             raise ValueError(f"assign must be 'model' or 'round_robin', got {assign!r}")
         if "micro_batches" in packer_args:
@@ -114,16 +153,20 @@ class PackedBatchSampler:
         packer_args.setdefault("cost", model)
         self._packer_args = dict(packer_args, name=packer, context=context, micro_batches=pp * dp)
         wlb.Packer(**self._packer_args)  # bad packer arguments fail here, not in the loader
-        self._corpus_key = {"documents": len(self.lengths), "tokens": int(self.lengths.sum()),
-                            "seed": seed, "shuffle": shuffle, "packer": packer}
+        self._corpus_key = {"documents": len(self.lengths), "seed": seed, "shuffle": shuffle,
+                            "packer": packer}
+        self._fingerprint: Optional[str] = None  # corpus_fingerprint, hashed on first use
         self.epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
         self._state: Dict[str, Any] = self._start_state(self.epoch)
         self._live: Optional[Dict[str, Any]] = None
 
     def _corpus(self) -> Dict[str, Any]:
-        """What a state must agree on to resume: the documents, their order and the packer."""
-        return dict(self._corpus_key)
+        """What a state must agree on to resume: the documents (their count and the fingerprint
+        of their lengths), their order and the packer."""
+        if self._fingerprint is None:
+            self._fingerprint = corpus_fingerprint(self.lengths)
+        return dict(self._corpus_key, lengths_sha256=self._fingerprint)
 
     @property
     def micro_batches(self) -> int:
@@ -178,17 +221,13 @@ class PackedBatchSampler:
             packer.load_state_dict(state["packer"])
         consumed, queued = state["consumed"], state["queued"]
         skip_steps, skip_mbs = (0, 0) if elastic else (state["step_in_push"], state["micro_batch"])
-        steps = state["steps"]
+        # Steps finished before the first one yielded here: a state saved after its step's last
+        # micro-batch counts that step, which is yielded again (with nothing left to give).
+        steps = state["steps"] - (1 if not elastic and state["micro_batch"] == self.pp else 0)
         tokens_per_step = self._packer_args["context"] * self.micro_batches
-        total = len(pieces["ids"])
         while True:
             before = {"packer": packer.state_dict(), "consumed": consumed, "queued": queued}
-            # A piece arrives in the step its first token lies in (as wlb.split_into_steps).
-            end = min(total, int(np.searchsorted(
-                pieces["starts"], pieces["starts"][consumed] + tokens_per_step, side="left")))
-            arrivals = _join([queued, {c: pieces[c][consumed:end] for c in _COLUMNS}])
-            final = len(arrivals["ids"]) == 0
-            ready = packer.flush() if final else packer.push(wlb.Documents(**arrivals))
+            ready, end, final = _push(packer, pieces, consumed, queued, tokens_per_step)
             consumed, queued = end, _join([])
             for index, step in enumerate(ready):
                 if index < skip_steps:
@@ -246,24 +285,234 @@ class PackedBatchSampler:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next iteration resumes after the micro-batch this state was taken at; a state of
-        another DP size resumes elastically (see the module docstring)."""
+        another DP size resumes elastically (see the module docstring).
+
+        Every field is checked against this sampler's corpus (the fingerprint of its lengths)
+        and the plan the state implies before anything changes, and a bad one is a ValueError
+        naming it: types and ranges; every queued piece inside its document, cut at S as the
+        epoch cuts it, already arrived and held once; the push the state was taken in is
+        replayed, so its step and micro-batch must exist and its elastic part must be exactly
+        what that push leaves untrained."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"PackedBatchSampler state must be a dict with version "
                              f"{_STATE_VERSION}, got "
                              f"{state.get('version') if isinstance(state, dict) else state!r}")
-        if state["context"] != self._packer_args["context"] or state["pp"] != self.pp:
-            raise ValueError(f"the state was saved with context {state['context']} and PP "
-                             f"{state['pp']}; this sampler has context "
-                             f"{self._packer_args['context']} and PP {self.pp} (only DP may change)")
-        if state.get("corpus") != self._corpus():
-            raise ValueError(f"the state was saved for {state.get('corpus')}; this sampler has "
-                             f"{self._corpus()}")
-        state = copy.deepcopy(state)
+        state = _validate_state(self, copy.deepcopy(state))
         if state["dp"] != self.dp and "elastic_queued" in state:
-            state.update(packer=None, consumed=state["elastic_consumed"],
+            # What is not trained yet, as the queue of a state before its first micro-batch at
+            # this DP (it validates as one if it is saved again before iterating).
+            state.update(packer=None, consumed=state["elastic_consumed"], dp=self.dp,
                          queued=state["elastic_queued"], step_in_push=0, micro_batch=0)
-        elif state["packer"] is not None:
-            wlb.Packer(**self._packer_args).load_state_dict(state["packer"])  # rejects a bad blob
+            del state["elastic_consumed"], state["elastic_queued"]
         self.epoch = state["epoch"]
         self._resume = state
         self._state = state
+
+
+_MAX_MICRO_BATCHES = 4096  # N = PP x DP (wlb/core/limits.hpp kMaxMicroBatches)
+_MAX_COUNTER = 1 << 40  # epochs and steps in a state (kMaxStateCounter)
+_STATE_KEYS = {"version", "epoch", "pp", "dp", "context", "corpus", "steps", "packer", "consumed",
+               "queued", "step_in_push", "micro_batch"}
+_ELASTIC_KEYS = {"elastic_consumed", "elastic_queued"}
+
+
+def _checked_lengths(lengths: Any) -> np.ndarray:
+    """Document lengths as int64, range-checked before any conversion: a 1-D integer array (no
+    bools, no floats), every length >= 0 (empty documents are skipped) and within int64 as given (an unsigned length above
+    int64 is named as given, not wrapped), and their sum within int64."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer) or
+                                               lengths.dtype == np.bool_)):
+        raise TypeError(f"lengths must be a 1-D integer array, got {lengths.dtype} with shape "
+                        f"{lengths.shape}")
+    if lengths.size == 0:
+        return lengths.astype(np.int64)
+    bad = np.flatnonzero(lengths < 0)
+    if bad.size:
+        raise ValueError(f"document {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
+                         "must be >= 0")
+    limit = np.iinfo(np.int64).max
+    if lengths.dtype == np.uint64:
+        big = np.flatnonzero(lengths > np.uint64(limit))
+        if big.size:
+            raise ValueError(f"document {int(big[0])} has length {int(lengths[big[0]])}, above "
+                             f"the int64 limit {limit}")
+    lengths = lengths.astype(np.int64)
+    if int(lengths.max()) > limit // len(lengths) and sum(int(x) for x in lengths) > limit:
+        raise ValueError(f"the lengths add up to more than {limit} tokens")
+    return lengths
+
+
+def _push(packer: Any, pieces: Dict[str, np.ndarray], consumed: int, queued: Dict[str, Any],
+          tokens_per_step: int) -> Tuple[List[Any], int, bool]:
+    """One planning push (``_plan``'s, and the state check's replay of it): the queued pieces,
+    then the pieces arriving in the next N x S tokens (a piece arrives in the step its first
+    token lies in, as wlb.split_into_steps); at the end of the epoch, the packer's flush.
+    Returns (ready steps, the new consumed count, whether it was the flush)."""
+    total = len(pieces["ids"])
+    end = min(total, int(np.searchsorted(
+        pieces["starts"], pieces["starts"][consumed] + tokens_per_step, side="left")))
+    arrivals = _join([queued, {c: pieces[c][consumed:end] for c in _COLUMNS}])
+    final = len(arrivals["ids"]) == 0
+    ready = packer.flush() if final else packer.push(wlb.Documents(**arrivals))
+    return ready, end, final
+
+
+def _state_columns(name: str, value: Any) -> Dict[str, np.ndarray]:
+    """A state's queue (ids, lengths, pieces, offsets columns) as int64 arrays; ValueError
+    naming the field unless each column is a 1-D integer array (or list) of one common size."""
+    if not isinstance(value, dict) or set(value) != set(_COLUMNS):
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise ValueError(f"state '{name}' must be a dict of the columns {list(_COLUMNS)}, got "
+                         f"{keys}")
+    out = {}
+    for c in _COLUMNS:
+        column = value[c]
+        if isinstance(column, list) and not all(_is_int(x) for x in column):
+            raise ValueError(f"state '{name}.{c}' must hold integers, got "
+                             f"{next(x for x in column if not _is_int(x))!r}")
+        array = np.asarray(column)
+        if array.ndim != 1 or (array.size and (not np.issubdtype(array.dtype, np.integer) or
+                                               array.dtype == np.bool_)):
+            raise ValueError(f"state '{name}.{c}' must be a 1-D integer array, got "
+                             f"{array.dtype} with shape {array.shape}")
+        if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"state '{name}.{c}' holds {int(array.max())}, above int64")
+        out[c] = array.astype(np.int64)
+    sizes = {c: len(out[c]) for c in _COLUMNS}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"state '{name}' columns differ in size: {sizes}")
+    return out
+
+
+def _same_columns(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
+    return all(np.array_equal(a[c], b[c]) for c in _COLUMNS)
+
+
+def _check_pieces(name: str, columns: Dict[str, np.ndarray], lengths: np.ndarray, context: int,
+                  pieces: Dict[str, np.ndarray], arrived: int, held: Dict[int, list]) -> None:
+    """Every row of a state's queue lies inside its document and inside the piece it names (the
+    piece's S-token span, as make_documents cuts it; a packer may cut a piece further), belongs
+    to a piece among the first ``arrived`` pieces of the epoch, and overlaps no other piece held
+    (``held``: document -> [(offset, end, where)] of the queues checked before)."""
+    ids, lens, idx, offs = (columns[c] for c in ("ids", "lengths", "pieces", "offsets"))
+    n = len(lengths)
+    for row in range(len(ids)):
+        doc, piece, offset, length = int(ids[row]), int(idx[row]), int(offs[row]), int(lens[row])
+        where = f"state '{name}' row {row} (document {doc}, piece {piece})"
+        if not 0 <= doc < n:
+            raise ValueError(f"{where}: no document {doc} in a corpus of {n}")
+        size = int(lengths[doc])
+        if (piece < 0 or length < 1 or offset < piece * context or
+                offset + length > min((piece + 1) * context, size)):
+            raise ValueError(f"{where}: tokens [{offset}, {offset + length}) are not inside piece "
+                             f"{piece} of a {size}-token document cut at S = {context}")
+        for begin, stop, other in held.get(doc, ()):
+            if offset < stop and begin < offset + length:
+                raise ValueError(f"{where}: tokens [{offset}, {offset + length}) are also held "
+                                 f"by {other}")
+        held.setdefault(doc, []).append((offset, offset + length, where))
+    if not len(ids):
+        return
+    # Each held piece must have arrived: among the epoch's first `arrived` pieces.
+    head_ids, head_pieces = pieces["ids"][:arrived], pieces["pieces"][:arrived]
+    hit = np.flatnonzero(np.isin(head_ids, ids))
+    present = set(zip(head_ids[hit].tolist(), head_pieces[hit].tolist()))
+    for row in range(len(ids)):
+        if (int(ids[row]), int(idx[row])) not in present:
+            raise ValueError(f"state '{name}' row {row} (document {int(ids[row])}, piece "
+                             f"{int(idx[row])}) has not arrived by piece {arrived} of the epoch")
+
+
+def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dict[str, Any]:
+    """``state`` checked field by field against the sampler's corpus and the plan it implies
+    (ValueError naming the field), with its queues as int64 columns. See load_state_dict."""
+    missing = sorted(_STATE_KEYS - set(state))
+    if missing:
+        raise ValueError(f"PackedBatchSampler state has no {missing} entries")
+    elastic = _ELASTIC_KEYS & set(state)
+    if elastic and elastic != _ELASTIC_KEYS:
+        raise ValueError(f"PackedBatchSampler state has {sorted(elastic)} without "
+                         f"{sorted(_ELASTIC_KEYS - elastic)}")
+    unknown = sorted(set(state) - _STATE_KEYS - _ELASTIC_KEYS)
+    if unknown:
+        raise ValueError(f"PackedBatchSampler state has unknown entries {unknown}")
+    context = sampler._packer_args["context"]
+    if (state["context"] != context or state["pp"] != sampler.pp or not _is_int(state["pp"]) or
+            not _is_int(state["context"])):
+        raise ValueError(f"the state was saved with context {state['context']!r} and PP "
+                         f"{state['pp']!r}; this sampler has context {context} and PP "
+                         f"{sampler.pp} (only DP may change)")
+    if state["corpus"] != sampler._corpus():
+        raise ValueError(f"state 'corpus' is {state['corpus']!r}; this sampler has "
+                         f"{sampler._corpus()}")
+    epoch = _check_int("state 'epoch'", state["epoch"], 0, _MAX_COUNTER)
+    dp = _check_int("state 'dp'", state["dp"], 1, _MAX_MICRO_BATCHES // sampler.pp)
+    steps = _check_int("state 'steps'", state["steps"], 0, _MAX_COUNTER)
+    pieces = sampler._epoch_pieces(epoch)
+    total = len(pieces["ids"])
+    consumed = _check_int("state 'consumed'", state["consumed"], 0, total)
+    step_in_push = _check_int("state 'step_in_push'", state["step_in_push"], 0, _MAX_COUNTER)
+    micro_batch = _check_int("state 'micro_batch'", state["micro_batch"], 0, sampler.pp)
+    queued = _state_columns("queued", state["queued"])
+    state["queued"] = queued
+    blob = state["packer"]
+    args = dict(sampler._packer_args, micro_batches=sampler.pp * dp)
+    packer = wlb.Packer(**args)
+    if blob is not None:
+        if not isinstance(blob, dict):
+            raise ValueError(f"state 'packer' must be None or a Packer.state_dict(), got "
+                             f"{type(blob).__name__}")
+        try:
+            packer.load_state_dict(blob)  # the C++ checks of the blob
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"state 'packer': {e}") from e
+    held: Dict[int, list] = {}
+    _check_pieces("queued", queued, sampler.lengths, context, pieces, consumed, held)
+    _check_pieces("packer", _columns(packer.pending), sampler.lengths, context, pieces, consumed,
+                  held)
+    if not elastic:
+        # Only a state before its first micro-batch has no elastic part (a start state, or one
+        # restored elastically and saved again before iterating).
+        if step_in_push or micro_batch:
+            raise ValueError(f"state 'step_in_push' {step_in_push} and 'micro_batch' "
+                             f"{micro_batch} need the state's elastic entries")
+        if blob is None and not queued["ids"].size and (consumed or steps):
+            raise ValueError(f"state 'consumed' {consumed} and 'steps' {steps}: a state without "
+                             f"a packer or queue is the start of an epoch (0 and 0)")
+        return state
+    if micro_batch < 1:
+        raise ValueError(f"state 'micro_batch' must be in [1, {sampler.pp}] after a micro-batch "
+                         f"was given, got {micro_batch}")
+    # Replay the push the state was taken in: the elastic entries follow from the exact ones.
+    tokens_per_step = context * sampler.pp * dp
+    try:
+        ready, end, _ = _push(packer, pieces, consumed, queued, tokens_per_step)
+    except ValueError as e:
+        raise ValueError(f"state 'queued' / 'consumed' / 'packer': the push the state was taken "
+                         f"in cannot be replayed: {e}") from e
+    if step_in_push >= len(ready):
+        raise ValueError(f"state 'step_in_push' is {step_in_push} but the push it names plans "
+                         f"{len(ready)} steps")
+    done = micro_batch == sampler.pp
+    if steps < step_in_push + done:
+        raise ValueError(f"state 'steps' {steps} is below the {step_in_push + done} steps its "
+                         f"push finished")
+    if state["elastic_consumed"] != end or not _is_int(state["elastic_consumed"]):
+        raise ValueError(f"state 'elastic_consumed' is {state['elastic_consumed']!r}; its push "
+                         f"consumes up to piece {end}")
+    rest = _join([_columns(mb) for step in ready[step_in_push + done:]
+                  for mb in step.micro_batches] + [_columns(packer.pending)])
+    queue = _state_columns("elastic_queued", state["elastic_queued"])
+    if not _same_columns(queue, rest):
+        raise ValueError(f"state 'elastic_queued' ({len(queue['ids'])} pieces) is not what its "
+                         f"push leaves untrained ({len(rest['ids'])} pieces)")
+    state["elastic_queued"] = queue
+    if dp != sampler.dp:  # an elastic restore starts by pushing that queue to a new packer
+        try:
+            _push(wlb.Packer(**sampler._packer_args), pieces, end, queue,
+                  context * sampler.micro_batches)
+        except ValueError as e:
+            raise ValueError(f"state 'elastic_queued' cannot be pushed to a packer for "
+                             f"N = {sampler.micro_batches}: {e}") from e
+    return state

@@ -47,7 +47,7 @@ inline constexpr double kDelayPrice = 0.01;
 // Bounded (PackerOptions::bound_delay), delay is compared as it accrues and the price per N x S
 // token-steps is kBoundedDelayPrice; the real-packing check, not the price, keeps the delay
 // within wlb-refine's. Measured when the check was introduced (72 heavy-tailed and default
-// streams at S = 128K, N = 4 to 64, README "Bounded delay"; mean imbalance): 0.01 1.0565 (one
+// streams at S = 128K, N = 4 to 64, docs/guides/packers.md; mean imbalance): 0.01 1.0565 (one
 // stream above wlb-refine's delay), 0.03 1.0544, 0.1 1.0546; 0 was worse at N = 4 (heavy tail
 // seed 5: 1.0896 against 1.0686 at 0.03; it spends the delay early and is then held to wlb's).
 inline constexpr double kBoundedDelayPrice = 0.03;

@@ -79,7 +79,7 @@ struct AttentionOptions {
   bool backward = true;  // allocate the backward workspace (fp32 dQ, 4 * total_q * heads * dim B)
   // Flash kernels: how blocks map to (tile, head); see attention_tiles.h. Same results, only the
   // schedule (and so the L2 reuse of K/V) differs. Head-major is the default: on an H100
-  // (2026-11-25, wlb_cuda_attention_bench, docs/results/h100_attention.md) it took 0.63-0.97 of
+  // (2026-11-25, wlb_cuda_attention_bench, docs/results/gpu/h100_attention.md) it took 0.63-0.97 of
   // heaviest-first's backward time and 0.81-1.01 of its forward time; heaviest-first's forward
   // at 16K hit L2 1.3% of the time and ran DRAM-bound at 2.5 TB/s, head-major's 96%.
   BlockOrder block_order = BlockOrder::kHeadMajor;
