@@ -83,9 +83,15 @@ TEST(MegatronIndexTest, ReadLengthsFileReadsIdxFiles) {
                                      ("wlb_megatron_" + std::to_string(::getpid()) + ".idx");
   {
     std::ofstream f(path, std::ios::binary);
-    const std::string bytes = IndexBytes({5, 19, 8}, {0, 2, 3});
+    // An empty sequence (Megatron's builder writes them) is read, counted and not planned.
+    const std::string bytes = IndexBytes({5, 0, 19, 8}, {0, 2, 4});
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
+  absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path.string());
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->sequence_lengths, (std::vector<int64_t>{5, 0, 19, 8}));
+  EXPECT_EQ(index->sequence_pointers, (std::vector<int64_t>{0, 10, 10, 48}));
+  EXPECT_EQ(index->empty_sequences, 1);
   absl::StatusOr<std::vector<int64_t>> lengths = ReadLengthsFile(path.string());
   ASSERT_TRUE(lengths.ok()) << lengths.status();
   EXPECT_EQ(*lengths, (std::vector<int64_t>{5, 19, 8}));
@@ -111,7 +117,7 @@ TEST(MegatronIndexTest, DamagedFilesAreErrorsNamingTheField) {
   bad = good;
   bad[25] = 0x7f;  // sequence count ~ 2^63
   EXPECT_THAT(Error(bad), HasSubstr("more than the limit"));
-  EXPECT_THAT(Error(IndexBytes({5, 0, 8}, {0, 3})), HasSubstr("sequence 1 has length 0"));
+  EXPECT_THAT(Error(IndexBytes({5, -1, 8}, {0, 3})), HasSubstr("sequence 1 has length -1"));
   EXPECT_THAT(Error(IndexBytes({5, 19}, {0, 2, 1})), HasSubstr("document index 2 is 1"));
   EXPECT_THAT(Error(IndexBytes({5, 19}, {1, 2})), HasSubstr("document index 0 is 1"));
   EXPECT_THAT(Error(IndexBytes({5, 19}, {0, 1})), HasSubstr("last document index is 1"));

@@ -41,4 +41,4 @@ for r in range(2):
     keys = cp_keys(gathered, plan, r)
     args = cp_varlen_args(plan, r)
     print(f"rank {r}: {local[r].shape[0]} query rows, {keys.shape[0]} key rows, "
-          f"max_seqlen_q {args['max_seqlen_q']}, plan {plan.strategy}")
+          f"max_seqlen_q {args.max_seqlen_q}, plan {plan.strategy}")

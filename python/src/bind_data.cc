@@ -118,9 +118,11 @@ void BindData(nb::module_& m) {
         d["sequence_lengths"] = Int64Array(std::move(index.sequence_lengths));
         d["sequence_pointers"] = Int64Array(std::move(index.sequence_pointers));
         d["document_indices"] = Int64Array(std::move(index.document_indices));
+        d["empty_sequences"] = index.empty_sequences;
         return d;
       },
       "path"_a,
       "Reads a Megatron-LM .idx file: {'dtype_code', 'item_size', 'sequence_lengths', "
-      "'sequence_pointers' (byte offsets into the .bin), 'document_indices'} (int64 arrays).");
+      "'sequence_pointers' (byte offsets into the .bin), 'document_indices'} (int64 arrays), "
+      "'empty_sequences' (how many have length 0).");
 }

@@ -130,8 +130,8 @@ def test_round_robin_assignment_and_bad_arguments():
         assert ranks == [[0, 2], [1, 3]]
     with pytest.raises(ValueError, match=r"rank must be in \[0, dp = 2\), got 2"):
         PackedBatchSampler(lengths, pp=2, dp=2, rank=2, context=CONTEXT)
-    with pytest.raises(ValueError, match="document 1 has length 0"):
-        PackedBatchSampler([3, 0], pp=1, dp=1, rank=0, context=CONTEXT)
+    with pytest.raises(ValueError, match="document 1 has length -2; lengths must be >= 0"):
+        PackedBatchSampler([3, -2], pp=1, dp=1, rank=0, context=CONTEXT)
     with pytest.raises(ValueError, match="assign must be"):
         PackedBatchSampler(lengths, pp=1, dp=1, rank=0, context=CONTEXT, assign="rr")
     with pytest.raises(ValueError, match="PP 4; this sampler has context 512 and PP 2"):
@@ -326,8 +326,8 @@ def test_arrow_parquet_jsonl_and_dataset_like(tmp_path):
     with pytest.raises(ValueError, match="document 1 is null"):
         ArrowTokens(pa.table({"input_ids": pa.array([[1], None], pa.list_(pa.int64()))}))
     with open(tmp_path / "bad.jsonl", "w") as f:
-        f.write('{"length": 3}\n{"length": 0}\n')
-    with pytest.raises(ValueError, match="line 2 has length 0"):
+        f.write('{"length": 3}\n{"length": -1}\n')
+    with pytest.raises(ValueError, match="line 2 has length -1"):
         jsonl_lengths(tmp_path / "bad.jsonl")
     shuffled = DatasetLike()
     shuffled._indices = pa.table({"indices": pa.array([1, 0], pa.uint64())})

@@ -146,7 +146,9 @@ def test_cp_helpers_apply_the_plan():
             keys = cp_keys(gathered, plan, r)
             assert torch.equal(keys, packed[torch.from_numpy(plan[r].key_indices)])
             args = cp_varlen_args(plan, r)
-            assert args["cu_seqlens_k"][-1].item() == keys.shape[0]
-            assert args["cu_seqlens_q"][-1].item() == local[r].shape[0]
+            assert args.cu_seqlens_kv[-1].item() == keys.shape[0]
+            assert args.cu_seqlens_q[-1].item() == local[r].shape[0]
+            assert (args.cp_size, args.cp_rank, args.shard_plan) == (cp, r, plan)
+            assert args.max_seqlen_q == plan[r].max_seqlen_q
     with pytest.raises(ValueError, match="needs 10 rows"):
         cp_slice(torch.zeros(9), wlb.plan_shards([10], 2), 0)

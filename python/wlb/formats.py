@@ -12,14 +12,25 @@ not the data; fork shares the parent's memory).
   One Megatron sequence is one document.
 - ``ArrowTokens(source, column="input_ids")``: a list-of-integers column of a ``pyarrow.Table``,
   a Parquet file, an Arrow IPC file or stream (``.arrow``, as Hugging Face ``datasets`` caches
-  them), a JSON-lines file (``.jsonl`` / ``.json``, read by ``pyarrow.json``), or a Hugging Face
+  them), a JSON-lines file (``.jsonl`` / ``.json``, also gzip or zstd compressed: ``.jsonl.gz``,
+  ``.jsonl.zst``; read by ``pyarrow.json`` with its block sized from the longest line, so lines of
+  any length read), several of those (a list of paths or a glob such as
+  ``"shards/*.parquet"``: the files' rows in order, one table), a ``datasets``
+  ``save_to_disk`` folder (its Arrow files, by its ``state.json``), or a Hugging Face
   ``datasets.Dataset``-like object through its ``.data`` Arrow table (``datasets`` itself is not
   imported). Lengths come from ``pyarrow.compute.list_value_length``.
 - ``jsonl_lengths(path, field="length")``: lengths only, from an integer field of JSON lines.
+
+Every source pickles by path: a DataLoader worker reopens the files. The one exception is a source
+built from an in-memory ``pyarrow.Table`` or ``Dataset`` object, which is pickled whole into every
+worker (build it from the files instead). Documents of length 0 are read as they are (Megatron's
+builder writes them) and skipped, counted and reported once by ``PackedBatchSampler``.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 from typing import Any, Optional
 
@@ -108,6 +119,86 @@ class MegatronTokens(_TokenSource):
         return np.asarray(self._tokens[start:start + int(self.lengths[index])], dtype=np.int64)
 
 
+_JSONL = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
+_ARROW = (".arrow", ".feather", ".ipc")
+
+
+def _json_input(path: str):
+    """The file's bytes as an Arrow input stream (gzip and zstd decompressed by their suffix)."""
+    pa = _pyarrow()
+    compression = "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else None
+    return pa.input_stream(path, compression=compression)
+
+
+def _longest_line(path: str, chunk: int = 1 << 24) -> int:
+    """The longest line of a (possibly compressed) JSON-lines file in bytes, streamed in chunks."""
+    longest, current = 0, 0
+    with _json_input(path) as f:
+        while True:
+            data = np.frombuffer(f.read(chunk), dtype=np.uint8)
+            if data.size == 0:
+                return max(longest, current)
+            ends = np.flatnonzero(data == 0x0A)
+            if ends.size == 0:
+                current += data.size
+                continue
+            longest = max(longest, current + int(ends[0]),
+                          int(np.diff(ends).max()) if ends.size > 1 else 0)
+            current = data.size - int(ends[-1]) - 1
+
+
+def _read_json(path: str):
+    """A JSON-lines file as a table; pyarrow's block (1 MiB by default, and no object may straddle
+    two blocks) is sized from the file's longest line, so lines of any length read."""
+    pa = _pyarrow()
+    block = max(1 << 20, _longest_line(path) + 2)
+    with _json_input(path) as f:
+        return pa.json.read_json(f, read_options=pa.json.ReadOptions(block_size=block))
+
+
+def _files(source: Any) -> Optional[list]:
+    """The files of a path, a glob, a list of paths or a ``datasets`` ``save_to_disk`` folder
+    (None when ``source`` is not one of those)."""
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("an empty list of files")
+        return [f for item in source for f in _files(item)]
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = os.fspath(source)
+    if any(c in path for c in "*?["):
+        found = sorted(glob.glob(path))
+        if not found:
+            raise FileNotFoundError(f"no file matches {path!r}")
+        return found
+    if os.path.isdir(path):
+        state = os.path.join(path, "state.json")
+        if not os.path.isfile(state):
+            raise ValueError(f"{path!r} is a folder without state.json (not a datasets "
+                             "save_to_disk folder); give its files or a glob")
+        with open(state) as f:
+            files = [os.path.join(path, d["filename"]) for d in json.load(f)["_data_files"]]
+        return files
+    return [path]
+
+
+def _read_file(path: str):
+    pa = _pyarrow()
+    if path.endswith(".parquet"):
+        return pa.parquet.read_table(path, memory_map=True)
+    if path.endswith(_JSONL):
+        return _read_json(path)
+    if path.endswith(_ARROW):
+        with pa.memory_map(path) as f:
+            try:
+                return pa.ipc.open_file(f).read_all()
+            except pa.ArrowInvalid:  # Hugging Face caches are IPC streams
+                f.seek(0)
+                return pa.ipc.open_stream(f).read_all()
+    raise ValueError(f"cannot tell the format of {path!r}: expected .parquet, .arrow, .feather, "
+                     f".ipc, {', '.join(_JSONL)}")
+
+
 def _read_table(source: Any):
     pa = _pyarrow()
     if isinstance(source, pa.Table):
@@ -120,23 +211,18 @@ def _read_table(source: Any):
         table = getattr(data, "table", data)
         if isinstance(table, pa.Table):
             return table
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"expected a pyarrow.Table, a Dataset with an Arrow .data table or a file "
-                        f"path, got {type(source).__name__}")
-    path = os.fspath(source)
-    if path.endswith(".parquet"):
-        return pa.parquet.read_table(path, memory_map=True)
-    if path.endswith((".jsonl", ".json")):
-        return pa.json.read_json(path)
-    if path.endswith((".arrow", ".feather", ".ipc")):
-        with pa.memory_map(path) as f:
-            try:
-                return pa.ipc.open_file(f).read_all()
-            except pa.ArrowInvalid:  # Hugging Face caches are IPC streams
-                f.seek(0)
-                return pa.ipc.open_stream(f).read_all()
-    raise ValueError(f"cannot tell the format of {path!r}: expected .parquet, .arrow, .feather, "
-                     ".ipc, .jsonl or .json")
+    files = _files(source)
+    if files is None:
+        raise TypeError(f"expected a pyarrow.Table, a Dataset with an Arrow .data table, a file "
+                        f"path, a glob, a list of paths or a save_to_disk folder, got "
+                        f"{type(source).__name__}")
+    tables = [_read_file(f) for f in files]
+    if len(tables) == 1:
+        return tables[0]
+    try:  # one table over every file's chunks: no copy
+        return pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(f"the files {files} do not share a schema: {e}") from e
 
 
 def _check_fill(fill: Any) -> Optional[int]:
@@ -191,7 +277,9 @@ class ArrowTokens(_TokenSource):
 
     def __init__(self, source: Any, column: str = "input_ids", fill: Optional[int] = None):
         pa = _pyarrow()
-        self._path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+        # Workers reopen the files (a path, glob, list or folder travels, never the tokens); an
+        # in-memory table or Dataset object is pickled whole, the one exception.
+        self._path = _files(source)
         self.column = column
         self.fill = _check_fill(fill)
         table = _read_table(source)
@@ -251,7 +339,7 @@ class ArrowTokens(_TokenSource):
 def jsonl_lengths(path: str, field: str = "length") -> np.ndarray:
     """Document lengths from an integer field of a JSON-lines file (int64 array)."""
     pa = _pyarrow()
-    table = pa.json.read_json(os.fspath(path))
+    table = _read_json(os.fspath(path))
     if field not in table.column_names:
         raise KeyError(f"{path}: no field {field!r}; the lines have {table.column_names}")
     values = table.column(field)
@@ -261,8 +349,8 @@ def jsonl_lengths(path: str, field: str = "length") -> np.ndarray:
         raise ValueError(f"{path}: field {field!r} is missing or null on {values.null_count} "
                          "lines")
     lengths = values.to_numpy().astype(np.int64)
-    bad = np.flatnonzero(lengths < 1)
+    bad = np.flatnonzero(lengths < 0)
     if bad.size:
         raise ValueError(f"{path}: line {int(bad[0]) + 1} has length {int(lengths[bad[0]])}; "
-                         "lengths must be >= 1")
+                         "lengths must be >= 0 (PackedBatchSampler skips the empty ones)")
     return lengths

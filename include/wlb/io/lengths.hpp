@@ -150,12 +150,14 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
 
 // Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
 // the checks on the file itself). A path ending in ".idx" is a Megatron-LM index: its sequence
-// lengths (megatron_index.hpp).
+// lengths (megatron_index.hpp), its empty sequences dropped.
 inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
   if (path.size() > 4 && path.ends_with(".idx")) {
     absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path);
     if (!index.ok()) return index.status();
-    return std::move(index->sequence_lengths);
+    std::vector<int64_t> lengths = std::move(index->sequence_lengths);
+    std::erase(lengths, 0);  // empty sequences (Megatron writes them) hold no token to plan
+    return lengths;
   }
   absl::StatusOr<std::string> text = ReadInputFile(path, "lengths file");
   if (!text.ok()) return text.status();

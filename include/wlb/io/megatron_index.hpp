@@ -14,7 +14,9 @@
 // a corpus preprocessed without sentence splitting has one sequence per document).
 //
 // Every field is checked: magic, version, dtype, counts (at most kMaxPieces sequences), the file
-// size against the counts (truncated or trailing bytes), lengths >= 1, pointers contiguous from 0
+// size against the counts (truncated or trailing bytes), lengths >= 0 (Megatron's builder writes
+// empty sequences: they are counted in empty_sequences; ReadLengthsFile drops them, as they hold
+// no token to plan), pointers contiguous from 0
 // and document indices rising from 0 to the sequence count; errors name the file and the value.
 // ReadMegatronIndex checks the header's counts against the file's size before it reads the
 // arrays, so an index with too many sequences, or one whose size does not match its counts, is
@@ -48,6 +50,7 @@ struct MegatronIndex {
   std::vector<int64_t> sequence_lengths;
   std::vector<int64_t> sequence_pointers;  // byte offsets into the .bin
   std::vector<int64_t> document_indices;   // document d = sequences [indices[d], indices[d+1])
+  int64_t empty_sequences = 0;             // sequences of length 0 (no token to plan)
 };
 
 // Bytes per item of a Megatron dtype code, or 0 for an unknown code.
@@ -163,10 +166,10 @@ inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
   int64_t next_pointer = 0;
   for (size_t k = 0; k < n; ++k, at += 4) {
     const auto length = static_cast<int32_t>(static_cast<uint32_t>(le_at(at, 4)));
-    if (length < 1) {
-      return error(absl::StrFormat("sequence %d has length %d; wlb plans sequences of >= 1 token",
-                                   k, length));
+    if (length < 0) {
+      return error(absl::StrFormat("sequence %d has length %d; lengths must be >= 0", k, length));
     }
+    index.empty_sequences += length == 0 ? 1 : 0;
     index.sequence_lengths[k] = length;
   }
   for (size_t k = 0; k < n; ++k, at += 8) {

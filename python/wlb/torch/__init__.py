@@ -7,6 +7,11 @@
   and pack its micro-batches in DataLoader workers.
 - ``cp_slice``, ``cp_pad``, ``cp_keys``, ``cp_varlen_args`` (``wlb.torch.cp``): a CP shard plan
   applied to packed tensors.
+- ``PackedSeqParams`` (``wlb.torch.packed``): a micro-batch's or a CP rank's varlen attention
+  arguments, typed (converts to Megatron-core's record and to Hugging Face kwargs);
+  ``packed_cross_entropy``: a loss as a (sum, count) pair, safe on empty micro-batches.
+- ``wlb.torch.hf`` (imported on its own; needs transformers): Hugging Face models under wlb's
+  context parallelism (``attn_implementation="wlb_cp"``).
 - ``cp_attention``, ``CPAttention`` (``wlb.torch.cp_attention``): differentiable context-parallel
   attention that executes a shard plan over ``torch.distributed`` under its attention mask
   (causal, sliding window or chunked local: ``plan.mask``); ``varlen_causal_attention``
@@ -22,6 +27,7 @@ from .collate import PackedCollate, PackedPieces
 from .cp import cp_keys, cp_pad, cp_slice, cp_varlen_args
 from .cp_attention import CommVolume, CPAttention, comm_volume, cp_attention
 from .dataset import PackedDataset
+from .packed import PackedLoss, PackedSeqParams, packed_cross_entropy
 from .sampler import PackedBatchSampler
 
 __all__ = [
@@ -31,12 +37,15 @@ __all__ = [
     "PackedBatchSampler",
     "PackedCollate",
     "PackedDataset",
+    "PackedLoss",
     "PackedPieces",
+    "PackedSeqParams",
     "comm_volume",
     "cp_attention",
     "cp_keys",
     "cp_pad",
     "cp_slice",
     "cp_varlen_args",
+    "packed_cross_entropy",
     "varlen_causal_attention",
 ]

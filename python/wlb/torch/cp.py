@@ -1,7 +1,8 @@
 """Apply a ``wlb.plan_shards`` plan to packed tensors: ``cp_slice`` gives a CP rank its rows,
 ``cp_pad`` pads them to the plan's ``rank_capacity`` for an all-gather, ``cp_keys`` picks the
 rank's key rows from the all-gathered K/V (in the order of its ``cu_seqlens_k``) and
-``cp_varlen_args`` gives its varlen attention arguments.
+``cp_varlen_args`` gives its varlen attention arguments (a ``wlb.torch.PackedSeqParams`` with the
+CP fields set).
 
 Key rows and varlen arguments follow ``plan.mask``: under ``"window:W"`` a rank's kernel segments
 hold only the keys its queries' windows reach, and each query row must keep only the last
@@ -12,11 +13,12 @@ attention is exact (``wlb.torch.cp_attention`` does all of this).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import wlb
 
 from ._common import require_torch, torch
+from .packed import PackedSeqParams
 
 
 def cp_slice(packed: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int = 0) -> "torch.Tensor":
@@ -50,16 +52,20 @@ def cp_keys(gathered: "torch.Tensor", plan: wlb.ShardPlan, rank: int, dim: int =
     return gathered.index_select(dim, index)
 
 
-def cp_varlen_args(plan: wlb.ShardPlan, rank: int, device: Any = "cpu") -> Dict[str, Any]:
-    """Rank ``rank``'s varlen attention arguments: cu_seqlens_q/k (int32 tensors) and max lengths."""
+def cp_varlen_args(plan: wlb.ShardPlan, rank: int, device: Any = "cpu",
+                   group: Any = None) -> PackedSeqParams:
+    """Rank ``rank``'s varlen attention arguments: ``cu_seqlens_q`` / ``cu_seqlens_kv`` (int32
+    tensors over its query rows and its key rows, ``cp_keys``' order), ``max_seqlen_q`` /
+    ``max_seqlen_kv``, and the CP fields (``cp_size``, ``cp_rank``, ``cp_group``: ``group``,
+    ``shard_plan``: ``plan``)."""
     require_torch()
+    if not isinstance(rank, int) or not 0 <= rank < plan.cp_size:
+        raise ValueError(f"rank must be in [0, cp_size = {plan.cp_size}), got {rank!r}")
     r = plan[rank]
-    return {
-        "cu_seqlens_q": torch.from_numpy(r.cu_seqlens_q).to(device),
-        "cu_seqlens_k": torch.from_numpy(r.cu_seqlens_k).to(device),
-        "max_seqlen_q": r.max_seqlen_q,
-        "max_seqlen_k": r.max_seqlen_k,
-    }
+    return PackedSeqParams(cu_seqlens_q=torch.from_numpy(r.cu_seqlens_q).to(device),
+                           cu_seqlens_kv=torch.from_numpy(r.cu_seqlens_k).to(device),
+                           max_seqlen_q=int(r.max_seqlen_q), max_seqlen_kv=int(r.max_seqlen_k),
+                           cp_size=plan.cp_size, cp_rank=rank, cp_group=group, shard_plan=plan)
 
 
 def _check_rows(t: "torch.Tensor", rows: int, dim: int, what: str) -> None:

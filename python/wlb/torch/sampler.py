@@ -15,7 +15,16 @@ yields its PP micro-batches in that order.
         ...                              # mb["input_ids"], mb["position_ids"], mb["cu_seqlens"]
 
 A yielded batch is a list of ``(document, offset, length)`` pieces (documents longer than S are cut
-into pieces of at most S tokens). An epoch is the documents in a seeded random order (``shuffle``),
+into pieces of at most S tokens). Documents of length 0 (Megatron's builder writes them) are
+skipped: counted in ``empty_documents`` and reported once, by a warning when the sampler is built.
+
+Epoch end: every rank yields PP micro-batches per step, in lockstep with the others, so when the
+epoch's last tokens do not fill N micro-batches, some are empty: an empty list of pieces, which
+``PackedCollate`` turns into a batch of 0 tokens (``cu_seqlens`` ``[0]``). Run the step anyway
+(DDP and pipeline schedules wait for every rank): ``wlb.torch.packed_cross_entropy`` gives such a
+micro-batch a zero loss that still has a gradient (never NaN) and the ``(sum, count)`` pair for
+the token-weighted mean across ranks. Hugging Face models cannot run 0 tokens: skip their forward
+on an empty micro-batch, or, under DDP, back-propagate ``0 * sum(p.sum() for p in params)``. An epoch is the documents in a seeded random order (``shuffle``),
 arriving N x S tokens per step as ``wlb.split_into_steps`` cuts them; call ``set_epoch(e)`` before
 each epoch (as with ``DistributedSampler``), or every iteration replays the same order.
 
@@ -40,6 +49,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import numbers
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -124,6 +134,15 @@ class PackedBatchSampler:
                  calibration: Optional[OnlineCalibration] = None, **packer_args):
         require_torch()
         lengths = _checked_lengths(lengths)
+        empty = np.flatnonzero(lengths == 0)
+        self.empty_documents = int(empty.size)  # skipped: no token to plan
+        # The documents planned, when some are empty (None: all of them; no copy of the indices).
+        self._planned: Optional[np.ndarray] = None
+        if empty.size:
+            self._planned = np.flatnonzero(lengths != 0)
+            warnings.warn(f"PackedBatchSampler: {empty.size} of {lengths.size} documents have no "
+                          f"token (the first: document {int(empty[0])}); they are skipped",
+                          stacklevel=2)
         for name, value in (("pp", pp), ("dp", dp)):
             _check_int(name, value, 1, _MAX_MICRO_BATCHES)
         if not _is_int(rank) or not 0 <= rank < dp:
@@ -204,8 +223,11 @@ class PackedBatchSampler:
     # ---- planning -----------------------------------------------------------------------------
 
     def _epoch_pieces(self, epoch: int) -> Dict[str, np.ndarray]:
-        order = (np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
-                 if self.shuffle else np.arange(len(self.lengths)))
+        count = len(self.lengths) if self._planned is None else len(self._planned)
+        order = (np.random.default_rng([self.seed, epoch]).permutation(count)
+                 if self.shuffle else np.arange(count))
+        if self._planned is not None:
+            order = self._planned[order]
         pieces = wlb.make_documents(self.lengths[order], self._packer_args["context"])
         out = {c: np.asarray(getattr(pieces, c), dtype=np.int64) for c in _COLUMNS}
         out["ids"] = order[out["ids"]].astype(np.int64)
@@ -411,7 +433,7 @@ _ELASTIC_KEYS = {"elastic_consumed", "elastic_queued"}
 
 def _checked_lengths(lengths: Any) -> np.ndarray:
     """Document lengths as int64, range-checked before any conversion: a 1-D integer array (no
-    bools, no floats), every length >= 1 and within int64 as given (an unsigned length above
+    bools, no floats), every length >= 0 (empty documents are skipped) and within int64 as given (an unsigned length above
     int64 is named as given, not wrapped), and their sum within int64."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer) or
@@ -420,10 +442,10 @@ def _checked_lengths(lengths: Any) -> np.ndarray:
                         f"{lengths.shape}")
     if lengths.size == 0:
         return lengths.astype(np.int64)
-    bad = np.flatnonzero(lengths < 1)
+    bad = np.flatnonzero(lengths < 0)
     if bad.size:
         raise ValueError(f"document {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
-                         "must be >= 1")
+                         "must be >= 0")
     limit = np.iinfo(np.int64).max
     if lengths.dtype == np.uint64:
         big = np.flatnonzero(lengths > np.uint64(limit))

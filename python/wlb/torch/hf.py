@@ -1,0 +1,172 @@
+"""Hugging Face ``transformers`` causal LMs on wlb's packing and context parallelism.
+
+Packing: ``PackedCollate(format="hf")`` gives ``model(**batch)`` its packed inputs (see
+``wlb.torch.collate``). Context parallelism: ``register()`` adds wlb's CP attention to
+transformers' ``AttentionInterface`` as ``"wlb_cp"``; a decoder built with that implementation
+(Llama, Qwen2, Mistral, ... any model whose attention goes through the interface; grouped-query
+attention included) runs on one CP rank's shard of a packed micro-batch, and every attention
+layer exchanges K/V with the other ranks as ``wlb.torch.cp_attention`` does:
+
+    import wlb, wlb.torch.hf as wlb_hf
+    wlb_hf.register()                                     # once per process
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="wlb_cp")
+    for mb in loader:                                     # PackedCollate(format="hf") batches
+        plan = wlb_hf.plan_shards(mb, cp=cp_size, strategy="adaptive")
+        out = model(**wlb_hf.cp_inputs(mb, plan, cp_rank, group=cp_group))
+        out.loss.backward()        # this rank's share; the CP ranks' gradients sum to the
+                                   # micro-batch's (all_reduce them over the CP group)
+
+``cp_inputs`` gives the rank its shard's tokens and position ids (shape ``[1, t]``), the targets
+of its tokens as ``shift_labels`` (each token's next token in its piece, taken before sharding:
+a rank's rows are not consecutive), ``num_items_in_batch`` (the labelled tokens of the micro-batch
+or of what you pass, so that ``out.loss`` summed over the CP ranks is the micro-batch's
+token-weighted mean) and ``packed_seq_params``: this rank's ``PackedSeqParams`` with the
+``shard_plan``, which the attention function reads. Under a sliding-window model (Mistral's
+``sliding_window``, Qwen2's sliding layers) the plan's mask must be ``"window:W"`` with the
+model's W (``plan_shards`` picks it from the model config when given ``model=``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+import wlb
+
+from ._common import require_torch, torch
+from .cp import cp_slice, cp_varlen_args
+from .cp_attention import CPAttention
+from .packed import PackedSeqParams
+
+NAME = "wlb_cp"
+
+
+def register(name: str = NAME) -> str:
+    """Registers wlb's CP attention with transformers' ``AttentionInterface`` under ``name``
+    (idempotent) and returns the name for ``attn_implementation=``."""
+    require_torch()
+    try:
+        from transformers import AttentionInterface
+    except ImportError as e:
+        raise ImportError("wlb.torch.hf needs transformers (pip install 'wlb[hf]')") from e
+    AttentionInterface.register(name, cp_attention_forward)
+    return name
+
+
+def _lengths(batch: Dict[str, Any]) -> np.ndarray:
+    cu = batch.get("cu_seq_lens_q")
+    ids = batch.get("input_ids")
+    if not isinstance(cu, torch.Tensor) or not isinstance(ids, torch.Tensor) or ids.dim() != 2 \
+            or ids.shape[0] != 1:
+        raise ValueError("batch must be a PackedCollate(format='hf') batch (input_ids of shape "
+                         f"[1, T] and cu_seq_lens_q), got keys {sorted(batch)}")
+    lengths = np.diff(cu.cpu().numpy().astype(np.int64))
+    if int(lengths.sum()) != ids.shape[1]:
+        raise ValueError(f"cu_seq_lens_q ends at {int(lengths.sum())} but input_ids has "
+                         f"{ids.shape[1]} tokens")
+    return lengths
+
+
+def plan_shards(batch: Dict[str, Any], cp: int, strategy: str = "adaptive", *,
+                model: Any = None, **kwargs) -> wlb.ShardPlan:
+    """``wlb.plan_shards`` for a ``PackedCollate(format="hf")`` micro-batch. ``model``: a
+    transformers model or config; with a ``sliding_window`` (Mistral), the plan's mask is
+    ``"window:W"`` unless ``layer_mix`` is given."""
+    config = getattr(model, "config", model)
+    window = getattr(config, "sliding_window", None) if config is not None else None
+    if window and "layer_mix" not in kwargs and _uses_window(config):
+        kwargs["layer_mix"] = f"window:{int(window)}"
+    return wlb.plan_shards(_lengths(batch), cp, strategy, **kwargs)
+
+
+def _uses_window(config: Any) -> bool:
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        kinds = set(layer_types)
+        if kinds == {"sliding_attention"}:
+            return True
+        if "sliding_attention" in kinds:
+            raise ValueError(f"the model mixes attention layer types {sorted(kinds)}; give "
+                             "plan_shards a layer_mix and narrow the plan per layer yourself")
+        return False
+    return getattr(config, "use_sliding_window", True) is not False
+
+
+def cp_inputs(batch: Dict[str, Any], plan: wlb.ShardPlan, rank: int, group: Any = None, *,
+              num_items_in_batch: Optional[int] = None, ignore_index: int = -100
+              ) -> Dict[str, Any]:
+    """CP rank ``rank``'s ``model(**inputs)`` arguments for a ``PackedCollate(format="hf")``
+    micro-batch under ``plan`` (see the module docstring). ``num_items_in_batch``: the loss's
+    divisor (default: the micro-batch's labelled tokens; give the step's for gradient
+    accumulation)."""
+    require_torch()
+    lengths = _lengths(batch)
+    if plan.tokens != int(lengths.sum()):
+        raise ValueError(f"the plan covers {plan.tokens} tokens but the micro-batch has "
+                         f"{int(lengths.sum())}")
+    if not isinstance(rank, int) or not 0 <= rank < plan.cp_size:
+        raise ValueError(f"rank must be in [0, cp_size = {plan.cp_size}), got {rank!r}")
+    labels = batch["labels"][0]
+    targets = torch.nn.functional.pad(labels[1:], (0, 1), value=ignore_index)
+    if num_items_in_batch is None:
+        num_items_in_batch = int((targets != ignore_index).sum())
+    device = batch["input_ids"].device
+    inputs = {
+        "input_ids": cp_slice(batch["input_ids"][0], plan, rank)[None],
+        "position_ids": cp_slice(batch["position_ids"][0], plan, rank)[None],
+        "labels": cp_slice(labels, plan, rank)[None],  # not read: shift_labels are the targets
+        "shift_labels": cp_slice(targets, plan, rank)[None],
+    }
+    if plan[rank].tokens == 0:
+        # transformers' models cannot reshape 0 tokens: the rank runs one padding token that
+        # attends to nothing (cp_attention_forward gives it a zero output) and has no target.
+        inputs = {key: torch.full((1, 1), ignore_index if "labels" in key else 0,
+                                  dtype=torch.int64, device=device) for key in inputs}
+    inputs.update(num_items_in_batch=num_items_in_batch, use_cache=False,
+                  packed_seq_params=cp_varlen_args(plan, rank, device, group))
+    return inputs
+
+
+def _attention_module(params: PackedSeqParams, scale: Optional[float]) -> CPAttention:
+    """One CPAttention per (record, scale), so its index tensors are built once per micro-batch
+    and reused by every layer."""
+    cache = params.__dict__.setdefault("_wlb_cp_modules", {})
+    if scale not in cache:
+        cache[scale] = CPAttention(params.shard_plan, params.cp_group, scale=scale)
+    return cache[scale]
+
+
+def cp_attention_forward(module: Any, query: "torch.Tensor", key: "torch.Tensor",
+                         value: "torch.Tensor", attention_mask: Any, scaling: Optional[float] = None,
+                         dropout: float = 0.0, **kwargs) -> Tuple["torch.Tensor", None]:
+    """transformers' attention-interface signature: query (1, H_q, t, D), key and value
+    (1, H_kv, t, D) of this rank's rows; returns (1, t, H_q, D) and no weights."""
+    params = kwargs.get("packed_seq_params")
+    if not isinstance(params, PackedSeqParams) or params.shard_plan is None:
+        raise ValueError(f"attn_implementation {NAME!r} needs packed_seq_params from "
+                         "wlb.torch.hf.cp_inputs (a PackedSeqParams with a shard_plan) in the "
+                         f"model's keyword arguments, got {type(params).__name__}")
+    if dropout:
+        raise ValueError(f"wlb's CP attention has no attention dropout, got dropout {dropout}")
+    if query.dim() != 4 or query.shape[0] != 1:
+        raise ValueError(f"wlb's CP attention takes one packed sequence (batch size 1), got "
+                         f"query shape {tuple(query.shape)}")
+    plan = params.shard_plan
+    window = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, "sliding_window", None)
+    want = f"window:{int(window)}" if window else "causal"
+    if plan.mask != want:
+        raise ValueError(f"layer {getattr(module, 'layer_idx', '?')} attends under {want!r} but "
+                         f"the shard plan's mask is {plan.mask!r} (plan with layer_mix={want!r}; "
+                         "wlb.torch.hf.plan_shards(batch, cp, model=model) does)")
+    attention = _attention_module(params, scaling)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (t, heads, D)
+    padding = q.shape[0] if plan[params.cp_rank].tokens == 0 and q.shape[0] == 1 else 0
+    if padding:  # cp_inputs' padding token of a rank with no tokens
+        q, k, v = q[:0], k[:0], v[:0]
+    out = attention(q.contiguous(), k.contiguous(), v.contiguous())
+    if padding:
+        out = torch.cat([out, out.new_zeros((padding,) + tuple(out.shape[1:]))])
+    return out[None], None
