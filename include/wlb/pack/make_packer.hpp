@@ -48,7 +48,7 @@ struct PackerOptions {
   // wlb-refine, wlb-lookahead: the attention weights, relative to the planning cost, under which
   // a refinement change must not make a step worse (AttentionRange, pack/refine.hpp). Unset: the
   // default for the cost, DefaultAttentionRange.
-  std::optional<AttentionRange> attention_range;
+  std::optional<AttentionRange> attention_range = std::nullopt;
 };
 
 // The attention range a refinement uses when none is given: [1, 2.5] for a FLOP cost (unit
