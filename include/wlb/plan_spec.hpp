@@ -75,7 +75,7 @@ struct PlanSpec {
   double delay_budget = 1.0;  // wlb-lookahead's bound when given (or with tune); else none
   bool bound_delay = true;    // wlb-lookahead: PackerOptions::bound_delay
   // wlb-refine, wlb-lookahead: PackerOptions::attention_range (unset: the cost's default)
-  std::optional<AttentionRange> attention_range;
+  std::optional<AttentionRange> attention_range = std::nullopt;
   int32_t cp = -1;            // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
