@@ -111,9 +111,9 @@ class LookaheadPacker final : public Packer {
     j["lookahead"] = lookahead_;
     if (std::isfinite(delay_.budget())) j["delay_budget"] = delay_.budget();
     j["bound_delay"] = bound_delay_;
-    if (!attention_range_.exact()) {
-      j["attention_range"] = {attention_range_.low, attention_range_.high};
-    }
+    // No attention_range: like the cost, it only steers later choices (every held document is
+    // valid under any range), so a state restores into a packer planning with another range or
+    // cost (the sampler's online calibration swaps a FLOP cost for a fitted one mid-run).
     return j;
   }
   nlohmann::json StateJson() const override {

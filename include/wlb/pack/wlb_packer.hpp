@@ -222,9 +222,9 @@ class WlbPacker final : public Packer {
     nlohmann::json j = Packer::ConfigJson();
     j["thresholds"] = queues_.thresholds();
     j["refine_rounds"] = refine_rounds_;
-    if (refine_rounds_ > 0 && !attention_range_.exact()) {
-      j["attention_range"] = {attention_range_.low, attention_range_.high};
-    }
+    // No attention_range: like the cost, it only steers later choices (every held document is
+    // valid under any range), so a state restores into a packer planning with another range or
+    // cost (the sampler's online calibration swaps a FLOP cost for a fitted one mid-run).
     return j;
   }
   nlohmann::json StateJson() const override {
