@@ -15,7 +15,11 @@
 //
 // The paper's 7B-128K job is the default ((TP,CP,PP,DP) = (8,2,4,1): 4 query / 4 KV heads of
 // 128, ffn 1376 per GPU); 550M-64K is --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2
-// (head_dim 96: the cudnn engine, --kernel=cudnn). Lengths are scaled by S / 128K, as speedup_table
+// (head_dim 96: the cudnn engine, --kernel=cudnn). A packer label NAME@COST plans with COST
+// (anything `wlb-plan --cost` takes: a preset such as h100-flash-llama2-7b-tp8, a profile or a
+// micro-batch measurement CSV) instead of the preset's FLOP model, e.g. --packers=wlb,
+// wlb@h100-flash-llama2-7b-tp8 measures both plans in one run; the FLOP-model column of Table 2
+// always prices every plan with the FLOP model, so the rows compare. Lengths are scaled by S / 128K, as speedup_table
 // does. Each time is the median of --iters runs after --warmup. The layer runs the whole micro-
 // batch on one GPU (no CP split); the CP section shards the same micro-batches' attention over
 // C emulated ranks (LocalCommunicator, ranks isolated) and charges each rank the layer's
@@ -30,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,6 +51,7 @@
 #include "wlb/cuda/layer_reference.h"
 #include "wlb/cuda/layer_runner.h"
 #include "wlb/io/input.hpp"
+#include "wlb/io/profile.hpp"
 #include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
@@ -70,21 +76,32 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// A packer label: a MakePacker name, "fixed-greedy-wW" for a window of W steps.
+// A packer label: a MakePacker name, "fixed-greedy-wW" for a window of W steps, optionally
+// followed by "@COST" to plan with that cost instead of the FLOP model.
 struct PackerSpec {
   std::string label, name;
   wlb::PackerOptions options;
+  std::optional<wlb::CostModel> cost;  // nullopt: the preset's FLOP model
 };
 
 absl::StatusOr<PackerSpec> ParsePacker(const std::string& label, int64_t context) {
   PackerSpec p{.label = label, .name = label};
+  if (const size_t at = label.find('@'); at != std::string::npos) {
+    p.name = label.substr(0, at);
+    absl::StatusOr<wlb::ProfileFit> fit = wlb::ResolveCostModel(label.substr(at + 1));
+    if (!fit.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("packer '%s': %s", label, fit.status().message()));
+    }
+    p.cost = fit->model;
+  }
   const std::string greedy = "fixed-greedy-w";
-  if (label.rfind(greedy, 0) == 0) {
-    p.name = "fixed-greedy";
-    if (!absl::SimpleAtoi(label.substr(greedy.size()), &p.options.window)) {
+  if (p.name.rfind(greedy, 0) == 0) {
+    if (!absl::SimpleAtoi(p.name.substr(greedy.size()), &p.options.window)) {
       return absl::InvalidArgumentError(
           absl::StrFormat("packer '%s': the window after -w is not an integer", label));
     }
+    p.name = "fixed-greedy";
   }
   if (p.name.rfind("wlb", 0) == 0) p.options.thresholds = wlb::DefaultThresholds(context, 2);
   return p;
@@ -113,6 +130,13 @@ std::vector<int64_t> LengthsOf(const wlb::MicroBatch& mb) {
   std::vector<int64_t> l;
   for (const wlb::Document& d : mb.documents) l.push_back(d.length);
   return l;
+}
+
+// The FLOP model's cost of a micro-batch, whatever cost planned it (Table 2's model column).
+double FlopCost(const wlb::CostModel& flops, const wlb::MicroBatch& mb) {
+  double cost = 0.0;
+  for (const wlb::Document& d : mb.documents) cost += flops(d.length);
+  return cost;
 }
 
 int Fail(const absl::Status& s) {
@@ -187,7 +211,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::vector<wlb::StepPlan>> plans;
   for (const PackerSpec& p : packers) {
     absl::StatusOr<std::unique_ptr<wlb::Packer>> packer =
-        wlb::MakePacker(p.name, config, *flops, p.options);
+        wlb::MakePacker(p.name, config, p.cost.value_or(*flops), p.options);
     if (!packer.ok()) return Fail(packer.status());
     absl::StatusOr<wlb::PackRun> run = wlb::RunPacker(**packer, input->steps, /*flush=*/false);
     if (!run.ok()) return Fail(run.status());
@@ -197,7 +221,7 @@ int main(int argc, char** argv) {
                           p.label, run->steps.size(), arrival_steps, skip + steps)));
     }
     plans[p.label].assign(run->steps.begin() + skip, run->steps.begin() + skip + steps);
-    std::printf("planned %s: steps %ld..%ld, FLOP-model imbalance of step %ld %.3f\n",
+    std::printf("planned %s: steps %ld..%ld, planning-cost imbalance of step %ld %.3f\n",
                 p.label.c_str(), long(skip), long(skip + steps - 1), long(skip),
                 wlb::ImbalanceDegree(plans[p.label][0].micro_batches));
   }
@@ -232,7 +256,7 @@ int main(int argc, char** argv) {
                                 .step = s,
                                 .index = static_cast<int64_t>(i),
                                 .lengths = LengthsOf(mb),
-                                .predicted = mb.cost};
+                                .predicted = FlopCost(*flops, mb)};
         if (!m.lengths.empty()) {
           absl::StatusOr<PackedDocuments> packed = PackDocuments(m.lengths);
           if (!packed.ok()) return Fail(packed.status());

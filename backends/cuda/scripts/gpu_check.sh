@@ -13,7 +13,8 @@
 #              WLB_TEST_KERNELS); memcheck over the cudnn engine alone
 #   bench      flash (both block orders) and cudnn forward/backward TFLOP/s, then PyTorch (SDPA
 #              flash, cuDNN, efficient on uniform shapes; varlen_attn on every shape, the mix's
-#              only baseline) on the same shapes, and the ratio table
+#              only baseline) on the same shapes, and the ratio table (WLB_BENCH_CONFIGS,
+#              WLB_BENCH_KERNELS and WLB_TORCH_BACKENDS narrow it)
 #   ncu        Nsight Compute on one 16K-document forward and backward of the flash kernels
 #              (why they are where they are)
 #   profile    kernel profile tables (q_len,kv_len,ms) of flash and of cudnn
@@ -30,6 +31,11 @@
 #              1F1B speedup, CP at C = 2 and 4); 550M-64K (head_dim 96) on the cudnn engine
 #              (reference with WLB_LAYER_KERNEL=reference); WLB_LAYER_STEPS steps each, the first
 #              WLB_LAYER_CP_STEPS of them under CP too (the measured CP speedup)
+#   calibrated Table 2 planned two ways, with the FLOP preset and with the engine's shipped
+#              calibration (layer_bench packer labels NAME@COST): WLB_CALIBRATED_REPEATS runs (1-3,
+#              default 3) of 7B-128K on flash, then of 550M-64K on cudnn, WLB_CALIBRATED_STEPS_7B /
+#              _550M steps each (default 6 / 4), no profile sweep, no CP; mean and spread over the
+#              runs (table2_repeats.py)
 #   build      fallback when the carried binaries do not run there: builds them there with
 #              prebuild.sh from .deps (prepare_device_deps.sh) into /tmp/wlb-device
 # Measured on one H100 on 2026-11-26 (backends/cuda/README.md): cp 31 s and cp_cudnn 24 s at the
@@ -71,6 +77,14 @@ layer_steps="${WLB_LAYER_STEPS:-3}"
 # Steps whose original and wlb micro-batches the layer stage also runs under CP (--cp_steps; the
 # measured CP speedup covers these).
 layer_cp_steps="${WLB_LAYER_CP_STEPS:-1}"
+# The calibrated stage: runs per model (each a fresh process: a repeat) and steps per run.
+calibrated_repeats="${WLB_CALIBRATED_REPEATS:-3}"
+calibrated_steps_7b="${WLB_CALIBRATED_STEPS_7B:-6}"
+calibrated_steps_550m="${WLB_CALIBRATED_STEPS_550M:-4}"
+if [[ ! "${calibrated_repeats}" =~ ^[123]$ ]]; then
+  echo "gpu_check.sh: WLB_CALIBRATED_REPEATS='${calibrated_repeats}' is not 1, 2 or 3" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1
 
 # Each step's cap in seconds, STAGE:NAME -> cap: the one place a duration is set. Measured on one
@@ -88,9 +102,12 @@ declare -A caps=(
   [cp_cudnn:cp_end_to_end]=40
   [torch_cp:torch_cp_bench]=150
   [layer:memcheck]=90 [layer:bench_7b_128k]=280 [layer:bench_550m_64k]=150
+  [calibrated:bench_7b_128k_r1]=90 [calibrated:bench_7b_128k_r2]=90
+  [calibrated:bench_7b_128k_r3]=90 [calibrated:bench_550m_64k_r1]=70
+  [calibrated:bench_550m_64k_r2]=70 [calibrated:bench_550m_64k_r3]=70
   [build:prebuild]=420
 )
-all_stages=(tests sanitizer bench ncu profile cp cp_cudnn torch_cp layer build)
+all_stages=(tests sanitizer bench ncu profile cp cp_cudnn torch_cp layer calibrated build)
 planned() {  # planned seconds of stage $1: the sum of its steps' caps
   local total=0 k
   for k in "${!caps[@]}"; do [[ "${k%%:*}" == "$1" ]] && total=$(( total + caps[$k] )); done
@@ -331,15 +348,16 @@ stage_sanitizer() {
 
 stage_bench() {
   check_binaries || return 1
-  local b="${work}/bench" configs="512,2048,8192,16384,mix" mix=() rc=0
+  local b="${work}/bench" configs="${WLB_BENCH_CONFIGS:-512,2048,8192,16384,mix}" mix=() rc=0
+  local kernels="${WLB_BENCH_KERNELS:-flash,cudnn}" torch_backends="${WLB_TORCH_BACKENDS:-flash,cudnn,efficient,varlen}"
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && mix=(--mix="${dev}/data/doc_lengths_wlbllm_like.json")
   run bench wlb_attention_bench "${dev}/bin/wlb_cuda_attention_bench" --configs="${configs}" \
-    --kernels=flash,cudnn --block_orders=heaviest_first,head_major --json="${b}/wlb_bench.jsonl" \
+    --kernels="${kernels}" --block_orders=heaviest_first,head_major --json="${b}/wlb_bench.jsonl" \
     --dump_mix="${b}/mix_lengths.json" "${mix[@]}" || rc=1
   [[ -s "${b}/mix_lengths.json" ]] || { say "bench: no mix lengths written"; return 1; }
   run bench torch_attention_bench python3 "${repo}/backends/cuda/bench/torch_attention_bench.py" \
     --configs="${configs}" --mix-lengths "${b}/mix_lengths.json" \
-    --backends flash,cudnn,efficient,varlen --json "${b}/torch_bench.jsonl" || rc=1
+    --backends "${torch_backends}" --json "${b}/torch_bench.jsonl" || rc=1
   graph_builds "${b}/wlb_attention_bench.log"
   python3 "${repo}/backends/cuda/scripts/bench_ratios.py" "${b}/wlb_bench.jsonl" \
     "${b}/torch_bench.jsonl" >"${b}/ratios.md" || rc=1
@@ -490,6 +508,50 @@ stage_layer() {
     --steps="${layer_steps}" --cp_steps="${layer_cp_steps}" "${docs[@]}" \
     --cp=2 || rc=1
   cat "${l}/550m-64k/summary.md" >>"${summary}" 2>/dev/null
+  graph_builds "${l}"/*.log
+  return ${rc}
+}
+
+# Table 2 planned with the FLOP preset and with the shipped calibration of the engine, repeated.
+stage_calibrated() {
+  check_binaries || return 1
+  local l="${work}/calibrated" rc=0 docs=() r runs=()
+  [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && docs=(--docs="${dev}/data/doc_lengths_wlbllm_like.json")
+  # packers NAME and NAME@CALIBRATION for each wlb packer, original as the baseline row
+  packers_for() {
+    local p list=original
+    for p in wlb wlb-refine wlb-lookahead; do list+=",${p}"; done
+    for p in wlb wlb-refine wlb-lookahead; do list+=",${p}@$1"; done
+    echo "${list}"
+  }
+  for r in $(seq 1 "${calibrated_repeats}"); do
+    run calibrated "bench_7b_128k_r${r}" "${dev}/bin/wlb_cuda_layer_bench" \
+      --out="${l}/7b-128k-r${r}" --kernel=flash --steps="${calibrated_steps_7b}" --sweep=0 \
+      --cp_steps=0 --packers="$(packers_for h100-flash-llama2-7b-tp8)" "${docs[@]}" || rc=1
+    [[ -f "${l}/7b-128k-r${r}/summary.md" ]] && runs+=("${l}/7b-128k-r${r}")
+  done
+  if (( ${#runs[@]} > 0 )); then
+    say ""
+    say "### 7B-128K, flash: FLOP preset llama2-7b vs calibration h100-flash-llama2-7b-tp8"
+    python3 "${repo}/backends/cuda/scripts/table2_repeats.py" "${runs[@]}" \
+      --pair wlb=wlb-lookahead@h100-flash-llama2-7b-tp8 --pair wlb=wlb@h100-flash-llama2-7b-tp8 \
+      --pair wlb-lookahead=wlb-lookahead@h100-flash-llama2-7b-tp8 2>&1 | tee -a "${summary}" || rc=1
+  fi
+  runs=()
+  for r in $(seq 1 "${calibrated_repeats}"); do
+    run calibrated "bench_550m_64k_r${r}" "${dev}/bin/wlb_cuda_layer_bench" \
+      --out="${l}/550m-64k-r${r}" --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 \
+      --kernel=cudnn --steps="${calibrated_steps_550m}" --sweep=0 --cp_steps=0 \
+      --packers="$(packers_for h100-cudnn-wlb-550m-tp2)" "${docs[@]}" || rc=1
+    [[ -f "${l}/550m-64k-r${r}/summary.md" ]] && runs+=("${l}/550m-64k-r${r}")
+  done
+  if (( ${#runs[@]} > 0 )); then
+    say ""
+    say "### 550M-64K, cudnn: FLOP preset wlb-550m vs calibration h100-cudnn-wlb-550m-tp2"
+    python3 "${repo}/backends/cuda/scripts/table2_repeats.py" "${runs[@]}" \
+      --pair wlb=wlb-lookahead@h100-cudnn-wlb-550m-tp2 --pair wlb=wlb@h100-cudnn-wlb-550m-tp2 \
+      --pair wlb-lookahead=wlb-lookahead@h100-cudnn-wlb-550m-tp2 2>&1 | tee -a "${summary}" || rc=1
+  fi
   graph_builds "${l}"/*.log
   return ${rc}
 }
