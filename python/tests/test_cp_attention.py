@@ -122,8 +122,9 @@ def check_against_reference(world, cases, results):
 def check_collective_bytes(world, cases, results):
     """The bytes every rank passed to the collectives (counted in the worker) are comm_volume's
     for that rank, forward and backward, and what plan.cp_prediction prices: its exchange kind,
-    the slowest rank's max(sent, received) and the received sum, in rows."""
-    kinds, overlapped = set(), 0
+    the slowest rank's max(sent, received) and the received sum, in rows. Returns the
+    (exchange, mask kind) pairs that ran on the overlapped path."""
+    kinds, overlapped = set(), set()
     for c, case in enumerate(cases):
         plan = case_plan(case, world)
         row = 2 * case["kv_heads"] * case["head_dim"] * 8  # float64 K and V of one token
@@ -139,11 +140,11 @@ def check_collective_bytes(world, cases, results):
             kinds.add(vol.exchange)
             worst = max(worst, f_sent, f_recv)
             received += f_recv
-        # The overlapped path runs wherever it applies (row-exact exchange, no window, math).
-        applies = vol.exchange == "row-exact" and not plan.kernel_window
-        assert results[0][c]["overlapped"] == (applies and case.get("overlap") is not False), \
-            where
-        overlapped += results[0][c]["overlapped"]
+        # The overlapped path runs wherever it applies (the math backend: every exchange and
+        # mask) unless the case asks for the sequential one.
+        assert results[0][c]["overlapped"] == (case.get("overlap") is not False), where
+        if results[0][c]["overlapped"]:
+            overlapped.add((vol.exchange, plan.mask.partition(":")[0]))
         predicted = plan.cp_prediction
         if world == 1 or len(plan.layer_mix.split(",")) != 1:
             continue  # a mix's prediction is its layers' mean
@@ -161,7 +162,8 @@ def test_cp_attention_equals_single_process_attention(world):
     count = {2: 24, 4: 16, 8: 10}[world] if CI else {2: 60, 4: 40, 8: 25}[world]
     cases = cases_for(world, seed=world, count=count)
     results = spawn(world, run_cases, cases)
-    assert check_against_reference(world, cases, results) > 0, "no case overlapped"
+    overlapped = check_against_reference(world, cases, results)
+    assert {("row-exact", "causal"), ("all-gather", "causal")} <= overlapped, overlapped
     strategies = {r["strategy"] for res in results for r in res}
     assert {"per-seq", "per-doc", "hybrid", "te-zigzag", "doc-degree"} <= strategies
 
@@ -187,6 +189,8 @@ def masked_cases(world, seed):
                 if len(cases) % 4 == 3:  # one layer kind of a mix
                     case["layer_mix"] = f"{mask}x3,causal"
                     case["mask"] = mask
+                if len(cases) % 5 == 4:  # the sequential path too
+                    case["overlap"] = False
                 cases.append(case)
     # One token (ranks without queries), and documents shorter than C, under short masks.
     for lengths, mask in (([1], "window:1"), ([world - 1 or 1, 1, 2], "chunk:2")):
@@ -201,7 +205,8 @@ def test_cp_attention_under_window_and_chunk_masks_equals_single_process(world):
     if world == 8:  # every strategy and both masks, a third of the sizes: the test stays short
         cases = cases[::3] + cases[-2:]
     results = spawn(world, run_cases, cases)
-    check_against_reference(world, cases, results)
+    overlapped = check_against_reference(world, cases, results)
+    print(world, sorted(overlapped))
     assert {r["strategy"] for res in results for r in res} >= {"per-doc", "doc-degree"}
 
 

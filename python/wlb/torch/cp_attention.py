@@ -183,18 +183,25 @@ class _RankPlan:
     send_splits: Optional[List[int]] = None
     recv_splits: Optional[List[int]] = None
     moves: bool = True  # whether any rank of the plan sends rows (else no collective at all)
-    # The overlapped path (row-exact exchange, causal and chunked masks): every kernel segment's
-    # keys split into this rank's own (local_key_rows into its rows, cu_k_local; the segment's
-    # queries are the last of them, so bottom-right causal stays exact) and the received ones
-    # (remote_key_rows into the received rows), all before the segment's first query, so every
-    # query sees all of them; the segments with received keys (remote_q_rows, cu_q_remote,
-    # cu_k_remote).
+    # The overlapped path (both exchanges, every mask): every kernel segment's keys split into
+    # this rank's own (local_key_rows into its rows, cu_k_local) and the fetched ones
+    # (remote_key_rows into the received rows under the row-exact exchange, into the gathered
+    # rows under the all-gather). The segment's queries are this rank's own rows, the last of its
+    # keys, so every fetched key lies before the segment's first query. Causal and chunked masks:
+    # bottom-right causal over the own keys stays exact and every query sees every fetched key
+    # (unmasked). A window: both parts carry their keys' positions relative to the segment's
+    # first query (local_key_offset, remote_key_offset), and the fetched part holds only the
+    # segment's first queries whose windows reach a fetched key. The segments with fetched keys
+    # and those queries: remote_q_rows, cu_q_remote, cu_k_remote.
     local_key_rows: Optional["torch.Tensor"] = None
     cu_k_local: Optional["torch.Tensor"] = None
     remote_key_rows: Optional["torch.Tensor"] = None
     remote_q_rows: Optional["torch.Tensor"] = None
     cu_q_remote: Optional["torch.Tensor"] = None
     cu_k_remote: Optional["torch.Tensor"] = None
+    local_key_offset: Optional["torch.Tensor"] = None
+    remote_key_offset: Optional["torch.Tensor"] = None
+    fetched_rows: int = 0  # rows of the received (row-exact) or gathered (all-gather) buffer
 
 
 def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankPlan:
@@ -206,6 +213,7 @@ def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankP
                    cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
                    max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k),
                    window=int(plan.kernel_window), exchange=x.kind)
+    cu_q, cu_k = r.cu_seqlens_q.astype(np.int64), r.cu_seqlens_k.astype(np.int64)
     if x.kind == "row-exact":
         sends = x.send_rows(rank)
         rp.send_index = torch.from_numpy(np.concatenate(sends)).to(device)
@@ -214,28 +222,49 @@ def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankP
         rp.moves = any(x.sent_to_others(s) for s in range(plan.cp_size))
         rows = x.buffer_rows(rank, r.tokens)[r.key_rows]
         rp.key_rows = torch.from_numpy(rows).to(device)
-        if rp.window == 0:
-            _split_keys(rp, rows, r.cu_seqlens_q.astype(np.int64),
-                        r.cu_seqlens_k.astype(np.int64), device)
+        rp.fetched_rows = sum(rp.recv_splits)
+        local = rows < r.tokens
+        _split_keys(rp, local, rows[local], rows[~local] - r.tokens, cu_q, cu_k, device)
+    else:
+        rows = np.asarray(r.key_rows, dtype=np.int64)
+        own = rank * plan.rank_capacity
+        local = (rows >= own) & (rows < own + plan.rank_capacity)
+        rp.fetched_rows = plan.cp_size * plan.rank_capacity
+        _split_keys(rp, local, rows[local] - own, rows[~local], cu_q, cu_k, device)
     return rp
 
 
-def _split_keys(rp: _RankPlan, rows: np.ndarray, cu_q: np.ndarray, cu_k: np.ndarray,
-                device) -> None:
-    """Fills the overlapped path's key split (see _RankPlan) from the buffer rows of the keys."""
-    local = rows < rp.local_rows
-    seg = np.repeat(np.arange(len(cu_k) - 1), np.diff(cu_k))  # kernel segment of every key
-    n_local = np.bincount(seg[local], minlength=len(cu_k) - 1)
-    n_remote = np.diff(cu_k) - n_local
+def _split_keys(rp: _RankPlan, local: np.ndarray, local_rows: np.ndarray,
+                remote_rows: np.ndarray, cu_q: np.ndarray, cu_k: np.ndarray, device) -> None:
+    """Fills the overlapped path's key split (see _RankPlan): ``local``, whether each key is one
+    of this rank's rows; ``local_rows`` / ``remote_rows``, where the own / fetched keys are."""
+    n_q, n_k = np.diff(cu_q), np.diff(cu_k)
+    seg = np.repeat(np.arange(len(n_k)), n_k)  # kernel segment of every key
+    n_local = np.bincount(seg[local], minlength=len(n_k))
+    n_remote = n_k - n_local
     with_remote = np.flatnonzero(n_remote)
-    q_rows = [np.arange(cu_q[i], cu_q[i + 1]) for i in with_remote]
+    queries = n_q[with_remote]  # the fetched part's queries per segment: all of them, or ...
     as_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
-    rp.local_key_rows = as_tensor(rows[local])
+    # Key positions relative to the segment's first query (its keys are contiguous positions
+    # ending at its last query): the queries' own keys have offsets >= 0 and must be this rank's.
+    offset = np.arange(len(seg)) - np.repeat(cu_k[:-1] + n_k - n_q, n_k)
+    if not np.all(local[offset >= 0]):
+        raise RuntimeError("internal error: a kernel segment's query rows are not this rank's own "
+                           "rows; the overlapped path cannot split its keys")
+    if rp.window:
+        # Query t sees offsets (t - window, t]: the fetched part holds the queries
+        # t <= (last fetched key's offset) + window - 1, each of which sees that key.
+        last_remote = np.full(len(n_k), np.iinfo(np.int64).min)
+        np.maximum.at(last_remote, seg[~local], offset[~local])
+        queries = np.minimum(queries, last_remote[with_remote] + rp.window)
+        rp.local_key_offset = as_tensor(offset[local])
+        rp.remote_key_offset = as_tensor(offset[~local])
+    q_rows = [np.arange(cu_q[i], cu_q[i] + m) for i, m in zip(with_remote, queries)]
+    rp.local_key_rows = as_tensor(local_rows)
     rp.cu_k_local = as_tensor(np.concatenate([[0], np.cumsum(n_local)])).to(torch.int32)
-    rp.remote_key_rows = as_tensor(rows[~local] - rp.local_rows)
+    rp.remote_key_rows = as_tensor(remote_rows)
     rp.remote_q_rows = as_tensor(np.concatenate(q_rows) if q_rows else [])
-    rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum([len(a) for a in q_rows])])).to(
-        torch.int32)
+    rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum(queries)])).to(torch.int32)
     rp.cu_k_remote = as_tensor(np.concatenate([[0], np.cumsum(n_remote[with_remote])])).to(
         torch.int32)
 
@@ -276,21 +305,25 @@ class _GatherKeys(torch.autograd.Function if torch is not None else object):
     key gradients per fetched row and send them back to their owners (_return_grads)."""
 
     @staticmethod
-    def forward(ctx, k, v, rp: _RankPlan, group):
+    def forward(ctx, k, v, rp: _RankPlan, group, clock=None):
         h_kv = k.shape[1]
         rows = _fetch_rows(torch.cat([k, v], dim=1), rp, group)
         keys = rows.index_select(0, rp.key_rows)
-        ctx.rp, ctx.group, ctx.h_kv = rp, group, h_kv
+        ctx.rp, ctx.group, ctx.h_kv, ctx.clock = rp, group, h_kv, clock
         ctx.shape = tuple(rows.shape)
         return keys[:, :h_kv].contiguous(), keys[:, h_kv:].contiguous()
 
     @staticmethod
     def backward(ctx, d_keys_k, d_keys_v):
+        if ctx.clock is not None:
+            ctx.clock.restart()  # the attention's backward ran before this
         d_keys = torch.cat([d_keys_k, d_keys_v], dim=1)
         d_rows = d_keys.new_zeros(ctx.shape)
         d_rows.index_add_(0, ctx.rp.key_rows, d_keys)
         mine = _return_grads(d_rows, ctx.rp, ctx.group)
-        return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None
+        if ctx.clock is not None:
+            ctx.clock.lap("backward_exchange_s")
+        return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None, None
 
 
 def _merge(out_a, lse_a, out_b, lse_b):
@@ -303,29 +336,38 @@ def _merge(out_a, lse_a, out_b, lse_b):
 
 
 class _OverlappedAttention(torch.autograd.Function if torch is not None else object):
-    """Row-exact exchange overlapped with attention (math backend; causal and chunked masks).
+    """The exchange overlapped with attention (math backend; both exchanges, every mask).
 
-    Forward: starts the all_to_all_single of the K/V rows (async), runs attention over the
-    keys this rank holds, waits, runs attention over the received keys and merges the two by
-    log-sum-exp. Backward: the received keys' part first (with the merged out and lse), starts
-    sending their dK/dV back (async), runs the own keys' part, waits and adds the gradients that
-    came back. ``clock`` (a _Clock) records forward laps: "local_attention_s" (overlapping the
-    exchange), "exchange_wait_s" (the exchange left once it was done), "remote_attention_s", and
-    adds the attention laps to "attention_s" and the wait to "gather_s"."""
+    Forward: starts the exchange of the K/V rows asynchronously (the row-exact
+    all_to_all_single, or the all_gather_into_tensor of every rank's padded rows), runs attention
+    over the keys this rank holds, waits, runs attention over the fetched keys and merges the two
+    by log-sum-exp. Backward: the fetched keys' part first (with the merged out and lse), starts
+    sending their dK/dV back asynchronously (the reverse all_to_all_single, or the
+    reduce_scatter_tensor of the gathered rows' gradients), runs the own keys' part, waits and adds
+    the gradients that came back. ``clock`` (a _Clock) records the laps: forward
+    "local_attention_s" (overlapping the exchange), "exchange_wait_s" (the exchange left once it
+    was done), "remote_attention_s"; backward "backward_remote_s", "backward_local_s"
+    (overlapping the gradients' exchange), "backward_wait_s"; and adds the forward's attention
+    laps to "attention_s" and its wait to "gather_s"."""
 
     @staticmethod
     def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock):
         h_kv = k.shape[1]
         kv = torch.cat([k, v], dim=1)
-        received = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
+        received = kv.new_empty((rp.fetched_rows,) + tuple(kv.shape[1:]))
         work = None
-        if rp.moves:
+        if rp.exchange == "all-gather":
+            padded = kv.new_zeros((rp.capacity,) + tuple(kv.shape[1:]))
+            padded[: rp.local_rows] = kv
+            work = dist.all_gather_into_tensor(received, padded, group=group, async_op=True)
+        elif rp.moves:
             send = kv.index_select(0, rp.send_index)
             work = dist.all_to_all_single(received, send, rp.recv_splits, rp.send_splits,
                                           group=group, async_op=True)
         local = kv.index_select(0, rp.local_key_rows)
         k_l, v_l = local[:, :h_kv], local[:, h_kv:]
-        out, lse = math_forward(q, k_l, v_l, rp.cu_q, rp.cu_k_local, scale)
+        out, lse = math_forward(q, k_l, v_l, rp.cu_q, rp.cu_k_local, scale, window=rp.window,
+                                key_offset=rp.local_key_offset)
         local_s = clock.lap("local_attention_s")
         if work is not None:
             work.wait()
@@ -334,44 +376,72 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
         k_r, v_r = remote[:, :h_kv], remote[:, h_kv:]
         q_r = q.index_select(0, rp.remote_q_rows)
         if len(rp.remote_q_rows):
-            out_r, lse_r = math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale,
-                                        causal=False)
+            out_r, lse_r = _remote_forward(q_r, k_r, v_r, rp, scale)
             merged, merged_lse = _merge(out[rp.remote_q_rows], lse[:, rp.remote_q_rows],
                                         out_r, lse_r)
             out[rp.remote_q_rows] = merged
             lse[:, rp.remote_q_rows] = merged_lse
         clock.add("attention_s", local_s + clock.lap("remote_attention_s"))
         ctx.save_for_backward(q, k_l, v_l, q_r, k_r, v_r, out, lse)
-        ctx.rp, ctx.group, ctx.scale, ctx.h_kv = rp, group, scale, h_kv
-        ctx.received_rows = received.shape[0]
+        ctx.rp, ctx.group, ctx.scale, ctx.h_kv, ctx.clock = rp, group, scale, h_kv, clock
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
         q, k_l, v_l, q_r, k_r, v_r, out, lse = ctx.saved_tensors
-        rp, h_kv = ctx.rp, ctx.h_kv
+        rp, h_kv, clock = ctx.rp, ctx.h_kv, ctx.clock
+        clock.restart()
         rq, work = rp.remote_q_rows, None
-        d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
+        d_received = q.new_zeros((rp.fetched_rows, 2 * h_kv, q.shape[2]))
         if len(rq):
-            dq_r, dk_r, dv_r = math_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
-                                             rp.cu_q_remote, rp.cu_k_remote, ctx.scale,
-                                             causal=False)
+            dq_r, dk_r, dv_r = _remote_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
+                                                rp, ctx.scale)
             d_received.index_add_(0, rp.remote_key_rows, torch.cat([dk_r, dv_r], dim=1))
-        if rp.moves:
+        clock.lap("backward_remote_s")
+        if rp.exchange == "all-gather":
+            d_kv_r = q.new_empty((rp.capacity, 2 * h_kv, q.shape[2]))
+            work = dist.reduce_scatter_tensor(d_kv_r, d_received, op=dist.ReduceOp.SUM,
+                                              group=ctx.group, async_op=True)
+        elif rp.moves:
             d_kv_r = q.new_empty((len(rp.send_index), 2 * h_kv, q.shape[2]))
             work = dist.all_to_all_single(d_kv_r, d_received, rp.send_splits, rp.recv_splits,
                                           group=ctx.group, async_op=True)
         dq, dk_l, dv_l = math_backward(q, k_l, v_l, out, lse, d_out, rp.cu_q, rp.cu_k_local,
-                                       ctx.scale)
+                                       ctx.scale, window=rp.window,
+                                       key_offset=rp.local_key_offset)
         if len(rq):
             dq.index_add_(0, rq, dq_r)
         d_kv = q.new_zeros((rp.local_rows, 2 * h_kv, q.shape[2]))
         d_kv.index_add_(0, rp.local_key_rows, torch.cat([dk_l, dv_l], dim=1))
+        clock.lap("backward_local_s")
         if work is not None:
             work.wait()
-            d_kv.index_add_(0, rp.send_index, d_kv_r)
+            if rp.exchange == "all-gather":
+                d_kv += d_kv_r[: rp.local_rows]
+            else:
+                d_kv.index_add_(0, rp.send_index, d_kv_r)  # a row may go to several ranks
+        clock.lap("backward_wait_s")
         return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None
+
+
+def _remote_forward(q_r, k_r, v_r, rp: _RankPlan, scale):
+    """Attention of the fetched part: every query sees every fetched key of its segment (causal
+    and chunked masks), or the keys in its window (positions in rp.remote_key_offset)."""
+    if rp.window:
+        return math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale,
+                            window=rp.window, key_offset=rp.remote_key_offset)
+    return math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale, causal=False)
+
+
+def _remote_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp: _RankPlan, scale):
+    """_remote_forward's gradients given the merged out and lse (its share of them)."""
+    if rp.window:
+        return math_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp.cu_q_remote,
+                             rp.cu_k_remote, scale, window=rp.window,
+                             key_offset=rp.remote_key_offset)
+    return math_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp.cu_q_remote, rp.cu_k_remote,
+                         scale, causal=False)
 
 
 def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
@@ -578,13 +648,16 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
     tensors and exchange (and the plan's digest), so that calling it for every layer builds them
     once.
-    ``overlap``: run attention over the keys this rank holds while the row-exact exchange is in
-    flight and merge the received keys' part by log-sum-exp, backward likewise (None or True:
-    wherever it applies, i.e. the row-exact exchange, a causal or chunked mask and the "math"
-    backend, the sequential path elsewhere; False: always the sequential path; results equal to
-    rounding). Its forward laps in ``timings``:
-    "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums in
-    "attention_s" and "gather_s", the exchange time not hidden).
+    ``overlap``: run attention over the keys this rank holds while the exchange (row-exact or
+    all-gather) is in flight and merge the fetched keys' part by log-sum-exp, backward likewise
+    (None or True: wherever it applies, i.e. the "math" backend, under every mask and exchange;
+    the sequential path on "varlen"; False: always the sequential path; results equal to
+    rounding). Its forward laps in ``timings``: "local_attention_s", "exchange_wait_s",
+    "remote_attention_s" (and their sums in "attention_s" and "gather_s", the exchange time not
+    hidden); its backward laps: "backward_remote_s" (the fetched keys' gradients),
+    "backward_local_s" (the own keys' part while those travel back), "backward_wait_s" (the
+    gradients' exchange left after it). The sequential path's backward adds
+    "backward_exchange_s" (the gradients' exchange, blocking).
     """
     require_torch()
     if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
@@ -611,7 +684,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     if overlap is not False and rp.local_key_rows is not None and chosen == "math":
         scale = default_scale(q.shape[-1]) if scale is None else float(scale)
         return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock)
-    k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
+    k_keys, v_keys = _GatherKeys.apply(k, v, rp, group, clock)
     clock.lap("gather_s")
     window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
     out, lse = varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
@@ -631,6 +704,11 @@ class _Clock:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def restart(self) -> None:
+        """Starts the next lap now (backward's first lap starts when backward does)."""
+        if self.timings is not None:
+            self.last = self._now()
 
     def lap(self, key: str) -> float:
         """Adds the seconds since the last lap to ``key`` and returns them (0 without a dict)."""
