@@ -225,3 +225,53 @@ def _disagreements(rank, world, group, payload):
         o, _ = cp_attention(ql, kl, vl, plan, group)  # the group is still in step
         assert o.shape[0] == plan[rank].tokens
     return results
+
+
+def run_agreement_cache(rank, world, payload):
+    """cp_attention called repeatedly on one plan, then with the last rank alone changing its
+    plan or its head dim, then validly again; counts the agreement's collectives (all_reduce,
+    all_gather) per call. Returns [(step, all_reduce calls, all_gather calls, error type,
+    message)] and whether the repeated calls' outputs equal the first call's."""
+    from wlb.torch import CPAttention, cp_attention, cp_slice
+
+    counts = {"all_reduce": 0, "all_gather": 0}
+    real = {name: getattr(dist, name) for name in counts}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in counts:
+        setattr(dist, name, counted(name))
+    lengths = np.array(payload["lengths"], dtype=np.int64)
+    plan = wlb.plan_shards(lengths, world, "per-doc")
+    other = wlb.plan_shards(lengths[::-1].copy(), world, "per-doc")  # same tokens and C
+    shape = {"seed": 5, "q_heads": 4, "kv_heads": 2, "head_dim": 4}
+    bad = rank == world - 1
+    steps, outs = [], []
+    layer = CPAttention(plan)
+    for step in ("first", "repeat", "module", "module again", "other plan", "head dim",
+                 "valid again"):
+        call_plan, call_shape = plan, dict(shape)
+        if bad and step == "other plan":
+            call_plan = other
+        if bad and step == "head dim":
+            call_shape["head_dim"] = 2
+        q, k, v, _ = case_tensors(call_shape, call_plan.tokens)
+        ql, kl, vl = (cp_slice(t, call_plan, rank) for t in (q, k, v))
+        before = dict(counts)
+        error = (None, None)
+        try:
+            if step.startswith("module"):
+                outs.append(layer(ql, kl, vl))
+            else:
+                outs.append(cp_attention(ql, kl, vl, call_plan)[0])
+        except ValueError as e:
+            error = (type(e).__name__, str(e))
+        steps.append((step, counts["all_reduce"] - before["all_reduce"],
+                      counts["all_gather"] - before["all_gather"]) + error)
+    for name, fn in real.items():
+        setattr(dist, name, fn)
+    return {"steps": steps, "equal": all(torch.equal(o, outs[0]) for o in outs)}

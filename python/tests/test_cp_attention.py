@@ -14,7 +14,8 @@ import wlb
 torch = pytest.importorskip("torch")
 
 from cp_workers import (case_plan, case_tensors, disagreement_cases,  # noqa: E402
-                        run_cases, run_disagreements, run_module_twice, spawn)
+                        run_agreement_cache, run_cases, run_disagreements, run_module_twice,
+                        spawn)
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
@@ -338,6 +339,26 @@ def test_ranks_that_disagree_all_raise_the_same_error_naming_field_and_ranks():
             if name == "cp_size":
                 assert all(o[3] < linger for o in outcomes[:-1]), where
     assert all(set(results[r]) == {4} for r in (2, 3))
+
+
+def test_agreement_runs_once_per_signature_and_still_catches_a_lone_change():
+    """The whole agreement (an all_gather of every rank's record) runs on a signature's first
+    call only; repeated calls, and a module over the same plan, cost one all_reduce each. When
+    the last rank alone changes its plan (same tokens and C) or its head dim on a later call,
+    every rank runs the whole agreement again and raises the same error naming the field (the
+    spawn's timeout catches a rank left waiting); a valid call afterwards is cached again."""
+    results = spawn(3, run_agreement_cache, {"lengths": [9, 5, 14, 3]}, timeout=90)
+    expected = [("first", 1, 1), ("repeat", 1, 0), ("module", 1, 0), ("module again", 1, 0),
+                ("other plan", 1, 1), ("head dim", 1, 1), ("valid again", 1, 0)]
+    for r, res in enumerate(results):
+        assert [s[:3] for s in res["steps"]] == expected, (r, res["steps"])
+        assert res["equal"], r
+        assert all(s[3] is None for s in res["steps"] if s[0] not in ("other plan", "head dim"))
+    for step, needle in (("other plan", "disagree on plan"), ("head dim", "disagree on head_dim")):
+        errors = {next(s[3:] for s in res["steps"] if s[0] == step) for res in results}
+        assert len(errors) == 1, (step, errors)  # the same error on every rank
+        kind, message = errors.pop()
+        assert kind == "ValueError" and needle in message and "rank 2" in message, message
 
 
 def test_agreement_records_keep_every_failure_and_name_fields_and_ranks():

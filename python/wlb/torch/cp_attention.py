@@ -33,15 +33,19 @@ the collectives, which is what ``plan.cp_prediction`` prices.
     layer = CPAttention(plan)                                     # the same as a module
 
 Every check runs before the first collective, and the ranks agree before any of them moves a
-row (``agree_on_errors=True``, the default): each rank all-gathers a small fingerprint of what it
-is about to do (the plan's digest: strategy, mask, micro-batch and C; dtype, device type, heads,
-K/V heads, head dim, scale) together with its own checks' verdict (tensors that do not fit the
+row (``agree_on_errors=True``, the default): on the first call of a signature (the plan's
+digest, shapes, dtypes, devices, scale, backend, group) each rank all-gathers a small
+fingerprint of what it is about to do (the plan's digest: strategy, mask, micro-batch and C;
+dtype, device type, heads, K/V heads, head dim, scale) together with its own checks' verdict (tensors that do not fit the
 plan, a plan for another group size, a mix plan not narrowed with ``for_mask``, tensors on a
 device the group cannot move, ``meta`` included, a bad ``scale`` or backend). The exchange uses a
 tensor on a device every rank of the group can use (CPU under gloo, the current CUDA device under
 NCCL), never the inputs' device. Any rank's failure or any disagreement raises the same
 ``ValueError`` on every rank, naming the field and the ranks (``TypeError`` where every failing
 rank was given a wrong type), so no rank waits in a collective that another rank never enters.
+Later calls with a signature every rank has agreed on before cost one all-reduce of 40 bytes
+(a hash of the signature and whether each rank has seen its call before); any difference sends
+every rank through the whole agreement again.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -594,21 +599,86 @@ def _verdict(entries: List[Dict[str, Any]]) -> Optional[Tuple[type, str]]:
     return None
 
 
+# Agreements that passed in this process: (this rank's signature: the plan's digest, shapes,
+# dtypes, devices, scale, backend, group, rank) -> (backend, scale, group). Bounded, oldest out.
+_AGREED: "OrderedDict[Any, Tuple[str, Optional[float], Any]]" = OrderedDict()
+# Plans' digests by identity (the plan is kept, so its id is not reused while it is here).
+_DIGESTS: "OrderedDict[int, Tuple[wlb.ShardPlan, str]]" = OrderedDict()
+_CACHE_ENTRIES = 256
+
+
+def _remember(table: OrderedDict, key, value) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > _CACHE_ENTRIES:
+        table.popitem(last=False)
+
+
+def _digest_of(plan: wlb.ShardPlan, cache: Optional[Dict[Any, Any]]) -> str:
+    """plan_digest(plan), computed once per plan object (CPAttention's cache, or this module's)."""
+    if cache is not None:
+        if "plan_digest" not in cache:
+            cache["plan_digest"] = plan_digest(plan)
+        return cache["plan_digest"]
+    entry = _DIGESTS.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        entry = (plan, plan_digest(plan))
+    _remember(_DIGESTS, id(plan), entry)
+    return entry[1]
+
+
+def _signature(q, k, v, plan, group, rank: int, world: int, scale, backend, digest):
+    """(what every rank must share, this rank's whole call) for the agreement cache, or
+    (None, None) for arguments of the wrong types (those always take the whole agreement)."""
+    if not isinstance(plan, wlb.ShardPlan) or not all(isinstance(t, torch.Tensor)
+                                                      for t in (q, k, v)):
+        return None, None
+    shared = (digest(plan), world, str(q.dtype), q.device.type, tuple(q.shape[1:]),
+              tuple(k.shape[1:]), repr(scale), repr(backend))
+    mine = (shared, rank, id(group), str(dist.get_backend(group)), tuple(q.shape),
+            tuple(k.shape), tuple(v.shape),
+            str(q.device), str(k.device), str(v.device), str(k.dtype), str(v.dtype))
+    return shared, mine
+
+
 def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
            cache: Optional[Dict[Any, Any]] = None):
     """Every rank's checks and fingerprints, compared on every rank before any collective moves
     a row: returns (backend, scale) when all ranks passed and agree, else raises the same error
     on every rank. ``agree=False`` checks this rank alone (no exchange). ``cache``: CPAttention's
-    per-plan cache, where the plan's digest is kept after its first call."""
+    per-plan cache, where the plan's digest is kept after its first call.
 
-    def digest(p: wlb.ShardPlan) -> str:
-        if cache is None:
-            return plan_digest(p)
-        if "plan_digest" not in cache:
-            cache["plan_digest"] = plan_digest(p)
-        return cache["plan_digest"]
-
+    The whole agreement (every rank's checks, an all_gather of 2 KiB records) runs once per
+    signature (the plan's digest, shapes, dtypes, devices, scale, backend, group) per process:
+    every call first all-reduces (MAX) one 40-byte tensor, a 62-bit hash of what the ranks must
+    share and whether this rank has agreed on its call before; where every rank has and the
+    hashes are equal, the call goes on with the remembered result, else every rank runs the
+    whole agreement, so a rank that alone changes its plan or shapes still makes every rank
+    raise the same error (no collective can be skipped by one rank alone: it would hang)."""
     world = dist.get_world_size(group)
+    digest = lambda p: _digest_of(p, cache)
+    if not agree:
+        return _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, False)
+    shared, mine = _signature(q, k, v, plan, group, rank, world, scale, backend, digest)
+    known = _AGREED.get(mine) if mine is not None else None
+    h = int.from_bytes(hashlib.blake2b(repr(shared).encode(), digest_size=8).digest(), "little")
+    lo, hi = h & 0x7FFFFFFF, (h >> 31) & 0x7FFFFFFF
+    flags = torch.tensor([lo, hi, -lo, -hi, 0 if known is not None else 1], dtype=torch.int64,
+                         device=_exchange_device(group))
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    max_lo, max_hi, min_lo, min_hi, unknown = flags.tolist()
+    if not unknown and max_lo == -min_lo and max_hi == -min_hi:
+        _AGREED.move_to_end(mine)
+        return known[0], known[1]
+    chosen, scale_ = _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, True)
+    if mine is not None:
+        _remember(_AGREED, mine, (chosen, scale_, group))
+    return chosen, scale_
+
+
+def _agree_fully(q, k, v, plan, group, rank: int, world: int, scale, backend, digest,
+                 agree: bool):
+    """The whole agreement: this rank's checks and fingerprint, all-gathered and compared."""
     record, problem, kind, chosen, scale = _fingerprint(q, k, v, plan, group, world, rank, scale,
                                                         backend, digest)
     if not agree:
