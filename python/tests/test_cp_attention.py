@@ -492,6 +492,63 @@ def test_math_backend_sliding_window_blocks_and_gradients(monkeypatch):
         varlen_causal_attention(q, k, v, cu_q, cu_k, 5, 5, window=-1)
 
 
+@pytest.mark.parametrize("block_rows", [512, 3])
+def test_math_backend_keys_with_positions_under_window_and_causal(monkeypatch, block_rows):
+    """math_forward / math_backward with key_offset (the overlapped path's split key sets): each
+    segment keeps a random subset of its keys (its queries' own keys always), positioned by
+    offset from the segment's first query; out, lse and dq/dk/dv equal a dense reference over
+    that subset under the window (or causal), in blocks that start mid-window too."""
+    from wlb.torch import attention
+
+    monkeypatch.setattr(attention, "_MATH_BLOCK_ROWS", block_rows)
+    rng = np.random.default_rng(21 + block_rows)
+    for trial in range(10):
+        n_q = rng.integers(1, 12, int(rng.integers(1, 4)))
+        n_k = n_q + rng.integers(0, 15, len(n_q))
+        window = int(rng.integers(0, 12))  # 0: causal
+        keep, offsets = [], []
+        for nq, nk in zip(n_q, n_k):
+            off = np.arange(nk) - (nk - nq)
+            kept = (off >= 0) | (rng.random(nk) < 0.5)
+            keep.append(kept)
+            offsets.append(off[kept])
+        cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(n_q)])).to(torch.int32)
+        counts = [int(k.sum()) for k in keep]
+        cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])).to(torch.int32)
+        key_offset = torch.from_numpy(np.concatenate(offsets))
+        g = torch.Generator().manual_seed(trial)
+        q = torch.randn(int(cu_q[-1]), 4, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        k = torch.randn(int(cu_k[-1]), 2, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        v = torch.randn(int(cu_k[-1]), 2, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        d_out = torch.randn(q.shape, dtype=torch.float64, generator=g)
+        ref_out, ref_lse = [], []
+        for i in range(len(n_q)):
+            qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+            row = torch.arange(int(n_q[i]))[:, None]
+            pos = key_offset[ks][None, :]
+            allowed = (pos <= row) & ((pos > row - window) if window else True)
+            kk, vv = (t[ks].repeat_interleave(2, dim=1) for t in (k, v))
+            scores = torch.einsum("nhd,mhd->hnm", q[qs], kk) * 0.5
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            ref_lse.append(torch.logsumexp(scores, dim=-1))
+            ref_out.append(torch.einsum("hnm,mhd->nhd", torch.softmax(scores, dim=-1), vv))
+        ref_out, ref_lse = torch.cat(ref_out), torch.cat(ref_lse, dim=1)
+        (ref_out * d_out).sum().backward()
+        with torch.no_grad():
+            out, lse = attention.math_forward(q, k, v, cu_q, cu_k, 0.5, window=window,
+                                              key_offset=key_offset)
+            grads = attention.math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, 0.5,
+                                            window=window, key_offset=key_offset)
+        where = (trial, window, n_q.tolist(), n_k.tolist())
+        assert torch.allclose(out, ref_out.detach(), atol=1e-12, rtol=0), where
+        assert torch.allclose(lse, ref_lse.detach(), atol=1e-12, rtol=0), where
+        for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+            assert torch.allclose(got, want, atol=1e-12, rtol=0), where
+
+
 def test_math_backend_gradients_match_finite_differences():
     g = torch.Generator().manual_seed(9)
     cu_q = torch.tensor([0, 3, 3, 8], dtype=torch.int32)  # an empty query segment in the middle

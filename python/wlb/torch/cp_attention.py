@@ -20,6 +20,10 @@ a mix of several, ``plan.for_mask(mask)`` gives the plan for one layer's): ``"ca
    (``wlb.torch.attention``; a chunked mask cuts segments at chunk boundaries), keeping the last
    ``plan.kernel_window`` keys per query row under a window.
 
+On the ``"math"`` backend (``overlap``, on by default) step 3 runs over this rank's own keys
+while the exchange of step 1 is in flight, and over the fetched keys after it, merged by
+log-sum-exp (``_OverlappedAttention``); backward likewise.
+
 It returns this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
 sends the key gradients of the rows it received back to their owners (the reverse
 ``all_to_all_single``, or ``reduce_scatter_tensor`` after an all-gather), so every rank receives
@@ -36,9 +40,10 @@ Every check runs before the first collective, and the ranks agree before any of 
 row (``agree_on_errors=True``, the default): on the first call of a signature (the plan's
 digest, shapes, dtypes, devices, scale, backend, group) each rank all-gathers a small
 fingerprint of what it is about to do (the plan's digest: strategy, mask, micro-batch and C;
-dtype, device type, heads, K/V heads, head dim, scale) together with its own checks' verdict (tensors that do not fit the
-plan, a plan for another group size, a mix plan not narrowed with ``for_mask``, tensors on a
-device the group cannot move, ``meta`` included, a bad ``scale`` or backend). The exchange uses a
+dtype, device type, heads, K/V heads, head dim, scale) together with its own checks' verdict
+(tensors that do not fit the plan, a plan for another group size, a mix plan not narrowed with
+``for_mask``, tensors on a device the group cannot move, ``meta`` included, a bad ``scale`` or
+backend). The exchange uses a
 tensor on a device every rank of the group can use (CPU under gloo, the current CUDA device under
 NCCL), never the inputs' device. Any rank's failure or any disagreement raises the same
 ``ValueError`` on every rank, naming the field and the ranks (``TypeError`` where every failing
