@@ -20,9 +20,9 @@ a mix of several, ``plan.for_mask(mask)`` gives the plan for one layer's): ``"ca
    (``wlb.torch.attention``; a chunked mask cuts segments at chunk boundaries), keeping the last
    ``plan.kernel_window`` keys per query row under a window.
 
-On the ``"math"`` backend (``overlap``, on by default) step 3 runs over this rank's own keys
-while the exchange of step 1 is in flight, and over the fetched keys after it, merged by
-log-sum-exp (``_OverlappedAttention``); backward likewise.
+On the ``"math"`` backend (``overlap``, on by default; on ``"varlen"`` when asked for) step 3
+runs over this rank's own keys while the exchange of step 1 is in flight, and over the fetched
+keys after it, merged by log-sum-exp (``_OverlappedAttention``); backward likewise.
 
 It returns this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
 sends the key gradients of the rows it received back to their owners (the reverse
@@ -212,6 +212,9 @@ class _RankPlan:
     local_key_offset: Optional["torch.Tensor"] = None
     remote_key_offset: Optional["torch.Tensor"] = None
     fetched_rows: int = 0  # rows of the received (row-exact) or gathered (all-gather) buffer
+    max_k_local: int = 0  # the longest segment of each part (what varlen kernels are told)
+    max_q_remote: int = 0
+    max_k_remote: int = 0
 
 
 def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankPlan:
@@ -277,6 +280,9 @@ def _split_keys(rp: _RankPlan, local: np.ndarray, local_rows: np.ndarray,
     rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum(queries)])).to(torch.int32)
     rp.cu_k_remote = as_tensor(np.concatenate([[0], np.cumsum(n_remote[with_remote])])).to(
         torch.int32)
+    rp.max_k_local = int(n_local.max(initial=0))
+    rp.max_q_remote = int(queries.max(initial=0))
+    rp.max_k_remote = int(n_remote.max(initial=0))
 
 
 def _fetch_rows(kv, rp: _RankPlan, group):
@@ -340,9 +346,9 @@ def _merge(out_a, lse_a, out_b, lse_b):
     """Attention over two disjoint key sets merged by log-sum-exp: (out, lse) over their union.
     lse is (H, T), out (T, H, D); a row without keys in one part has lse -inf there."""
     lse = torch.logaddexp(lse_a, lse_b)
-    w_a = torch.exp(lse_a - lse).transpose(0, 1)[..., None].to(out_a.dtype)
-    w_b = torch.exp(lse_b - lse).transpose(0, 1)[..., None].to(out_a.dtype)
-    return out_a * w_a + out_b * w_b, lse
+    w_a = torch.exp(lse_a - lse).transpose(0, 1)[..., None]  # lse's dtype: float32 or float64
+    w_b = torch.exp(lse_b - lse).transpose(0, 1)[..., None]
+    return (out_a.to(w_a.dtype) * w_a + out_b.to(w_b.dtype) * w_b).to(out_a.dtype), lse
 
 
 class _OverlappedAttention(torch.autograd.Function if torch is not None else object):
@@ -361,7 +367,7 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
     laps to "attention_s" and its wait to "gather_s"."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock):
+    def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock, parts):
         h_kv = k.shape[1]
         kv = torch.cat([k, v], dim=1)
         received = kv.new_empty((rp.fetched_rows,) + tuple(kv.shape[1:]))
@@ -375,18 +381,18 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
             work = dist.all_to_all_single(received, send, rp.recv_splits, rp.send_splits,
                                           group=group, async_op=True)
         local = kv.index_select(0, rp.local_key_rows)
-        k_l, v_l = local[:, :h_kv], local[:, h_kv:]
-        out, lse = math_forward(q, k_l, v_l, rp.cu_q, rp.cu_k_local, scale, window=rp.window,
-                                key_offset=rp.local_key_offset)
+        k_l, v_l = local[:, :h_kv].contiguous(), local[:, h_kv:].contiguous()
+        out, lse, state_l = parts.local_forward(q, k_l, v_l, rp, scale)
         local_s = clock.lap("local_attention_s")
         if work is not None:
             work.wait()
         clock.add("gather_s", clock.lap("exchange_wait_s"))
         remote = received.index_select(0, rp.remote_key_rows)
-        k_r, v_r = remote[:, :h_kv], remote[:, h_kv:]
+        k_r, v_r = remote[:, :h_kv].contiguous(), remote[:, h_kv:].contiguous()
         q_r = q.index_select(0, rp.remote_q_rows)
+        state_r = None
         if len(rp.remote_q_rows):
-            out_r, lse_r = _remote_forward(q_r, k_r, v_r, rp, scale)
+            out_r, lse_r, state_r = parts.remote_forward(q_r, k_r, v_r, rp, scale)
             merged, merged_lse = _merge(out[rp.remote_q_rows], lse[:, rp.remote_q_rows],
                                         out_r, lse_r)
             out[rp.remote_q_rows] = merged
@@ -394,6 +400,7 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
         clock.add("attention_s", local_s + clock.lap("remote_attention_s"))
         ctx.save_for_backward(q, k_l, v_l, q_r, k_r, v_r, out, lse)
         ctx.rp, ctx.group, ctx.scale, ctx.h_kv, ctx.clock = rp, group, scale, h_kv, clock
+        ctx.parts, ctx.states = parts, (state_l, state_r)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -405,8 +412,8 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
         rq, work = rp.remote_q_rows, None
         d_received = q.new_zeros((rp.fetched_rows, 2 * h_kv, q.shape[2]))
         if len(rq):
-            dq_r, dk_r, dv_r = _remote_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
-                                                rp, ctx.scale)
+            dq_r, dk_r, dv_r = ctx.parts.remote_backward(q_r, k_r, v_r, out[rq], lse[:, rq],
+                                                         d_out[rq], rp, ctx.scale, ctx.states[1])
             d_received.index_add_(0, rp.remote_key_rows, torch.cat([dk_r, dv_r], dim=1))
         clock.lap("backward_remote_s")
         if rp.exchange == "all-gather":
@@ -417,9 +424,8 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
             d_kv_r = q.new_empty((len(rp.send_index), 2 * h_kv, q.shape[2]))
             work = dist.all_to_all_single(d_kv_r, d_received, rp.send_splits, rp.recv_splits,
                                           group=ctx.group, async_op=True)
-        dq, dk_l, dv_l = math_backward(q, k_l, v_l, out, lse, d_out, rp.cu_q, rp.cu_k_local,
-                                       ctx.scale, window=rp.window,
-                                       key_offset=rp.local_key_offset)
+        dq, dk_l, dv_l = ctx.parts.local_backward(q, k_l, v_l, out, lse, d_out, rp, ctx.scale,
+                                                  ctx.states[0])
         if len(rq):
             dq.index_add_(0, rq, dq_r)
         d_kv = q.new_zeros((rp.local_rows, 2 * h_kv, q.shape[2]))
@@ -432,26 +438,103 @@ class _OverlappedAttention(torch.autograd.Function if torch is not None else obj
             else:
                 d_kv.index_add_(0, rp.send_index, d_kv_r)  # a row may go to several ranks
         clock.lap("backward_wait_s")
-        return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None
+        return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None, None
 
 
-def _remote_forward(q_r, k_r, v_r, rp: _RankPlan, scale):
-    """Attention of the fetched part: every query sees every fetched key of its segment (causal
-    and chunked masks), or the keys in its window (positions in rp.remote_key_offset)."""
-    if rp.window:
-        return math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale,
-                            window=rp.window, key_offset=rp.remote_key_offset)
-    return math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale, causal=False)
+class _MathParts:
+    """The overlapped path's two attention parts on the "math" backend (any device and float
+    dtype): forward -> (out, lse, state), backward from the merged out and lse -> (dq, dk, dv).
+    The own keys: bottom-right causal, or positioned (key_offset) under a window; the fetched
+    keys: unmasked, or positioned under a window."""
+
+    @staticmethod
+    def local_forward(q, k, v, rp: _RankPlan, scale):
+        out, lse = math_forward(q, k, v, rp.cu_q, rp.cu_k_local, scale, window=rp.window,
+                                key_offset=rp.local_key_offset)
+        return out, lse, None
+
+    @staticmethod
+    def local_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return math_backward(q, k, v, out, lse, d_out, rp.cu_q, rp.cu_k_local, scale,
+                             window=rp.window, key_offset=rp.local_key_offset)
+
+    @staticmethod
+    def remote_forward(q, k, v, rp: _RankPlan, scale):
+        if rp.window:
+            out, lse = math_forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, scale,
+                                    window=rp.window, key_offset=rp.remote_key_offset)
+        else:
+            out, lse = math_forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, scale, causal=False)
+        return out, lse, None
+
+    @staticmethod
+    def remote_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        if rp.window:
+            return math_backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote, scale,
+                                 window=rp.window, key_offset=rp.remote_key_offset)
+        return math_backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote, scale,
+                             causal=False)
 
 
-def _remote_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp: _RankPlan, scale):
-    """_remote_forward's gradients given the merged out and lse (its share of them)."""
-    if rp.window:
-        return math_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp.cu_q_remote,
-                             rp.cu_k_remote, scale, window=rp.window,
-                             key_offset=rp.remote_key_offset)
-    return math_backward(q_r, k_r, v_r, out_r, lse_r, d_out_r, rp.cu_q_remote, rp.cu_k_remote,
-                         scale, causal=False)
+def _flash_ops():
+    """PyTorch's FlashAttention varlen forward and backward (the ops varlen_attn calls)."""
+    return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
+
+
+class _VarlenParts:
+    """The two parts on FlashAttention's varlen kernels (CUDA, float16 / bfloat16; causal and
+    chunked masks only: a window's positioned keys have no FlashAttention form). The forward op
+    returns the LSE as (H_q, T_q) float32 (varlen_attn's layout); its backward takes any out and
+    lse, so each part's gradients come from the merged ones. GQA is the kernels' own (K/V heads
+    dividing the query heads). NOT YET RUN ON A GPU: the CPU tests drive this class through
+    math-backed fakes of the two ops (the plumbing), not the kernels' conventions."""
+
+    @staticmethod
+    def _forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+        forward, _ = _flash_ops()
+        out, lse, rng_state, _, _ = forward(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1),
+                                            0.0, causal, False, scale=scale)
+        return out, lse, rng_state
+
+    @staticmethod
+    def _backward(q, k, v, out, lse, d_out, cu_q, cu_k, max_q, max_k, scale, causal, rng_state):
+        _, backward = _flash_ops()
+        return backward(d_out.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), cu_q,
+                        cu_k, max(max_q, 1), max(max_k, 1), 0.0, causal, rng_state,
+                        torch.empty(0, device=q.device), scale=scale)
+
+    @staticmethod
+    def local_forward(q, k, v, rp: _RankPlan, scale):
+        return _VarlenParts._forward(q, k, v, rp.cu_q, rp.cu_k_local, rp.max_q, rp.max_k_local,
+                                     scale, True)
+
+    @staticmethod
+    def local_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return _VarlenParts._backward(q, k, v, out, lse, d_out, rp.cu_q, rp.cu_k_local, rp.max_q,
+                                      rp.max_k_local, scale, True, state)
+
+    @staticmethod
+    def remote_forward(q, k, v, rp: _RankPlan, scale):
+        return _VarlenParts._forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, rp.max_q_remote,
+                                     rp.max_k_remote, scale, False)
+
+    @staticmethod
+    def remote_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return _VarlenParts._backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote,
+                                      rp.max_q_remote, rp.max_k_remote, scale, False, state)
+
+
+def _overlap_parts(chosen: str, rp: _RankPlan, overlap: Optional[bool]):
+    """The part kernels of the overlapped path for this call, or None for the sequential path:
+    "math" unless overlap is False; "varlen" only when asked for (overlap=True: not yet run on
+    a GPU) and without a window."""
+    if overlap is False or rp.local_key_rows is None:
+        return None
+    if chosen == "math":
+        return _MathParts
+    if chosen == "varlen" and overlap is True and not rp.window:
+        return _VarlenParts
+    return None
 
 
 def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
@@ -725,9 +808,10 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     once.
     ``overlap``: run attention over the keys this rank holds while the exchange (row-exact or
     all-gather) is in flight and merge the fetched keys' part by log-sum-exp, backward likewise
-    (None or True: wherever it applies, i.e. the "math" backend, under every mask and exchange;
-    the sequential path on "varlen"; False: always the sequential path; results equal to
-    rounding). Its forward laps in ``timings``: "local_attention_s", "exchange_wait_s",
+    (None: on the "math" backend, under every mask and exchange; True: also on "varlen" under
+    causal and chunked masks, through FlashAttention's varlen forward and backward ops, which
+    has not yet run on a GPU (CPU tests drive it through fakes of the ops); the sequential path
+    elsewhere; False: always the sequential path; results equal to rounding). Its forward laps in ``timings``: "local_attention_s", "exchange_wait_s",
     "remote_attention_s" (and their sums in "attention_s" and "gather_s", the exchange time not
     hidden); its backward laps: "backward_remote_s" (the fetched keys' gradients),
     "backward_local_s" (the own keys' part while those travel back), "backward_wait_s" (the
@@ -756,9 +840,10 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
             _rank_plans[key] = _rank_plan(plan, rank, q.device, row_bytes)
         rp = _rank_plans[key]
     clock = _Clock(timings, q.device)
-    if overlap is not False and rp.local_key_rows is not None and chosen == "math":
+    parts = _overlap_parts(chosen, rp, overlap)
+    if parts is not None:
         scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-        return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock)
+        return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock, parts)
     k_keys, v_keys = _GatherKeys.apply(k, v, rp, group, clock)
     clock.lap("gather_s")
     window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
