@@ -811,11 +811,11 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     (None: on the "math" backend, under every mask and exchange; True: also on "varlen" under
     causal and chunked masks, through FlashAttention's varlen forward and backward ops, which
     has not yet run on a GPU (CPU tests drive it through fakes of the ops); the sequential path
-    elsewhere; False: always the sequential path; results equal to rounding). Its forward laps in ``timings``: "local_attention_s", "exchange_wait_s",
-    "remote_attention_s" (and their sums in "attention_s" and "gather_s", the exchange time not
-    hidden); its backward laps: "backward_remote_s" (the fetched keys' gradients),
-    "backward_local_s" (the own keys' part while those travel back), "backward_wait_s" (the
-    gradients' exchange left after it). The sequential path's backward adds
+    elsewhere; False: always the sequential path; results equal to rounding). Its forward laps
+    in ``timings``: "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums
+    in "attention_s" and "gather_s", the exchange time not hidden); its backward laps:
+    "backward_remote_s" (the fetched keys' gradients), "backward_local_s" (the own keys' part
+    while those travel back), "backward_wait_s" (the gradients' exchange left after it). The sequential path's backward adds
     "backward_exchange_s" (the gradients' exchange, blocking).
     """
     require_torch()
