@@ -815,8 +815,8 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     in ``timings``: "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums
     in "attention_s" and "gather_s", the exchange time not hidden); its backward laps:
     "backward_remote_s" (the fetched keys' gradients), "backward_local_s" (the own keys' part
-    while those travel back), "backward_wait_s" (the gradients' exchange left after it). The sequential path's backward adds
-    "backward_exchange_s" (the gradients' exchange, blocking).
+    while those travel back), "backward_wait_s" (the gradients' exchange left after it). The
+    sequential path's backward adds "backward_exchange_s" (the gradients' exchange, blocking).
     """
     require_torch()
     if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
