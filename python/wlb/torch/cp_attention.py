@@ -690,15 +690,16 @@ def _verdict(entries: List[Dict[str, Any]]) -> Optional[Tuple[type, str]]:
 # Agreements that passed in this process: (this rank's signature: the plan's digest, shapes,
 # dtypes, devices, scale, backend, group, rank) -> (backend, scale, group). Bounded, oldest out.
 _AGREED: "OrderedDict[Any, Tuple[str, Optional[float], Any]]" = OrderedDict()
-# Plans' digests by identity (the plan is kept, so its id is not reused while it is here).
+# Plans' digests by identity (the plan is kept, so its id is not reused while it is here; few,
+# since a plan holds its index maps: a training step's layers reuse one plan).
 _DIGESTS: "OrderedDict[int, Tuple[wlb.ShardPlan, str]]" = OrderedDict()
-_CACHE_ENTRIES = 256
+_AGREED_ENTRIES, _DIGEST_ENTRIES = 256, 8
 
 
-def _remember(table: OrderedDict, key, value) -> None:
+def _remember(table: OrderedDict, key, value, entries: int) -> None:
     table[key] = value
     table.move_to_end(key)
-    while len(table) > _CACHE_ENTRIES:
+    while len(table) > entries:
         table.popitem(last=False)
 
 
@@ -711,7 +712,7 @@ def _digest_of(plan: wlb.ShardPlan, cache: Optional[Dict[Any, Any]]) -> str:
     entry = _DIGESTS.get(id(plan))
     if entry is None or entry[0] is not plan:
         entry = (plan, plan_digest(plan))
-    _remember(_DIGESTS, id(plan), entry)
+    _remember(_DIGESTS, id(plan), entry, _DIGEST_ENTRIES)
     return entry[1]
 
 
@@ -760,7 +761,7 @@ def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
         return known[0], known[1]
     chosen, scale_ = _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, True)
     if mine is not None:
-        _remember(_AGREED, mine, (chosen, scale_, group))
+        _remember(_AGREED, mine, (chosen, scale_, group), _AGREED_ENTRIES)
     return chosen, scale_
 
 
