@@ -91,6 +91,52 @@ def case_plan(case, world):
     return plan.for_mask(case["mask"]) if "mask" in case else plan
 
 
+def _fake_flash_ops():
+    """CPU stand-ins for torch.ops.aten._flash_attention_forward / _backward with their
+    signatures, computed by the math backend (bottom-right causal or unmasked per segment), that
+    check what the varlen kernels require of their arguments: int32 cumulative lengths, max
+    lengths at least every segment's, contiguous K/V, K/V heads dividing the query heads, no
+    dropout."""
+    from wlb.torch.attention import math_backward, math_forward
+
+    def check(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p):
+        assert cu_q.dtype == cu_k.dtype == torch.int32
+        assert max_q >= max([1] + torch.diff(cu_q).tolist())
+        assert max_k >= max([1] + torch.diff(cu_k).tolist())
+        assert k.is_contiguous() and v.is_contiguous() and q.stride(-1) == 1
+        assert q.shape[1] % k.shape[1] == 0 and dropout_p == 0.0
+
+    def forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
+                scale=None):
+        check(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p)
+        out, lse = math_forward(q, k, v, cu_q, cu_k, scale, causal=is_causal)
+        empty = torch.empty(0)
+        return out, lse, torch.zeros(2, dtype=torch.int64), empty, empty
+
+    def backward(grad_out, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal,
+                 rng_state, unused, *, scale=None):
+        check(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p)
+        assert grad_out.is_contiguous() and out.is_contiguous() and lse.is_contiguous()
+        assert rng_state.shape == (2,)
+        return math_backward(q, k, v, out, lse, grad_out, cu_q, cu_k, scale, causal=is_causal)
+
+    return forward, backward
+
+
+def _fake_varlen_attention(q, k, v, plan, rank, timings):
+    """The overlapped path on its varlen part kernels (_VarlenParts), over whatever
+    cp_attention._flash_ops gives (run_cases swaps in _fake_flash_ops)."""
+    import importlib
+
+    cpa = importlib.import_module("wlb.torch.cp_attention")
+    rp = cpa._rank_plan(plan, rank, q.device, 2 * k.shape[1] * k.shape[2] * k.element_size())
+    assert cpa._overlap_parts("varlen", rp, True) is cpa._VarlenParts
+    assert cpa._overlap_parts("varlen", rp, None) is None  # opt-in until run on a GPU
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    return cpa._OverlappedAttention.apply(q, k, v, rp, None, scale,
+                                          cpa._Clock(timings, q.device), cpa._VarlenParts)
+
+
 def run_cases(rank, world, cases):
     """Each case: this rank's output, lse and dq/dk/dv rows (packed order via token_indices), and
     the bytes it passed to the collectives in forward and in backward."""
@@ -105,10 +151,22 @@ def run_cases(rank, world, cases):
             ql, kl, vl = (cp_slice(t, plan, rank).requires_grad_() for t in (q, k, v))
             counter.take()  # the agreement all-reduce is not an exchange collective
             timings = {}
-            o, lse = cp_attention(ql, kl, vl, plan, timings=timings,
-                                  overlap=case.get("overlap"))
-            forward = counter.take()
-            (o * cp_slice(d_out, plan, rank)).sum().backward()
+            if case.get("fake_varlen"):  # forward and backward over the fake varlen ops
+                import importlib
+
+                cpa = importlib.import_module("wlb.torch.cp_attention")
+                real, cpa._flash_ops = cpa._flash_ops, _fake_flash_ops
+            try:
+                if case.get("fake_varlen"):
+                    o, lse = _fake_varlen_attention(ql, kl, vl, plan, rank, timings)
+                else:
+                    o, lse = cp_attention(ql, kl, vl, plan, timings=timings,
+                                          overlap=case.get("overlap"))
+                forward = counter.take()
+                (o * cp_slice(d_out, plan, rank)).sum().backward()
+            finally:
+                if case.get("fake_varlen"):
+                    cpa._flash_ops = real
             backward = counter.take()
             out.append({"rows": plan[rank].token_indices, "out": o.detach(), "lse": lse,
                         "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "strategy": plan.strategy,
@@ -225,3 +283,53 @@ def _disagreements(rank, world, group, payload):
         o, _ = cp_attention(ql, kl, vl, plan, group)  # the group is still in step
         assert o.shape[0] == plan[rank].tokens
     return results
+
+
+def run_agreement_cache(rank, world, payload):
+    """cp_attention called repeatedly on one plan, then with the last rank alone changing its
+    plan or its head dim, then validly again; counts the agreement's collectives (all_reduce,
+    all_gather) per call. Returns [(step, all_reduce calls, all_gather calls, error type,
+    message)] and whether the repeated calls' outputs equal the first call's."""
+    from wlb.torch import CPAttention, cp_attention, cp_slice
+
+    counts = {"all_reduce": 0, "all_gather": 0}
+    real = {name: getattr(dist, name) for name in counts}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return real[name](*args, **kwargs)
+        return call
+
+    for name in counts:
+        setattr(dist, name, counted(name))
+    lengths = np.array(payload["lengths"], dtype=np.int64)
+    plan = wlb.plan_shards(lengths, world, "per-doc")
+    other = wlb.plan_shards(lengths[::-1].copy(), world, "per-doc")  # same tokens and C
+    shape = {"seed": 5, "q_heads": 4, "kv_heads": 2, "head_dim": 4}
+    bad = rank == world - 1
+    steps, outs = [], []
+    layer = CPAttention(plan)
+    for step in ("first", "repeat", "module", "module again", "other plan", "head dim",
+                 "valid again"):
+        call_plan, call_shape = plan, dict(shape)
+        if bad and step == "other plan":
+            call_plan = other
+        if bad and step == "head dim":
+            call_shape["head_dim"] = 2
+        q, k, v, _ = case_tensors(call_shape, call_plan.tokens)
+        ql, kl, vl = (cp_slice(t, call_plan, rank) for t in (q, k, v))
+        before = dict(counts)
+        error = (None, None)
+        try:
+            if step.startswith("module"):
+                outs.append(layer(ql, kl, vl))
+            else:
+                outs.append(cp_attention(ql, kl, vl, call_plan)[0])
+        except ValueError as e:
+            error = (type(e).__name__, str(e))
+        steps.append((step, counts["all_reduce"] - before["all_reduce"],
+                      counts["all_gather"] - before["all_gather"]) + error)
+    for name, fn in real.items():
+        setattr(dist, name, fn)
+    return {"steps": steps, "equal": all(torch.equal(o, outs[0]) for o in outs)}

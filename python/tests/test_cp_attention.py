@@ -14,7 +14,8 @@ import wlb
 torch = pytest.importorskip("torch")
 
 from cp_workers import (case_plan, case_tensors, disagreement_cases,  # noqa: E402
-                        run_cases, run_disagreements, run_module_twice, spawn)
+                        run_agreement_cache, run_cases, run_disagreements, run_module_twice,
+                        spawn)
 from wlb.torch import cp_attention, varlen_causal_attention  # noqa: E402
 from wlb.torch.cp_attention import comm_volume  # noqa: E402
 
@@ -77,14 +78,14 @@ def cases_for(world, seed, count):
                       "pair_model": i % (2 * len(STRATEGIES)) == len(STRATEGIES) - 1,
                       "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                       "kv_heads": kv_heads, "head_dim": int(rng.choice([4, 8])),
-                      "overlap": None if i % 3 else False})
+                      "overlap": None if i % 3 else False, "fake_varlen": i % 3 == 1})
     # Edge cases: documents shorter than C (ranks with no queries), one document of S tokens,
     # a single token.
-    for strategy in STRATEGIES:
-        for lengths in ([1], [world - 1 or 1, 1, 2], [int(rng.integers(60, 200))]):
+    for s, strategy in enumerate(STRATEGIES):
+        for j, lengths in enumerate(([1], [world - 1 or 1, 1, 2], [int(rng.integers(60, 200))])):
             cases.append({"packer": "edge", "lengths": lengths, "strategy": strategy,
                           "seed": int(rng.integers(1 << 30)), "q_heads": 8, "kv_heads": 2,
-                          "head_dim": 4})
+                          "head_dim": 4, "fake_varlen": (s + j) % 2 == 1})
     return cases
 
 
@@ -122,8 +123,9 @@ def check_against_reference(world, cases, results):
 def check_collective_bytes(world, cases, results):
     """The bytes every rank passed to the collectives (counted in the worker) are comm_volume's
     for that rank, forward and backward, and what plan.cp_prediction prices: its exchange kind,
-    the slowest rank's max(sent, received) and the received sum, in rows."""
-    kinds, overlapped = set(), 0
+    the slowest rank's max(sent, received) and the received sum, in rows. Returns the
+    (exchange, mask kind) pairs that ran on the overlapped path."""
+    kinds, overlapped = set(), set()
     for c, case in enumerate(cases):
         plan = case_plan(case, world)
         row = 2 * case["kv_heads"] * case["head_dim"] * 8  # float64 K and V of one token
@@ -139,11 +141,12 @@ def check_collective_bytes(world, cases, results):
             kinds.add(vol.exchange)
             worst = max(worst, f_sent, f_recv)
             received += f_recv
-        # The overlapped path runs wherever it applies (row-exact exchange, no window, math).
-        applies = vol.exchange == "row-exact" and not plan.kernel_window
-        assert results[0][c]["overlapped"] == (applies and case.get("overlap") is not False), \
-            where
-        overlapped += results[0][c]["overlapped"]
+        # The overlapped path runs wherever it applies (the math backend: every exchange and
+        # mask) unless the case asks for the sequential one.
+        assert results[0][c]["overlapped"] == (case.get("overlap") is not False), where
+        if results[0][c]["overlapped"]:
+            overlapped.add((vol.exchange, plan.mask.partition(":")[0]) +
+                           (("varlen",) if case.get("fake_varlen") else ()))
         predicted = plan.cp_prediction
         if world == 1 or len(plan.layer_mix.split(",")) != 1:
             continue  # a mix's prediction is its layers' mean
@@ -161,7 +164,9 @@ def test_cp_attention_equals_single_process_attention(world):
     count = {2: 24, 4: 16, 8: 10}[world] if CI else {2: 60, 4: 40, 8: 25}[world]
     cases = cases_for(world, seed=world, count=count)
     results = spawn(world, run_cases, cases)
-    assert check_against_reference(world, cases, results) > 0, "no case overlapped"
+    overlapped = check_against_reference(world, cases, results)
+    assert {("row-exact", "causal"), ("all-gather", "causal"), ("row-exact", "causal", "varlen"),
+            ("all-gather", "causal", "varlen")} <= overlapped, overlapped
     strategies = {r["strategy"] for res in results for r in res}
     assert {"per-seq", "per-doc", "hybrid", "te-zigzag", "doc-degree"} <= strategies
 
@@ -187,6 +192,10 @@ def masked_cases(world, seed):
                 if len(cases) % 4 == 3:  # one layer kind of a mix
                     case["layer_mix"] = f"{mask}x3,causal"
                     case["mask"] = mask
+                if len(cases) % 5 == 4:  # the sequential path too
+                    case["overlap"] = False
+                elif kind == "chunk" and len(cases) % 2:  # the varlen parts over fake kernels
+                    case["fake_varlen"] = True
                 cases.append(case)
     # One token (ranks without queries), and documents shorter than C, under short masks.
     for lengths, mask in (([1], "window:1"), ([world - 1 or 1, 1, 2], "chunk:2")):
@@ -201,7 +210,9 @@ def test_cp_attention_under_window_and_chunk_masks_equals_single_process(world):
     if world == 8:  # every strategy and both masks, a third of the sizes: the test stays short
         cases = cases[::3] + cases[-2:]
     results = spawn(world, run_cases, cases)
-    check_against_reference(world, cases, results)
+    overlapped = check_against_reference(world, cases, results)
+    assert {("row-exact", "window"), ("row-exact", "chunk"),
+            ("row-exact", "chunk", "varlen")} <= overlapped, overlapped
     assert {r["strategy"] for res in results for r in res} >= {"per-doc", "doc-degree"}
 
 
@@ -335,6 +346,26 @@ def test_ranks_that_disagree_all_raise_the_same_error_naming_field_and_ranks():
     assert all(set(results[r]) == {4} for r in (2, 3))
 
 
+def test_agreement_runs_once_per_signature_and_still_catches_a_lone_change():
+    """The whole agreement (an all_gather of every rank's record) runs on a signature's first
+    call only; repeated calls, and a module over the same plan, cost one all_reduce each. When
+    the last rank alone changes its plan (same tokens and C) or its head dim on a later call,
+    every rank runs the whole agreement again and raises the same error naming the field (the
+    spawn's timeout catches a rank left waiting); a valid call afterwards is cached again."""
+    results = spawn(3, run_agreement_cache, {"lengths": [9, 5, 14, 3]}, timeout=90)
+    expected = [("first", 1, 1), ("repeat", 1, 0), ("module", 1, 0), ("module again", 1, 0),
+                ("other plan", 1, 1), ("head dim", 1, 1), ("valid again", 1, 0)]
+    for r, res in enumerate(results):
+        assert [s[:3] for s in res["steps"]] == expected, (r, res["steps"])
+        assert res["equal"], r
+        assert all(s[3] is None for s in res["steps"] if s[0] not in ("other plan", "head dim"))
+    for step, needle in (("other plan", "disagree on plan"), ("head dim", "disagree on head_dim")):
+        errors = {next(s[3:] for s in res["steps"] if s[0] == step) for res in results}
+        assert len(errors) == 1, (step, errors)  # the same error on every rank
+        kind, message = errors.pop()
+        assert kind == "ValueError" and needle in message and "rank 2" in message, message
+
+
 def test_agreement_records_keep_every_failure_and_name_fields_and_ranks():
     """The exchanged records (no process group needed): a failure survives any message length,
     the verdict names every failing rank, or the first differing field and who holds what."""
@@ -464,6 +495,63 @@ def test_math_backend_sliding_window_blocks_and_gradients(monkeypatch):
         (q, k, v))
     with pytest.raises(ValueError, match="window must be >= 0"):
         varlen_causal_attention(q, k, v, cu_q, cu_k, 5, 5, window=-1)
+
+
+@pytest.mark.parametrize("block_rows", [512, 3])
+def test_math_backend_keys_with_positions_under_window_and_causal(monkeypatch, block_rows):
+    """math_forward / math_backward with key_offset (the overlapped path's split key sets): each
+    segment keeps a random subset of its keys (its queries' own keys always), positioned by
+    offset from the segment's first query; out, lse and dq/dk/dv equal a dense reference over
+    that subset under the window (or causal), in blocks that start mid-window too."""
+    from wlb.torch import attention
+
+    monkeypatch.setattr(attention, "_MATH_BLOCK_ROWS", block_rows)
+    rng = np.random.default_rng(21 + block_rows)
+    for trial in range(10):
+        n_q = rng.integers(1, 12, int(rng.integers(1, 4)))
+        n_k = n_q + rng.integers(0, 15, len(n_q))
+        window = int(rng.integers(0, 12))  # 0: causal
+        keep, offsets = [], []
+        for nq, nk in zip(n_q, n_k):
+            off = np.arange(nk) - (nk - nq)
+            kept = (off >= 0) | (rng.random(nk) < 0.5)
+            keep.append(kept)
+            offsets.append(off[kept])
+        cu_q = torch.from_numpy(np.concatenate([[0], np.cumsum(n_q)])).to(torch.int32)
+        counts = [int(k.sum()) for k in keep]
+        cu_k = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)])).to(torch.int32)
+        key_offset = torch.from_numpy(np.concatenate(offsets))
+        g = torch.Generator().manual_seed(trial)
+        q = torch.randn(int(cu_q[-1]), 4, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        k = torch.randn(int(cu_k[-1]), 2, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        v = torch.randn(int(cu_k[-1]), 2, 3, dtype=torch.float64, generator=g,
+                        requires_grad=True)
+        d_out = torch.randn(q.shape, dtype=torch.float64, generator=g)
+        ref_out, ref_lse = [], []
+        for i in range(len(n_q)):
+            qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+            row = torch.arange(int(n_q[i]))[:, None]
+            pos = key_offset[ks][None, :]
+            allowed = (pos <= row) & ((pos > row - window) if window else True)
+            kk, vv = (t[ks].repeat_interleave(2, dim=1) for t in (k, v))
+            scores = torch.einsum("nhd,mhd->hnm", q[qs], kk) * 0.5
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            ref_lse.append(torch.logsumexp(scores, dim=-1))
+            ref_out.append(torch.einsum("hnm,mhd->nhd", torch.softmax(scores, dim=-1), vv))
+        ref_out, ref_lse = torch.cat(ref_out), torch.cat(ref_lse, dim=1)
+        (ref_out * d_out).sum().backward()
+        with torch.no_grad():
+            out, lse = attention.math_forward(q, k, v, cu_q, cu_k, 0.5, window=window,
+                                              key_offset=key_offset)
+            grads = attention.math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, 0.5,
+                                            window=window, key_offset=key_offset)
+        where = (trial, window, n_q.tolist(), n_k.tolist())
+        assert torch.allclose(out, ref_out.detach(), atol=1e-12, rtol=0), where
+        assert torch.allclose(lse, ref_lse.detach(), atol=1e-12, rtol=0), where
+        for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+            assert torch.allclose(got, want, atol=1e-12, rtol=0), where
 
 
 def test_math_backend_gradients_match_finite_differences():

@@ -29,6 +29,7 @@ PyTorch has it (and, for a window, its ``window_size``), otherwise ``"math"``.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import math
@@ -64,44 +65,77 @@ def _blocks(q0: int, q1: int, k0: int, k1: int, window: int, causal: bool = True
         yield q0 + a, q0 + b, k0 + lo, k0 + n_k - n_q + b, last - lo
 
 
-def _block_scores(qb, kb, scale, first_key_limit, window):
+def _offset_blocks(q0: int, q1: int, k0: int, k1: int, offsets, window: int):
+    """Query blocks of one segment whose keys carry explicit positions ``offsets`` (a list,
+    ascending, relative to the segment's first query: query row t sees the keys of offset <= t,
+    and > t - window when ``window`` > 0), with the key range each block needs and its first
+    row's position (what the block's key positions are taken relative to)."""
+    for a in range(0, q1 - q0, _MATH_BLOCK_ROWS):
+        b = min(a + _MATH_BLOCK_ROWS, q1 - q0)
+        lo = bisect.bisect_left(offsets, a - window + 1, k0, k1) if window > 0 else k0
+        hi = bisect.bisect_right(offsets, b - 1, lo, k1)
+        if hi > lo:
+            yield q0 + a, q0 + b, lo, hi, a
+
+
+def _block_scores(qb, kb, scale, first_key_limit, window, key=None):
     """Masked scores (H_kv, group, rows, keys) of a query block against its key range; row t sees
-    keys up to first_key_limit + t, and only the last ``window`` of them when ``window`` > 0."""
+    keys up to first_key_limit + t, and only the last ``window`` of them when ``window`` > 0.
+    ``key``: the keys' positions (default 0, 1, ...) in the frame of first_key_limit."""
     rows, h_q, d = qb.shape
     h_kv = kb.shape[1]
     qh = qb.reshape(rows, h_kv, h_q // h_kv, d)
     scores = torch.einsum("nhgd,mhd->hgnm", qh, kb) * scale
     keys = kb.shape[0]
     limit = first_key_limit + torch.arange(rows, device=qb.device)  # last key each row sees
-    key = torch.arange(keys, device=qb.device)[None, :]
+    if key is None:
+        key = torch.arange(keys, device=qb.device)
+    key = key[None, :]
     masked = key > limit[:, None]
     if window > 0:
         masked |= key <= limit[:, None] - window
     return qh, scores.masked_fill(masked, float("-inf"))
 
 
-def math_forward(q, k, v, cu_q, cu_k, scale, window=0, causal=True):
+def _key_blocks(cu_q, cu_k, window, causal, key_offset):
+    """Every (query rows a:b, key rows ka:kb, first row's key limit, key positions or None) block
+    of the segments: _blocks, or _offset_blocks where the keys carry explicit positions."""
+    offsets = None if key_offset is None else key_offset.tolist()
+    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
+        if k1 == k0:
+            continue
+        if offsets is None:
+            for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window, causal):
+                yield a, b, ka, kb_end, limit, None
+        else:
+            for a, b, ka, kb_end, first in _offset_blocks(q0, q1, k0, k1, offsets, window):
+                yield a, b, ka, kb_end, 0, key_offset[ka:kb_end] - first
+
+
+def math_forward(q, k, v, cu_q, cu_k, scale, window=0, causal=True, key_offset=None):
     """The math backend's forward without autograd: ``(out, lse)`` of bottom-right causal (or,
-    ``causal=False``, unmasked) attention per segment. A query row that sees no key (a segment
-    without keys) gets out 0 and lse -inf."""
+    ``causal=False``, unmasked) attention per segment. ``key_offset`` (int64, one per key): the
+    keys' positions relative to their segment's first query instead of bottom-right alignment
+    (query row t of a segment sees the keys of offset <= t, the last ``window`` positions of them
+    when ``window`` > 0; each segment's offsets ascending): a segment's keys need not be
+    contiguous, e.g. the part of a split key set a rank holds. A query row that sees no key (a
+    segment without keys) gets out 0 and lse -inf."""
     t_q, h_q, d = q.shape
     out = torch.zeros_like(q)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.full((h_q, t_q), float("-inf"), dtype=lse_dtype, device=q.device)
-    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-        if k1 == k0:
-            continue
-        for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window, causal):
-            _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
-            block_lse = torch.logsumexp(s.to(lse_dtype), dim=-1)  # (h_kv, g, rows)
-            p = torch.exp(s.to(lse_dtype) - block_lse[..., None]).to(q.dtype)
-            o = torch.einsum("hgnm,mhd->nhgd", p, v[ka:kb_end])
-            out[a:b] = o.reshape(b - a, h_q, d)
-            lse[:, a:b] = block_lse.reshape(h_q, b - a)
+    for a, b, ka, kb_end, limit, key in _key_blocks(cu_q, cu_k, window, causal, key_offset):
+        _, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window, key)
+        block_lse = torch.logsumexp(s.to(lse_dtype), dim=-1)  # (h_kv, g, rows)
+        p = torch.exp(s.to(lse_dtype) - block_lse[..., None]).to(q.dtype)
+        o = torch.einsum("hgnm,mhd->nhgd", p, v[ka:kb_end])
+        out[a:b] = o.reshape(b - a, h_q, d)
+        lse[:, a:b] = block_lse.reshape(h_q, b - a)
     return out, lse
 
 
-def math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, scale, window=0, causal=True):
+def math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, scale, window=0, causal=True,
+                  key_offset=None):
     """dq, dk, dv of ``math_forward``'s attention given the output gradient, from the FlashAttention
     recurrences over ``out`` and ``lse``. When this is one part of an attention whose keys were
     split (merged by log-sum-exp), pass the merged out and lse: the result is this part's share of
@@ -110,23 +144,20 @@ def math_backward(q, k, v, out, lse, d_out, cu_q, cu_k, scale, window=0, causal=
     h_kv = k.shape[1]
     g = h_q // h_kv
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0, q1, k0, k1 in _segments(cu_q, cu_k):
-        if k1 == k0:
-            continue
-        for a, b, ka, kb_end, limit in _blocks(q0, q1, k0, k1, window, causal):
-            rows = b - a
-            qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window)
-            block_lse = lse[:, a:b].reshape(h_kv, g, rows)
-            p = torch.exp(s.to(block_lse.dtype) - block_lse[..., None]).to(q.dtype)
-            do = d_out[a:b].reshape(rows, h_kv, g, d)
-            o = out[a:b].reshape(rows, h_kv, g, d)
-            dv[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", p, do)
-            dp = torch.einsum("nhgd,mhd->hgnm", do, v[ka:kb_end])
-            delta = (do * o).sum(-1).permute(1, 2, 0)  # (h_kv, g, rows)
-            ds = p * (dp - delta[..., None])
-            dq[a:b] = (torch.einsum("hgnm,mhd->nhgd", ds, k[ka:kb_end]) * scale).reshape(
-                rows, h_q, d)
-            dk[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", ds, qh) * scale
+    for a, b, ka, kb_end, limit, key in _key_blocks(cu_q, cu_k, window, causal, key_offset):
+        rows = b - a
+        qh, s = _block_scores(q[a:b], k[ka:kb_end], scale, limit, window, key)
+        block_lse = lse[:, a:b].reshape(h_kv, g, rows)
+        p = torch.exp(s.to(block_lse.dtype) - block_lse[..., None]).to(q.dtype)
+        do = d_out[a:b].reshape(rows, h_kv, g, d)
+        o = out[a:b].reshape(rows, h_kv, g, d)
+        dv[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", p, do)
+        dp = torch.einsum("nhgd,mhd->hgnm", do, v[ka:kb_end])
+        delta = (do * o).sum(-1).permute(1, 2, 0)  # (h_kv, g, rows)
+        ds = p * (dp - delta[..., None])
+        dq[a:b] = (torch.einsum("hgnm,mhd->nhgd", ds, k[ka:kb_end]) * scale).reshape(
+            rows, h_q, d)
+        dk[ka:kb_end] += torch.einsum("hgnm,nhgd->mhd", ds, qh) * scale
     return dq, dk, dv
 
 

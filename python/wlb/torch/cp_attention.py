@@ -20,6 +20,10 @@ a mix of several, ``plan.for_mask(mask)`` gives the plan for one layer's): ``"ca
    (``wlb.torch.attention``; a chunked mask cuts segments at chunk boundaries), keeping the last
    ``plan.kernel_window`` keys per query row under a window.
 
+On the ``"math"`` backend (``overlap``, on by default; on ``"varlen"`` when asked for) step 3
+runs over this rank's own keys while the exchange of step 1 is in flight, and over the fetched
+keys after it, merged by log-sum-exp (``_OverlappedAttention``); backward likewise.
+
 It returns this rank's output rows and log-sum-exp. Backward computes the local dQ, dK, dV and
 sends the key gradients of the rows it received back to their owners (the reverse
 ``all_to_all_single``, or ``reduce_scatter_tensor`` after an all-gather), so every rank receives
@@ -33,15 +37,20 @@ the collectives, which is what ``plan.cp_prediction`` prices.
     layer = CPAttention(plan)                                     # the same as a module
 
 Every check runs before the first collective, and the ranks agree before any of them moves a
-row (``agree_on_errors=True``, the default): each rank all-gathers a small fingerprint of what it
-is about to do (the plan's digest: strategy, mask, micro-batch and C; dtype, device type, heads,
-K/V heads, head dim, scale) together with its own checks' verdict (tensors that do not fit the
-plan, a plan for another group size, a mix plan not narrowed with ``for_mask``, tensors on a
-device the group cannot move, ``meta`` included, a bad ``scale`` or backend). The exchange uses a
+row (``agree_on_errors=True``, the default): on the first call of a signature (the plan's
+digest, shapes, dtypes, devices, scale, backend, group) each rank all-gathers a small
+fingerprint of what it is about to do (the plan's digest: strategy, mask, micro-batch and C;
+dtype, device type, heads, K/V heads, head dim, scale) together with its own checks' verdict
+(tensors that do not fit the plan, a plan for another group size, a mix plan not narrowed with
+``for_mask``, tensors on a device the group cannot move, ``meta`` included, a bad ``scale`` or
+backend). The exchange uses a
 tensor on a device every rank of the group can use (CPU under gloo, the current CUDA device under
 NCCL), never the inputs' device. Any rank's failure or any disagreement raises the same
 ``ValueError`` on every rank, naming the field and the ranks (``TypeError`` where every failing
 rank was given a wrong type), so no rank waits in a collective that another rank never enters.
+Later calls with a signature every rank has agreed on before cost one all-reduce of 40 bytes
+(a hash of the signature and whether each rank has seen its call before); any difference sends
+every rank through the whole agreement again.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -183,18 +193,28 @@ class _RankPlan:
     send_splits: Optional[List[int]] = None
     recv_splits: Optional[List[int]] = None
     moves: bool = True  # whether any rank of the plan sends rows (else no collective at all)
-    # The overlapped path (row-exact exchange, causal and chunked masks): every kernel segment's
-    # keys split into this rank's own (local_key_rows into its rows, cu_k_local; the segment's
-    # queries are the last of them, so bottom-right causal stays exact) and the received ones
-    # (remote_key_rows into the received rows), all before the segment's first query, so every
-    # query sees all of them; the segments with received keys (remote_q_rows, cu_q_remote,
-    # cu_k_remote).
+    # The overlapped path (both exchanges, every mask): every kernel segment's keys split into
+    # this rank's own (local_key_rows into its rows, cu_k_local) and the fetched ones
+    # (remote_key_rows into the received rows under the row-exact exchange, into the gathered
+    # rows under the all-gather). The segment's queries are this rank's own rows, the last of its
+    # keys, so every fetched key lies before the segment's first query. Causal and chunked masks:
+    # bottom-right causal over the own keys stays exact and every query sees every fetched key
+    # (unmasked). A window: both parts carry their keys' positions relative to the segment's
+    # first query (local_key_offset, remote_key_offset), and the fetched part holds only the
+    # segment's first queries whose windows reach a fetched key. The segments with fetched keys
+    # and those queries: remote_q_rows, cu_q_remote, cu_k_remote.
     local_key_rows: Optional["torch.Tensor"] = None
     cu_k_local: Optional["torch.Tensor"] = None
     remote_key_rows: Optional["torch.Tensor"] = None
     remote_q_rows: Optional["torch.Tensor"] = None
     cu_q_remote: Optional["torch.Tensor"] = None
     cu_k_remote: Optional["torch.Tensor"] = None
+    local_key_offset: Optional["torch.Tensor"] = None
+    remote_key_offset: Optional["torch.Tensor"] = None
+    fetched_rows: int = 0  # rows of the received (row-exact) or gathered (all-gather) buffer
+    max_k_local: int = 0  # the longest segment of each part (what varlen kernels are told)
+    max_q_remote: int = 0
+    max_k_remote: int = 0
 
 
 def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankPlan:
@@ -206,6 +226,7 @@ def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankP
                    cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
                    max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k),
                    window=int(plan.kernel_window), exchange=x.kind)
+    cu_q, cu_k = r.cu_seqlens_q.astype(np.int64), r.cu_seqlens_k.astype(np.int64)
     if x.kind == "row-exact":
         sends = x.send_rows(rank)
         rp.send_index = torch.from_numpy(np.concatenate(sends)).to(device)
@@ -214,30 +235,54 @@ def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankP
         rp.moves = any(x.sent_to_others(s) for s in range(plan.cp_size))
         rows = x.buffer_rows(rank, r.tokens)[r.key_rows]
         rp.key_rows = torch.from_numpy(rows).to(device)
-        if rp.window == 0:
-            _split_keys(rp, rows, r.cu_seqlens_q.astype(np.int64),
-                        r.cu_seqlens_k.astype(np.int64), device)
+        rp.fetched_rows = sum(rp.recv_splits)
+        local = rows < r.tokens
+        _split_keys(rp, local, rows[local], rows[~local] - r.tokens, cu_q, cu_k, device)
+    else:
+        rows = np.asarray(r.key_rows, dtype=np.int64)
+        own = rank * plan.rank_capacity
+        local = (rows >= own) & (rows < own + plan.rank_capacity)
+        rp.fetched_rows = plan.cp_size * plan.rank_capacity
+        _split_keys(rp, local, rows[local] - own, rows[~local], cu_q, cu_k, device)
     return rp
 
 
-def _split_keys(rp: _RankPlan, rows: np.ndarray, cu_q: np.ndarray, cu_k: np.ndarray,
-                device) -> None:
-    """Fills the overlapped path's key split (see _RankPlan) from the buffer rows of the keys."""
-    local = rows < rp.local_rows
-    seg = np.repeat(np.arange(len(cu_k) - 1), np.diff(cu_k))  # kernel segment of every key
-    n_local = np.bincount(seg[local], minlength=len(cu_k) - 1)
-    n_remote = np.diff(cu_k) - n_local
+def _split_keys(rp: _RankPlan, local: np.ndarray, local_rows: np.ndarray,
+                remote_rows: np.ndarray, cu_q: np.ndarray, cu_k: np.ndarray, device) -> None:
+    """Fills the overlapped path's key split (see _RankPlan): ``local``, whether each key is one
+    of this rank's rows; ``local_rows`` / ``remote_rows``, where the own / fetched keys are."""
+    n_q, n_k = np.diff(cu_q), np.diff(cu_k)
+    seg = np.repeat(np.arange(len(n_k)), n_k)  # kernel segment of every key
+    n_local = np.bincount(seg[local], minlength=len(n_k))
+    n_remote = n_k - n_local
     with_remote = np.flatnonzero(n_remote)
-    q_rows = [np.arange(cu_q[i], cu_q[i + 1]) for i in with_remote]
+    queries = n_q[with_remote]  # the fetched part's queries per segment: all of them, or ...
     as_tensor = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
-    rp.local_key_rows = as_tensor(rows[local])
+    # Key positions relative to the segment's first query (its keys are contiguous positions
+    # ending at its last query): the queries' own keys have offsets >= 0 and must be this rank's.
+    offset = np.arange(len(seg)) - np.repeat(cu_k[:-1] + n_k - n_q, n_k)
+    if not np.all(local[offset >= 0]):
+        raise RuntimeError("internal error: a kernel segment's query rows are not this rank's own "
+                           "rows; the overlapped path cannot split its keys")
+    if rp.window:
+        # Query t sees offsets (t - window, t]: the fetched part holds the queries
+        # t <= (last fetched key's offset) + window - 1, each of which sees that key.
+        last_remote = np.full(len(n_k), np.iinfo(np.int64).min)
+        np.maximum.at(last_remote, seg[~local], offset[~local])
+        queries = np.minimum(queries, last_remote[with_remote] + rp.window)
+        rp.local_key_offset = as_tensor(offset[local])
+        rp.remote_key_offset = as_tensor(offset[~local])
+    q_rows = [np.arange(cu_q[i], cu_q[i] + m) for i, m in zip(with_remote, queries)]
+    rp.local_key_rows = as_tensor(local_rows)
     rp.cu_k_local = as_tensor(np.concatenate([[0], np.cumsum(n_local)])).to(torch.int32)
-    rp.remote_key_rows = as_tensor(rows[~local] - rp.local_rows)
+    rp.remote_key_rows = as_tensor(remote_rows)
     rp.remote_q_rows = as_tensor(np.concatenate(q_rows) if q_rows else [])
-    rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum([len(a) for a in q_rows])])).to(
-        torch.int32)
+    rp.cu_q_remote = as_tensor(np.concatenate([[0], np.cumsum(queries)])).to(torch.int32)
     rp.cu_k_remote = as_tensor(np.concatenate([[0], np.cumsum(n_remote[with_remote])])).to(
         torch.int32)
+    rp.max_k_local = int(n_local.max(initial=0))
+    rp.max_q_remote = int(queries.max(initial=0))
+    rp.max_k_remote = int(n_remote.max(initial=0))
 
 
 def _fetch_rows(kv, rp: _RankPlan, group):
@@ -276,102 +321,220 @@ class _GatherKeys(torch.autograd.Function if torch is not None else object):
     key gradients per fetched row and send them back to their owners (_return_grads)."""
 
     @staticmethod
-    def forward(ctx, k, v, rp: _RankPlan, group):
+    def forward(ctx, k, v, rp: _RankPlan, group, clock=None):
         h_kv = k.shape[1]
         rows = _fetch_rows(torch.cat([k, v], dim=1), rp, group)
         keys = rows.index_select(0, rp.key_rows)
-        ctx.rp, ctx.group, ctx.h_kv = rp, group, h_kv
+        ctx.rp, ctx.group, ctx.h_kv, ctx.clock = rp, group, h_kv, clock
         ctx.shape = tuple(rows.shape)
         return keys[:, :h_kv].contiguous(), keys[:, h_kv:].contiguous()
 
     @staticmethod
     def backward(ctx, d_keys_k, d_keys_v):
+        if ctx.clock is not None:
+            ctx.clock.restart()  # the attention's backward ran before this
         d_keys = torch.cat([d_keys_k, d_keys_v], dim=1)
         d_rows = d_keys.new_zeros(ctx.shape)
         d_rows.index_add_(0, ctx.rp.key_rows, d_keys)
         mine = _return_grads(d_rows, ctx.rp, ctx.group)
-        return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None
+        if ctx.clock is not None:
+            ctx.clock.lap("backward_exchange_s")
+        return mine[:, : ctx.h_kv], mine[:, ctx.h_kv:], None, None, None
 
 
 def _merge(out_a, lse_a, out_b, lse_b):
     """Attention over two disjoint key sets merged by log-sum-exp: (out, lse) over their union.
     lse is (H, T), out (T, H, D); a row without keys in one part has lse -inf there."""
     lse = torch.logaddexp(lse_a, lse_b)
-    w_a = torch.exp(lse_a - lse).transpose(0, 1)[..., None].to(out_a.dtype)
-    w_b = torch.exp(lse_b - lse).transpose(0, 1)[..., None].to(out_a.dtype)
-    return out_a * w_a + out_b * w_b, lse
+    w_a = torch.exp(lse_a - lse).transpose(0, 1)[..., None]  # lse's dtype: float32 or float64
+    w_b = torch.exp(lse_b - lse).transpose(0, 1)[..., None]
+    return (out_a.to(w_a.dtype) * w_a + out_b.to(w_b.dtype) * w_b).to(out_a.dtype), lse
 
 
 class _OverlappedAttention(torch.autograd.Function if torch is not None else object):
-    """Row-exact exchange overlapped with attention (math backend; causal and chunked masks).
+    """The exchange overlapped with attention (math backend; both exchanges, every mask).
 
-    Forward: starts the all_to_all_single of the K/V rows (async), runs attention over the
-    keys this rank holds, waits, runs attention over the received keys and merges the two by
-    log-sum-exp. Backward: the received keys' part first (with the merged out and lse), starts
-    sending their dK/dV back (async), runs the own keys' part, waits and adds the gradients that
-    came back. ``clock`` (a _Clock) records forward laps: "local_attention_s" (overlapping the
-    exchange), "exchange_wait_s" (the exchange left once it was done), "remote_attention_s", and
-    adds the attention laps to "attention_s" and the wait to "gather_s"."""
+    Forward: starts the exchange of the K/V rows asynchronously (the row-exact
+    all_to_all_single, or the all_gather_into_tensor of every rank's padded rows), runs attention
+    over the keys this rank holds, waits, runs attention over the fetched keys and merges the two
+    by log-sum-exp. Backward: the fetched keys' part first (with the merged out and lse), starts
+    sending their dK/dV back asynchronously (the reverse all_to_all_single, or the
+    reduce_scatter_tensor of the gathered rows' gradients), runs the own keys' part, waits and adds
+    the gradients that came back. ``clock`` (a _Clock) records the laps: forward
+    "local_attention_s" (overlapping the exchange), "exchange_wait_s" (the exchange left once it
+    was done), "remote_attention_s"; backward "backward_remote_s", "backward_local_s"
+    (overlapping the gradients' exchange), "backward_wait_s"; and adds the forward's attention
+    laps to "attention_s" and its wait to "gather_s"."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock):
+    def forward(ctx, q, k, v, rp: _RankPlan, group, scale, clock, parts):
         h_kv = k.shape[1]
         kv = torch.cat([k, v], dim=1)
-        received = kv.new_empty((sum(rp.recv_splits),) + tuple(kv.shape[1:]))
+        received = kv.new_empty((rp.fetched_rows,) + tuple(kv.shape[1:]))
         work = None
-        if rp.moves:
+        if rp.exchange == "all-gather":
+            padded = kv.new_zeros((rp.capacity,) + tuple(kv.shape[1:]))
+            padded[: rp.local_rows] = kv
+            work = dist.all_gather_into_tensor(received, padded, group=group, async_op=True)
+        elif rp.moves:
             send = kv.index_select(0, rp.send_index)
             work = dist.all_to_all_single(received, send, rp.recv_splits, rp.send_splits,
                                           group=group, async_op=True)
         local = kv.index_select(0, rp.local_key_rows)
-        k_l, v_l = local[:, :h_kv], local[:, h_kv:]
-        out, lse = math_forward(q, k_l, v_l, rp.cu_q, rp.cu_k_local, scale)
+        k_l, v_l = local[:, :h_kv].contiguous(), local[:, h_kv:].contiguous()
+        out, lse, state_l = parts.local_forward(q, k_l, v_l, rp, scale)
         local_s = clock.lap("local_attention_s")
         if work is not None:
             work.wait()
         clock.add("gather_s", clock.lap("exchange_wait_s"))
         remote = received.index_select(0, rp.remote_key_rows)
-        k_r, v_r = remote[:, :h_kv], remote[:, h_kv:]
+        k_r, v_r = remote[:, :h_kv].contiguous(), remote[:, h_kv:].contiguous()
         q_r = q.index_select(0, rp.remote_q_rows)
+        state_r = None
         if len(rp.remote_q_rows):
-            out_r, lse_r = math_forward(q_r, k_r, v_r, rp.cu_q_remote, rp.cu_k_remote, scale,
-                                        causal=False)
+            out_r, lse_r, state_r = parts.remote_forward(q_r, k_r, v_r, rp, scale)
             merged, merged_lse = _merge(out[rp.remote_q_rows], lse[:, rp.remote_q_rows],
                                         out_r, lse_r)
             out[rp.remote_q_rows] = merged
             lse[:, rp.remote_q_rows] = merged_lse
         clock.add("attention_s", local_s + clock.lap("remote_attention_s"))
         ctx.save_for_backward(q, k_l, v_l, q_r, k_r, v_r, out, lse)
-        ctx.rp, ctx.group, ctx.scale, ctx.h_kv = rp, group, scale, h_kv
-        ctx.received_rows = received.shape[0]
+        ctx.rp, ctx.group, ctx.scale, ctx.h_kv, ctx.clock = rp, group, scale, h_kv, clock
+        ctx.parts, ctx.states = parts, (state_l, state_r)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
         q, k_l, v_l, q_r, k_r, v_r, out, lse = ctx.saved_tensors
-        rp, h_kv = ctx.rp, ctx.h_kv
+        rp, h_kv, clock = ctx.rp, ctx.h_kv, ctx.clock
+        clock.restart()
         rq, work = rp.remote_q_rows, None
-        d_received = q.new_zeros((ctx.received_rows, 2 * h_kv, q.shape[2]))
+        d_received = q.new_zeros((rp.fetched_rows, 2 * h_kv, q.shape[2]))
         if len(rq):
-            dq_r, dk_r, dv_r = math_backward(q_r, k_r, v_r, out[rq], lse[:, rq], d_out[rq],
-                                             rp.cu_q_remote, rp.cu_k_remote, ctx.scale,
-                                             causal=False)
+            dq_r, dk_r, dv_r = ctx.parts.remote_backward(q_r, k_r, v_r, out[rq], lse[:, rq],
+                                                         d_out[rq], rp, ctx.scale, ctx.states[1])
             d_received.index_add_(0, rp.remote_key_rows, torch.cat([dk_r, dv_r], dim=1))
-        if rp.moves:
+        clock.lap("backward_remote_s")
+        if rp.exchange == "all-gather":
+            d_kv_r = q.new_empty((rp.capacity, 2 * h_kv, q.shape[2]))
+            work = dist.reduce_scatter_tensor(d_kv_r, d_received, op=dist.ReduceOp.SUM,
+                                              group=ctx.group, async_op=True)
+        elif rp.moves:
             d_kv_r = q.new_empty((len(rp.send_index), 2 * h_kv, q.shape[2]))
             work = dist.all_to_all_single(d_kv_r, d_received, rp.send_splits, rp.recv_splits,
                                           group=ctx.group, async_op=True)
-        dq, dk_l, dv_l = math_backward(q, k_l, v_l, out, lse, d_out, rp.cu_q, rp.cu_k_local,
-                                       ctx.scale)
+        dq, dk_l, dv_l = ctx.parts.local_backward(q, k_l, v_l, out, lse, d_out, rp, ctx.scale,
+                                                  ctx.states[0])
         if len(rq):
             dq.index_add_(0, rq, dq_r)
         d_kv = q.new_zeros((rp.local_rows, 2 * h_kv, q.shape[2]))
         d_kv.index_add_(0, rp.local_key_rows, torch.cat([dk_l, dv_l], dim=1))
+        clock.lap("backward_local_s")
         if work is not None:
             work.wait()
-            d_kv.index_add_(0, rp.send_index, d_kv_r)
-        return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None
+            if rp.exchange == "all-gather":
+                d_kv += d_kv_r[: rp.local_rows]
+            else:
+                d_kv.index_add_(0, rp.send_index, d_kv_r)  # a row may go to several ranks
+        clock.lap("backward_wait_s")
+        return dq, d_kv[:, :h_kv], d_kv[:, h_kv:], None, None, None, None, None
+
+
+class _MathParts:
+    """The overlapped path's two attention parts on the "math" backend (any device and float
+    dtype): forward -> (out, lse, state), backward from the merged out and lse -> (dq, dk, dv).
+    The own keys: bottom-right causal, or positioned (key_offset) under a window; the fetched
+    keys: unmasked, or positioned under a window."""
+
+    @staticmethod
+    def local_forward(q, k, v, rp: _RankPlan, scale):
+        out, lse = math_forward(q, k, v, rp.cu_q, rp.cu_k_local, scale, window=rp.window,
+                                key_offset=rp.local_key_offset)
+        return out, lse, None
+
+    @staticmethod
+    def local_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return math_backward(q, k, v, out, lse, d_out, rp.cu_q, rp.cu_k_local, scale,
+                             window=rp.window, key_offset=rp.local_key_offset)
+
+    @staticmethod
+    def remote_forward(q, k, v, rp: _RankPlan, scale):
+        if rp.window:
+            out, lse = math_forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, scale,
+                                    window=rp.window, key_offset=rp.remote_key_offset)
+        else:
+            out, lse = math_forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, scale, causal=False)
+        return out, lse, None
+
+    @staticmethod
+    def remote_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        if rp.window:
+            return math_backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote, scale,
+                                 window=rp.window, key_offset=rp.remote_key_offset)
+        return math_backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote, scale,
+                             causal=False)
+
+
+def _flash_ops():
+    """PyTorch's FlashAttention varlen forward and backward (the ops varlen_attn calls)."""
+    return torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
+
+
+class _VarlenParts:
+    """The two parts on FlashAttention's varlen kernels (CUDA, float16 / bfloat16; causal and
+    chunked masks only: a window's positioned keys have no FlashAttention form). The forward op
+    returns the LSE as (H_q, T_q) float32 (varlen_attn's layout); its backward takes any out and
+    lse, so each part's gradients come from the merged ones. GQA is the kernels' own (K/V heads
+    dividing the query heads). NOT YET RUN ON A GPU: the CPU tests drive this class through
+    math-backed fakes of the two ops (the plumbing), not the kernels' conventions."""
+
+    @staticmethod
+    def _forward(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
+        forward, _ = _flash_ops()
+        out, lse, rng_state, _, _ = forward(q, k, v, cu_q, cu_k, max(max_q, 1), max(max_k, 1),
+                                            0.0, causal, False, scale=scale)
+        return out, lse, rng_state
+
+    @staticmethod
+    def _backward(q, k, v, out, lse, d_out, cu_q, cu_k, max_q, max_k, scale, causal, rng_state):
+        _, backward = _flash_ops()
+        return backward(d_out.contiguous(), q, k, v, out.contiguous(), lse.contiguous(), cu_q,
+                        cu_k, max(max_q, 1), max(max_k, 1), 0.0, causal, rng_state,
+                        torch.empty(0, device=q.device), scale=scale)
+
+    @staticmethod
+    def local_forward(q, k, v, rp: _RankPlan, scale):
+        return _VarlenParts._forward(q, k, v, rp.cu_q, rp.cu_k_local, rp.max_q, rp.max_k_local,
+                                     scale, True)
+
+    @staticmethod
+    def local_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return _VarlenParts._backward(q, k, v, out, lse, d_out, rp.cu_q, rp.cu_k_local, rp.max_q,
+                                      rp.max_k_local, scale, True, state)
+
+    @staticmethod
+    def remote_forward(q, k, v, rp: _RankPlan, scale):
+        return _VarlenParts._forward(q, k, v, rp.cu_q_remote, rp.cu_k_remote, rp.max_q_remote,
+                                     rp.max_k_remote, scale, False)
+
+    @staticmethod
+    def remote_backward(q, k, v, out, lse, d_out, rp: _RankPlan, scale, state):
+        return _VarlenParts._backward(q, k, v, out, lse, d_out, rp.cu_q_remote, rp.cu_k_remote,
+                                      rp.max_q_remote, rp.max_k_remote, scale, False, state)
+
+
+def _overlap_parts(chosen: str, rp: _RankPlan, overlap: Optional[bool]):
+    """The part kernels of the overlapped path for this call, or None for the sequential path:
+    "math" unless overlap is False; "varlen" only when asked for (overlap=True: not yet run on
+    a GPU) and without a window."""
+    if overlap is False or rp.local_key_rows is None:
+        return None
+    if chosen == "math":
+        return _MathParts
+    if chosen == "varlen" and overlap is True and not rp.window:
+        return _VarlenParts
+    return None
 
 
 def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
@@ -524,21 +687,87 @@ def _verdict(entries: List[Dict[str, Any]]) -> Optional[Tuple[type, str]]:
     return None
 
 
+# Agreements that passed in this process: (this rank's signature: the plan's digest, shapes,
+# dtypes, devices, scale, backend, group, rank) -> (backend, scale, group). Bounded, oldest out.
+_AGREED: "OrderedDict[Any, Tuple[str, Optional[float], Any]]" = OrderedDict()
+# Plans' digests by identity (the plan is kept, so its id is not reused while it is here; few,
+# since a plan holds its index maps: a training step's layers reuse one plan).
+_DIGESTS: "OrderedDict[int, Tuple[wlb.ShardPlan, str]]" = OrderedDict()
+_AGREED_ENTRIES, _DIGEST_ENTRIES = 256, 8
+
+
+def _remember(table: OrderedDict, key, value, entries: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > entries:
+        table.popitem(last=False)
+
+
+def _digest_of(plan: wlb.ShardPlan, cache: Optional[Dict[Any, Any]]) -> str:
+    """plan_digest(plan), computed once per plan object (CPAttention's cache, or this module's)."""
+    if cache is not None:
+        if "plan_digest" not in cache:
+            cache["plan_digest"] = plan_digest(plan)
+        return cache["plan_digest"]
+    entry = _DIGESTS.get(id(plan))
+    if entry is None or entry[0] is not plan:
+        entry = (plan, plan_digest(plan))
+    _remember(_DIGESTS, id(plan), entry, _DIGEST_ENTRIES)
+    return entry[1]
+
+
+def _signature(q, k, v, plan, group, rank: int, world: int, scale, backend, digest):
+    """(what every rank must share, this rank's whole call) for the agreement cache, or
+    (None, None) for arguments of the wrong types (those always take the whole agreement)."""
+    if not isinstance(plan, wlb.ShardPlan) or not all(isinstance(t, torch.Tensor)
+                                                      for t in (q, k, v)):
+        return None, None
+    shared = (digest(plan), world, str(q.dtype), q.device.type, tuple(q.shape[1:]),
+              tuple(k.shape[1:]), repr(scale), repr(backend))
+    mine = (shared, rank, id(group), str(dist.get_backend(group)), tuple(q.shape),
+            tuple(k.shape), tuple(v.shape),
+            str(q.device), str(k.device), str(v.device), str(k.dtype), str(v.dtype))
+    return shared, mine
+
+
 def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
            cache: Optional[Dict[Any, Any]] = None):
     """Every rank's checks and fingerprints, compared on every rank before any collective moves
     a row: returns (backend, scale) when all ranks passed and agree, else raises the same error
     on every rank. ``agree=False`` checks this rank alone (no exchange). ``cache``: CPAttention's
-    per-plan cache, where the plan's digest is kept after its first call."""
+    per-plan cache, where the plan's digest is kept after its first call.
 
-    def digest(p: wlb.ShardPlan) -> str:
-        if cache is None:
-            return plan_digest(p)
-        if "plan_digest" not in cache:
-            cache["plan_digest"] = plan_digest(p)
-        return cache["plan_digest"]
-
+    The whole agreement (every rank's checks, an all_gather of 2 KiB records) runs once per
+    signature (the plan's digest, shapes, dtypes, devices, scale, backend, group) per process:
+    every call first all-reduces (MAX) one 40-byte tensor, a 62-bit hash of what the ranks must
+    share and whether this rank has agreed on its call before; where every rank has and the
+    hashes are equal, the call goes on with the remembered result, else every rank runs the
+    whole agreement, so a rank that alone changes its plan or shapes still makes every rank
+    raise the same error (no collective can be skipped by one rank alone: it would hang)."""
     world = dist.get_world_size(group)
+    digest = lambda p: _digest_of(p, cache)
+    if not agree:
+        return _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, False)
+    shared, mine = _signature(q, k, v, plan, group, rank, world, scale, backend, digest)
+    known = _AGREED.get(mine) if mine is not None else None
+    h = int.from_bytes(hashlib.blake2b(repr(shared).encode(), digest_size=8).digest(), "little")
+    lo, hi = h & 0x7FFFFFFF, (h >> 31) & 0x7FFFFFFF
+    flags = torch.tensor([lo, hi, -lo, -hi, 0 if known is not None else 1], dtype=torch.int64,
+                         device=_exchange_device(group))
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    max_lo, max_hi, min_lo, min_hi, unknown = flags.tolist()
+    if not unknown and max_lo == -min_lo and max_hi == -min_hi:
+        _AGREED.move_to_end(mine)
+        return known[0], known[1]
+    chosen, scale_ = _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, True)
+    if mine is not None:
+        _remember(_AGREED, mine, (chosen, scale_, group), _AGREED_ENTRIES)
+    return chosen, scale_
+
+
+def _agree_fully(q, k, v, plan, group, rank: int, world: int, scale, backend, digest,
+                 agree: bool):
+    """The whole agreement: this rank's checks and fingerprint, all-gathered and compared."""
     record, problem, kind, chosen, scale = _fingerprint(q, k, v, plan, group, world, rank, scale,
                                                         backend, digest)
     if not agree:
@@ -578,13 +807,17 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
     tensors and exchange (and the plan's digest), so that calling it for every layer builds them
     once.
-    ``overlap``: run attention over the keys this rank holds while the row-exact exchange is in
-    flight and merge the received keys' part by log-sum-exp, backward likewise (None or True:
-    wherever it applies, i.e. the row-exact exchange, a causal or chunked mask and the "math"
-    backend, the sequential path elsewhere; False: always the sequential path; results equal to
-    rounding). Its forward laps in ``timings``:
-    "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums in
-    "attention_s" and "gather_s", the exchange time not hidden).
+    ``overlap``: run attention over the keys this rank holds while the exchange (row-exact or
+    all-gather) is in flight and merge the fetched keys' part by log-sum-exp, backward likewise
+    (None: on the "math" backend, under every mask and exchange; True: also on "varlen" under
+    causal and chunked masks, through FlashAttention's varlen forward and backward ops, which
+    has not yet run on a GPU (CPU tests drive it through fakes of the ops); the sequential path
+    elsewhere; False: always the sequential path; results equal to rounding). Its forward laps
+    in ``timings``: "local_attention_s", "exchange_wait_s", "remote_attention_s" (and their sums
+    in "attention_s" and "gather_s", the exchange time not hidden); its backward laps:
+    "backward_remote_s" (the fetched keys' gradients), "backward_local_s" (the own keys' part
+    while those travel back), "backward_wait_s" (the gradients' exchange left after it). The
+    sequential path's backward adds "backward_exchange_s" (the gradients' exchange, blocking).
     """
     require_torch()
     if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
@@ -608,10 +841,11 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
             _rank_plans[key] = _rank_plan(plan, rank, q.device, row_bytes)
         rp = _rank_plans[key]
     clock = _Clock(timings, q.device)
-    if overlap is not False and rp.local_key_rows is not None and chosen == "math":
+    parts = _overlap_parts(chosen, rp, overlap)
+    if parts is not None:
         scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-        return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock)
-    k_keys, v_keys = _GatherKeys.apply(k, v, rp, group)
+        return _OverlappedAttention.apply(q, k, v, rp, group, scale, clock, parts)
+    k_keys, v_keys = _GatherKeys.apply(k, v, rp, group, clock)
     clock.lap("gather_s")
     window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
     out, lse = varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
@@ -631,6 +865,11 @@ class _Clock:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def restart(self) -> None:
+        """Starts the next lap now (backward's first lap starts when backward does)."""
+        if self.timings is not None:
+            self.last = self._now()
 
     def lap(self, key: str) -> float:
         """Adds the seconds since the last lap to ``key`` and returns them (0 without a dict)."""
