@@ -277,7 +277,9 @@ absl::Status WriteJson(const Planned& p) {
   summary["cost_model"] = p.cost.description();
   summary["cost_unit"] = p.cost.unit();
   summary["documents"] = p.input.lengths.size();
-  summary["tokens"] = TotalTokens(p.input.pieces);
+  summary["tokens"] = p.input.tokens;
+  // Empty sequences (a Megatron index holds them) have no token to plan: skipped, counted here.
+  if (p.input.empty > 0) summary["empty_sequences_skipped"] = p.input.empty;
   if (settings.timing) {
     summary["planning_ms_per_step_median"] = Median(p.main.run.plan_ms);
     double total = 0.0;
@@ -302,10 +304,14 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input.name, input.lengths.size(), Mega(TotalTokens(input.pieces)), input.steps.size(), packer,
+      input.name, input.lengths.size(), Mega(input.tokens), input.steps.size(), packer,
       config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), p.tune_note,
       options.window, cost.description());
+  if (input.empty > 0) {  // a Megatron index's empty sequences: no token to plan
+    absl::StrAppendFormat(&header, "skipped %d empty sequences of the input (no token to plan)\n",
+                          input.empty);
+  }
   std::string out = header + StepTable(main, cost, config.max_tokens);
   absl::StrAppend(
       &out,

@@ -18,7 +18,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,13 +48,17 @@ struct Lengths {
   std::string name;
   std::vector<int64_t> values;
   bool sampled = false;
+  int64_t empty = 0;  // empty sequences the source held (a Megatron index's), skipped
 };
 
 // A stream cut into steps.
 struct Input {
-  std::string name;                          // where it came from, for headers and messages
-  std::vector<int64_t> lengths;              // the documents, as loaded (and scaled)
-  std::vector<Document> pieces;              // the loader's pieces of <= S tokens
+  std::string name;              // where it came from, for headers and messages
+  std::vector<int64_t> lengths;  // the documents, as loaded (and scaled)
+  int64_t tokens = 0;            // their tokens
+  int64_t empty = 0;             // empty sequences skipped when the source was read
+  // The loader's pieces of <= S tokens: all of them, or with max_steps those of the steps kept.
+  std::vector<Document> pieces;
   std::vector<std::vector<Document>> steps;  // arrivals per step
 };
 
@@ -62,7 +68,7 @@ struct Input {
 inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
   Lengths out;
   if (!options.docs.empty()) {
-    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs);
+    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs, &out.empty);
     if (!read.ok()) return read.status();
     if (read->empty()) {
       return absl::InvalidArgumentError(
@@ -99,9 +105,12 @@ struct CutOptions {
 
 // Scales (optionally), splits into pieces of <= `context` tokens and cuts steps of N x S tokens.
 // S, N and max_steps must be within wlb's limits (core/limits.hpp), and so must the stream
-// (MakeDocuments, SplitIntoSteps); errors name the value and the limit.
-inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
-                                      int32_t micro_batches, const CutOptions& options = {}) {
+// (MakeDocuments, SplitIntoSteps); errors name the value and the limit. With max_steps, only the
+// pieces of the first max_steps steps are made (document by document, as SplitIntoSteps would
+// assign them), so a corpus of any number of documents (up to kMaxDocuments, every length in
+// [1, kMaxStreamTokens]) plans its first steps with the lengths and those steps in memory.
+inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t micro_batches,
+                                      const CutOptions& options = {}) {
   if (absl::Status s = ValidateContext(context); !s.ok()) return s;
   if (micro_batches < 1 || micro_batches > kMaxMicroBatches) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -118,7 +127,12 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
   }
   Input input;
   input.name = lengths.name;
-  input.lengths = lengths.values;
+  input.lengths = std::move(lengths.values);
+  input.empty = lengths.empty;
+  if (static_cast<int64_t>(input.lengths.size()) > kMaxDocuments) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d documents, over the limit of %d", input.lengths.size(), kMaxDocuments));
+  }
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {
       // Lengths outside [1, kMaxStreamTokens] stay as they are, for MakeDocuments to reject; in
@@ -129,15 +143,54 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
                                   static_cast<double>(options.scale_from)));
     }
   }
-  absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
-  if (!pieces.ok()) return pieces.status();
-  input.pieces = *std::move(pieces);
-  absl::StatusOr<std::vector<std::vector<Document>>> steps =
-      SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
-  if (!steps.ok()) return steps.status();
-  input.steps = *std::move(steps);
-  if (options.max_steps > 0 && static_cast<int64_t>(input.steps.size()) > options.max_steps) {
-    input.steps.resize(static_cast<size_t>(options.max_steps));
+  if (options.max_steps == 0) {  // the whole stream, within the limits of one stream
+    absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
+    if (!pieces.ok()) return pieces.status();
+    input.pieces = *std::move(pieces);
+    absl::StatusOr<std::vector<std::vector<Document>>> steps =
+        SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
+    if (!steps.ok()) return steps.status();
+    input.steps = *std::move(steps);
+    input.tokens = TotalTokens(input.pieces);
+    return input;
+  }
+  // Every length is checked and counted (overflow-checked); pieces are made up to the last step
+  // kept. A piece is at most S <= N x S tokens, so steps have no gaps between them.
+  for (size_t i = 0; i < input.lengths.size(); ++i) {
+    const int64_t l = input.lengths[i];
+    if (l <= 0) return ValidateLength(l, absl::StrFormat("document %d", i));
+    if (l > kMaxStreamTokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "document %d: length %d is above the limit of %d tokens", i, l, kMaxStreamTokens));
+    }
+    if (input.tokens > std::numeric_limits<int64_t>::max() - l) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("documents 0..%d hold more than 2^63 tokens", i));
+    }
+    input.tokens += l;
+  }
+  const int64_t tokens_per_step = context * micro_batches;  // <= 2^36: S and N are checked
+  int64_t offset = 0;
+  for (size_t i = 0; i < input.lengths.size() && offset / tokens_per_step < options.max_steps;
+       ++i) {
+    const size_t first = input.pieces.size();
+    if (absl::Status s =
+            AppendPieces(static_cast<int64_t>(i), input.lengths[i], context, input.pieces);
+        !s.ok()) {
+      return s;
+    }
+    for (size_t k = first; k < input.pieces.size(); ++k) {
+      const int64_t step = offset / tokens_per_step;
+      if (step >= options.max_steps) {
+        input.pieces.resize(k);
+        break;
+      }
+      if (static_cast<int64_t>(input.steps.size()) <= step) {
+        input.steps.resize(static_cast<size_t>(step) + 1);
+      }
+      input.steps[static_cast<size_t>(step)].push_back(input.pieces[k]);
+      offset += input.pieces[k].length;
+    }
   }
   return input;
 }
@@ -168,7 +221,7 @@ inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t cont
   }
   absl::StatusOr<Lengths> lengths = LoadLengths(options, sample_tokens);
   if (!lengths.ok()) return lengths.status();
-  return CutSteps(*lengths, context, micro_batches, {.max_steps = steps});
+  return CutSteps(*std::move(lengths), context, micro_batches, {.max_steps = steps});
 }
 
 }  // namespace wlb
