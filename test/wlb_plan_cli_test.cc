@@ -142,6 +142,51 @@ TEST(WlbPlan, ReadsStdinAndFiles) {
   ASSERT_EQ(f.exit_code, 0) << f.err;
 }
 
+// A Megatron index (uint16 tokens, one document) of sequences of `lengths`, 0 for an empty one.
+std::string WriteMegatronIndex(const std::vector<uint32_t>& lengths, const std::string& name) {
+  std::string out(kMegatronIndexMagic);
+  auto put = [&](uint64_t v, int width) {
+    for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(1, 8);
+  put(8, 1);
+  put(lengths.size(), 8);
+  put(2, 8);
+  for (uint32_t n : lengths) put(n, 4);
+  uint64_t pointer = 0;
+  for (uint32_t n : lengths) {
+    put(pointer, 8);
+    pointer += 2 * uint64_t{n};
+  }
+  put(0, 8);
+  put(lengths.size(), 8);
+  const std::string path = ::testing::TempDir() + "/" + name + ".idx";
+  std::ofstream(path, std::ios::binary) << out;
+  return path;
+}
+
+// Empty sequences of a Megatron index are skipped and reported once: a line of the table and a
+// key of the JSON summary (absent when there are none).
+TEST(WlbPlan, ReportsTheEmptySequencesItSkipped) {
+  const std::string idx = WriteMegatronIndex({5, 0, 19, 8, 0, 40}, "wlb_cli_empty");
+  Result t = RunPlan("--docs " + idx + " --context 32 --micro-batches 2");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_THAT(t.out, HasSubstr(": 4 documents, "));
+  EXPECT_THAT(t.out, HasSubstr("skipped 2 empty sequences of the input (no token to plan)\n"));
+  Result j = RunPlan("--docs " + idx + " --context 32 --micro-batches 2 --format json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  nlohmann::json summary = nlohmann::json::parse(j.out)["summary"];
+  EXPECT_EQ(summary["empty_sequences_skipped"], 2);
+  EXPECT_EQ(summary["documents"], 4);
+  EXPECT_EQ(summary["tokens"], 72);
+  const std::string full = WriteMegatronIndex({5, 19, 8, 40}, "wlb_cli_full");
+  Result none = RunPlan("--docs " + full + " --context 32 --micro-batches 2 --format json");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_FALSE(nlohmann::json::parse(none.out)["summary"].contains("empty_sequences_skipped"));
+  Result table = RunPlan("--docs " + full + " --context 32 --micro-batches 2");
+  EXPECT_THAT(table.out, ::testing::Not(HasSubstr("empty sequences")));
+}
+
 TEST(WlbPlan, WritesOutFileAtomically) {
   const std::string path = ::testing::TempDir() + "/wlb_cli_plan.json";
   std::filesystem::remove(path);

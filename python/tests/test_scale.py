@@ -161,3 +161,34 @@ def test_plans_do_not_depend_on_the_scan_chunk(monkeypatch, chunk):
             r = PackedBatchSampler(lengths, pp=2, dp=2, rank=1, context=CONTEXT, seed=5)
         r.load_state_dict(states[k])
         assert list(r) == reference[k + 1:]
+
+
+def test_megatron_index_past_2_pow_24_sequences_is_memory_mapped(tmp_path):
+    """A sparse Megatron index of 2^24 + 5 sequences, all empty but the last: MegatronTokens
+    checks it chunk by chunk and maps its arrays (no copy), pickles by path, and the sampler
+    plans its one non-empty sequence."""
+    import pickle
+
+    from wlb.formats import MegatronTokens
+
+    n = (1 << 24) + 5
+    prefix = str(tmp_path / "corpus")
+    size = 34 + 12 * n + 16
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([8]) +
+                n.to_bytes(8, "little") + (2).to_bytes(8, "little"))
+        f.truncate(size)
+        f.seek(34 + 4 * (n - 1))
+        f.write((7).to_bytes(4, "little"))  # the last sequence: 7 tokens at byte 0
+        f.seek(size - 8)
+        f.write(n.to_bytes(8, "little"))  # document indices [0, n]
+    with open(prefix + ".bin", "wb") as f:
+        f.write(np.arange(7, dtype=np.uint16).tobytes())
+    source = MegatronTokens(prefix)
+    assert isinstance(source.lengths, np.memmap) and source.lengths.dtype == np.dtype("<i4")
+    assert len(source) == n and source.empty_sequences == n - 1
+    assert source[n - 1].tolist() == list(range(7))
+    assert len(pickle.dumps(source)) < 1000  # the path travels, not the arrays
+    with pytest.warns(UserWarning, match=rf"{n - 1} of {n} documents have no token"):
+        sampler = PackedBatchSampler(source.lengths, pp=1, dp=1, rank=0, context=CONTEXT)
+    assert list(sampler) == [[(n - 1, 0, 7)]]
