@@ -15,11 +15,14 @@ subprocess, so peak memory is its own:
   constructing the source to the first micro-batch (first_mb_s: the .idx check, the lengths'
   validation and fingerprint, the epoch's shuffled order and the first push), then steps/s over
   the next --steps steps (this rank's PP micro-batches per step; every rank plans every step),
-  peak RSS (ru_maxrss: it counts the memory-mapped lengths' pages too) and RssAnon at the end
-  (the process's own memory, file pages excluded).
+  state_dict() time, and an exact resume in a fresh sampler (resume_first_mb_s: construction,
+  load_state_dict's checks and seek, first micro-batch; checked equal to the uninterrupted
+  one). Memory: peak RSS (ru_maxrss: it counts the memory-mapped lengths' pages and torch's
+  libraries too), RssAnon / RssFile after importing torch and wlb (baseline) and at the end.
 - wlb-plan: `wlb-plan --docs X.idx --context 8192 --micro-batches 8 --steps K --format json
-  --out /dev/null` for K = 1 (first_step_s: read and check the whole index, cut the first step,
-  plan it) and K = 1 + --steps (steps/s from the difference), peak RSS of the child.
+  --timing` for K = 1 (first_step_s: wall time to read and check the whole index, cut the first
+  step, plan and write it; the best of 2) and K = --cli-steps (steps/s from the JSON's
+  planning_ms_total: Push/Flush time only), peak RSS of the K-step run.
 
 One JSON line per (documents, tool) on stdout and in --out.
 """
@@ -90,6 +93,7 @@ def run_sampler(prefix: str, steps: int) -> dict:
     from wlb.torch import PackedBatchSampler
 
     pp = 4
+    baseline = memory()  # after importing torch and wlb
     start = time.perf_counter()
     source = MegatronTokens(prefix)
     with warnings.catch_warnings():
@@ -106,29 +110,48 @@ def run_sampler(prefix: str, steps: int) -> dict:
         next(it)
     end = time.perf_counter()
     state_start = time.perf_counter()
-    sampler.state_dict()
+    state = sampler.state_dict()
     state_s = time.perf_counter() - state_start
+    expected = next(it)
     mem = memory()
+    # Exact resume in a fresh sampler: the state's checks and the seek are scans of the order.
+    resume_start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = PackedBatchSampler(source.lengths, pp=pp, dp=2, rank=0, context=8192)
+    resumed.load_state_dict(state)
+    got = next(iter(resumed))
+    resume_s = time.perf_counter() - resume_start
+    if got != expected:
+        raise RuntimeError("the resumed sampler gave another micro-batch")
     return {"build_s": built - start, "first_mb_s": first - start,
             "steps_per_s": steps / (end - begin), "state_dict_s": state_s,
+            "resume_first_mb_s": resume_s,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "baseline_rss_anon_bytes": baseline.get("RssAnon"),
+            "baseline_rss_file_bytes": baseline.get("RssFile"),
             "rss_anon_end_bytes": mem.get("RssAnon"), "rss_file_end_bytes": mem.get("RssFile")}
 
 
-def run_cli(wlb_plan: str, prefix: str, steps: int) -> dict:
+def run_cli(wlb_plan: str, prefix: str, steps: int, out_json: str) -> dict:
     def command(k: int):
         return [wlb_plan, "--docs", prefix + ".idx", "--context", "8192", "--micro-batches", "8",
-                "--steps", str(k), "--format", "json", "--out", "/dev/null"]
+                "--steps", str(k), "--format", "json", "--timing", "--out", out_json]
 
-    def seconds(k: int) -> float:
+    def wall(k: int) -> float:
         start = time.perf_counter()
         subprocess.run(command(k), check=True)
         return time.perf_counter() - start
 
-    first_s = seconds(1)
-    many_s = seconds(1 + steps)
-    return {"first_step_s": first_s, "steps_per_s": steps / max(many_s - first_s, 1e-9),
-            "total_s_for_steps": many_s, "peak_rss_bytes": peak_rss_of(command(1 + steps))}
+    first_s = min(wall(1) for _ in range(2))
+    total_s = wall(steps)
+    with open(out_json) as f:
+        summary = json.load(f)["summary"]
+    os.remove(out_json)
+    return {"first_step_s": first_s, "total_s": total_s,
+            "planning_ms_total": summary["planning_ms_total"],
+            "steps_per_s": steps / (summary["planning_ms_total"] / 1000),
+            "peak_rss_bytes": peak_rss_of(command(steps))}
 
 
 def peak_rss_of(cmd) -> int:
@@ -144,7 +167,8 @@ def peak_rss_of(cmd) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, nargs="+", default=[10**6, 10**7, 10**8])
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=500, help="sampler steps timed")
+    parser.add_argument("--cli-steps", type=int, default=1000, help="wlb-plan --steps timed")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--wlb-plan", default="build/tools/wlb-plan")
     parser.add_argument("--dir", default=None, help="where the corpora go (default: a temp dir)")
@@ -169,8 +193,9 @@ def main() -> None:
                                     str(args.steps)], check=True, capture_output=True, text=True)
             rows = [dict(common, tool="PackedBatchSampler(MegatronTokens.lengths)",
                          steps=args.steps, **json.loads(child.stdout.strip().splitlines()[-1]))]
-            rows.append(dict(common, tool="wlb-plan --docs X.idx", steps=args.steps,
-                             **run_cli(args.wlb_plan, prefix, args.steps)))
+            rows.append(dict(common, tool="wlb-plan --docs X.idx", steps=args.cli_steps,
+                             **run_cli(args.wlb_plan, prefix, args.cli_steps,
+                                       os.path.join(tmp, "plan.json"))))
             for row in rows:
                 line = json.dumps(row)
                 print(line, flush=True)
