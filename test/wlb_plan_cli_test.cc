@@ -6,8 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -185,6 +190,45 @@ TEST(WlbPlan, ReportsTheEmptySequencesItSkipped) {
   EXPECT_FALSE(nlohmann::json::parse(none.out)["summary"].contains("empty_sequences_skipped"));
   Result table = RunPlan("--docs " + full + " --context 32 --micro-batches 2");
   EXPECT_THAT(table.out, ::testing::Not(HasSubstr("empty sequences")));
+}
+
+// A Megatron index is planned as a stream (each step cut, planned and written as it comes, the
+// summaries accumulated): the same output as the same lengths in a text file, planned whole, for
+// seeded random corpora, both formats, --steps, CP shard plans and the compared packers.
+TEST(WlbPlan, StreamedIndexGivesTheWholeRunsOutput) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<uint32_t> lengths(20 + rng() % 300);
+    std::string text;
+    for (uint32_t& n : lengths) {
+      n = 1 + static_cast<uint32_t>(rng() % (rng() % 5 == 0 ? 20000 : 900));
+      text += std::to_string(n) + "\n";
+    }
+    const std::string idx = WriteMegatronIndex(lengths, "wlb_cli_stream");
+    const std::string txt = ::testing::TempDir() + "/wlb_cli_stream.txt";
+    std::ofstream(txt) << text;
+    for (const std::string flags :
+         {"--format json --timing=false", "--format json --timing=false --steps 3 --cp 4",
+          "--cp 2", "--compare=false --packer wlb-refine"}) {
+      const std::string args = " --context 4096 --micro-batches " + std::to_string(2 + trial) +
+                               " " + flags;
+      Result a = RunPlan("--docs " + idx + args);
+      Result b = RunPlan("--docs " + txt + args);
+      ASSERT_EQ(a.exit_code, 0) << a.err;
+      ASSERT_EQ(b.exit_code, 0) << b.err;
+      // The table names the input and times the packers (its last column): leave both out.
+      auto comparable = [](std::string out, const std::string& name) {
+        out = absl::StrReplaceAll(out, {{name, "INPUT"}});
+        std::string kept;
+        for (absl::string_view line : absl::StrSplit(out, '\n')) {
+          if (absl::StartsWith(line, "| ")) line = line.substr(0, line.rfind('|', line.size() - 2));
+          absl::StrAppend(&kept, line, "\n");
+        }
+        return kept;
+      };
+      EXPECT_EQ(comparable(a.out, idx), comparable(b.out, txt)) << "trial " << trial << flags;
+    }
+  }
 }
 
 TEST(WlbPlan, WritesOutFileAtomically) {
