@@ -22,7 +22,9 @@ subprocess, so peak memory is its own:
 - wlb-plan: `wlb-plan --docs X.idx --context 8192 --micro-batches 8 --steps K --format json
   --timing` for K = 1 (first_step_s: wall time to read and check the whole index, cut the first
   step, plan and write it; the best of 2) and K = --cli-steps (steps/s from the JSON's
-  planning_ms_total: Push/Flush time only), peak RSS of the K-step run.
+  planning_ms_total: Push/Flush time only), peak RSS of the K-step run; then the whole epoch
+  (`--compare=false`, the table: one row a step) for its wall time and peak RSS (the stream's
+  memory: the lengths, not the steps).
 
 One JSON line per (documents, tool) on stdout and in --out.
 """
@@ -148,10 +150,20 @@ def run_cli(wlb_plan: str, prefix: str, steps: int, out_json: str) -> dict:
     with open(out_json) as f:
         summary = json.load(f)["summary"]
     os.remove(out_json)
+    # The whole epoch, as a table of the chosen packer alone (one row a step).
+    epoch = [wlb_plan, "--docs", prefix + ".idx", "--context", "8192", "--micro-batches", "8",
+             "--compare=false", "--out", out_json]
+    start = time.perf_counter()
+    epoch_peak = peak_rss_of(epoch)
+    epoch_s = time.perf_counter() - start
+    with open(out_json) as f:
+        epoch_steps = int(f.readline().split(",")[-1].split()[0])
+    os.remove(out_json)
     return {"first_step_s": first_s, "total_s": total_s,
             "planning_ms_total": summary["planning_ms_total"],
             "steps_per_s": steps / (summary["planning_ms_total"] / 1000),
-            "peak_rss_bytes": peak_rss_of(command(steps))}
+            "peak_rss_bytes": peak_rss_of(command(steps)),
+            "epoch_steps": epoch_steps, "epoch_s": epoch_s, "epoch_peak_rss_bytes": epoch_peak}
 
 
 def peak_rss_of(cmd) -> int:
