@@ -17,8 +17,9 @@ subprocess, so peak memory is its own:
   the next --steps steps (this rank's PP micro-batches per step; every rank plans every step),
   state_dict() time, and an exact resume in a fresh sampler (resume_first_mb_s: construction,
   load_state_dict's checks and seek, first micro-batch; checked equal to the uninterrupted
-  one). Memory: peak RSS (ru_maxrss: it counts the memory-mapped lengths' pages and torch's
-  libraries too), RssAnon / RssFile after importing torch and wlb (baseline) and at the end.
+  one). Memory: peak RSS before the resumed sampler is built (ru_maxrss: it counts the
+  memory-mapped lengths' pages and torch's libraries too) and with it (two samplers alive),
+  RssAnon / RssFile after importing torch and wlb (baseline) and before the resume.
 - wlb-plan: `wlb-plan --docs X.idx --context 8192 --micro-batches 8 --steps K --format json
   --timing` for K = 1 (first_step_s: wall time to read and check the whole index, cut the first
   step, plan and write it; the best of 2) and K = --cli-steps (steps/s from the JSON's
@@ -116,6 +117,7 @@ def run_sampler(prefix: str, steps: int) -> dict:
     state_s = time.perf_counter() - state_start
     expected = next(it)
     mem = memory()
+    peak_one = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # before the 2nd sampler
     # Exact resume in a fresh sampler: the state's checks and the seek are scans of the order.
     resume_start = time.perf_counter()
     with warnings.catch_warnings():
@@ -129,7 +131,8 @@ def run_sampler(prefix: str, steps: int) -> dict:
     return {"build_s": built - start, "first_mb_s": first - start,
             "steps_per_s": steps / (end - begin), "state_dict_s": state_s,
             "resume_first_mb_s": resume_s,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": peak_one,
+            "peak_rss_with_resumed_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "baseline_rss_anon_bytes": baseline.get("RssAnon"),
             "baseline_rss_file_bytes": baseline.get("RssFile"),
             "rss_anon_end_bytes": mem.get("RssAnon"), "rss_file_end_bytes": mem.get("RssFile")}

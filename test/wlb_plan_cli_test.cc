@@ -9,10 +9,10 @@
 #include <random>
 #include <sstream>
 
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -208,10 +208,10 @@ TEST(WlbPlan, StreamedIndexGivesTheWholeRunsOutput) {
     const std::string txt = ::testing::TempDir() + "/wlb_cli_stream.txt";
     std::ofstream(txt) << text;
     for (const std::string flags :
-         {"--format json --timing=false", "--format json --timing=false --steps 3 --cp 4",
-          "--cp 2", "--compare=false --packer wlb-refine"}) {
-      const std::string args = " --context 4096 --micro-batches " + std::to_string(2 + trial) +
-                               " " + flags;
+         {"--format json --timing=false", "--format json --timing=false --steps 3 --cp 4", "--cp 2",
+          "--compare=false --packer wlb-refine"}) {
+      const std::string args =
+          " --context 4096 --micro-batches " + std::to_string(2 + trial) + " " + flags;
       Result a = RunPlan("--docs " + idx + args);
       Result b = RunPlan("--docs " + txt + args);
       ASSERT_EQ(a.exit_code, 0) << a.err;

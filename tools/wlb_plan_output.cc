@@ -372,8 +372,7 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
       "cost: %s\n",
       input.name, input.lengths.size(), Mega(input.tokens),
       p.streamed != nullptr ? p.streamed->arrival_steps : static_cast<int64_t>(input.steps.size()),
-      packer,
-      config.context, config.max_tokens, config.micro_batches,
+      packer, config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), p.tune_note,
       options.window, cost.description());
   if (input.empty > 0) {  // a Megatron index's empty sequences: no token to plan

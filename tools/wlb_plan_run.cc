@@ -137,10 +137,8 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
     }
   }
   for (size_t k = 0; k < lanes.size(); ++k) {
-    if (absl::Status s = take(k,
-                              [](Packer& p) -> absl::StatusOr<std::vector<StepPlan>> {
-                                return p.Flush();
-                              });
+    if (absl::Status s =
+            take(k, [](Packer& p) -> absl::StatusOr<std::vector<StepPlan>> { return p.Flush(); });
         !s.ok()) {
       return s;
     }
@@ -172,8 +170,8 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
   if (plan.packer != "original" && plan.packer != "wlb") order.push_back(plan.packer);
   if (!settings.compare) order = {plan.packer};
   for (const std::string& name : order) {
-    const size_t k = static_cast<size_t>(std::find(names.begin(), names.end(), name) -
-                                         names.begin());
+    const size_t k =
+        static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
     planned.rows.push_back(&results[k]);
   }
   return WriteTable(planned, streamed.cp_summary);

@@ -117,10 +117,8 @@ class StepCutter {
     const int64_t index = offset_ / tokens_per_step_;
     while (doc_ < lengths_.size() && offset_ / tokens_per_step_ == index) {
       const int64_t length = std::min(context_, lengths_[doc_] - within_);
-      step.push_back(Document{.id = static_cast<int64_t>(doc_),
-                              .length = length,
-                              .piece = piece_,
-                              .offset = within_});
+      step.push_back(Document{
+          .id = static_cast<int64_t>(doc_), .length = length, .piece = piece_, .offset = within_});
       offset_ += length;
       within_ += length;
       ++piece_;
@@ -208,8 +206,8 @@ inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t 
   input.lengths = std::move(lengths.values);
   input.empty = lengths.empty;
   if (static_cast<int64_t>(input.lengths.size()) > kMaxDocuments) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d documents, over the limit of %d", input.lengths.size(), kMaxDocuments));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d documents, over the limit of %d", input.lengths.size(), kMaxDocuments));
   }
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {

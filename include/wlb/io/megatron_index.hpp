@@ -164,7 +164,8 @@ inline absl::Status CheckMegatronSequences(std::string_view lengths, std::string
                                            int64_t* lengths_out, int64_t* pointers_out) {
   const size_t n = lengths.size() / 4;
   for (size_t k = 0; k < n; ++k) {
-    const auto length = static_cast<int32_t>(static_cast<uint32_t>(LittleEndianAt(lengths, 4 * k, 4)));
+    const auto length =
+        static_cast<int32_t>(static_cast<uint32_t>(LittleEndianAt(lengths, 4 * k, 4)));
     const int64_t pointer = static_cast<int64_t>(LittleEndianAt(pointers, 8 * k, 8));
     const uint64_t index = first + k;
     auto error = [&](const std::string& what) {
@@ -197,8 +198,7 @@ inline absl::Status CheckMegatronSequences(std::string_view lengths, std::string
 // last of `documents` must equal. With `out`, stores them there.
 inline absl::Status CheckMegatronDocuments(std::string_view bytes, uint64_t first,
                                            uint64_t documents, uint64_t sequences,
-                                           std::string_view name, int64_t& previous,
-                                           int64_t* out) {
+                                           std::string_view name, int64_t& previous, int64_t* out) {
   auto error = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrFormat("Megatron index %s: %s", QuoteForMessage(name, 256), what));
@@ -290,10 +290,10 @@ class MegatronLengthReader {
   static absl::StatusOr<MegatronLengthReader> Open(const std::string& path) {
     auto fail = [&](const char* what) {
       const int err = errno;
-      return absl::Status(err == ENOENT ? absl::StatusCode::kNotFound
-                                        : absl::StatusCode::kUnavailable,
-                          absl::StrFormat("cannot %s Megatron index %s: %s", what,
-                                          QuoteForMessage(path, 256), std::strerror(err)));
+      return absl::Status(
+          err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kUnavailable,
+          absl::StrFormat("cannot %s Megatron index %s: %s", what, QuoteForMessage(path, 256),
+                          std::strerror(err)));
     };
     MegatronLengthReader reader;
     reader.name_ = path;
@@ -302,8 +302,8 @@ class MegatronLengthReader {
     struct stat info {};
     if (::fstat(reader.fd_, &info) != 0) return fail("stat");
     if (!S_ISREG(info.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "Megatron index %s is not a regular file", QuoteForMessage(path, 256)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Megatron index %s is not a regular file", QuoteForMessage(path, 256)));
     }
     std::string header(kMegatronHeaderBytes, '\0');
     absl::StatusOr<size_t> got = reader.ReadAt(0, header.data(), header.size());
@@ -350,7 +350,7 @@ class MegatronLengthReader {
 
   const MegatronHeader& header() const { return header_; }
   uint64_t sequences_read() const { return read_; }
-  int64_t empty_sequences() const { return empty_; }  // among those read so far
+  int64_t empty_sequences() const { return empty_; }   // among those read so far
   int64_t bin_bytes() const { return next_pointer_; }  // the .bin's size the sequences read need
 
   // The next at most `max` (>= 1) sequence lengths, empty ones included, replace `out`'s
@@ -392,8 +392,9 @@ class MegatronLengthReader {
       const ssize_t n = ::pread(fd_, data + done, size - done, static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
-        return absl::UnavailableError(absl::StrFormat(
-            "cannot read Megatron index %s: %s", QuoteForMessage(name_, 256), std::strerror(errno)));
+        return absl::UnavailableError(absl::StrFormat("cannot read Megatron index %s: %s",
+                                                      QuoteForMessage(name_, 256),
+                                                      std::strerror(errno)));
       }
       if (n == 0) break;
       done += static_cast<size_t>(n);
