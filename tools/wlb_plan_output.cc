@@ -202,13 +202,6 @@ class Output {
   int fd_ = -1;
 };
 
-absl::Status WriteOutput(const std::string& path, const std::string& text) {
-  Output out;
-  if (absl::Status s = out.Open(path); !s.ok()) return s;
-  if (absl::Status s = out.Write(text); !s.ok()) return s;
-  return out.Commit();
-}
-
 // Copies a streamed run's spooled step text to `output`, 1 MiB at a time.
 absl::Status CopySpool(const StreamedSteps& streamed, Output& output) {
   std::rewind(streamed.spool);
