@@ -37,6 +37,13 @@ N' = PP x DP', then the rest of the epoch follows in N' x S-token steps. Steps f
 save are never repeated and no piece is lost; every plan after the restore may differ from an
 uninterrupted run at DP' (or at the old DP).
 
+Scale. Any number of documents (up to 2^40) is planned from a stream: ``lengths`` is kept as
+given (a ``numpy.memmap`` such as ``MegatronTokens.lengths`` stays one; any integer dtype) and
+checked chunk by chunk; the sampler holds the epoch's shuffled order (uint32 while the corpus has
+under 2^32 documents: 4 bytes a document; with empty documents also the non-empty ones' indices,
+so at most 8 bytes a document) and the pieces of the steps in flight, cut from the order one push
+at a time. ``load_state_dict`` finds the saved position by a chunked scan of the order.
+
 Online calibration. ``calibration=OnlineCalibration(...)`` (``wlb.torch.calibration``) replaces the
 cost with fits of the micro-batch times the training loop measures: step s (counted from the first
 step this sampler planned, across epochs) is planned with the last fit whose first step is <= s,
