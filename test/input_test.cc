@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,6 +88,44 @@ TEST(LoadInput, BadInputNamesTheProblem) {
   // A split that would make more pieces than one stream may hold is rejected, not allocated.
   const Lengths huge{.name = "huge", .values = {kMaxStreamTokens}};
   EXPECT_THAT(CutSteps(huge, 1, 1).status().message(), HasSubstr("over the limit"));
+}
+
+// --steps K cuts the first K steps document by document: the same steps as cutting the whole
+// stream and keeping K, for seeded random lengths (long ones too), S, N and K.
+TEST(CutSteps, FirstStepsMatchTheWholeCut) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int64_t> lengths(1 + rng() % 80);
+    for (int64_t& l : lengths) l = 1 + static_cast<int64_t>(rng() % (rng() % 4 == 0 ? 900 : 60));
+    const int64_t context = 1 + static_cast<int64_t>(rng() % 128);
+    const int32_t n = 1 + static_cast<int32_t>(rng() % 4);
+    const int64_t keep = 1 + static_cast<int64_t>(rng() % 12);
+    absl::StatusOr<Input> whole = CutSteps({.name = "w", .values = lengths}, context, n);
+    absl::StatusOr<Input> first =
+        CutSteps({.name = "w", .values = lengths}, context, n, {.max_steps = keep});
+    ASSERT_TRUE(whole.ok() && first.ok());
+    std::vector<std::vector<Document>> expected = whole->steps;
+    if (static_cast<int64_t>(expected.size()) > keep) expected.resize(static_cast<size_t>(keep));
+    EXPECT_EQ(first->steps, expected) << "trial " << trial;
+    EXPECT_EQ(first->tokens, whole->tokens);
+    EXPECT_EQ(first->lengths, whole->lengths);
+  }
+}
+
+// With --steps, a corpus over the limits of one whole stream (2^24 pieces) plans its first
+// steps: only their pieces are made; every length is still checked, naming the document.
+TEST(CutSteps, FirstStepsOfMoreThan2Pow24Documents) {
+  const Lengths many{.name = "many", .values = std::vector<int64_t>((int64_t{1} << 24) + 5, 3)};
+  EXPECT_THAT(CutSteps(many, 4096, 2).status().message(), HasSubstr("over the limit"));
+  absl::StatusOr<Input> first = CutSteps(many, 4096, 2, {.max_steps = 3});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->steps.size(), 3u);
+  EXPECT_EQ(first->tokens, 3 * ((int64_t{1} << 24) + 5));
+  EXPECT_EQ(first->pieces.size(), 8192u);  // 3 steps of 8192 tokens, 3 tokens a document
+  Lengths bad = many;
+  bad.values.back() = 0;
+  EXPECT_THAT(CutSteps(bad, 4096, 2, {.max_steps = 3}).status().message(),
+              HasSubstr("document 16777220"));
 }
 
 }  // namespace input_test

@@ -149,10 +149,12 @@ std::filesystem::path SparseIndex(uint64_t sequences, uint64_t documents, uint64
 // larger than any index may be (kMaxInputBytes) are refused for their counts, not read.
 TEST(MegatronIndexTest, CountsAreCheckedAgainstTheFileSizeBeforeReading) {
   const uint64_t huge = static_cast<uint64_t>(kMaxInputBytes) + 4096;
-  std::filesystem::path path = SparseIndex(static_cast<uint64_t>(kMaxPieces) + 1, 2, huge);
+  std::filesystem::path path = SparseIndex(static_cast<uint64_t>(kMaxDocuments) + 1, 2, huge);
   absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path.string());
   EXPECT_THAT(index.status().message(),
-              HasSubstr("16777217 sequences, more than the limit of 16777216"));
+              HasSubstr("1099511627777 sequences, more than the limit of 1099511627776"));
+  EXPECT_THAT(MegatronLengthReader::Open(path.string()).status().message(),
+              HasSubstr("1099511627777 sequences, more than the limit of 1099511627776"));
   path = SparseIndex(1000, 2, huge);  // counts within the limits, size far from theirs
   index = ReadMegatronIndex(path.string());
   EXPECT_THAT(
@@ -162,6 +164,109 @@ TEST(MegatronIndexTest, CountsAreCheckedAgainstTheFileSizeBeforeReading) {
   index = ReadMegatronIndex(path.string());
   EXPECT_THAT(index.status().message(),
               HasSubstr("truncated: 100 bytes, 1000 sequences and 2 documents need 12050"));
+  std::filesystem::remove(path);
+}
+
+// Writes `bytes` to a fresh temporary .idx file.
+std::filesystem::path WriteIndex(const std::string& bytes, const std::string& tag) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("wlb_megatron_" + tag + "_" + std::to_string(::getpid()) + ".idx");
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
+// Reading chunk by chunk gives what the whole-file parse gives, for every chunk size, and
+// counts the empty sequences.
+TEST(MegatronLengthReaderTest, ChunksMatchTheWholeParse) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int32_t> lengths(1 + rng() % 60);
+    for (int32_t& n : lengths) n = static_cast<int32_t>(rng() % 5 == 0 ? 0 : 1 + rng() % 9000);
+    std::vector<int64_t> starts = {0};
+    for (size_t k = 1; k < lengths.size(); ++k) {
+      if (rng() % 4 == 0) starts.push_back(static_cast<int64_t>(k));
+    }
+    starts.push_back(static_cast<int64_t>(lengths.size()));
+    const std::string bytes = IndexBytes(lengths, starts, 1 + static_cast<int>(rng() % 8));
+    absl::StatusOr<MegatronIndex> whole = ParseMegatronIndex(bytes, "t.idx");
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    const std::filesystem::path path = WriteIndex(bytes, "chunks");
+    absl::StatusOr<MegatronLengthReader> reader = MegatronLengthReader::Open(path.string());
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    const size_t chunk = 1 + rng() % 17;
+    std::vector<int64_t> read, part;
+    while (true) {
+      ASSERT_TRUE(reader->Next(chunk, part).ok());
+      if (part.empty()) break;
+      EXPECT_LE(part.size(), chunk);
+      read.insert(read.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(read, whole->sequence_lengths);
+    EXPECT_EQ(reader->empty_sequences(), whole->empty_sequences);
+    int64_t empty = -1;
+    absl::StatusOr<std::vector<int64_t>> kept = ReadLengthsFile(path.string(), &empty);
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(empty, whole->empty_sequences);
+    EXPECT_EQ(static_cast<int64_t>(kept->size()),
+              static_cast<int64_t>(lengths.size()) - whole->empty_sequences);
+    std::filesystem::remove(path);
+  }
+}
+
+// A damaged pointer or length is found in the chunk that holds it, named by its sequence; a
+// damaged document index is found when the reader opens.
+TEST(MegatronLengthReaderTest, DamageIsNamedByItsSequence) {
+  std::vector<int32_t> lengths(40, 3);
+  const std::string good = IndexBytes(lengths, {0, 40});
+  std::string bad = good;
+  bad[kMegatronHeaderBytes + 4 * 40 + 8 * 33] ^= 1;  // sequence 33's pointer
+  std::filesystem::path path = WriteIndex(bad, "damaged");
+  absl::StatusOr<MegatronLengthReader> reader = MegatronLengthReader::Open(path.string());
+  ASSERT_TRUE(reader.ok());
+  std::vector<int64_t> part;
+  EXPECT_TRUE(reader->Next(30, part).ok());
+  EXPECT_THAT(reader->Next(30, part).message(),
+              HasSubstr("sequence 33 starts at byte 199 of the .bin, expected 198"));
+  bad = good;
+  bad[kMegatronHeaderBytes + 4 * 7 + 3] = static_cast<char>(0x80);  // sequence 7: negative
+  path = WriteIndex(bad, "damaged");
+  reader = MegatronLengthReader::Open(path.string());
+  ASSERT_TRUE(reader.ok());
+  EXPECT_THAT(reader->Next(100, part).message(), HasSubstr("sequence 7 has length -2147483645"));
+  bad = good;
+  bad[kMegatronHeaderBytes + 12 * 40 + 8] = 39;  // the last document index
+  path = WriteIndex(bad, "damaged");
+  EXPECT_THAT(MegatronLengthReader::Open(path.string()).status().message(),
+              HasSubstr("the last document index is 39, expected the sequence count 40"));
+  EXPECT_EQ(MegatronLengthReader::Open(path.string() + ".missing").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove(path);
+}
+
+// More than 2^24 sequences (the old limit): a sparse index of 2^24 + 5 sequences, all empty but
+// the last, reads in chunks; ReadLengthsFile keeps the one non-empty length and counts the rest.
+TEST(MegatronLengthReaderTest, ReadsMoreThan2Pow24Sequences) {
+  const uint64_t n = (uint64_t{1} << 24) + 5;
+  const uint64_t size = kMegatronHeaderBytes + 12 * n + 16;
+  std::filesystem::path path = SparseIndex(n, 2, size);
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    std::string tail;
+    PutLe(tail, 7, 4);  // the last sequence: 7 tokens at byte 0 of the .bin
+    f.seekp(static_cast<std::streamoff>(kMegatronHeaderBytes + 4 * (n - 1)));
+    f.write(tail.data(), 4);
+    tail.clear();
+    PutLe(tail, n, 8);  // document indices [0, n]
+    f.seekp(static_cast<std::streamoff>(size - 8));
+    f.write(tail.data(), 8);
+  }
+  int64_t empty = -1;
+  absl::StatusOr<std::vector<int64_t>> lengths = ReadLengthsFile(path.string(), &empty);
+  ASSERT_TRUE(lengths.ok()) << lengths.status();
+  EXPECT_EQ(*lengths, std::vector<int64_t>{7});
+  EXPECT_EQ(empty, static_cast<int64_t>(n) - 1);
   std::filesystem::remove(path);
 }
 

@@ -6,8 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -140,6 +145,90 @@ TEST(WlbPlan, ReadsStdinAndFiles) {
   std::ofstream(path) << "[5, 19, 8]";
   Result f = RunPlan("--docs " + path + " --context 32 --micro-batches 1 --format json");
   ASSERT_EQ(f.exit_code, 0) << f.err;
+}
+
+// A Megatron index (uint16 tokens, one document) of sequences of `lengths`, 0 for an empty one.
+std::string WriteMegatronIndex(const std::vector<uint32_t>& lengths, const std::string& name) {
+  std::string out(kMegatronIndexMagic);
+  auto put = [&](uint64_t v, int width) {
+    for (int i = 0; i < width; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(1, 8);
+  put(8, 1);
+  put(lengths.size(), 8);
+  put(2, 8);
+  for (uint32_t n : lengths) put(n, 4);
+  uint64_t pointer = 0;
+  for (uint32_t n : lengths) {
+    put(pointer, 8);
+    pointer += 2 * uint64_t{n};
+  }
+  put(0, 8);
+  put(lengths.size(), 8);
+  const std::string path = ::testing::TempDir() + "/" + name + ".idx";
+  std::ofstream(path, std::ios::binary) << out;
+  return path;
+}
+
+// Empty sequences of a Megatron index are skipped and reported once: a line of the table and a
+// key of the JSON summary (absent when there are none).
+TEST(WlbPlan, ReportsTheEmptySequencesItSkipped) {
+  const std::string idx = WriteMegatronIndex({5, 0, 19, 8, 0, 40}, "wlb_cli_empty");
+  Result t = RunPlan("--docs " + idx + " --context 32 --micro-batches 2");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_THAT(t.out, HasSubstr(": 4 documents, "));
+  EXPECT_THAT(t.out, HasSubstr("skipped 2 empty sequences of the input (no token to plan)\n"));
+  Result j = RunPlan("--docs " + idx + " --context 32 --micro-batches 2 --format json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  nlohmann::json summary = nlohmann::json::parse(j.out)["summary"];
+  EXPECT_EQ(summary["empty_sequences_skipped"], 2);
+  EXPECT_EQ(summary["documents"], 4);
+  EXPECT_EQ(summary["tokens"], 72);
+  const std::string full = WriteMegatronIndex({5, 19, 8, 40}, "wlb_cli_full");
+  Result none = RunPlan("--docs " + full + " --context 32 --micro-batches 2 --format json");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_FALSE(nlohmann::json::parse(none.out)["summary"].contains("empty_sequences_skipped"));
+  Result table = RunPlan("--docs " + full + " --context 32 --micro-batches 2");
+  EXPECT_THAT(table.out, ::testing::Not(HasSubstr("empty sequences")));
+}
+
+// A Megatron index is planned as a stream (each step cut, planned and written as it comes, the
+// summaries accumulated): the same output as the same lengths in a text file, planned whole, for
+// seeded random corpora, both formats, --steps, CP shard plans and the compared packers.
+TEST(WlbPlan, StreamedIndexGivesTheWholeRunsOutput) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<uint32_t> lengths(20 + rng() % 300);
+    std::string text;
+    for (uint32_t& n : lengths) {
+      n = 1 + static_cast<uint32_t>(rng() % (rng() % 5 == 0 ? 20000 : 900));
+      text += std::to_string(n) + "\n";
+    }
+    const std::string idx = WriteMegatronIndex(lengths, "wlb_cli_stream");
+    const std::string txt = ::testing::TempDir() + "/wlb_cli_stream.txt";
+    std::ofstream(txt) << text;
+    for (const std::string flags :
+         {"--format json --timing=false", "--format json --timing=false --steps 3 --cp 4", "--cp 2",
+          "--compare=false --packer wlb-refine"}) {
+      const std::string args =
+          " --context 4096 --micro-batches " + std::to_string(2 + trial) + " " + flags;
+      Result a = RunPlan("--docs " + idx + args);
+      Result b = RunPlan("--docs " + txt + args);
+      ASSERT_EQ(a.exit_code, 0) << a.err;
+      ASSERT_EQ(b.exit_code, 0) << b.err;
+      // The table names the input and times the packers (its last column): leave both out.
+      auto comparable = [](std::string out, const std::string& name) {
+        out = absl::StrReplaceAll(out, {{name, "INPUT"}});
+        std::string kept;
+        for (absl::string_view line : absl::StrSplit(out, '\n')) {
+          if (absl::StartsWith(line, "| ")) line = line.substr(0, line.rfind('|', line.size() - 2));
+          absl::StrAppend(&kept, line, "\n");
+        }
+        return kept;
+      };
+      EXPECT_EQ(comparable(a.out, idx), comparable(b.out, txt)) << "trial " << trial << flags;
+    }
+  }
 }
 
 TEST(WlbPlan, WritesOutFileAtomically) {

@@ -52,29 +52,48 @@ constexpr char kSummaryHeader[] =
     "|---------------|-----------|-------|-------|--------|--------|-------|------|-----|---------|"
     "\n";
 
-// The per-step summary of the chosen packer, then its stream summary.
-std::string StepTable(const Result& r, const DocumentCost& cost, int64_t max_tokens) {
-  std::string out =
-      "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
-      "cap bound | held back\n";
-  for (const StepPlan& s : r.run.steps) {
-    int64_t docs = 0, tokens = 0, lo = INT64_MAX, hi = 0;
-    for (const MicroBatch& mb : s.micro_batches) {
-      docs += static_cast<int64_t>(mb.documents.size());
-      tokens += mb.tokens;
-      lo = std::min(lo, mb.tokens);
-      hi = std::max(hi, mb.tokens);
-    }
-    absl::StrAppendFormat(&out,
-                          "%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n",
-                          s.step, s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
-                          ImbalanceDegree(s.micro_batches), LowerBound(s.micro_batches, cost),
-                          CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
+constexpr char kStepTableHeader[] =
+    "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "
+    "cap bound | held back\n";
+constexpr char kStepTableFooter[] =
+    "(* = drain step after the end of input, + = partial step planned from the short last step "
+    "of the input; both left out of the summary)\n";
+
+// One row of the per-step table.
+std::string StepRow(const StepPlan& s, const DocumentCost& cost, int64_t max_tokens) {
+  int64_t docs = 0, tokens = 0, lo = INT64_MAX, hi = 0;
+  for (const MicroBatch& mb : s.micro_batches) {
+    docs += static_cast<int64_t>(mb.documents.size());
+    tokens += mb.tokens;
+    lo = std::min(lo, mb.tokens);
+    hi = std::max(hi, mb.tokens);
   }
-  absl::StrAppend(&out,
-                  "(* = drain step after the end of input, + = partial step planned from the "
-                  "short last step of the input; both left out of the summary)\n");
+  return absl::StrFormat("%5d%s | %4d | %8d | %15d..%-16d | %9.3f | %11.3f | %9.3f | %d docs\n",
+                         s.step, s.drain ? "*" : (s.partial ? "+" : " "), docs, tokens, lo, hi,
+                         ImbalanceDegree(s.micro_batches), LowerBound(s.micro_batches, cost),
+                         CapLowerBound(s.micro_batches, cost, max_tokens), s.held_back_documents);
+}
+
+// The per-step summary of the chosen packer (its rows; a streamed run's were written already).
+std::string StepTable(const Result& r, const DocumentCost& cost, int64_t max_tokens) {
+  std::string out = kStepTableHeader;
+  for (const StepPlan& s : r.run.steps) absl::StrAppend(&out, StepRow(s, cost, max_tokens));
   return out;
+}
+
+// One step of the JSON's "steps" array, as it reads nested in the whole document, with its CP
+// shard plans (--cp-size) planned into it and added to `cp_summary`.
+absl::StatusOr<std::string> StepJsonText(const StepPlan& step, const Settings& settings,
+                                         const DocumentCost& cost, const KernelModel& kernel_model,
+                                         CpSummary& cp_summary) {
+  nlohmann::json step_json = StepToJson(step, cost, settings.plan.config.max_tokens);
+  if (settings.plan.cp_size > 0) {
+    if (absl::Status s = PlanStepCp(step, settings.plan, kernel_model, cp_summary, &step_json);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return DumpNested(step_json, 2);
 }
 
 absl::Status CannotWrite(const std::string& path, const std::string& why) {
@@ -183,14 +202,51 @@ class Output {
   int fd_ = -1;
 };
 
-absl::Status WriteOutput(const std::string& path, const std::string& text) {
-  Output out;
-  if (absl::Status s = out.Open(path); !s.ok()) return s;
-  if (absl::Status s = out.Write(text); !s.ok()) return s;
-  return out.Commit();
+// Copies a streamed run's spooled step text to `output`, 1 MiB at a time.
+absl::Status CopySpool(const StreamedSteps& streamed, Output& output) {
+  std::rewind(streamed.spool);
+  std::string buffer(size_t{1} << 20, '\0');
+  while (true) {
+    const size_t n = std::fread(buffer.data(), 1, buffer.size(), streamed.spool);
+    if (n > 0) {
+      if (absl::Status s = output.Write(std::string_view(buffer.data(), n)); !s.ok()) return s;
+    }
+    if (n < buffer.size()) break;
+  }
+  if (std::ferror(streamed.spool)) {
+    return absl::UnavailableError("cannot read back the temporary file of the planned steps");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::Status AppendStreamedStep(const StepPlan& step, const Settings& settings,
+                                const DocumentCost& cost, const KernelModel& kernel_model,
+                                StreamedSteps& streamed) {
+  std::string text;
+  if (settings.format == "json") {
+    absl::StatusOr<std::string> json =
+        StepJsonText(step, settings, cost, kernel_model, streamed.cp_summary);
+    if (!json.ok()) return json.status();
+    text = absl::StrCat(streamed.count > 0 ? ",\n  " : "  ", *json);
+  } else {
+    if (settings.plan.cp_size > 0) {
+      if (absl::Status s =
+              PlanStepCp(step, settings.plan, kernel_model, streamed.cp_summary, nullptr);
+          !s.ok()) {
+        return s;
+      }
+    }
+    text = StepRow(step, cost, settings.plan.config.max_tokens);
+  }
+  if (std::fwrite(text.data(), 1, text.size(), streamed.spool) != text.size()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
+  }
+  ++streamed.count;
+  return absl::OkStatus();
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -227,18 +283,21 @@ absl::Status WriteJson(const Planned& p) {
   nlohmann::json pending = nlohmann::json::array();
   for (const Document& d : p.main.pending) pending.push_back(DocumentToJson(d));
   std::string text = "{\n \"pending\": " + DumpNested(pending, 1) + ",\n \"steps\": ";
-  text += p.main.run.steps.empty() ? "[]" : "[\n";
-  for (size_t i = 0; i < p.main.run.steps.size(); ++i) {
-    const StepPlan& step = p.main.run.steps[i];
-    nlohmann::json step_json = StepToJson(step, p.cost, config.max_tokens);
-    if (cp_size > 0) {
-      if (absl::Status s = PlanStepCp(step, settings.plan, p.kernel_model, cp_summary, &step_json);
-          !s.ok()) {
-        return s;
-      }
-    }
-    absl::StrAppend(&text, "  ", DumpNested(step_json, 2),
-                    i + 1 < p.main.run.steps.size() ? ",\n" : "\n ]");
+  if (p.streamed != nullptr) {  // written as they were planned: copied from the spool
+    cp_summary = p.streamed->cp_summary;
+    text += p.streamed->count == 0 ? "[]" : "[\n";
+    if (absl::Status s = output.Write(text); !s.ok()) return s;
+    text.clear();
+    if (absl::Status s = CopySpool(*p.streamed, output); !s.ok()) return s;
+    if (p.streamed->count > 0) text = "\n ]";
+  } else {
+    text += p.main.run.steps.empty() ? "[]" : "[\n";
+  }
+  for (size_t i = 0; p.streamed == nullptr && i < p.main.run.steps.size(); ++i) {
+    absl::StatusOr<std::string> step =
+        StepJsonText(p.main.run.steps[i], settings, p.cost, p.kernel_model, cp_summary);
+    if (!step.ok()) return step.status();
+    absl::StrAppend(&text, "  ", *step, i + 1 < p.main.run.steps.size() ? ",\n" : "\n ]");
     if (absl::Status s = output.Write(text); !s.ok()) return s;
     text.clear();
   }
@@ -277,7 +336,9 @@ absl::Status WriteJson(const Planned& p) {
   summary["cost_model"] = p.cost.description();
   summary["cost_unit"] = p.cost.unit();
   summary["documents"] = p.input.lengths.size();
-  summary["tokens"] = TotalTokens(p.input.pieces);
+  summary["tokens"] = p.input.tokens;
+  // Empty sequences (a Megatron index holds them) have no token to plan: skipped, counted here.
+  if (p.input.empty > 0) summary["empty_sequences_skipped"] = p.input.empty;
   if (settings.timing) {
     summary["planning_ms_per_step_median"] = Median(p.main.run.plan_ms);
     double total = 0.0;
@@ -302,11 +363,24 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
       "wlb-plan: %s: %d documents, %s tokens, %d steps\n"
       "packer %s: S = %d, S_max = %d, N = %d, thresholds = %s%s, window = %d\n"
       "cost: %s\n",
-      input.name, input.lengths.size(), Mega(TotalTokens(input.pieces)), input.steps.size(), packer,
-      config.context, config.max_tokens, config.micro_batches,
+      input.name, input.lengths.size(), Mega(input.tokens),
+      p.streamed != nullptr ? p.streamed->arrival_steps : static_cast<int64_t>(input.steps.size()),
+      packer, config.context, config.max_tokens, config.micro_batches,
       options.thresholds.empty() ? "none" : absl::StrJoin(options.thresholds, ","), p.tune_note,
       options.window, cost.description());
+  if (input.empty > 0) {  // a Megatron index's empty sequences: no token to plan
+    absl::StrAppendFormat(&header, "skipped %d empty sequences of the input (no token to plan)\n",
+                          input.empty);
+  }
+  Output output;
+  if (absl::Status s = output.Open(settings.out); !s.ok()) return s;
   std::string out = header + StepTable(main, cost, config.max_tokens);
+  if (p.streamed != nullptr) {  // the rows were written as the steps were planned
+    if (absl::Status s = output.Write(out); !s.ok()) return s;
+    out.clear();
+    if (absl::Status s = CopySpool(*p.streamed, output); !s.ok()) return s;
+  }
+  absl::StrAppend(&out, kStepTableFooter);
   absl::StrAppend(
       &out,
       absl::StrFormat("\nsummary over the %d steady steps (%d drain, %d partial left out; "
@@ -353,7 +427,8 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
           e.dp_round_robin_seconds / *e.dp_assigned_seconds);
     }
   }
-  return WriteOutput(settings.out, out);
+  if (absl::Status s = output.Write(out); !s.ok()) return s;
+  return output.Commit();
 }
 
 }  // namespace wlb::cli

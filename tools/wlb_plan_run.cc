@@ -1,8 +1,11 @@
 // wlb-plan's run: resolve the plan's models, read the input, plan (and tune, estimate), then hand
 // the result to the writers of wlb_plan_output.cc. Main() is the whole program.
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -61,6 +64,119 @@ absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy
   return e;
 }
 
+// A Megatron index is planned as a stream: its lengths are read chunk by chunk, each step is cut,
+// pushed to every packer of the output and written as it is planned (AppendStreamedStep), so the
+// run holds the lengths, the steps in flight and a double or two per step (the summary's exact
+// p90 and the median planning time), not the plans. --tune and --estimate need every step at
+// once: with them an index is planned as any other file.
+bool Streams(const Settings& settings) {
+  return settings.docs.size() > 4 && settings.docs.ends_with(".idx") && !settings.spec.tune &&
+         !settings.estimate;
+}
+
+absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
+                         const KernelModel& kernel_model) {
+  const PlanSettings& plan = settings.plan;
+  const PackerConfig& config = plan.config;
+  absl::StatusOr<Input> input =
+      LoadInput({.docs = settings.docs, .steps = settings.steps, .stream = true}, config.context,
+                config.micro_batches);
+  if (!input.ok()) return input.status();
+  std::vector<std::string> names = {plan.packer};  // the chosen packer first
+  if (settings.format != "json" && settings.compare) {
+    for (const char* other : {"original", "wlb"}) {
+      if (plan.packer != other) names.push_back(other);
+    }
+  }
+  struct Lane {
+    std::unique_ptr<Packer> packer;
+    std::optional<StreamSummaryAccumulator> summary;
+    std::vector<double> plan_ms;
+  };
+  std::vector<Lane> lanes(names.size());
+  for (size_t k = 0; k < names.size(); ++k) {
+    absl::StatusOr<std::unique_ptr<Packer>> packer =
+        MakePacker(names[k], config, cost, plan.options);
+    if (!packer.ok()) return packer.status();
+    lanes[k].packer = *std::move(packer);
+    lanes[k].summary.emplace(cost, config.max_tokens);
+  }
+  StreamedSteps streamed;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> spool(std::tmpfile(), &std::fclose);
+  if (spool == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot create a temporary file for the planned steps: %s", std::strerror(errno)));
+  }
+  streamed.spool = spool.get();
+  using Clock = std::chrono::steady_clock;
+  // Runs `plan` (a Push or the Flush) on lane k, timed, and takes in the steps it makes ready.
+  auto take = [&](size_t k, auto plan) -> absl::Status {
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<std::vector<StepPlan>> ready = plan(*lanes[k].packer);
+    lanes[k].plan_ms.push_back(
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    if (!ready.ok()) return ready.status();
+    for (const StepPlan& step : *ready) {
+      lanes[k].summary->Add(step);
+      if (k == 0) {
+        if (absl::Status s = AppendStreamedStep(step, settings, cost, kernel_model, streamed);
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  StepCutter cutter(input->lengths, config.context, config.micro_batches);
+  std::vector<Document> arrivals;
+  while ((settings.steps == 0 || cutter.steps() < settings.steps) && cutter.Next(arrivals)) {
+    for (size_t k = 0; k < lanes.size(); ++k) {
+      if (absl::Status s = take(k, [&](Packer& p) { return p.Push(arrivals); }); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  for (size_t k = 0; k < lanes.size(); ++k) {
+    if (absl::Status s =
+            take(k, [](Packer& p) -> absl::StatusOr<std::vector<StepPlan>> { return p.Flush(); });
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (std::fflush(streamed.spool) != 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
+  }
+  streamed.arrival_steps = cutter.steps();
+  std::vector<Result> results(lanes.size());
+  for (size_t k = 0; k < lanes.size(); ++k) {
+    results[k].packer = names[k];
+    results[k].run.plan_ms = std::move(lanes[k].plan_ms);
+    results[k].summary = lanes[k].summary->Finish();
+    results[k].pending = lanes[k].packer->Pending();
+  }
+  Planned planned{.settings = settings,
+                  .input = *input,
+                  .cost = cost,
+                  .kernel_model = kernel_model,
+                  .main = results[0],
+                  .options = plan.options,
+                  .tune_note = "",
+                  .estimate = std::nullopt,
+                  .streamed = &streamed};
+  if (settings.format == "json") return WriteJson(planned);
+  // The table's rows in the batch run's order: original, wlb, then the chosen packer.
+  std::vector<std::string> order = {"original", "wlb"};
+  if (plan.packer != "original" && plan.packer != "wlb") order.push_back(plan.packer);
+  if (!settings.compare) order = {plan.packer};
+  for (const std::string& name : order) {
+    const size_t k =
+        static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+    planned.rows.push_back(&results[k]);
+  }
+  return WriteTable(planned, streamed.cp_summary);
+}
+
 absl::Status Run(const Settings& settings) {
   const PlanSettings& plan = settings.plan;
   const PackerConfig& config = plan.config;
@@ -71,6 +187,7 @@ absl::Status Run(const Settings& settings) {
   const DocumentCost& doc_cost = *cost;
   absl::StatusOr<KernelModel> kernel_model = settings.spec.MakeKernelModel();
   if (!kernel_model.ok()) return kernel_model.status();
+  if (Streams(settings)) return RunStreamed(settings, doc_cost, *kernel_model);
 
   std::optional<StepTimeModel> step_model;
   if (settings.estimate) {

@@ -125,4 +125,46 @@ void BindData(nb::module_& m) {
       "Reads a Megatron-LM .idx file: {'dtype_code', 'item_size', 'sequence_lengths', "
       "'sequence_pointers' (byte offsets into the .bin), 'document_indices'} (int64 arrays), "
       "'empty_sequences' (how many have length 0).");
+  m.def(
+      "scan_megatron_index",
+      [](const std::string& path) {
+        absl::StatusOr<wlb::MegatronLengthReader> opened;
+        wlb::MegatronHeader header;
+        int64_t empty = 0, bin_bytes = 0;
+        {
+          nb::gil_scoped_release release;
+          opened = wlb::MegatronLengthReader::Open(path);
+          if (opened.ok()) {
+            header = opened->header();
+            std::vector<int64_t> chunk;
+            absl::Status s;
+            do {
+              s = opened->Next(size_t{1} << 20, chunk);
+            } while (s.ok() && !chunk.empty());
+            if (!s.ok()) opened = s;
+          }
+          if (opened.ok()) {
+            empty = opened->empty_sequences();
+            bin_bytes = opened->bin_bytes();
+          }
+        }
+        OrRaise(std::move(opened), /*file=*/true);
+        nb::dict d;
+        d["dtype_code"] = header.dtype_code;
+        d["item_size"] = header.item_size;
+        d["sequences"] = header.sequences;
+        d["documents"] = header.documents;
+        d["empty_sequences"] = empty;
+        d["bin_bytes"] = bin_bytes;
+        d["lengths_offset"] = wlb::kMegatronHeaderBytes;
+        d["pointers_offset"] = wlb::kMegatronHeaderBytes + 4 * header.sequences;
+        d["document_indices_offset"] = wlb::kMegatronHeaderBytes + 12 * header.sequences;
+        return d;
+      },
+      "path"_a,
+      "Checks a Megatron-LM .idx file (a regular file) chunk by chunk, as read_megatron_index "
+      "does, in constant memory whatever its size: {'dtype_code', 'item_size', 'sequences', "
+      "'documents', 'empty_sequences', 'bin_bytes' (the .bin's size it describes), and the byte "
+      "offsets of its arrays: 'lengths_offset' (int32 x sequences), 'pointers_offset' (int64 x "
+      "sequences), 'document_indices_offset' (int64 x documents)}, for numpy.memmap.");
 }

@@ -146,13 +146,16 @@ def test_fill_must_be_a_token_id_of_the_column():
 def test_megatron_index_counts_are_checked_against_the_size_before_reading(tmp_path):
     prefix = str(tmp_path / "corpus")
     header = (b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([8]) +
-              ((1 << 24) + 1).to_bytes(8, "little") + (2).to_bytes(8, "little"))
+              ((1 << 40) + 1).to_bytes(8, "little") + (2).to_bytes(8, "little"))
     with open(prefix + ".idx", "wb") as f:
         f.write(header)
         f.truncate((1 << 31) + 4096)  # sparse: larger than any index may be, and never read
     open(prefix + ".bin", "wb").close()
-    with pytest.raises(ValueError, match="16777217 sequences, more than the limit"):
+    with pytest.raises(ValueError, match="1099511627777 sequences, more than the limit of "
+                                         "1099511627776"):
         MegatronTokens(prefix)
+    with pytest.raises(ValueError, match="1099511627777 sequences, more than the limit"):
+        wlb.scan_megatron_index(prefix + ".idx")
     with open(prefix + ".idx", "r+b") as f:
         f.seek(18)
         f.write((1000).to_bytes(8, "little"))

@@ -1,15 +1,16 @@
 """Token corpora on disk: document lengths for planning, token ids for the collate function.
 
-Each source gives ``lengths`` (int64 numpy array, one entry per document, read without a Python
-loop per document) and ``source[i]`` (document i's token ids, a 1-D numpy array), so it drops into
+Each source gives ``lengths`` (an integer numpy array, one entry per document, read without a
+Python loop per document: int64, or for Megatron its int32 array memory-mapped) and ``source[i]`` (document i's token ids, a 1-D numpy array), so it drops into
 ``wlb.torch.PackedBatchSampler(source.lengths, ...)`` and a ``DataLoader(source, ...)``. Sources
 reopen their files lazily in each DataLoader worker when pickled to it (spawn: the path travels,
 not the data; fork shares the parent's memory).
 
 - ``MegatronTokens(prefix)``: a Megatron-LM indexed dataset ``prefix.idx`` / ``prefix.bin``; the
-  ``.idx`` is parsed by the C++ reader (``wlb.read_megatron_index``, the same one behind
-  ``wlb-plan --docs corpus.idx``), tokens are read from the ``.bin`` through ``numpy.memmap``.
-  One Megatron sequence is one document.
+  ``.idx`` is checked chunk by chunk by the C++ reader (``wlb.scan_megatron_index``, the reader
+  behind ``wlb-plan --docs corpus.idx``) and its arrays memory-mapped (``lengths`` is int32, as
+  Megatron stores it), tokens are read from the ``.bin`` through ``numpy.memmap``. One Megatron
+  sequence is one document; any number of them (10^9 and more) opens in constant memory.
 - ``ArrowTokens(source, column="input_ids")``: a list-of-integers column of a ``pyarrow.Table``,
   a Parquet file, an Arrow IPC file or stream (``.arrow``, as Hugging Face ``datasets`` caches
   them), a JSON-lines file (``.jsonl`` / ``.json``, also gzip or zstd compressed: ``.jsonl.gz``,
@@ -87,20 +88,36 @@ class _TokenSource:
 
 
 class MegatronTokens(_TokenSource):
-    """A Megatron-LM indexed dataset: ``prefix.idx`` (lengths) and ``prefix.bin`` (tokens)."""
+    """A Megatron-LM indexed dataset: ``prefix.idx`` (lengths) and ``prefix.bin`` (tokens).
+
+    The ``.idx`` is checked chunk by chunk by the C++ reader (``wlb.scan_megatron_index``) and
+    its arrays are memory-mapped, never copied: ``lengths`` (int32, Megatron's own dtype),
+    ``pointers`` and ``document_indices`` (int64) are ``numpy.memmap`` views of the file, so a
+    corpus of 10^9 sequences opens in constant memory."""
 
     def __init__(self, prefix: str):
         self.prefix = os.fspath(prefix)
-        index = wlb.read_megatron_index(self.prefix + ".idx")
-        code = index["dtype_code"]
+        self._open()
+
+    def _open(self) -> None:
+        path = self.prefix + ".idx"
+        info = wlb.scan_megatron_index(path)
+        code = info["dtype_code"]
         if code not in (1, 2, 3, 4, 5, 8):
-            raise ValueError(f"Megatron index {self.prefix}.idx: dtype code {code} holds floats, "
-                             "not token ids")
+            raise ValueError(f"Megatron index {path}: dtype code {code} holds floats, not token "
+                             "ids")
         self.dtype = np.dtype(_MEGATRON_DTYPES[code])
-        self.lengths = index["sequence_lengths"]
-        self.pointers = index["sequence_pointers"]
-        self.document_indices = index["document_indices"]
-        expected = int(self.lengths.sum()) * self.dtype.itemsize
+
+        def mapped(dtype: str, offset: int, count: int) -> np.ndarray:
+            if count == 0:
+                return np.zeros(0, dtype=dtype)
+            return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+        self.lengths = mapped("<i4", info["lengths_offset"], info["sequences"])
+        self.pointers = mapped("<i8", info["pointers_offset"], info["sequences"])
+        self.document_indices = mapped("<i8", info["document_indices_offset"], info["documents"])
+        self.empty_sequences = info["empty_sequences"]
+        expected = info["bin_bytes"]
         size = os.path.getsize(self.prefix + ".bin")  # FileNotFoundError names the path
         if size != expected:
             raise ValueError(f"Megatron data {self.prefix}.bin has {size} bytes, its index "
@@ -108,9 +125,11 @@ class MegatronTokens(_TokenSource):
         self._tokens: Optional[np.memmap] = None
 
     def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_tokens"] = None  # each worker maps the file itself
-        return state
+        return {"prefix": self.prefix}  # a worker maps the files itself (checked again there)
+
+    def __setstate__(self, state):
+        self.prefix = state["prefix"]
+        self._open()
 
     def _tokens_of(self, index: int) -> np.ndarray:
         if self._tokens is None:

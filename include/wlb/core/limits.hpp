@@ -29,6 +29,9 @@ inline constexpr int64_t kMaxShardMapRows = int64_t{1} << 28;
 inline constexpr int kMaxOutlierQueues = 16;                   // outlier thresholds of wlb packers
 inline constexpr int64_t kMaxStreamTokens = int64_t{1} << 35;  // tokens of one input stream
 inline constexpr int64_t kMaxPieces = int64_t{1} << 24;        // documents / pieces of one stream
+// Documents of one corpus read chunk by chunk (a Megatron index, PackedBatchSampler's lengths):
+// never held as pieces at once, so only counts and ids (int64) and byte offsets must fit.
+inline constexpr int64_t kMaxDocuments = int64_t{1} << 40;
 inline constexpr int64_t kMaxSteps = int64_t{1} << 20;         // steps one run plans or samples
 inline constexpr int64_t kMaxInputBytes = int64_t{1} << 31;    // one lengths or profile file
 inline constexpr int kMaxJsonDepth = 64;                       // nesting of JSON inputs

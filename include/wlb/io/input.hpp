@@ -18,7 +18,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +42,7 @@ struct InputOptions {
   uint64_t seed = 1;                     // sampling seed
   int64_t steps = 0;  // file: keep at most this many steps (0 = all); sampled: sample this many
                       // steps (0 = 100)
+  bool stream = false;  // file: check and count the lengths, cut no step (CutOptions::stream)
 };
 
 // Lengths and a human-readable name of their source.
@@ -46,13 +50,17 @@ struct Lengths {
   std::string name;
   std::vector<int64_t> values;
   bool sampled = false;
+  int64_t empty = 0;  // empty sequences the source held (a Megatron index's), skipped
 };
 
 // A stream cut into steps.
 struct Input {
-  std::string name;                          // where it came from, for headers and messages
-  std::vector<int64_t> lengths;              // the documents, as loaded (and scaled)
-  std::vector<Document> pieces;              // the loader's pieces of <= S tokens
+  std::string name;              // where it came from, for headers and messages
+  std::vector<int64_t> lengths;  // the documents, as loaded (and scaled)
+  int64_t tokens = 0;            // their tokens
+  int64_t empty = 0;             // empty sequences skipped when the source was read
+  // The loader's pieces of <= S tokens: all of them, or with max_steps those of the steps kept.
+  std::vector<Document> pieces;
   std::vector<std::vector<Document>> steps;  // arrivals per step
 };
 
@@ -62,7 +70,7 @@ struct Input {
 inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
   Lengths out;
   if (!options.docs.empty()) {
-    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs);
+    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs, &out.empty);
     if (!read.ok()) return read.status();
     if (read->empty()) {
       return absl::InvalidArgumentError(
@@ -92,16 +100,93 @@ inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t 
   return out;
 }
 
+// Cuts a corpus's lengths into steps one at a time, as MakeDocuments + SplitIntoSteps would (a
+// piece goes to the step its first token lies in; a piece is at most S <= N x S tokens, so steps
+// have no gaps): it holds the step being cut, never the stream's pieces. Every length must be in
+// [1, kMaxStreamTokens] in at most kMaxPieces pieces (CheckStreamLengths) and S, N within their
+// limits.
+class StepCutter {
+ public:
+  StepCutter(std::span<const int64_t> lengths, int64_t context, int32_t micro_batches)
+      : lengths_(lengths), context_(context), tokens_per_step_(context * micro_batches) {}
+
+  // The next step's arrivals replace `step`'s contents; false (and `step` empty) at the end.
+  bool Next(std::vector<Document>& step) {
+    step.clear();
+    if (doc_ >= lengths_.size()) return false;
+    const int64_t index = offset_ / tokens_per_step_;
+    while (doc_ < lengths_.size() && offset_ / tokens_per_step_ == index) {
+      const int64_t length = std::min(context_, lengths_[doc_] - within_);
+      step.push_back(Document{
+          .id = static_cast<int64_t>(doc_), .length = length, .piece = piece_, .offset = within_});
+      offset_ += length;
+      within_ += length;
+      ++piece_;
+      if (within_ == lengths_[doc_]) {
+        ++doc_;
+        within_ = 0;
+        piece_ = 0;
+      }
+    }
+    ++steps_;
+    return true;
+  }
+
+  int64_t steps() const { return steps_; }  // steps cut so far
+
+ private:
+  std::span<const int64_t> lengths_;
+  int64_t context_;
+  int64_t tokens_per_step_;
+  size_t doc_ = 0;      // the document the next piece belongs to
+  int64_t within_ = 0;  // its first token within that document
+  int32_t piece_ = 0;   // its index within that document
+  int64_t offset_ = 0;  // its first token within the stream
+  int64_t steps_ = 0;
+};
+
+// Checks that every length is in [1, kMaxStreamTokens] and splits at S = `context` into at most
+// kMaxPieces pieces (the error names the document) and returns their sum, overflow-checked.
+inline absl::StatusOr<int64_t> CheckStreamLengths(std::span<const int64_t> lengths,
+                                                  int64_t context) {
+  int64_t tokens = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const int64_t l = lengths[i];
+    if (l <= 0) return ValidateLength(l, absl::StrFormat("document %d", i));
+    if (l > kMaxStreamTokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "document %d: length %d is above the limit of %d tokens", i, l, kMaxStreamTokens));
+    }
+    if ((l - 1) / context + 1 > kMaxPieces) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "document %d: %d tokens split at S = %d make %d pieces, over the limit of %d pieces", i,
+          l, context, (l - 1) / context + 1, kMaxPieces));
+    }
+    if (tokens > std::numeric_limits<int64_t>::max() - l) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("documents 0..%d hold more than 2^63 tokens", i));
+    }
+    tokens += l;
+  }
+  return tokens;
+}
+
 struct CutOptions {
   int64_t max_steps = 0;   // keep at most this many steps (0 = all)
   int64_t scale_from = 0;  // > 0: scale every length by S / scale_from first (at least 1 token)
+  // Check and count the lengths (CheckStreamLengths) but cut no step: the caller cuts them one at
+  // a time with StepCutter, holding one step, whatever the corpus's size.
+  bool stream = false;
 };
 
 // Scales (optionally), splits into pieces of <= `context` tokens and cuts steps of N x S tokens.
 // S, N and max_steps must be within wlb's limits (core/limits.hpp), and so must the stream
-// (MakeDocuments, SplitIntoSteps); errors name the value and the limit.
-inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
-                                      int32_t micro_batches, const CutOptions& options = {}) {
+// (MakeDocuments, SplitIntoSteps); errors name the value and the limit. With max_steps, only the
+// pieces of the first max_steps steps are made (document by document, as SplitIntoSteps would
+// assign them), so a corpus of any number of documents (up to kMaxDocuments, every length in
+// [1, kMaxStreamTokens]) plans its first steps with the lengths and those steps in memory.
+inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t micro_batches,
+                                      const CutOptions& options = {}) {
   if (absl::Status s = ValidateContext(context); !s.ok()) return s;
   if (micro_batches < 1 || micro_batches > kMaxMicroBatches) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -118,7 +203,12 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
   }
   Input input;
   input.name = lengths.name;
-  input.lengths = lengths.values;
+  input.lengths = std::move(lengths.values);
+  input.empty = lengths.empty;
+  if (static_cast<int64_t>(input.lengths.size()) > kMaxDocuments) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d documents, over the limit of %d", input.lengths.size(), kMaxDocuments));
+  }
   if (options.scale_from > 0) {
     for (int64_t& l : input.lengths) {
       // Lengths outside [1, kMaxStreamTokens] stay as they are, for MakeDocuments to reject; in
@@ -129,15 +219,27 @@ inline absl::StatusOr<Input> CutSteps(const Lengths& lengths, int64_t context,
                                   static_cast<double>(options.scale_from)));
     }
   }
-  absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
-  if (!pieces.ok()) return pieces.status();
-  input.pieces = *std::move(pieces);
-  absl::StatusOr<std::vector<std::vector<Document>>> steps =
-      SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
-  if (!steps.ok()) return steps.status();
-  input.steps = *std::move(steps);
-  if (options.max_steps > 0 && static_cast<int64_t>(input.steps.size()) > options.max_steps) {
-    input.steps.resize(static_cast<size_t>(options.max_steps));
+  if (options.max_steps == 0 && !options.stream) {  // the whole stream, within its limits
+    absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
+    if (!pieces.ok()) return pieces.status();
+    input.pieces = *std::move(pieces);
+    absl::StatusOr<std::vector<std::vector<Document>>> steps =
+        SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
+    if (!steps.ok()) return steps.status();
+    input.steps = *std::move(steps);
+    input.tokens = TotalTokens(input.pieces);
+    return input;
+  }
+  // Every length is checked and counted; pieces are made for the steps kept only.
+  absl::StatusOr<int64_t> tokens = CheckStreamLengths(input.lengths, context);
+  if (!tokens.ok()) return tokens.status();
+  input.tokens = *tokens;
+  if (options.stream) return input;
+  StepCutter cutter(input.lengths, context, micro_batches);
+  std::vector<Document> step;
+  while (static_cast<int64_t>(input.steps.size()) < options.max_steps && cutter.Next(step)) {
+    input.pieces.insert(input.pieces.end(), step.begin(), step.end());
+    input.steps.push_back(std::move(step));
   }
   return input;
 }
@@ -168,7 +270,8 @@ inline absl::StatusOr<Input> LoadInput(const InputOptions& options, int64_t cont
   }
   absl::StatusOr<Lengths> lengths = LoadLengths(options, sample_tokens);
   if (!lengths.ok()) return lengths.status();
-  return CutSteps(*lengths, context, micro_batches, {.max_steps = steps});
+  return CutSteps(*std::move(lengths), context, micro_batches,
+                  {.max_steps = steps, .stream = options.stream && !sample});
 }
 
 }  // namespace wlb

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -82,9 +83,9 @@ class LengthsSax : public nlohmann::json_sax<nlohmann::json> {
  private:
   bool Add(int64_t v) {
     if (depth_ != 1) return Bad(absl::StrFormat("%d", v));
-    if (static_cast<int64_t>(lengths_.size()) >= kMaxPieces) {
+    if (static_cast<int64_t>(lengths_.size()) >= kMaxDocuments) {
       error_ =
-          absl::StrFormat("more than %d document lengths (the limit of one input)", kMaxPieces);
+          absl::StrFormat("more than %d document lengths (the limit of one input)", kMaxDocuments);
       return false;
     }
     lengths_.push_back(v);
@@ -106,7 +107,7 @@ class LengthsSax : public nlohmann::json_sax<nlohmann::json> {
 };
 }  // namespace detail
 
-// Parses `text` (from `source`, used in messages) into document lengths. At most kMaxPieces
+// Parses `text` (from `source`, used in messages) into document lengths. At most kMaxDocuments
 // lengths; each length is only checked to be positive here (MakeDocuments bounds it).
 inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
                                                          absl::string_view source) {
@@ -138,10 +139,10 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
           absl::StrFormat("%s:%d: %s is not a positive integer length", source, line_number,
                           QuoteForMessage(value)));
     }
-    if (static_cast<int64_t>(lengths.size()) >= kMaxPieces) {
+    if (static_cast<int64_t>(lengths.size()) >= kMaxDocuments) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s:%d: more than %d document lengths (the limit of one input)", source,
-                          line_number, kMaxPieces));
+                          line_number, kMaxDocuments));
     }
     lengths.push_back(length);
   }
@@ -150,13 +151,36 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
 
 // Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
 // the checks on the file itself). A path ending in ".idx" is a Megatron-LM index: its sequence
-// lengths (megatron_index.hpp), its empty sequences dropped.
-inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path) {
+// lengths (megatron_index.hpp), read chunk by chunk from a regular file (any number of sequences
+// up to kMaxDocuments, held as the int64 lengths only), its empty sequences dropped and counted
+// in `*empty` (when given).
+inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path,
+                                                            int64_t* empty = nullptr) {
+  if (empty != nullptr) *empty = 0;
   if (path.size() > 4 && path.ends_with(".idx")) {
-    absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path);
-    if (!index.ok()) return index.status();
-    std::vector<int64_t> lengths = std::move(index->sequence_lengths);
-    std::erase(lengths, 0);  // empty sequences (Megatron writes them) hold no token to plan
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {  // a pipe or device: read it whole
+      absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path);
+      if (!index.ok()) return index.status();
+      std::vector<int64_t> lengths = std::move(index->sequence_lengths);
+      std::erase(lengths, 0);  // empty sequences (Megatron writes them) hold no token to plan
+      if (empty != nullptr) *empty = index->empty_sequences;
+      return lengths;
+    }
+    absl::StatusOr<MegatronLengthReader> reader = MegatronLengthReader::Open(path);
+    if (!reader.ok()) return reader.status();
+    std::vector<int64_t> lengths;
+    lengths.reserve(static_cast<size_t>(reader->header().sequences));
+    std::vector<int64_t> chunk;
+    while (true) {
+      if (absl::Status s = reader->Next(size_t{1} << 20, chunk); !s.ok()) return s;
+      if (chunk.empty()) break;
+      for (int64_t l : chunk) {
+        if (l != 0) lengths.push_back(l);  // empty sequences hold no token to plan
+      }
+    }
+    lengths.shrink_to_fit();
+    if (empty != nullptr) *empty = reader->empty_sequences();
     return lengths;
   }
   absl::StatusOr<std::string> text = ReadInputFile(path, "lengths file");

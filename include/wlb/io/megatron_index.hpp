@@ -13,7 +13,14 @@
 // mode byte per sequence. wlb plans each sequence as one document (GPTDataset samples sequences;
 // a corpus preprocessed without sentence splitting has one sequence per document).
 //
-// Every field is checked: magic, version, dtype, counts (at most kMaxPieces sequences), the file
+// A corpus of any size (up to kMaxDocuments sequences: 10^9 and more) is read in constant memory by
+// MegatronLengthReader, chunk by chunk:
+//
+//   absl::StatusOr<wlb::MegatronLengthReader> reader = wlb::MegatronLengthReader::Open(path);
+//   std::vector<int64_t> chunk;
+//   while (reader->Next(1 << 20, chunk).ok() && !chunk.empty()) { /* plan them */ }
+//
+// Every field is checked: magic, version, dtype, counts (at most kMaxDocuments sequences), the file
 // size against the counts (truncated or trailing bytes), lengths >= 0 (Megatron's builder writes
 // empty sequences: they are counted in empty_sequences; ReadLengthsFile drops them, as they hold
 // no token to plan), pointers contiguous from 0
@@ -28,9 +35,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -117,14 +128,15 @@ inline absl::StatusOr<MegatronHeader> ParseMegatronHeader(std::string_view bytes
   }
   const uint64_t sequences = u64_at(18);
   const uint64_t documents = u64_at(26);
-  if (sequences > static_cast<uint64_t>(kMaxPieces)) {
-    return error(absl::StrFormat("%d sequences, more than the limit of %d", sequences, kMaxPieces));
+  if (sequences > static_cast<uint64_t>(kMaxDocuments)) {
+    return error(
+        absl::StrFormat("%d sequences, more than the limit of %d", sequences, kMaxDocuments));
   }
-  if (documents < 1 || documents > static_cast<uint64_t>(kMaxPieces) + 1) {
+  if (documents < 1 || documents > static_cast<uint64_t>(kMaxDocuments) + 1) {
     return error(absl::StrFormat("document count %d must be in [1, %d] (the indices start with 0)",
-                                 documents, kMaxPieces + 1));
+                                 documents, kMaxDocuments + 1));
   }
-  // Counts are bounded above, so these sizes cannot overflow.
+  // Counts are at most 2^40 + 1, so these sizes (< 2^45) cannot overflow.
   const uint64_t expected = kHeader + sequences * (4 + 8) + documents * 8;
   if (file_size < expected) {
     return error(absl::StrFormat("truncated: %d bytes, %d sequences and %d documents need %d",
@@ -140,19 +152,82 @@ inline absl::StatusOr<MegatronHeader> ParseMegatronHeader(std::string_view bytes
   return header;
 }
 
+namespace detail {
+
+// Checks sequences [first, first + lengths.size() / 4) of an index named `name`: their lengths
+// (int32, little-endian, in `lengths`) are >= 0 and their pointers (int64, in `pointers`) are
+// contiguous from `next_pointer` (bytes into the .bin, advanced here; overflow-checked). Counts
+// empty sequences into `empty`; with `lengths_out` / `pointers_out`, stores the values there.
+inline absl::Status CheckMegatronSequences(std::string_view lengths, std::string_view pointers,
+                                           uint64_t first, int item_size, std::string_view name,
+                                           int64_t& next_pointer, int64_t& empty,
+                                           int64_t* lengths_out, int64_t* pointers_out) {
+  const size_t n = lengths.size() / 4;
+  for (size_t k = 0; k < n; ++k) {
+    const auto length =
+        static_cast<int32_t>(static_cast<uint32_t>(LittleEndianAt(lengths, 4 * k, 4)));
+    const int64_t pointer = static_cast<int64_t>(LittleEndianAt(pointers, 8 * k, 8));
+    const uint64_t index = first + k;
+    auto error = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Megatron index %s: %s", QuoteForMessage(name, 256), what));
+    };
+    if (length < 0) {
+      return error(
+          absl::StrFormat("sequence %d has length %d; lengths must be >= 0", index, length));
+    }
+    if (pointer != next_pointer) {
+      return error(absl::StrFormat(
+          "sequence %d starts at byte %d of the .bin, expected %d (sequences are contiguous)",
+          index, pointer, next_pointer));
+    }
+    const int64_t bytes = int64_t{length} * item_size;  // < 2^34
+    if (next_pointer > std::numeric_limits<int64_t>::max() - bytes) {
+      return error(absl::StrFormat("sequence %d ends past byte 2^63 of the .bin", index));
+    }
+    next_pointer += bytes;
+    empty += length == 0 ? 1 : 0;
+    if (lengths_out != nullptr) lengths_out[k] = length;
+    if (pointers_out != nullptr) pointers_out[k] = pointer;
+  }
+  return absl::OkStatus();
+}
+
+// Checks document indices [first, first + bytes.size() / 8) (int64, little-endian): they rise
+// from 0 (`previous`: the index before `first`, advanced here) to the sequence count, which the
+// last of `documents` must equal. With `out`, stores them there.
+inline absl::Status CheckMegatronDocuments(std::string_view bytes, uint64_t first,
+                                           uint64_t documents, uint64_t sequences,
+                                           std::string_view name, int64_t& previous, int64_t* out) {
+  auto error = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("Megatron index %s: %s", QuoteForMessage(name, 256), what));
+  };
+  for (size_t k = 0; k < bytes.size() / 8; ++k) {
+    const uint64_t d = first + k;
+    const int64_t start = static_cast<int64_t>(LittleEndianAt(bytes, 8 * k, 8));
+    if (start < previous || start > static_cast<int64_t>(sequences) || (d == 0 && start != 0)) {
+      return error(absl::StrFormat(
+          "document index %d is %d: indices must rise from 0 to the sequence count %d", d, start,
+          sequences));
+    }
+    if (d + 1 == documents && start != static_cast<int64_t>(sequences)) {
+      return error(absl::StrFormat("the last document index is %d, expected the sequence count %d",
+                                   start, sequences));
+    }
+    previous = start;
+    if (out != nullptr) out[k] = start;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
 // Parses the bytes of an index file; `name` names it in messages.
 inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
                                                         std::string_view name) {
   absl::StatusOr<MegatronHeader> header = ParseMegatronHeader(bytes, bytes.size(), name);
   if (!header.ok()) return header.status();
-  auto error = [&](const std::string& what) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("Megatron index %s: %s", QuoteForMessage(name, 256), what));
-  };
-  auto le_at = [&](size_t offset, int width) {
-    return detail::LittleEndianAt(bytes, offset, width);
-  };
-  auto u64_at = [&](size_t offset) { return le_at(offset, 8); };
   const uint64_t sequences = header->sequences;
   const uint64_t documents = header->documents;
   MegatronIndex index;
@@ -162,39 +237,21 @@ inline absl::StatusOr<MegatronIndex> ParseMegatronIndex(std::string_view bytes,
   index.sequence_lengths.resize(n);
   index.sequence_pointers.resize(n);
   index.document_indices.resize(static_cast<size_t>(documents));
-  size_t at = kMegatronHeaderBytes;
+  const size_t at = kMegatronHeaderBytes;
   int64_t next_pointer = 0;
-  for (size_t k = 0; k < n; ++k, at += 4) {
-    const auto length = static_cast<int32_t>(static_cast<uint32_t>(le_at(at, 4)));
-    if (length < 0) {
-      return error(absl::StrFormat("sequence %d has length %d; lengths must be >= 0", k, length));
-    }
-    index.empty_sequences += length == 0 ? 1 : 0;
-    index.sequence_lengths[k] = length;
+  if (absl::Status s = detail::CheckMegatronSequences(
+          bytes.substr(at, 4 * n), bytes.substr(at + 4 * n, 8 * n), 0, index.item_size, name,
+          next_pointer, index.empty_sequences, index.sequence_lengths.data(),
+          index.sequence_pointers.data());
+      !s.ok()) {
+    return s;
   }
-  for (size_t k = 0; k < n; ++k, at += 8) {
-    const int64_t pointer = static_cast<int64_t>(u64_at(at));
-    if (pointer != next_pointer) {
-      return error(absl::StrFormat(
-          "sequence %d starts at byte %d of the .bin, expected %d (sequences are contiguous)", k,
-          pointer, next_pointer));
-    }
-    index.sequence_pointers[k] = pointer;
-    next_pointer += index.sequence_lengths[k] * index.item_size;  // < 2^24 x 2^31 x 8
-  }
-  for (size_t d = 0; d < index.document_indices.size(); ++d, at += 8) {
-    const int64_t start = static_cast<int64_t>(u64_at(at));
-    const int64_t low = d == 0 ? 0 : index.document_indices[d - 1];
-    if (start < low || start > static_cast<int64_t>(sequences) || (d == 0 && start != 0)) {
-      return error(absl::StrFormat(
-          "document index %d is %d: indices must rise from 0 to the sequence count %d", d, start,
-          sequences));
-    }
-    index.document_indices[d] = start;
-  }
-  if (index.document_indices.back() != static_cast<int64_t>(sequences)) {
-    return error(absl::StrFormat("the last document index is %d, expected the sequence count %d",
-                                 index.document_indices.back(), sequences));
+  int64_t previous = 0;
+  if (absl::Status s = detail::CheckMegatronDocuments(
+          bytes.substr(at + 12 * n, 8 * static_cast<size_t>(documents)), 0, documents, sequences,
+          name, previous, index.document_indices.data());
+      !s.ok()) {
+    return s;
   }
   return index;
 }
@@ -224,5 +281,145 @@ inline absl::StatusOr<MegatronIndex> ReadMegatronIndex(const std::string& path) 
   if (!bytes.ok()) return bytes.status();
   return ParseMegatronIndex(*bytes, path);
 }
+
+// Reads a regular index file's sequence lengths a chunk at a time (pread), with the checks of
+// ParseMegatronIndex: the header and every document index when it opens (read in chunks), each
+// chunk's lengths and pointers as it is read. Holds one chunk, whatever the corpus's size.
+class MegatronLengthReader {
+ public:
+  static absl::StatusOr<MegatronLengthReader> Open(const std::string& path) {
+    auto fail = [&](const char* what) {
+      const int err = errno;
+      return absl::Status(
+          err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kUnavailable,
+          absl::StrFormat("cannot %s Megatron index %s: %s", what, QuoteForMessage(path, 256),
+                          std::strerror(err)));
+    };
+    MegatronLengthReader reader;
+    reader.name_ = path;
+    reader.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (reader.fd_ < 0) return fail("open");
+    struct stat info {};
+    if (::fstat(reader.fd_, &info) != 0) return fail("stat");
+    if (!S_ISREG(info.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Megatron index %s is not a regular file", QuoteForMessage(path, 256)));
+    }
+    std::string header(kMegatronHeaderBytes, '\0');
+    absl::StatusOr<size_t> got = reader.ReadAt(0, header.data(), header.size());
+    if (!got.ok()) return got.status();
+    header.resize(*got);
+    absl::StatusOr<MegatronHeader> checked =
+        ParseMegatronHeader(header, static_cast<uint64_t>(info.st_size), path);
+    if (!checked.ok()) return checked.status();
+    reader.header_ = *checked;
+    // Document indices, checked before any length is given.
+    const uint64_t sequences = checked->sequences;
+    const uint64_t documents_at = kMegatronHeaderBytes + 12 * sequences;
+    int64_t previous = 0;
+    std::string chunk;
+    for (uint64_t d = 0; d < checked->documents; d += kChunk) {
+      const uint64_t count = std::min<uint64_t>(kChunk, checked->documents - d);
+      if (absl::Status s = reader.ReadExactly(documents_at + 8 * d, 8 * count, chunk); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = detail::CheckMegatronDocuments(chunk, d, checked->documents, sequences,
+                                                          path, previous, nullptr);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return reader;
+  }
+
+  MegatronLengthReader(MegatronLengthReader&& other) noexcept { *this = std::move(other); }
+  MegatronLengthReader& operator=(MegatronLengthReader&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    name_ = std::move(other.name_);
+    header_ = other.header_;
+    read_ = other.read_;
+    next_pointer_ = other.next_pointer_;
+    empty_ = other.empty_;
+    return *this;
+  }
+  MegatronLengthReader(const MegatronLengthReader&) = delete;
+  MegatronLengthReader& operator=(const MegatronLengthReader&) = delete;
+  ~MegatronLengthReader() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const MegatronHeader& header() const { return header_; }
+  uint64_t sequences_read() const { return read_; }
+  int64_t empty_sequences() const { return empty_; }   // among those read so far
+  int64_t bin_bytes() const { return next_pointer_; }  // the .bin's size the sequences read need
+
+  // The next at most `max` (>= 1) sequence lengths, empty ones included, replace `out`'s
+  // contents; `out` is empty at the end of the index.
+  absl::Status Next(size_t max, std::vector<int64_t>& out) {
+    out.clear();
+    const uint64_t count = std::min<uint64_t>(std::max<size_t>(max, 1), header_.sequences - read_);
+    if (count == 0) return absl::OkStatus();
+    std::string lengths, pointers;
+    if (absl::Status s = ReadExactly(kMegatronHeaderBytes + 4 * read_, 4 * count, lengths);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ReadExactly(kMegatronHeaderBytes + 4 * header_.sequences + 8 * read_,
+                                     8 * count, pointers);
+        !s.ok()) {
+      return s;
+    }
+    out.resize(static_cast<size_t>(count));
+    if (absl::Status s =
+            detail::CheckMegatronSequences(lengths, pointers, read_, header_.item_size, name_,
+                                           next_pointer_, empty_, out.data(), nullptr);
+        !s.ok()) {
+      out.clear();
+      return s;
+    }
+    read_ += count;
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr uint64_t kChunk = uint64_t{1} << 20;  // items per read of the checks at Open
+
+  MegatronLengthReader() = default;
+
+  absl::StatusOr<size_t> ReadAt(uint64_t offset, char* data, size_t size) const {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pread(fd_, data + done, size - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::UnavailableError(absl::StrFormat("cannot read Megatron index %s: %s",
+                                                      QuoteForMessage(name_, 256),
+                                                      std::strerror(errno)));
+      }
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+
+  absl::Status ReadExactly(uint64_t offset, uint64_t size, std::string& out) const {
+    out.resize(static_cast<size_t>(size));
+    absl::StatusOr<size_t> got = ReadAt(offset, out.data(), out.size());
+    if (!got.ok()) return got.status();
+    if (*got != size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Megatron index %s: truncated while reading (the file changed?)",
+                          QuoteForMessage(name_, 256)));
+    }
+    return absl::OkStatus();
+  }
+
+  int fd_ = -1;
+  std::string name_;
+  MegatronHeader header_;
+  uint64_t read_ = 0;
+  int64_t next_pointer_ = 0;
+  int64_t empty_ = 0;
+};
 
 }  // namespace wlb

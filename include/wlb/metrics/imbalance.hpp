@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <span>
 #include <vector>
 
@@ -116,35 +117,48 @@ struct DelayStats {
   double max = 0.0;
 };
 
-inline DelayStats TokenDelay(std::span<const StepPlan> steps) {
-  std::vector<std::pair<int64_t, int64_t>> delay_tokens;  // (delay, tokens)
-  int64_t total_tokens = 0;
-  double weighted = 0.0;
-  for (const StepPlan& s : steps) {
+// TokenDelay one step at a time (a streamed run holds no step): one (delay, tokens) total per
+// distinct delay, summed in the order TokenDelay sums them.
+class TokenDelayAccumulator {
+ public:
+  void Add(const StepPlan& s) {
     for (const MicroBatch& mb : s.micro_batches) {
       for (const Document& d : mb.documents) {
         const int64_t delay = s.step - d.arrival_step;
-        delay_tokens.push_back({delay, d.length});
-        total_tokens += d.length;
-        weighted += static_cast<double>(delay) * static_cast<double>(d.length);
+        delay_tokens_[delay] += d.length;
+        total_tokens_ += d.length;
+        weighted_ += static_cast<double>(delay) * static_cast<double>(d.length);
       }
     }
   }
-  DelayStats stats;
-  if (total_tokens == 0) return stats;
-  std::sort(delay_tokens.begin(), delay_tokens.end());
-  stats.mean = weighted / static_cast<double>(total_tokens);
-  stats.max = static_cast<double>(delay_tokens.back().first);
-  const double p99_rank = 0.99 * static_cast<double>(total_tokens);
-  int64_t seen = 0;
-  for (const auto& [delay, tokens] : delay_tokens) {
-    seen += tokens;
-    if (static_cast<double>(seen) >= p99_rank) {
-      stats.p99 = static_cast<double>(delay);
-      break;
+
+  DelayStats Finish() const {
+    DelayStats stats;
+    if (total_tokens_ == 0) return stats;
+    stats.mean = weighted_ / static_cast<double>(total_tokens_);
+    stats.max = static_cast<double>(delay_tokens_.rbegin()->first);
+    const double p99_rank = 0.99 * static_cast<double>(total_tokens_);
+    int64_t seen = 0;
+    for (const auto& [delay, tokens] : delay_tokens_) {
+      seen += tokens;
+      if (static_cast<double>(seen) >= p99_rank) {
+        stats.p99 = static_cast<double>(delay);
+        break;
+      }
     }
+    return stats;
   }
-  return stats;
+
+ private:
+  std::map<int64_t, int64_t> delay_tokens_;  // delay -> tokens
+  int64_t total_tokens_ = 0;
+  double weighted_ = 0.0;
+};
+
+inline DelayStats TokenDelay(std::span<const StepPlan> steps) {
+  TokenDelayAccumulator delay;
+  for (const StepPlan& s : steps) delay.Add(s);
+  return delay.Finish();
 }
 
 // Balance over the steady steps. Drain steps (leftovers after the end of input) and partial steps
@@ -164,44 +178,66 @@ struct StreamSummary {
   DelayStats delay;                    // over every step, drain and partial steps included
 };
 
-// `max_tokens` (S_max) feeds CapLowerBound(); 0 leaves the cap out (cap_lower_bound_mean is then
-// lower_bound_mean).
-inline StreamSummary Summarize(std::span<const StepPlan> steps, const DocumentCost& cost,
-                               int64_t max_tokens = 0) {
-  StreamSummary sum;
-  std::vector<double> imbalance;
-  double bound_total = 0.0;
-  double cap_bound_total = 0.0;
-  for (const StepPlan& s : steps) {
+// Summarize one step at a time (a streamed run holds no step, only one double per steady step for
+// the exact p90). `max_tokens` (S_max) feeds CapLowerBound(); 0 leaves the cap out
+// (cap_lower_bound_mean is then lower_bound_mean).
+class StreamSummaryAccumulator {
+ public:
+  StreamSummaryAccumulator(const DocumentCost& cost, int64_t max_tokens)
+      : cost_(cost), max_tokens_(max_tokens) {}
+
+  void Add(const StepPlan& s) {
+    delay_.Add(s);
     if (s.drain) {
-      ++sum.drain_steps;
-      continue;
+      ++sum_.drain_steps;
+      return;
     }
     if (s.partial) {
-      ++sum.partial_steps;
-      sum.partial_imbalance_max =
-          std::max(sum.partial_imbalance_max, ImbalanceDegree(s.micro_batches));
-      continue;
+      ++sum_.partial_steps;
+      sum_.partial_imbalance_max =
+          std::max(sum_.partial_imbalance_max, ImbalanceDegree(s.micro_batches));
+      return;
     }
-    imbalance.push_back(ImbalanceDegree(s.micro_batches));
-    const double bound = LowerBound(s.micro_batches, cost);
-    bound_total += bound;
-    cap_bound_total += max_tokens > 0 ? CapLowerBound(s.micro_batches, cost, max_tokens) : bound;
+    imbalance_.push_back(ImbalanceDegree(s.micro_batches));
+    const double bound = LowerBound(s.micro_batches, cost_);
+    bound_total_ += bound;
+    cap_bound_total_ +=
+        max_tokens_ > 0 ? CapLowerBound(s.micro_batches, cost_, max_tokens_) : bound;
   }
-  sum.steps = static_cast<int64_t>(imbalance.size());
-  if (!imbalance.empty()) {
-    double total = 0.0;
-    for (double x : imbalance) total += x;
-    sum.imbalance_mean = total / static_cast<double>(imbalance.size());
-    sum.lower_bound_mean = bound_total / static_cast<double>(imbalance.size());
-    sum.cap_lower_bound_mean = cap_bound_total / static_cast<double>(imbalance.size());
-    std::vector<double> sorted = imbalance;
-    std::sort(sorted.begin(), sorted.end());
-    sum.imbalance_max = sorted.back();
-    sum.imbalance_p90 = sorted[static_cast<size_t>(std::ceil(0.9 * sorted.size())) - 1];
+
+  StreamSummary Finish() const {
+    StreamSummary sum = sum_;
+    sum.steps = static_cast<int64_t>(imbalance_.size());
+    if (!imbalance_.empty()) {
+      double total = 0.0;
+      for (double x : imbalance_) total += x;
+      sum.imbalance_mean = total / static_cast<double>(imbalance_.size());
+      sum.lower_bound_mean = bound_total_ / static_cast<double>(imbalance_.size());
+      sum.cap_lower_bound_mean = cap_bound_total_ / static_cast<double>(imbalance_.size());
+      std::vector<double> sorted = imbalance_;
+      std::sort(sorted.begin(), sorted.end());
+      sum.imbalance_max = sorted.back();
+      sum.imbalance_p90 = sorted[static_cast<size_t>(std::ceil(0.9 * sorted.size())) - 1];
+    }
+    sum.delay = delay_.Finish();
+    return sum;
   }
-  sum.delay = TokenDelay(steps);
-  return sum;
+
+ private:
+  const DocumentCost& cost_;
+  int64_t max_tokens_;
+  StreamSummary sum_;
+  std::vector<double> imbalance_;
+  double bound_total_ = 0.0;
+  double cap_bound_total_ = 0.0;
+  TokenDelayAccumulator delay_;
+};
+
+inline StreamSummary Summarize(std::span<const StepPlan> steps, const DocumentCost& cost,
+                               int64_t max_tokens = 0) {
+  StreamSummaryAccumulator sum(cost, max_tokens);
+  for (const StepPlan& s : steps) sum.Add(s);
+  return sum.Finish();
 }
 
 }  // namespace wlb

@@ -37,6 +37,13 @@ N' = PP x DP', then the rest of the epoch follows in N' x S-token steps. Steps f
 save are never repeated and no piece is lost; every plan after the restore may differ from an
 uninterrupted run at DP' (or at the old DP).
 
+Scale. Any number of documents (up to 2^40) is planned from a stream: ``lengths`` is kept as
+given (a ``numpy.memmap`` such as ``MegatronTokens.lengths`` stays one; any integer dtype) and
+checked chunk by chunk; the sampler holds the epoch's shuffled order (uint32 while the corpus has
+under 2^32 documents: 4 bytes a document; with empty documents also the non-empty ones' indices,
+so at most 8 bytes a document) and the pieces of the steps in flight, cut from the order one push
+at a time. ``load_state_dict`` finds the saved position by a chunked scan of the order.
+
 Online calibration. ``calibration=OnlineCalibration(...)`` (``wlb.torch.calibration``) replaces the
 cost with fits of the micro-batch times the training loop measures: step s (counted from the first
 step this sampler planned, across epochs) is planned with the last fit whose first step is <= s,
@@ -51,7 +58,7 @@ import hashlib
 import numbers
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -84,21 +91,23 @@ def corpus_fingerprint(lengths: np.ndarray) -> str:
     chunks on a thread pool (hashlib releases the GIL; SHA-256 runs on the CPU's SHA extensions
     where it has them: 2.1x BLAKE2b's speed on this project's machine) and the chunk digests
     hashed again with the count: any changed, added, removed or reordered length changes it,
-    unlike a count and a sum. A memory-mapped array is read once, chunk by chunk (cost:
-    bench/python_fingerprint_bench.py)."""
-    data = np.ascontiguousarray(lengths, dtype="<i8")
-    view = memoryview(data).cast("B")
-    spans = range(0, len(view), _FINGERPRINT_CHUNK)
+    unlike a count and a sum. A memory-mapped array is read once, chunk by chunk, and an array of
+    another integer dtype is converted to int64 one chunk at a time (no int64 copy of the whole
+    corpus; cost: bench/python_fingerprint_bench.py)."""
+    lengths = np.asarray(lengths)
+    per_chunk = _FINGERPRINT_CHUNK // 8
+    spans = range(0, len(lengths), per_chunk)
 
     def digest(start: int) -> bytes:
-        return hashlib.sha256(view[start:start + _FINGERPRINT_CHUNK]).digest()
+        part = np.ascontiguousarray(lengths[start:start + per_chunk], dtype="<i8")
+        return hashlib.sha256(memoryview(part).cast("B")).digest()
 
     if len(spans) > 1:
-        with ThreadPoolExecutor() as pool:
+        with ThreadPoolExecutor(max_workers=4) as pool:
             parts = list(pool.map(digest, spans))
     else:
         parts = [digest(start) for start in spans]
-    top = hashlib.sha256(b"wlb-lengths\0" + len(data).to_bytes(8, "little"))
+    top = hashlib.sha256(b"wlb-lengths\0" + len(lengths).to_bytes(8, "little"))
     for part in parts:
         top.update(part)
     return top.hexdigest()[:32]
@@ -133,15 +142,14 @@ class PackedBatchSampler:
                  model: str = "llama2-7b", tp: int = 1, cp: int = 1, gemm_tflops: float = 500.0,
                  calibration: Optional[OnlineCalibration] = None, **packer_args):
         require_torch()
-        lengths = _checked_lengths(lengths)
-        empty = np.flatnonzero(lengths == 0)
-        self.empty_documents = int(empty.size)  # skipped: no token to plan
+        lengths, empty, first_empty = _checked_lengths(lengths)
+        self.empty_documents = empty  # skipped: no token to plan
         # The documents planned, when some are empty (None: all of them; no copy of the indices).
         self._planned: Optional[np.ndarray] = None
-        if empty.size:
-            self._planned = np.flatnonzero(lengths != 0)
-            warnings.warn(f"PackedBatchSampler: {empty.size} of {lengths.size} documents have no "
-                          f"token (the first: document {int(empty[0])}); they are skipped",
+        if empty:
+            self._planned = _nonzero_indices(lengths, len(lengths) - empty)
+            warnings.warn(f"PackedBatchSampler: {empty} of {lengths.size} documents have no "
+                          f"token (the first: document {first_empty}); they are skipped",
                           stacklevel=2)
         for name, value in (("pp", pp), ("dp", dp)):
             _check_int(name, value, 1, _MAX_MICRO_BATCHES)
@@ -159,7 +167,10 @@ class PackedBatchSampler:
         if calibration is not None and dp > 1 and calibration.group is None:
             raise ValueError("with DP > 1 every rank must fit the same measurements: give the "
                              "OnlineCalibration a group (group='world' or a process group)")
-        self.lengths = lengths.astype(np.int64)
+        # The array as given (a memmap stays one): the sampler reads it chunk by chunk and holds
+        # no per-document copy of it (module docstring, "Scale").
+        self.lengths = lengths
+        self._pieces: Optional[_EpochPieces] = None  # the epoch order, built once per epoch
         self.pp, self.dp, self.rank = pp, dp, rank
         self.seed, self.shuffle, self.assign = seed, shuffle, assign
         self._job = dict(model=model, tp=tp, cp=cp, pp=pp, dp=dp, gemm_tflops=gemm_tflops)
@@ -222,17 +233,20 @@ class PackedBatchSampler:
 
     # ---- planning -----------------------------------------------------------------------------
 
-    def _epoch_pieces(self, epoch: int) -> Dict[str, np.ndarray]:
-        count = len(self.lengths) if self._planned is None else len(self._planned)
-        order = (np.random.default_rng([self.seed, epoch]).permutation(count)
-                 if self.shuffle else np.arange(count))
-        if self._planned is not None:
-            order = self._planned[order]
-        pieces = wlb.make_documents(self.lengths[order], self._packer_args["context"])
-        out = {c: np.asarray(getattr(pieces, c), dtype=np.int64) for c in _COLUMNS}
-        out["ids"] = order[out["ids"]].astype(np.int64)
-        out["starts"] = np.concatenate([[0], np.cumsum(out["lengths"])]).astype(np.int64)
-        return out
+    def _epoch_pieces(self, epoch: int) -> "_EpochPieces":
+        """Epoch `epoch`'s pieces, as a stream over its document order (kept for the epoch)."""
+        if self._pieces is None or self._pieces.epoch != epoch:
+            self._pieces = None  # free the last epoch's order before making the next
+            count = len(self.lengths) if self._planned is None else len(self._planned)
+            order = np.arange(count, dtype=_index_dtype(len(self.lengths)))
+            if self.shuffle:  # the order of Generator.permutation(count), at 4 bytes a document
+                np.random.default_rng([self.seed, epoch]).shuffle(order)
+            if self._planned is not None:
+                for start in range(0, count, _SCAN_CHUNK):
+                    part = order[start:start + _SCAN_CHUNK]
+                    part[:] = self._planned[part]
+            self._pieces = _EpochPieces(epoch, self.lengths, order, self._packer_args["context"])
+        return self._pieces
 
     def _assignment(self, step: Any) -> List[List[int]]:
         """Each DP rank's micro-batch indices, in run order."""
@@ -252,10 +266,11 @@ class PackedBatchSampler:
         self._resume = None
         pieces = self._epoch_pieces(state["epoch"])
         packer = wlb.Packer(**self._packer_args)
+        cursor = pieces.seek(state["consumed"])
         elastic = (state["pp"], state["dp"]) != (self.pp, self.dp)
         if state["packer"] is not None and not elastic:
             packer.load_state_dict(state["packer"])
-        consumed, queued = state["consumed"], state["queued"]
+        queued = state["queued"]
         skip_steps, skip_mbs = (0, 0) if elastic else (state["step_in_push"], state["micro_batch"])
         calibrated = state.get("calibration")
         # The run's number of the epoch's step 0, and the cost of the push a resume redoes.
@@ -267,7 +282,7 @@ class PackedBatchSampler:
         steps = state["steps"] - (1 if not elastic and state["micro_batch"] == self.pp else 0)
         tokens_per_step = self._packer_args["context"] * self.micro_batches
         while True:
-            before = {"packer": packer.state_dict(), "consumed": consumed, "queued": queued}
+            before = {"packer": packer.state_dict(), "consumed": cursor.piece, "queued": queued}
             if self.calibration is not None:
                 # This push plans with the cost of the first step it can return.
                 push = redo if redo is not None else self._push_cost(base + steps)
@@ -276,14 +291,14 @@ class PackedBatchSampler:
                 if key != cost_key:
                     packer, cost_key = self._packer_for(packer, push["cost"]), key
                 before["push"] = push
-            ready, end, final = _push(packer, pieces, consumed, queued, tokens_per_step)
-            consumed, queued = end, _join([])
+            ready, cursor, final = _push(packer, pieces, cursor, queued, tokens_per_step)
+            queued = _join([])
             for index, step in enumerate(ready):
                 if index < skip_steps:
                     continue
                 ranks = self._assignment(step)
                 self._live = {"before": before, "ready": ready, "index": index, "packer": packer,
-                              "consumed": consumed, "epoch": state["epoch"], "steps": steps,
+                              "consumed": cursor.piece, "epoch": state["epoch"], "steps": steps,
                               "base": base}
                 yield step, ranks, skip_mbs if index == skip_steps else 0
                 steps += 1
@@ -431,43 +446,173 @@ _STATE_KEYS = {"version", "epoch", "pp", "dp", "context", "corpus", "steps", "pa
 _ELASTIC_KEYS = {"elastic_consumed", "elastic_queued"}
 
 
-def _checked_lengths(lengths: Any) -> np.ndarray:
-    """Document lengths as int64, range-checked before any conversion: a 1-D integer array (no
-    bools, no floats), every length >= 0 (empty documents are skipped) and within int64 as given (an unsigned length above
-    int64 is named as given, not wrapped), and their sum within int64."""
+_SCAN_CHUNK = 1 << 22  # documents per chunk of a scan over the corpus (bounded temporaries)
+
+
+def _index_dtype(count: int) -> type:
+    """The dtype of document indices into a corpus of `count` documents: 4 bytes while they fit."""
+    return np.uint32 if count <= np.iinfo(np.uint32).max else np.int64
+
+
+def _checked_lengths(lengths: Any) -> Tuple[np.ndarray, int, Optional[int]]:
+    """Document lengths range-checked before any conversion, chunk by chunk (no whole-corpus
+    temporaries): a 1-D integer array (no bools, no floats), every length >= 0 (empty documents
+    are skipped) and within int64 as given (an unsigned length above int64 is named as given,
+    not wrapped), and their sum within int64. Returns the array as given (no copy: a memmap
+    stays one; a list becomes int64), the number of empty documents and the first of them."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or (lengths.size and (not np.issubdtype(lengths.dtype, np.integer) or
                                                lengths.dtype == np.bool_)):
         raise TypeError(f"lengths must be a 1-D integer array, got {lengths.dtype} with shape "
                         f"{lengths.shape}")
     if lengths.size == 0:
-        return lengths.astype(np.int64)
-    bad = np.flatnonzero(lengths < 0)
-    if bad.size:
-        raise ValueError(f"document {int(bad[0])} has length {int(lengths[bad[0]])}; lengths "
-                         "must be >= 0")
+        return lengths.astype(np.int64), 0, None
     limit = np.iinfo(np.int64).max
-    if lengths.dtype == np.uint64:
-        big = np.flatnonzero(lengths > np.uint64(limit))
-        if big.size:
-            raise ValueError(f"document {int(big[0])} has length {int(lengths[big[0]])}, above "
-                             f"the int64 limit {limit}")
-    lengths = lengths.astype(np.int64)
-    if int(lengths.max()) > limit // len(lengths) and sum(int(x) for x in lengths) > limit:
-        raise ValueError(f"the lengths add up to more than {limit} tokens")
-    return lengths
+    total, empty, first_empty = 0, 0, None
+    for start in range(0, len(lengths), _SCAN_CHUNK):
+        part = lengths[start:start + _SCAN_CHUNK]
+        if lengths.dtype == np.uint64:
+            big = np.flatnonzero(part > np.uint64(limit))
+            if big.size:
+                raise ValueError(f"document {start + int(big[0])} has length "
+                                 f"{int(part[big[0]])}, above the int64 limit {limit}")
+        part = part.astype(np.int64, copy=False)
+        bad = np.flatnonzero(part < 0)
+        if bad.size:
+            raise ValueError(f"document {start + int(bad[0])} has length {int(part[bad[0]])}; "
+                             "lengths must be >= 0")
+        zeros = np.flatnonzero(part == 0)
+        if zeros.size and first_empty is None:
+            first_empty = start + int(zeros[0])
+        empty += int(zeros.size)
+        top = int(part.max())
+        total += int(part.sum()) if top <= limit // len(part) else sum(int(x) for x in part)
+        if total > limit:
+            raise ValueError(f"the lengths add up to more than {limit} tokens")
+    return lengths, empty, first_empty
 
 
-def _push(packer: Any, pieces: Dict[str, np.ndarray], consumed: int, queued: Dict[str, Any],
-          tokens_per_step: int) -> Tuple[List[Any], int, bool]:
+def _nonzero_indices(lengths: np.ndarray, count: int) -> np.ndarray:
+    """The indices of the `count` non-empty documents, filled chunk by chunk (4 bytes each while
+    the corpus has under 2^32 documents)."""
+    out = np.empty(count, dtype=_index_dtype(len(lengths)))
+    at = 0
+    for start in range(0, len(lengths), _SCAN_CHUNK):
+        hit = np.flatnonzero(lengths[start:start + _SCAN_CHUNK] != 0)
+        out[at:at + hit.size] = hit + start
+        at += hit.size
+    return out
+
+
+class _Cursor(NamedTuple):
+    """A position in an epoch's pieces: before piece `piece` of the epoch (the state's
+    "consumed"), which is piece `part` of the document at position `doc` of the epoch's order
+    and starts at token `token` of the epoch."""
+    piece: int
+    doc: int
+    part: int
+    token: int
+
+
+class _EpochPieces:
+    """An epoch's pieces (its documents in `order`, cut at S as wlb.make_documents cuts them),
+    made on demand from a cursor: the sampler holds the order (4 or 8 bytes a document) and the
+    pieces of the steps in flight, never the whole epoch's pieces."""
+
+    def __init__(self, epoch: int, lengths: np.ndarray, order: np.ndarray, context: int):
+        self.epoch, self.lengths, self.order, self.context = epoch, lengths, order, context
+        self._want = 64  # documents to cut per take; adapts to the documents a step holds
+        self._known: Dict[int, _Cursor] = {0: _Cursor(0, 0, 0, 0)}
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def _lengths(self, start: int, stop: int) -> np.ndarray:
+        return self.lengths[self.order[start:stop]].astype(np.int64)
+
+    def seek(self, consumed: int) -> _Cursor:
+        """The cursor before piece `consumed` (scanning the order chunk by chunk from the start,
+        once per distinct value). ValueError naming the value past the epoch's last piece."""
+        if consumed in self._known:
+            return self._known[consumed]
+        piece = token = doc = 0
+        while doc < len(self.order):
+            lengths = self._lengths(doc, doc + _SCAN_CHUNK)
+            counts = np.cumsum(-(-lengths // self.context))
+            if piece + int(counts[-1]) <= consumed:
+                piece += int(counts[-1])
+                token += int(lengths.sum())
+                doc += len(lengths)
+                continue
+            j = int(np.searchsorted(counts, consumed - piece, side="right"))
+            part = consumed - piece - (int(counts[j - 1]) if j else 0)
+            cursor = _Cursor(consumed, doc + j, part, token + int(lengths[:j].sum()) +
+                             part * self.context)
+            break
+        else:
+            if consumed != piece:
+                raise ValueError(f"state 'consumed' must be an integer [0, {piece}], "
+                                 f"got {consumed!r}")
+            cursor = _Cursor(consumed, doc, 0, token)
+        if len(self._known) > 8:
+            self._known = {0: self._known[0]}
+        self._known[consumed] = cursor
+        return cursor
+
+    def take(self, cursor: _Cursor, tokens: int) -> Tuple[Dict[str, np.ndarray], _Cursor]:
+        """The pieces from `cursor` whose first token lies before cursor.token + `tokens` (as
+        wlb.split_into_steps assigns a piece to the step of its first token), and the cursor
+        after them."""
+        limit = cursor.token + tokens
+        parts: List[Dict[str, np.ndarray]] = []
+        piece, doc, part, token = cursor
+        first_doc = doc
+        while doc < len(self.order) and token < limit:
+            count = min(len(self.order) - doc, self._want)
+            cut = wlb.make_documents(self._lengths(doc, doc + count), self.context)
+            columns = {c: np.asarray(getattr(cut, c), dtype=np.int64)[part:] for c in _COLUMNS}
+            starts = token + np.cumsum(columns["lengths"]) - columns["lengths"]
+            k = int(np.searchsorted(starts, limit, side="left"))
+            rows = {c: columns[c][:k] for c in _COLUMNS}
+            rows["ids"] = self.order[doc + rows["ids"]].astype(np.int64)
+            parts.append(rows)
+            piece += k
+            if k < len(starts):
+                doc, part, token = doc + int(columns["ids"][k]), int(columns["pieces"][k]), \
+                    int(starts[k])
+                break
+            doc, part = doc + count, 0
+            token = int(starts[-1] + columns["lengths"][-1]) if len(starts) else token
+            self._want = min(2 * self._want, _SCAN_CHUNK)
+        self._want = max(64, min(_SCAN_CHUNK, 2 * (doc - first_doc + 1)))
+        return _join(parts), _Cursor(piece, doc, part, token)
+
+    def arrived(self, cursor: _Cursor, ids: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+        """Whether each (document, piece) lies before `cursor` in the epoch (a scan of the order
+        up to the cursor's document, chunk by chunk)."""
+        position: Dict[int, int] = {}
+        wanted = np.unique(ids)
+        stop = min(cursor.doc + 1, len(self.order))
+        for start in range(0, stop, _SCAN_CHUNK):
+            chunk = self.order[start:min(start + _SCAN_CHUNK, stop)]
+            for h in np.flatnonzero(np.isin(chunk, wanted)).tolist():
+                position[int(chunk[h])] = start + h
+        out = np.zeros(len(ids), dtype=bool)
+        for row in range(len(ids)):
+            at = position.get(int(ids[row]))
+            out[row] = at is not None and (at < cursor.doc or
+                                          (at == cursor.doc and int(pieces[row]) < cursor.part))
+        return out
+
+
+def _push(packer: Any, pieces: _EpochPieces, cursor: _Cursor, queued: Dict[str, Any],
+          tokens_per_step: int) -> Tuple[List[Any], _Cursor, bool]:
     """One planning push (``_plan``'s, and the state check's replay of it): the queued pieces,
     then the pieces arriving in the next N x S tokens (a piece arrives in the step its first
     token lies in, as wlb.split_into_steps); at the end of the epoch, the packer's flush.
-    Returns (ready steps, the new consumed count, whether it was the flush)."""
-    total = len(pieces["ids"])
-    end = min(total, int(np.searchsorted(
-        pieces["starts"], pieces["starts"][consumed] + tokens_per_step, side="left")))
-    arrivals = _join([queued, {c: pieces[c][consumed:end] for c in _COLUMNS}])
+    Returns (ready steps, the cursor after the pieces taken, whether it was the flush)."""
+    taken, end = pieces.take(cursor, tokens_per_step)
+    arrivals = _join([queued, taken])
     final = len(arrivals["ids"]) == 0
     ready = packer.flush() if final else packer.push(wlb.Documents(**arrivals))
     return ready, end, final
@@ -505,7 +650,7 @@ def _same_columns(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> bool:
 
 
 def _check_pieces(name: str, columns: Dict[str, np.ndarray], lengths: np.ndarray, context: int,
-                  pieces: Dict[str, np.ndarray], arrived: int, held: Dict[int, list]) -> None:
+                  pieces: _EpochPieces, arrived: _Cursor, held: Dict[int, list]) -> None:
     """Every row of a state's queue lies inside its document and inside the piece it names (the
     piece's S-token span, as make_documents cuts it; a packer may cut a piece further), belongs
     to a piece among the first ``arrived`` pieces of the epoch, and overlaps no other piece held
@@ -529,14 +674,11 @@ def _check_pieces(name: str, columns: Dict[str, np.ndarray], lengths: np.ndarray
         held.setdefault(doc, []).append((offset, offset + length, where))
     if not len(ids):
         return
-    # Each held piece must have arrived: among the epoch's first `arrived` pieces.
-    head_ids, head_pieces = pieces["ids"][:arrived], pieces["pieces"][:arrived]
-    hit = np.flatnonzero(np.isin(head_ids, ids))
-    present = set(zip(head_ids[hit].tolist(), head_pieces[hit].tolist()))
-    for row in range(len(ids)):
-        if (int(ids[row]), int(idx[row])) not in present:
-            raise ValueError(f"state '{name}' row {row} (document {int(ids[row])}, piece "
-                             f"{int(idx[row])}) has not arrived by piece {arrived} of the epoch")
+    # Each held piece must have arrived: among the epoch's first `arrived.piece` pieces.
+    present = pieces.arrived(arrived, ids, idx)
+    for row in np.flatnonzero(~present).tolist()[:1]:
+        raise ValueError(f"state '{name}' row {row} (document {int(ids[row])}, piece "
+                         f"{int(idx[row])}) has not arrived by piece {arrived.piece} of the epoch")
 
 
 def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dict[str, Any]:
@@ -565,8 +707,8 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
     dp = _check_int("state 'dp'", state["dp"], 1, _MAX_MICRO_BATCHES // sampler.pp)
     steps = _check_int("state 'steps'", state["steps"], 0, _MAX_COUNTER)
     pieces = sampler._epoch_pieces(epoch)
-    total = len(pieces["ids"])
-    consumed = _check_int("state 'consumed'", state["consumed"], 0, total)
+    _check_int("state 'consumed'", state["consumed"], 0)
+    cursor = pieces.seek(state["consumed"])  # ValueError past the epoch's last piece
     step_in_push = _check_int("state 'step_in_push'", state["step_in_push"], 0, _MAX_COUNTER)
     micro_batch = _check_int("state 'micro_batch'", state["micro_batch"], 0, sampler.pp)
     queued = _state_columns("queued", state["queued"])
@@ -586,8 +728,8 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
         except (TypeError, ValueError) as e:
             raise ValueError(f"state 'packer': {e}") from e
     held: Dict[int, list] = {}
-    _check_pieces("queued", queued, sampler.lengths, context, pieces, consumed, held)
-    _check_pieces("packer", _columns(packer.pending), sampler.lengths, context, pieces, consumed,
+    _check_pieces("queued", queued, sampler.lengths, context, pieces, cursor, held)
+    _check_pieces("packer", _columns(packer.pending), sampler.lengths, context, pieces, cursor,
                   held)
     if not elastic:
         # Only a state before its first micro-batch has no elastic part (a start state, or one
@@ -595,8 +737,8 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
         if step_in_push or micro_batch:
             raise ValueError(f"state 'step_in_push' {step_in_push} and 'micro_batch' "
                              f"{micro_batch} need the state's elastic entries")
-        if blob is None and not queued["ids"].size and (consumed or steps):
-            raise ValueError(f"state 'consumed' {consumed} and 'steps' {steps}: a state without "
+        if blob is None and not queued["ids"].size and (cursor.piece or steps):
+            raise ValueError(f"state 'consumed' {cursor.piece} and 'steps' {steps}: a state without "
                              f"a packer or queue is the start of an epoch (0 and 0)")
         return state
     if micro_batch < 1:
@@ -605,7 +747,7 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
     # Replay the push the state was taken in: the elastic entries follow from the exact ones.
     tokens_per_step = context * sampler.pp * dp
     try:
-        ready, end, _ = _push(packer, pieces, consumed, queued, tokens_per_step)
+        ready, end, _ = _push(packer, pieces, cursor, queued, tokens_per_step)
     except ValueError as e:
         raise ValueError(f"state 'queued' / 'consumed' / 'packer': the push the state was taken "
                          f"in cannot be replayed: {e}") from e
@@ -616,9 +758,9 @@ def _validate_state(sampler: "PackedBatchSampler", state: Dict[str, Any]) -> Dic
     if steps < step_in_push + done:
         raise ValueError(f"state 'steps' {steps} is below the {step_in_push + done} steps its "
                          f"push finished")
-    if state["elastic_consumed"] != end or not _is_int(state["elastic_consumed"]):
+    if state["elastic_consumed"] != end.piece or not _is_int(state["elastic_consumed"]):
         raise ValueError(f"state 'elastic_consumed' is {state['elastic_consumed']!r}; its push "
-                         f"consumes up to piece {end}")
+                         f"consumes up to piece {end.piece}")
     rest = _join([_columns(mb) for step in ready[step_in_push + done:]
                   for mb in step.micro_batches] + [_columns(packer.pending)])
     queue = _state_columns("elastic_queued", state["elastic_queued"])
