@@ -24,12 +24,14 @@
 // measured rank is one packed call with its measured fwd and bwd ms. Held out by micro-batch:
 // the fit of the even micro-batches' calls ranks the odd micro-batches and vice versa (no
 // micro-batch is ranked by a fit that saw it); the in-sample fit of all rows is printed for its
-// weights only. With --packed_profile=PATH (wlb_cuda_kernel_profiler --packed_micro_batches=N, on
-// other micro-batches) that profile's fit ranks every row as well. Per C it prints adaptive's
-// picks and measured cost (sum over micro-batches of the slowest rank's fwd + bwd) under each
-// ranking beside today's ranking (summed single-segment forward) and the oracle, and per (C,
-// strategy) the held-out fit's per-rank error on fwd, bwd and fwd+bwd.
-// Exit status: 0; 1 when no row could be re-planned; 2 for bad arguments or files.
+// weights only. The same fit of the --profile table's rows (single-segment calls with bwd_ms)
+// ranks every row too: can single-segment calls rank packed ones? With --packed_profile=PATH
+// (wlb_cuda_kernel_profiler --packed_micro_batches=N, on other micro-batches) that profile's fit
+// ranks every row as well. Per C it prints adaptive's picks and measured cost (sum over
+// micro-batches of the slowest rank's fwd + bwd) under each ranking beside today's ranking (summed
+// single-segment forward) and the oracle, and per (C, strategy) the held-out fit's per-rank error
+// on fwd, bwd and fwd+bwd. Exit status: 0; 1 when no row could be re-planned; 2 for bad arguments
+// or files.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -101,8 +103,8 @@ std::string Weights(const wlb::PackedCallFit& f) {
 // Adaptive ranked by packed-call fits (see the file comment). Returns the exit status.
 int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
                       const std::map<std::pair<int, int>, int64_t>& tokens_of,
-                      const wlb::KernelModel& model, const std::string& packed_profile,
-                      int64_t seed) {
+                      const wlb::KernelModel& model, const std::string& profile_path,
+                      const std::string& packed_profile, int64_t seed) {
   // Ranking models: the summed single-segment forward (today), the held-out fits (fold k ranks
   // micro-batches with mb % 2 == k, fitted on the others), the --packed_profile fit.
   std::vector<std::string> names = {"summed fwd (today)", "held-out packed fwd+bwd"};
@@ -124,6 +126,27 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
       wlb::FitPackedCalls(CallsOf(rows, [](int) { return true; }), model);
   if (all.ok())
     std::printf("in-sample fit of every row (weights only): %s\n", Weights(*all).c_str());
+  // The same fit of the single-segment table (--profile, each row a call of one segment), when
+  // it has the backward column: out of sample for every row.
+  std::optional<wlb::KernelModel> single;
+  {
+    absl::StatusOr<std::vector<wlb::KernelProfilePoint>> f =
+        wlb::ReadKernelProfilePoints(profile_path);
+    absl::StatusOr<std::vector<wlb::KernelProfilePoint>> b =
+        wlb::ReadKernelProfilePoints(profile_path, wlb::kBackwardMsColumn);
+    if (f.ok() && b.ok() && f->size() == b->size()) {
+      std::vector<wlb::PackedCallPoint> calls;
+      for (size_t i = 0; i < f->size(); ++i) {
+        calls.push_back({{{(*f)[i].q_len, (*f)[i].kv_len}}, (*f)[i].ms, (*b)[i].ms});
+      }
+      absl::StatusOr<wlb::PackedCallFit> fit = wlb::FitPackedCalls(calls, model);
+      if (fit.ok()) {
+        single = *model.WithPackedCalls(*fit);
+        names.push_back("single-segment table fit fwd+bwd");
+        std::printf("fit of the single-segment table's rows: %s\n", Weights(*fit).c_str());
+      }
+    }
+  }
   std::optional<wlb::KernelModel> profiled;
   if (!packed_profile.empty()) {
     absl::StatusOr<wlb::KernelModel> m = wlb::WithPackedCallProfile(model, packed_profile);
@@ -167,6 +190,7 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
     const wlb::MicroBatch mb =
         wlb::cuda::WlbLikeMicroBatch(tokens_of.at(key), uint64_t(seed + mb_index));
     std::vector<const wlb::KernelModel*> rank_by = {&model, &*fold[size_t(mb_index % 2)]};
+    if (single) rank_by.push_back(&*single);
     if (profiled) rank_by.push_back(&*profiled);
     std::vector<double>& t = total[cp];
     t.resize(rank_by.size() + 1, 0.0);
@@ -333,5 +357,5 @@ int main(int argc, char** argv) {
     std::printf("| %d | %d | %.1f | %.1f | %s | %.1f |\n", cp, micro_batches[cp], p[0], p[1],
                 backward.ok() ? absl::StrFormat("%.1f", p[2]).c_str() : "-", p[3]);
   }
-  return PackedCallRanking(rows, cost, tokens_of, *model, packed_profile, seed);
+  return PackedCallRanking(rows, cost, tokens_of, *model, profile, packed_profile, seed);
 }
