@@ -3,7 +3,7 @@
 //
 //   wlb_cuda_cp_model_check --json=docs/results/gpu/h100_cp_bench_cudnn.jsonl
 //       --profile=docs/results/gpu/h100_kernel_profile_cudnn.csv [--heads=32] [--head_dim=128]
-//       [--seed=1] [--packed_profile=PATH]
+//       [--seed=1] [--packed_profile=PATH] [--max_held_out_gap=PERCENT]
 //
 // Each JSON row (kernel, cp, mb, tokens, strategy, fwd_ms per rank, max_ms) is re-planned here
 // exactly as cp_bench planned it (WlbLikeMicroBatch(tokens, seed + mb), PlanShards with the
@@ -30,7 +30,9 @@
 // ranks every row as well. Per C it prints adaptive's picks and measured cost (sum over
 // micro-batches of the slowest rank's fwd + bwd) under each ranking beside today's ranking (summed
 // single-segment forward) and the oracle, and per (C, strategy) the held-out fit's per-rank error
-// on fwd, bwd and fwd+bwd. Exit status: 0; 1 when no row could be re-planned; 2 for bad arguments
+// on fwd, bwd and fwd+bwd.
+// Exit status: 0; 1 when no row could be re-planned, or (with --max_held_out_gap) when adaptive
+// under the held-out fit lands more than PERCENT behind the oracle at some C; 2 for bad arguments
 // or files.
 #include <algorithm>
 #include <array>
@@ -43,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "bench/cp_bench_util.h"
 #include "nlohmann/json.hpp"
@@ -104,7 +107,7 @@ std::string Weights(const wlb::PackedCallFit& f) {
 int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
                       const std::map<std::pair<int, int>, int64_t>& tokens_of,
                       const wlb::KernelModel& model, const std::string& profile_path,
-                      const std::string& packed_profile, int64_t seed) {
+                      const std::string& packed_profile, int64_t seed, double max_held_out_gap) {
   // Ranking models: the summed single-segment forward (today), the held-out fits (fold k ranks
   // micro-batches with mb % 2 == k, fitted on the others), the --packed_profile fit.
   std::vector<std::string> names = {"summed fwd (today)", "held-out packed fwd+bwd"};
@@ -224,21 +227,37 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
     }
     std::printf("| %d | oracle | %.1f | | |\n", cp, t.back());
   }
-  return 0;
+  int status = 0;
+  for (const auto& [cp, t] : total) {
+    const double gap = 100 * (t[1] / t.back() - 1);
+    if (max_held_out_gap >= 0 && gap > max_held_out_gap) {
+      std::printf(
+          "FAIL: C = %d: adaptive under the held-out fit is %.2f%% behind the oracle "
+          "(--max_held_out_gap=%g)\n",
+          cp, gap, max_held_out_gap);
+      status = 1;
+    }
+  }
+  return status;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   wlb::cuda::bench::Flags flags(argc, argv);
-  std::string json, profile, packed_profile;
+  std::string json, profile, packed_profile, gap_text;
   int64_t heads = 32, head_dim = 128, seed = 1;
+  double max_held_out_gap = -1;  // percent; negative: no check
   if (!(flags.Str("json", &json) && flags.Str("profile", &profile) && flags.Int("heads", &heads) &&
         flags.Int("head_dim", &head_dim) && flags.Int("seed", &seed) &&
-        flags.Str("packed_profile", &packed_profile) && flags.AllUsed()) ||
-      json.empty() || profile.empty()) {
-    std::fprintf(stderr, "usage: see the comment at the top of cp_model_check.cc (--json and "
-                         "--profile are required)\n");
+        flags.Str("packed_profile", &packed_profile) && flags.Str("max_held_out_gap", &gap_text) &&
+        flags.AllUsed()) ||
+      json.empty() || profile.empty() ||
+      !(gap_text.empty() || (absl::SimpleAtod(gap_text, &max_held_out_gap) &&
+                             max_held_out_gap >= 0 && std::isfinite(max_held_out_gap)))) {
+    std::fprintf(stderr,
+                 "usage: see the comment at the top of cp_model_check.cc (--json and "
+                 "--profile are required; --max_held_out_gap a percent >= 0)\n");
     return 2;
   }
   wlb::KernelShape shape;
@@ -357,5 +376,6 @@ int main(int argc, char** argv) {
     std::printf("| %d | %d | %.1f | %.1f | %s | %.1f |\n", cp, micro_batches[cp], p[0], p[1],
                 backward.ok() ? absl::StrFormat("%.1f", p[2]).c_str() : "-", p[3]);
   }
-  return PackedCallRanking(rows, cost, tokens_of, *model, profile, packed_profile, seed);
+  return PackedCallRanking(rows, cost, tokens_of, *model, profile, packed_profile, seed,
+                           max_held_out_gap);
 }
