@@ -170,6 +170,11 @@ TEST(PackedCallTest, FitErrorsNameThePointAndValue) {
   EXPECT_THAT(std::string(FitPackedCalls(bad, model).status().message()),
               HasSubstr("packed call 4: bwd_ms must be in"));
   bad = points;
+  for (PackedCallPoint& p : bad) p.bwd_ms = 0.0;
+  bad[3].bwd_ms = 2.0;  // call 0 has none
+  EXPECT_THAT(std::string(FitPackedCalls(bad, model).status().message()),
+              HasSubstr("packed call 3: bwd_ms must be 0 (call 0 has no backward time"));
+  bad = points;
   bad[2].fwd_ms = -1.0;
   EXPECT_THAT(std::string(FitPackedCalls(bad, model).status().message()),
               HasSubstr("packed call 2: fwd_ms must be in"));

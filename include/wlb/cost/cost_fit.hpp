@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -122,8 +122,9 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
 
 // Fits KernelModel's packed-call weights (kPackedCallFeatureNames; features from `model`'s shape
 // and tiles) to measured calls by non-negative least squares on the relative error, forward and
-// backward separately. Backward is fitted when every point has bwd_ms > 0; a profile where only
-// some do is an error naming the first point without it. Needs at least kPackedCallFeatureCount
+// backward separately. Backward is fitted when the first point has bwd_ms > 0 (then every point
+// needs one; without it every point's bwd_ms must be 0): a mixed profile is an error naming the
+// first point that differs. Needs at least kPackedCallFeatureCount
 // points; errors name the bad point and value.
 inline absl::StatusOr<PackedCallFit> FitPackedCalls(std::span<const PackedCallPoint> points,
                                                     const KernelModel& model) {
@@ -146,17 +147,19 @@ inline absl::StatusOr<PackedCallFit> FitPackedCalls(std::span<const PackedCallPo
             k, kMaxContext, s.q_len, s.kv_len));
       }
     }
-    for (auto [name, v] : {std::pair{"fwd_ms", p.fwd_ms}, std::pair{"bwd_ms", p.bwd_ms}}) {
-      if (name == std::string_view("bwd_ms") && !backward && v == 0.0) continue;
-      if (!(v >= kMinProfileMs) || !(v <= kMaxProfileMs)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("packed call %d: %s must be in [%g, %g]%s, got %g", i, name,
-                            kMinProfileMs, kMaxProfileMs,
-                            name == std::string_view("bwd_ms")
-                                ? " (call 0 has a backward time, so every call needs one)"
-                                : "",
-                            v));
-      }
+    if (!(p.fwd_ms >= kMinProfileMs) || !(p.fwd_ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("packed call %d: fwd_ms must be in [%g, %g], got %g", i, kMinProfileMs,
+                          kMaxProfileMs, p.fwd_ms));
+    }
+    if (backward ? !(p.bwd_ms >= kMinProfileMs) || !(p.bwd_ms <= kMaxProfileMs) : p.bwd_ms != 0.0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "packed call %d: bwd_ms must be %s, got %g", i,
+          backward ? absl::StrFormat("in [%g, %g] (call 0 has a backward time, so every call "
+                                     "needs one)",
+                                     kMinProfileMs, kMaxProfileMs)
+                   : std::string("0 (call 0 has no backward time, so no call may have one)"),
+          p.bwd_ms));
     }
   }
   const Eigen::Index n = static_cast<Eigen::Index>(points.size());
