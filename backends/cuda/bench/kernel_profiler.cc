@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<Point> p = Measure(kernel, segments, int(heads), int(kv_heads), int(dim),
                                       int(warmup), int(iters), in.data());
     if (!p.ok()) {
-      std::fprintf(stderr, "%zu segments, %ld query rows: %s\n", segments.size(),
+      std::fprintf(stderr, "call of %zu segments (first q_len %ld): %s\n", segments.size(),
                    long(segments.front().q_len), p.status().ToString().c_str());
       return false;
     }
