@@ -5,8 +5,12 @@
 //
 //   wlb_cuda_cp_bench [--tokens=131072] [--cp=4] [--micro_batches=8] [--heads=32]
 //       [--kv_heads=8] [--head_dim=128] [--warmup=2] [--iters=5] [--seed=1]
-//       [--profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
+//       [--profile=PATH] [--packed_profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
 //
+// --packed_profile (wlb_cuda_kernel_profiler --packed_micro_batches=N) adds its packed-call fit
+// to the model (wlb::WithPackedCallProfile): adaptive then ranks the candidate plans by each
+// rank's predicted forward + backward as one packed call; the strategies' plans and the
+// predicted_fwd_ms column (summed single-segment forward) do not change.
 // All C ranks are emulated on one GPU (LocalCommunicator) and their kernels run one at a time
 // (CpExecutorOptions::isolate_ranks), so each rank's time is its own; the step waits for the
 // slowest rank, so a strategy's cost for a micro-batch is its max-rank fwd+bwd time. Per rank
@@ -91,14 +95,15 @@ int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
-  std::string profile, json;
+  std::string profile, packed_profile, json;
   AttentionKernel kernel = AttentionKernel::kFlash;
   const bool ok = flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) &&
                   flags.Int("cp", &cp) && flags.Int("micro_batches", &mbs) &&
                   flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
                   flags.Int("head_dim", &dim) && flags.Int("warmup", &warmup) &&
                   flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
-                  flags.Str("profile", &profile) && flags.Str("json", &json) && flags.AllUsed();
+                  flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
+                  flags.Str("json", &json) && flags.AllUsed();
   if (!ok || tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
@@ -109,6 +114,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<wlb::KernelModel> model =
       profile.empty() ? wlb::KernelModel::Analytic({.shape = shape})
                       : wlb::ReadKernelProfileCsv(profile, shape);
+  if (model.ok() && !packed_profile.empty()) {
+    model = wlb::WithPackedCallProfile(*model, packed_profile);
+  }
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 2;
@@ -131,10 +139,18 @@ int main(int argc, char** argv) {
   if (!q || !k || !v || !dout || !out || !dq || !dk || !dv) return 1;
   const PackedCpTensors t{q.get(), k.get(), v.get(), dout.get(),
                           out.get(), dq.get(), dk.get(), dv.get()};
-  std::printf("%s | %s kernel | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, model %s\n",
+  std::printf("%s | %s kernel | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, model %s%s\n",
               bench::DeviceName().c_str(), AttentionKernelName(kernel), long(tokens), long(cp),
               long(heads), long(kv_heads), long(dim),
-              profile.empty() ? "analytic default" : profile.c_str());
+              profile.empty() ? "analytic default" : profile.c_str(),
+              packed_profile.empty()
+                  ? ""
+                  : absl::StrFormat(", adaptive ranked by the packed-call fit of %s (fwd rms "
+                                    "%.1f%%, bwd %.1f%%, %d calls)",
+                                    packed_profile, 100 * model->packed_calls().fwd_rms_relative,
+                                    100 * model->packed_calls().bwd_rms_relative,
+                                    model->packed_calls().points)
+                        .c_str());
   // Summed over micro-batches: each strategy's slowest-rank fwd+bwd ms, and its kernel model's
   // forward error (every rank, and the slowest rank).
   struct Totals {

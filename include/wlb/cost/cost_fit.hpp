@@ -4,6 +4,10 @@
 //   absl::StatusOr<wlb::ProfileFit> fit = wlb::FitCostModel(points);
 //   double ms = fit->model(4096);
 //
+//   // A packed-call fit of the kernel model (per-call fwd/bwd ms from the features of the call):
+//   absl::StatusOr<wlb::PackedCallFit> calls = wlb::FitPackedCalls(points,
+//   wlb::KernelModel::Default());
+//
 // The only header of the library that includes Eigen: the fits are small dense least-squares
 // problems (NonNegativeLeastSquares also serves the CUDA backend's micro-batch fit).
 #pragma once
@@ -13,6 +17,8 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "Eigen/Dense"
@@ -21,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_model.hpp"
+#include "wlb/shard/kernel_model.hpp"
 
 namespace wlb {
 
@@ -110,6 +117,78 @@ inline absl::StatusOr<ProfileFit> FitCostModel(std::span<const ProfilePoint> poi
       "fitted: %.4g*d^2 + %.4g*d + %.4g ms (rms rel. error %.1f%%, max %.1f%%, %d points)",
       (*best)(0), (*best)(1), (*best)(2), 100.0 * fit.rms_relative_error, 100.0 * fit.max_relative_error,
       points.size());
+  return fit;
+}
+
+// Fits KernelModel's packed-call weights (kPackedCallFeatureNames; features from `model`'s shape
+// and tiles) to measured calls by non-negative least squares on the relative error, forward and
+// backward separately. Backward is fitted when the first point has bwd_ms > 0 (then every point
+// needs one; without it every point's bwd_ms must be 0): a mixed profile is an error naming the
+// first point that differs. Needs at least kPackedCallFeatureCount
+// points; errors name the bad point and value.
+inline absl::StatusOr<PackedCallFit> FitPackedCalls(std::span<const PackedCallPoint> points,
+                                                    const KernelModel& model) {
+  if (points.size() < static_cast<size_t>(kPackedCallFeatureCount)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a packed-call fit needs at least %d calls, got %d",
+                        kPackedCallFeatureCount, points.size()));
+  }
+  const bool backward = points.front().bwd_ms > 0.0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const PackedCallPoint& p = points[i];
+    if (p.segments.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("packed call %d has no segments", i));
+    }
+    for (size_t k = 0; k < p.segments.size(); ++k) {
+      const CallSegment& s = p.segments[k];
+      if (s.q_len <= 0 || s.kv_len < s.q_len || s.kv_len > kMaxContext) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "packed call %d segment %d: need 0 < q_len <= kv_len <= %d, got q_len %d, kv_len %d", i,
+            k, kMaxContext, s.q_len, s.kv_len));
+      }
+    }
+    if (!(p.fwd_ms >= kMinProfileMs) || !(p.fwd_ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("packed call %d: fwd_ms must be in [%g, %g], got %g", i, kMinProfileMs,
+                          kMaxProfileMs, p.fwd_ms));
+    }
+    if (backward ? !(p.bwd_ms >= kMinProfileMs) || !(p.bwd_ms <= kMaxProfileMs) : p.bwd_ms != 0.0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "packed call %d: bwd_ms must be %s, got %g", i,
+          backward ? absl::StrFormat("in [%g, %g] (call 0 has a backward time, so every call "
+                                     "needs one)",
+                                     kMinProfileMs, kMaxProfileMs)
+                   : std::string("0 (call 0 has no backward time, so no call may have one)"),
+          p.bwd_ms));
+    }
+  }
+  const Eigen::Index n = static_cast<Eigen::Index>(points.size());
+  Eigen::MatrixXd feature(n, kPackedCallFeatureCount);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const auto f = model.PackedCallFeatures(points[static_cast<size_t>(i)].segments);
+    for (int j = 0; j < kPackedCallFeatureCount; ++j) feature(i, j) = f[static_cast<size_t>(j)];
+  }
+  PackedCallFit fit;
+  fit.has_backward = backward;
+  fit.points = static_cast<int>(points.size());
+  for (int pass = 0; pass < (backward ? 2 : 1); ++pass) {
+    Eigen::MatrixXd a(n, kPackedCallFeatureCount);
+    Eigen::VectorXd y = Eigen::VectorXd::Ones(n);
+    for (Eigen::Index i = 0; i < n; ++i) {
+      const PackedCallPoint& p = points[static_cast<size_t>(i)];
+      a.row(i) = feature.row(i) / (pass == 0 ? p.fwd_ms : p.bwd_ms);  // relative error
+    }
+    const std::optional<Eigen::VectorXd> w = NonNegativeLeastSquares(a, y);
+    if (!w) {
+      return absl::InvalidArgumentError(absl::StrFormat("packed calls admit no non-negative %s fit",
+                                                        pass == 0 ? "forward" : "backward"));
+    }
+    auto& out = pass == 0 ? fit.fwd : fit.bwd;
+    for (int j = 0; j < kPackedCallFeatureCount; ++j) out[static_cast<size_t>(j)] = (*w)(j);
+    const Eigen::VectorXd rel = a * *w - y;
+    (pass == 0 ? fit.fwd_rms_relative : fit.bwd_rms_relative) =
+        std::sqrt(rel.squaredNorm() / static_cast<double>(n));
+  }
   return fit;
 }
 

@@ -7,9 +7,15 @@
 //   // The backward times of the same calls, where the profiler wrote them (bwd_ms column):
 //   absl::StatusOr<wlb::KernelModel> backward =
 //       wlb::ReadKernelProfileCsv("h200.csv", {}, 0.0, wlb::kBackwardMsColumn);
+//   // Packed calls (wlb_cuda_kernel_profiler --packed_micro_batches=N: a `segments` column of
+//   // q_len:kv_len pairs separated by spaces, ms, bwd_ms), fitted and added to a model:
+//   absl::StatusOr<wlb::KernelModel> ranked =
+//       wlb::WithPackedCallProfile(*measured, "h200-packed.csv");
 #pragma once
 
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "wlb/core/limits.hpp"
+#include "wlb/cost/cost_fit.hpp"
 #include "wlb/io/read_file.hpp"
 #include "wlb/shard/kernel_model.hpp"
 
@@ -29,6 +36,8 @@ namespace wlb {
 // The time columns wlb_cuda_kernel_profiler writes: forward ms, and backward ms of the same call.
 inline constexpr absl::string_view kForwardMsColumn = "ms";
 inline constexpr absl::string_view kBackwardMsColumn = "bwd_ms";
+// The column of a packed-call profile that lists a call's segments ("q_len:kv_len ...").
+inline constexpr absl::string_view kSegmentsColumn = "segments";
 
 // Parses the points of a kernel profile CSV: a header naming q_len, kv_len and the time column
 // `ms_column` (default ms, the forward; any order, other columns ignored), then one row per
@@ -128,6 +137,100 @@ inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(
   if (!text.ok()) return text.status();
   return ParseKernelProfileCsv(*text, absl::CHexEscape(path), shape, segment_overhead_ms,
                                ms_column);
+}
+
+// Parses a packed-call profile: a header naming `segments` and `ms` (and optionally `bwd_ms`; any
+// order, other columns ignored), then one row per measured call whose `segments` cell lists its
+// segments as q_len:kv_len separated by spaces (0 < q_len <= kv_len <= kMaxContext). Without a
+// bwd_ms column every point's bwd_ms is 0. `source` names the text in error messages, which also
+// give the 1-based line and the bad value.
+inline absl::StatusOr<std::vector<PackedCallPoint>> ParsePackedCallProfile(
+    absl::string_view text, absl::string_view source) {
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  size_t header_line = 0;
+  while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
+    ++header_line;
+  }
+  if (header_line == lines.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: empty packed-call profile (need a header naming segments and ms)", source));
+  }
+  std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
+  int seg_col = -1, ms_col = -1, bwd_col = -1;
+  for (size_t i = 0; i < header.size(); ++i) {
+    const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
+    if (h == kSegmentsColumn) seg_col = static_cast<int>(i);
+    if (h == kForwardMsColumn) ms_col = static_cast<int>(i);
+    if (h == kBackwardMsColumn) bwd_col = static_cast<int>(i);
+  }
+  if (seg_col < 0 || ms_col < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s:%d: header %s must name the columns segments and ms", source, header_line + 1,
+        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200)));
+  }
+  std::vector<PackedCallPoint> points;
+  for (size_t li = header_line + 1; li < lines.size(); ++li) {
+    if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
+    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], ',');
+    if (cells.size() != header.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
+    }
+    PackedCallPoint p;
+    for (absl::string_view item : absl::StrSplit(cells[seg_col], ' ', absl::SkipWhitespace())) {
+      std::vector<absl::string_view> qk = absl::StrSplit(item, ':');
+      CallSegment seg;
+      if (qk.size() != 2 || !absl::SimpleAtoi(qk[0], &seg.q_len) ||
+          !absl::SimpleAtoi(qk[1], &seg.kv_len) || seg.q_len <= 0 || seg.kv_len < seg.q_len ||
+          seg.kv_len > kMaxContext) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: segment %s is not q_len:kv_len with 0 < q_len <= kv_len <= %d",
+                            source, li + 1, QuoteForMessage(item), kMaxContext));
+      }
+      p.segments.push_back(seg);
+    }
+    if (p.segments.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s:%d: the segments cell lists no segment", source, li + 1));
+    }
+    for (auto [col, name, out] : {std::tuple{ms_col, kForwardMsColumn, &p.fwd_ms},
+                                  std::tuple{bwd_col, kBackwardMsColumn, &p.bwd_ms}}) {
+      if (col < 0) continue;
+      const absl::string_view t = absl::StripAsciiWhitespace(cells[col]);
+      if (!absl::SimpleAtod(t, out) || !(*out >= kMinProfileMs) || !(*out <= kMaxProfileMs)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s:%d: %s %s is not a number in [%g, %g]", source, li + 1, name,
+                            QuoteForMessage(t), kMinProfileMs, kMaxProfileMs));
+      }
+    }
+    points.push_back(std::move(p));
+  }
+  if (points.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: packed-call profile has a header but no rows", source));
+  }
+  return points;
+}
+
+// Reads a packed-call profile file (see ParsePackedCallProfile).
+inline absl::StatusOr<std::vector<PackedCallPoint>> ReadPackedCallProfile(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadInputFile(path, "packed-call profile");
+  if (!text.ok()) return text.status();
+  return ParsePackedCallProfile(*text, absl::CHexEscape(path));
+}
+
+// `model` with the packed-call fit (FitPackedCalls) of the profile at `path`; errors name the
+// file.
+inline absl::StatusOr<KernelModel> WithPackedCallProfile(const KernelModel& model,
+                                                         const std::string& path) {
+  absl::StatusOr<std::vector<PackedCallPoint>> points = ReadPackedCallProfile(path);
+  if (!points.ok()) return points.status();
+  absl::StatusOr<PackedCallFit> fit = FitPackedCalls(*points, model);
+  if (!fit.ok()) {
+    return absl::Status(fit.status().code(),
+                        absl::StrFormat("%s: %s", absl::CHexEscape(path), fit.status().message()));
+  }
+  return model.WithPackedCalls(*fit);
 }
 
 }  // namespace wlb

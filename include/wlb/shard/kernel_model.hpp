@@ -33,10 +33,26 @@
 //    table's ms already contain the per-call cost, so its per-segment overhead defaults to 0.
 //
 // Latencies are forward-pass milliseconds of one layer for `heads` query heads (heads per GPU
-// after tensor parallelism). Backward is roughly a constant multiple, so it ranks plans the same.
+// after tensor parallelism).
+//
+// One CP rank runs all its segments as ONE varlen call, and two more readings predict such a call
+// (CallSegment lists; a rank's segments as {q_len, q_end}):
+//  - PackedMs, the packed reading of the throughput above: each segment's padded FLOPs at the
+//    throughput of the call's total query rows (the segments fill the GPU together; a short
+//    segment timed alone runs on a mostly idle GPU). Forward only.
+//  - A packed-call fit (WithPackedCalls; fitted by FitPackedCalls in wlb/cost/cost_fit.hpp from
+//    the calls wlb_cuda_kernel_profiler --packed_micro_batches=N times, read by
+//    ReadPackedCallProfile in wlb/io/kernel_profile.hpp): per call, forward ms and, when the
+//    profile has it, backward ms as non-negative weights on PackedCallFeatures (padded GFLOPs,
+//    masked GFLOPs, query and key rows, segments, the call). Backward is not a constant multiple
+//    of forward: cuDNN's bottom-right causal backward computes the masked tiles (the masked
+//    GFLOPs feature), so plans with longer CP segments pay more backward per forward ms.
+// CallMs ranks plans: the fit's forward + backward when the model has one, else the summed
+// SegmentMs of the call (every model without a fit ranks exactly as before).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -75,6 +91,44 @@ struct KernelProfilePoint {
   int64_t q_len = 0;
   int64_t kv_len = 0;
   double ms = 0.0;
+};
+
+// One segment of a packed varlen call: q_len queries whose keys are the first kv_len tokens of
+// their document (a CP rank's Segment is {q_len(), q_end}).
+struct CallSegment {
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+};
+
+// The features a packed-call fit weighs, in this order (PackedCallFeatures computes them).
+inline constexpr int kPackedCallFeatureCount = 6;
+inline constexpr std::array<const char*, kPackedCallFeatureCount> kPackedCallFeatureNames = {
+    "padded_gflop",  // sum of PaddedFlops / 1e9 (the tiles a causal kernel visits)
+    "masked_gflop",  // sum of 4 * heads * head_dim * q_len * (q_len - 1) / 2 / 1e9: the masked
+                     // part of each segment's q_len x kv_len rectangle
+    "q_krows",       // query rows / 1000
+    "kv_krows",      // key rows (sum of kv_len) / 1000
+    "segments",      // segments in the call
+    "call",          // 1: the fixed cost of a call
+};
+
+// One measured packed call (a CP rank's segments as one varlen call): its forward ms and, when
+// measured, its backward ms (0: not measured).
+struct PackedCallPoint {
+  std::vector<CallSegment> segments;
+  double fwd_ms = 0.0;
+  double bwd_ms = 0.0;
+};
+
+// A packed-call fit: per call, ms = sum_j weight[j] * feature[j], for the forward and (when
+// has_backward) the backward. Weights are ms per feature unit and must be >= 0 and finite.
+struct PackedCallFit {
+  std::array<double, kPackedCallFeatureCount> fwd{};
+  std::array<double, kPackedCallFeatureCount> bwd{};
+  bool has_backward = false;
+  int points = 0;                 // calls it was fitted to
+  double fwd_rms_relative = 0.0;  // on those calls: sqrt(mean(((fit - ms) / ms)^2))
+  double bwd_rms_relative = 0.0;  // (0 without backward)
 };
 
 // Predicts the latency of causal varlen attention segments; immutable once built.
@@ -146,6 +200,82 @@ class KernelModel {
       m.rows_.back().flops_per_ms.push_back(flops_per_ms);
     }
     return m;
+  }
+
+  // This model with a packed-call fit (see the file comment); CallMs then ranks by it. Errors
+  // name the first negative or non-finite weight.
+  absl::StatusOr<KernelModel> WithPackedCalls(const PackedCallFit& fit) const {
+    for (int pass = 0; pass < 2; ++pass) {
+      const auto& w = pass == 0 ? fit.fwd : fit.bwd;
+      if (pass == 1 && !fit.has_backward) break;
+      for (int j = 0; j < kPackedCallFeatureCount; ++j) {
+        if (!(w[j] >= 0.0) || !std::isfinite(w[j])) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "packed-call fit: %s weight of %s must be >= 0 and finite, got %g",
+              pass == 0 ? "forward" : "backward", kPackedCallFeatureNames[j], w[j]));
+        }
+      }
+    }
+    KernelModel m = *this;
+    m.packed_ = fit;
+    m.has_packed_ = true;
+    return m;
+  }
+
+  bool has_packed_calls() const { return has_packed_; }
+  // The fit CallMs uses (meaningful only when has_packed_calls()).
+  const PackedCallFit& packed_calls() const { return packed_; }
+
+  // The features of one packed call (kPackedCallFeatureNames). Segments with q_len <= 0 add
+  // nothing; kv_len >= q_len is required of the others.
+  std::array<double, kPackedCallFeatureCount> PackedCallFeatures(
+      std::span<const CallSegment> segments) const {
+    std::array<double, kPackedCallFeatureCount> f{};
+    const double per_pair = 4.0 * static_cast<double>(params_.shape.head_dim * params_.shape.heads);
+    for (const CallSegment& s : segments) {
+      if (s.q_len <= 0) continue;
+      const double q = static_cast<double>(s.q_len);
+      f[0] += PaddedFlops(s.q_len, s.kv_len) / 1e9;
+      f[1] += per_pair * q * (q - 1.0) / 2.0 / 1e9;
+      f[2] += q / 1e3;
+      f[3] += static_cast<double>(s.kv_len) / 1e3;
+      f[4] += 1.0;
+    }
+    f[5] = 1.0;
+    return f;
+  }
+
+  // The packed reading of this model's throughput (forward ms of one call): each segment's
+  // padded FLOPs at FlopsPerMs(the call's query rows, its kv_len), plus the segment overhead.
+  double PackedMs(std::span<const CallSegment> segments) const {
+    int64_t rows = 0;
+    for (const CallSegment& s : segments) rows += std::max<int64_t>(s.q_len, 0);
+    double ms = 0.0;
+    for (const CallSegment& s : segments) {
+      if (s.q_len <= 0) continue;
+      ms +=
+          PaddedFlops(s.q_len, s.kv_len) / FlopsPerMs(rows, s.kv_len) + params_.segment_overhead_ms;
+    }
+    return ms;
+  }
+
+  // The packed-call fit's forward and backward ms of one call (0 without a fit; backward 0
+  // without backward in the fit).
+  double CallForwardMs(std::span<const CallSegment> segments) const {
+    return has_packed_ ? Weigh(packed_.fwd, PackedCallFeatures(segments)) : 0.0;
+  }
+  double CallBackwardMs(std::span<const CallSegment> segments) const {
+    return has_packed_ && packed_.has_backward ? Weigh(packed_.bwd, PackedCallFeatures(segments))
+                                               : 0.0;
+  }
+
+  // What plans are ranked by, per call: the packed-call fit's forward + backward when the model
+  // has one, else the sum of SegmentMs over the segments (forward).
+  double CallMs(std::span<const CallSegment> segments) const {
+    if (has_packed_) return CallForwardMs(segments) + CallBackwardMs(segments);
+    double ms = 0.0;
+    for (const CallSegment& s : segments) ms += SegmentMs(s.q_len, s.kv_len);
+    return ms;
   }
 
   const KernelShape& shape() const { return params_.shape; }
@@ -248,6 +378,13 @@ class KernelModel {
     peak_per_ms_ = p.peak_tflops * 1e9;
   }
 
+  static double Weigh(const std::array<double, kPackedCallFeatureCount>& w,
+                      const std::array<double, kPackedCallFeatureCount>& f) {
+    double ms = 0.0;
+    for (int j = 0; j < kPackedCallFeatureCount; ++j) ms += w[j] * f[j];
+    return ms;
+  }
+
   // CeilDiv(a, 2^shift).
   static int64_t CeilShift(int64_t a, int shift) {
     return a <= 0 ? 0 : (a >> shift) + ((a & ((int64_t{1} << shift) - 1)) != 0);
@@ -274,6 +411,8 @@ class KernelModel {
   double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k
   double peak_per_ms_ = 0.0;       // peak_tflops * 1e9
   std::vector<Row> rows_;  // q_len ascending (table models only)
+  bool has_packed_ = false;  // packed_ holds a packed-call fit
+  PackedCallFit packed_;
 };
 
 // The analytic curve's constants fitted to measured points: the least-squares fit in log space

@@ -1,5 +1,11 @@
 // kAdaptive ("adaptive"): per micro-batch, the fastest predicted of kPerSequenceOrdered,
 // kPerDocument and kHybrid (see shard_plan.hpp).
+//
+// Ranking: a model without a packed-call fit predicts each rank as the sum of its segments'
+// SegmentMs (forward). A model with one (KernelModel::WithPackedCalls) predicts each rank of each
+// candidate's plan as one packed call, KernelModel::CallMs: forward + backward when the fit has
+// backward. Either way the candidate plans themselves are planned with SegmentMs as before, so a
+// packed-call fit changes adaptive's pick only.
 #pragma once
 
 #include <algorithm>
@@ -15,18 +21,34 @@
 #include "wlb/shard/shard_types.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
 #include "wlb/shard/strategies/per_doc.hpp"
+#include "wlb/shard/strategies/per_seq.hpp"
 #include "wlb/shard/strategies/per_seq_ordered.hpp"
 
 namespace wlb {
 
-// Predicted max-rank latency (ms) of the fixed strategies and adaptive's pick.
+// Predicted max-rank latency (ms) of the fixed strategies and adaptive's pick: summed SegmentMs
+// (forward), or with a packed-call fit in the model, its CallMs of each rank (forward + backward
+// when the fit has backward; packed_calls says which).
 struct AdaptiveChoice {
   ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
   double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
   double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
   double hybrid_max_ms = 0.0;
+  bool packed_calls = false;  // the maxima are the packed-call fit's CallMs
 };
+
+// The largest KernelModel::CallMs over a plan's ranks (each rank's segments as one call).
+inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model) {
+  double worst = 0.0;
+  std::vector<CallSegment> call;
+  for (const RankShard& r : plan.ranks) {
+    call.clear();
+    for (const Segment& s : r.segments) call.push_back({s.q_len(), s.q_end});
+    worst = std::max(worst, model.CallMs(call));
+  }
+  return worst;
+}
 
 namespace detail {
 
@@ -52,13 +74,34 @@ inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb,
                                                             const std::vector<int64_t>& starts,
                                                             int cp_size, const KernelModel& model,
+                                                            const CpPlanOptions& options,
                                                             std::vector<int64_t>* order) {
   AdaptiveChoice c;
   OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
-  c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
-  c.per_seq_ordered_max_ms = ordered.max_ms;
-  c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
-  c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
+  if (model.has_packed_calls()) {
+    // Every candidate's plan, each rank one packed call.
+    c.packed_calls = true;
+    const ShardPlanRequest r{.mb = mb,
+                             .starts = starts,
+                             .cp_size = cp_size,
+                             .requested = ShardStrategy::kAdaptive,
+                             .model = model,
+                             .options = options};
+    double* out[] = {&c.per_seq_max_ms, &c.per_seq_ordered_max_ms, &c.per_doc_max_ms,
+                     &c.hybrid_max_ms};
+    absl::StatusOr<ShardPlan> plans[] = {PlanPerSequence(r),
+                                         PlanPerSequenceOrdered(r, ordered.order),
+                                         PlanPerDocument(r), PlanHybrid(r)};
+    for (size_t k = 0; k < 4; ++k) {
+      if (!plans[k].ok()) return plans[k].status();
+      *out[k] = MaxRankCallMs(*plans[k], model);
+    }
+  } else {
+    c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
+    c.per_seq_ordered_max_ms = ordered.max_ms;
+    c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
+    c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
+  }
   c.chosen = ShardStrategy::kPerSequenceOrdered;
   double best = c.per_seq_ordered_max_ms;
   if (c.per_doc_max_ms < best) {
@@ -77,7 +120,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int c
                                                      const KernelModel& model) {
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
-  return detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, nullptr);
+  return detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, CpPlanOptions{}, nullptr);
 }
 
 namespace detail {
@@ -86,7 +129,7 @@ namespace detail {
 inline absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r) {
   std::vector<int64_t> order;
   absl::StatusOr<AdaptiveChoice> c =
-      ChooseAdaptiveChecked(r.mb, r.starts, r.cp_size, r.model, &order);
+      ChooseAdaptiveChecked(r.mb, r.starts, r.cp_size, r.model, r.options, &order);
   if (!c.ok()) return c.status();
   switch (c->chosen) {
     case ShardStrategy::kPerDocument:
