@@ -140,6 +140,34 @@ absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem&
   return l;
 }
 
+absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& p) {
+  if (!p.causal) {
+    return absl::InvalidArgumentError(
+        "the CP segment split needs a causal problem; this one is maskless (causal = false)");
+  }
+  if (absl::Status s = ValidateProblem(p, AttentionKernel::kCudnn); !s.ok()) return s;
+  CudnnCpSplit split;
+  for (int b = 0; b < p.batch(); ++b) {
+    const int32_t len_q = p.seqlen_q(b);
+    if (len_q == 0) continue;  // no queries: no work in either part
+    // ValidateProblem guarantees len_k >= len_q for a causal segment with queries.
+    const int32_t prefix = p.seqlen_k(b) - len_q;
+    if (prefix > 0) {
+      split.prefix.push_back({.segment = b,
+                              .q_begin = p.cu_seqlens_q[b],
+                              .q_len = len_q,
+                              .k_begin = p.cu_seqlens_k[b],
+                              .k_len = prefix});
+    }
+    split.block.push_back({.segment = b,
+                           .q_begin = p.cu_seqlens_q[b],
+                           .q_len = len_q,
+                           .k_begin = p.cu_seqlens_k[b] + prefix,
+                           .k_len = len_q});
+  }
+  return split;
+}
+
 namespace {
 
 absl::Status CheckLseSizes(size_t from, size_t to, int heads, int64_t total_q) {

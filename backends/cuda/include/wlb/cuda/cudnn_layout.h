@@ -95,6 +95,33 @@ struct CudnnRaggedLayout {
 absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem& problem,
                                                          const CudnnShapeClass& shape);
 
+// The CP segment split (issue 49 item 3; host side only, the engine does not run it yet): a
+// causal segment with queries [a, b) of a document and keys [0, b) (a = len_k - len_q > 0) is
+// run as two cuDNN calls whose outputs merge by log-sum-exp: a maskless part, the queries over
+// the key prefix [0, a), and a square top-left causal part, the queries over keys [a, b). Under
+// the top-left mask cuDNN's backward skips masked tiles; under the bottom-right mask it does not.
+// A segment with a = 0 has only the square part; a segment without queries has neither.
+//
+//   absl::StatusOr<wlb::cuda::CudnnCpSplit> s = wlb::cuda::SplitCudnnCpSegments(problem);
+//   // s->prefix: one maskless varlen call; s->block: one top-left causal varlen call.
+struct CudnnSegmentPart {
+  int32_t segment = 0;  // the problem's segment
+  // Rows of the problem's packed tensors: queries [q_begin, q_begin + q_len) (and their O and
+  // statistics rows), keys and values [k_begin, k_begin + k_len).
+  int32_t q_begin = 0;
+  int32_t q_len = 0;
+  int32_t k_begin = 0;
+  int32_t k_len = 0;
+};
+struct CudnnCpSplit {
+  std::vector<CudnnSegmentPart> prefix;  // maskless: k_len = a > 0, in segment order
+  std::vector<CudnnSegmentPart> block;   // top-left causal, q_len = k_len > 0, in segment order
+};
+
+// The split of a causal `problem` valid for AttentionKernel::kCudnn. InvalidArgument when the
+// problem is not causal (a maskless problem needs no split) or fails ValidateProblem.
+absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& problem);
+
 // The engine's statistics conversion on the host (the device kernels use the same index map,
 // lse_layout.h): cuDNN's token-major (total_q, heads) statistics to wlb's (heads, total_q) LSE,
 // and back. Both are natural-log log-sum-exp of the scaled masked scores, so only the layout
