@@ -386,6 +386,74 @@ TEST(CudnnCpSplit, RejectsMaskedOutOrInvalidProblems) {
   EXPECT_EQ(head_dim.code(), absl::StatusCode::kInvalidArgument) << head_dim;
 }
 
+TEST(CudnnPartLayout, SlotsAddressTheSplitPartsOverRandomProblems) {
+  std::mt19937_64 rng(4903);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<std::pair<int32_t, int32_t>> segs;
+    for (int i = std::uniform_int_distribution<int>(1, 12)(rng); i > 0; --i) {
+      const int32_t lk = std::uniform_int_distribution<int32_t>(0, 700)(rng);
+      segs.push_back({std::uniform_int_distribution<int32_t>(0, lk)(rng), lk});
+    }
+    const AttentionProblem p = SegmentsProblem(segs, 8, 2, trial % 2 ? 96 : 128);
+    absl::StatusOr<CudnnCpSplit> split = SplitCudnnCpSegments(p);
+    ASSERT_TRUE(split.ok()) << split.status();
+    for (bool causal : {false, true}) {
+      const std::vector<CudnnSegmentPart>& parts = causal ? split->block : split->prefix;
+      const CudnnShapeClass c = CudnnPartShapeClass(p, parts, causal);
+      EXPECT_EQ(c.causal, causal);
+      EXPECT_EQ(c.causal_top_left, causal);
+      EXPECT_GE(c.batch, static_cast<int64_t>(parts.size()));
+      EXPECT_LT(c.batch, 2 * static_cast<int64_t>(parts.size()) + 1);
+      absl::StatusOr<CudnnRaggedLayout> l = BuildCudnnPartLayout(p, parts, c);
+      ASSERT_TRUE(l.ok()) << l.status();
+      ASSERT_EQ(l->segments.size(), parts.size());
+      ASSERT_EQ(static_cast<int64_t>(l->seq_len_q.size()), c.batch);
+      EXPECT_FALSE(l->has_unvisited_keys);
+      const int64_t q_row = 8 * p.head_dim, kv_row = 2 * p.head_dim;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        EXPECT_EQ(l->segments[i], parts[i].segment);
+        EXPECT_EQ(l->seq_len_q[i], parts[i].q_len);
+        EXPECT_EQ(l->seq_len_k[i], parts[i].k_len);
+        EXPECT_LE(parts[i].q_len, c.max_seqlen_q);
+        EXPECT_LE(parts[i].k_len, c.max_seqlen_k);
+        EXPECT_EQ(l->q_offsets[i], parts[i].q_begin * q_row);
+        EXPECT_EQ(l->kv_offsets[i], parts[i].k_begin * kv_row);
+        EXPECT_EQ(l->stats_offsets[i], parts[i].q_begin * 8);
+      }
+      for (int64_t i = parts.size(); i < c.batch; ++i) {
+        EXPECT_EQ(l->seq_len_q[i], 0);
+        EXPECT_EQ(l->seq_len_k[i], 0);
+        EXPECT_EQ(l->q_offsets[i], p.total_q() * q_row);
+        EXPECT_EQ(l->kv_offsets[i], p.total_k() * kv_row);
+      }
+      EXPECT_EQ(l->stats_offsets.back(), p.total_q() * 8);
+    }
+  }
+}
+
+TEST(CudnnPartLayout, RejectsBadPartsAndClasses) {
+  const AttentionProblem p = SegmentsProblem({{64, 100}, {100, 100}}, 4, 2, 64);
+  absl::StatusOr<CudnnCpSplit> split = SplitCudnnCpSegments(p);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const CudnnShapeClass c = CudnnPartShapeClass(p, split->block, /*causal=*/true);
+  CudnnShapeClass small = c;
+  small.batch = 1;
+  ExpectError(BuildCudnnPartLayout(p, split->block, small).status(),
+              absl::StatusCode::kInvalidArgument, "batch = 2 but the shape class has 1");
+  CudnnShapeClass bottom_right = c;
+  bottom_right.causal_top_left = false;
+  ExpectError(BuildCudnnPartLayout(p, split->block, bottom_right).status(),
+              absl::StatusCode::kInvalidArgument, "maskless or top-left causal");
+  std::vector<CudnnSegmentPart> outside = split->block;
+  outside[1].k_len = 101;  // keys [100, 201) of a 200-key problem
+  ExpectError(BuildCudnnPartLayout(p, outside, c).status(), absl::StatusCode::kInvalidArgument,
+              "part of segment 1 (queries [64, +100), keys [100, +101))");
+  std::vector<CudnnSegmentPart> empty = split->prefix;
+  empty[0].k_len = 0;
+  ExpectError(BuildCudnnPartLayout(p, empty, CudnnPartShapeClass(p, split->prefix, false)).status(),
+              absl::StatusCode::kInvalidArgument, "is empty or lies outside");
+}
+
 TEST(LseLayout, ConversionMovesEveryElementAndRoundTrips) {
   std::mt19937_64 rng(3);
   for (auto [heads, tokens] :

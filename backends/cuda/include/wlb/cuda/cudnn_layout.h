@@ -122,6 +122,22 @@ struct CudnnCpSplit {
 // problem is not causal (a maskless problem needs no split) or fails ValidateProblem.
 absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& problem);
 
+// The shape class of one call of the split: `parts` (CudnnCpSplit::prefix with causal = false,
+// or CudnnCpSplit::block with causal = true, which is then top-left) of `problem`. Batch and
+// maximum lengths come from the parts; the packed totals stay the problem's (the parts address
+// rows of the problem's tensors).
+CudnnShapeClass CudnnPartShapeClass(const AttentionProblem& problem,
+                                    absl::Span<const CudnnSegmentPart> parts, bool causal);
+
+// The ragged layout of `parts` in `shape` (from CudnnPartShapeClass, or one at least as large):
+// one slot per part, then zero-length padding slots at the end of the packed tensors;
+// `segments` holds each part's segment; has_unvisited_keys is false (the caller knows which
+// keys no part visits). InvalidArgument when `shape` is too small or does not match the problem,
+// or a part lies outside the problem's tensors; OutOfRange as BuildCudnnRaggedLayout.
+absl::StatusOr<CudnnRaggedLayout> BuildCudnnPartLayout(const AttentionProblem& problem,
+                                                       absl::Span<const CudnnSegmentPart> parts,
+                                                       const CudnnShapeClass& shape);
+
 // The engine's statistics conversion on the host (the device kernels use the same index map,
 // lse_layout.h): cuDNN's token-major (total_q, heads) statistics to wlb's (heads, total_q) LSE,
 // and back. Both are natural-log log-sum-exp of the scaled masked scores, so only the layout
