@@ -28,17 +28,12 @@ int64_t CudnnTokenBucket(int64_t n) {
   return static_cast<int64_t>((x + step - 1) / step * step);
 }
 
-CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
+namespace {
+
+// The class of `batch` slots of at most max_q queries and max_k keys over the rows of `p`.
+CudnnShapeClass ClassOfSlots(const AttentionProblem& p, int64_t batch, int64_t max_q, int64_t max_k,
+                             bool causal, bool top_left) {
   CudnnShapeClass c;
-  int64_t batch = 0, max_q = 0, max_k = 0;
-  bool square = true;
-  for (int b = 0; b < p.batch(); ++b) {
-    if (p.seqlen_q(b) == 0) continue;  // no query, no work: dropped from the cuDNN batch
-    ++batch;
-    square = square && p.seqlen_q(b) == p.seqlen_k(b);
-    max_q = std::max<int64_t>(max_q, p.seqlen_q(b));
-    max_k = std::max<int64_t>(max_k, p.seqlen_k(b));
-  }
   if (batch > 0) {
     c.batch = CudnnBucket(batch);
     c.max_seqlen_q = CudnnBucket(max_q, kCudnnMinSeqBucket);
@@ -49,10 +44,25 @@ CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
   c.num_heads = p.num_heads;
   c.num_kv_heads = p.num_kv_heads;
   c.head_dim = p.head_dim;
-  c.causal = p.causal;
-  c.causal_top_left = p.causal && square;
+  c.causal = causal;
+  c.causal_top_left = causal && top_left;
   c.softmax_scale = p.softmax_scale;
   return c;
+}
+
+}  // namespace
+
+CudnnShapeClass CudnnShapeClassOf(const AttentionProblem& p) {
+  int64_t batch = 0, max_q = 0, max_k = 0;
+  bool square = true;
+  for (int b = 0; b < p.batch(); ++b) {
+    if (p.seqlen_q(b) == 0) continue;  // no query, no work: dropped from the cuDNN batch
+    ++batch;
+    square = square && p.seqlen_q(b) == p.seqlen_k(b);
+    max_q = std::max<int64_t>(max_q, p.seqlen_q(b));
+    max_k = std::max<int64_t>(max_k, p.seqlen_k(b));
+  }
+  return ClassOfSlots(p, batch, max_q, max_k, p.causal, square);
 }
 
 namespace {
@@ -76,6 +86,55 @@ absl::Status CheckFits(int64_t need, int64_t have, const char* what) {
   return absl::OkStatus();
 }
 
+// The layout of `slots` (rows of the problem's packed tensors) padded to `batch` slots with
+// zero-length slots at the end of the tensors. OutOfRange when an end offset exceeds int32.
+absl::StatusOr<CudnnRaggedLayout> LayoutOfSlots(const AttentionProblem& p,
+                                                absl::Span<const CudnnSegmentPart> slots,
+                                                int64_t batch) {
+  const int64_t q_row = int64_t{p.num_heads} * p.head_dim;
+  const int64_t kv_row = int64_t{p.num_kv_heads} * p.head_dim;
+  // The end offsets bound every other offset, so checking them checks all.
+  auto q_end = ElementOffset(p.total_q(), q_row, "q/out");
+  if (!q_end.ok()) return q_end.status();
+  auto kv_end = ElementOffset(p.total_k(), kv_row, "k/v");
+  if (!kv_end.ok()) return kv_end.status();
+  auto stats_end = ElementOffset(p.total_q(), p.num_heads, "stats");
+  if (!stats_end.ok()) return stats_end.status();
+  CudnnRaggedLayout l;
+  for (const CudnnSegmentPart& slot : slots) {
+    l.segments.push_back(slot.segment);
+    l.seq_len_q.push_back(slot.q_len);
+    l.seq_len_k.push_back(slot.k_len);
+    // Rows inside the problem's tensors, below the checked end offsets: no overflow.
+    l.q_offsets.push_back(static_cast<int32_t>(slot.q_begin * q_row));
+    l.kv_offsets.push_back(static_cast<int32_t>(slot.k_begin * kv_row));
+    l.stats_offsets.push_back(static_cast<int32_t>(int64_t{slot.q_begin} * p.num_heads));
+  }
+  // Padding slots: zero lengths, starting at the end of the packed tensors.
+  while (static_cast<int64_t>(l.seq_len_q.size()) < batch) {
+    l.seq_len_q.push_back(0);
+    l.seq_len_k.push_back(0);
+    l.q_offsets.push_back(*q_end);
+    l.kv_offsets.push_back(*kv_end);
+    l.stats_offsets.push_back(*stats_end);
+  }
+  l.q_offsets.push_back(*q_end);
+  l.kv_offsets.push_back(*kv_end);
+  l.stats_offsets.push_back(*stats_end);
+  return l;
+}
+
+// OK when `shape` is at least `need` in batch and maximum lengths and holds the problem's
+// packed totals; InvalidArgument naming the dimension otherwise.
+absl::Status CheckClassFits(const AttentionProblem& p, const CudnnShapeClass& need,
+                            const CudnnShapeClass& shape) {
+  if (auto s = CheckFits(need.batch, shape.batch, "batch"); !s.ok()) return s;
+  if (auto s = CheckFits(need.max_seqlen_q, shape.max_seqlen_q, "max_seqlen_q"); !s.ok()) return s;
+  if (auto s = CheckFits(need.max_seqlen_k, shape.max_seqlen_k, "max_seqlen_k"); !s.ok()) return s;
+  if (auto s = CheckFits(p.total_q(), shape.total_q, "total_q"); !s.ok()) return s;
+  return CheckFits(p.total_k(), shape.total_k, "total_k");
+}
+
 }  // namespace
 
 absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem& p,
@@ -96,48 +155,90 @@ absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem&
         "keys than queries (it needs the bottom-right mask)",
         shape.ToString()));
   }
-  if (auto s = CheckFits(need.batch, shape.batch, "batch"); !s.ok()) return s;
-  if (auto s = CheckFits(need.max_seqlen_q, shape.max_seqlen_q, "max_seqlen_q"); !s.ok()) return s;
-  if (auto s = CheckFits(need.max_seqlen_k, shape.max_seqlen_k, "max_seqlen_k"); !s.ok()) return s;
-  if (auto s = CheckFits(p.total_q(), shape.total_q, "total_q"); !s.ok()) return s;
-  if (auto s = CheckFits(p.total_k(), shape.total_k, "total_k"); !s.ok()) return s;
-
-  const int64_t q_row = int64_t{p.num_heads} * p.head_dim;
-  const int64_t kv_row = int64_t{p.num_kv_heads} * p.head_dim;
-  // The end offsets bound every other offset, so checking them checks all.
-  auto q_end = ElementOffset(p.total_q(), q_row, "q/out");
-  if (!q_end.ok()) return q_end.status();
-  auto kv_end = ElementOffset(p.total_k(), kv_row, "k/v");
-  if (!kv_end.ok()) return kv_end.status();
-  auto stats_end = ElementOffset(p.total_q(), p.num_heads, "stats");
-  if (!stats_end.ok()) return stats_end.status();
-
-  CudnnRaggedLayout l;
+  if (absl::Status s = CheckClassFits(p, need, shape); !s.ok()) return s;
+  std::vector<CudnnSegmentPart> slots;
+  bool unvisited = false;
   for (int b = 0; b < p.batch(); ++b) {
     if (p.seqlen_q(b) == 0) {
-      if (p.seqlen_k(b) > 0) l.has_unvisited_keys = true;
+      unvisited = unvisited || p.seqlen_k(b) > 0;
       continue;
     }
-    l.segments.push_back(b);
-    l.seq_len_q.push_back(p.seqlen_q(b));
-    l.seq_len_k.push_back(p.seqlen_k(b));
-    // Offsets below the end offsets: the products cannot overflow.
-    l.q_offsets.push_back(static_cast<int32_t>(p.cu_seqlens_q[b] * q_row));
-    l.kv_offsets.push_back(static_cast<int32_t>(p.cu_seqlens_k[b] * kv_row));
-    l.stats_offsets.push_back(static_cast<int32_t>(int64_t{p.cu_seqlens_q[b]} * p.num_heads));
+    slots.push_back({.segment = b,
+                     .q_begin = p.cu_seqlens_q[b],
+                     .q_len = p.seqlen_q(b),
+                     .k_begin = p.cu_seqlens_k[b],
+                     .k_len = p.seqlen_k(b)});
   }
-  // Padding slots: zero lengths, starting at the end of the packed tensors.
-  while (static_cast<int64_t>(l.seq_len_q.size()) < shape.batch) {
-    l.seq_len_q.push_back(0);
-    l.seq_len_k.push_back(0);
-    l.q_offsets.push_back(*q_end);
-    l.kv_offsets.push_back(*kv_end);
-    l.stats_offsets.push_back(*stats_end);
-  }
-  l.q_offsets.push_back(*q_end);
-  l.kv_offsets.push_back(*kv_end);
-  l.stats_offsets.push_back(*stats_end);
+  auto l = LayoutOfSlots(p, slots, shape.batch);
+  if (!l.ok()) return l.status();
+  l->has_unvisited_keys = unvisited;
   return l;
+}
+
+absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& p) {
+  if (!p.causal) {
+    return absl::InvalidArgumentError(
+        "the CP segment split needs a causal problem; this one is maskless (causal = false)");
+  }
+  if (absl::Status s = ValidateProblem(p, AttentionKernel::kCudnn); !s.ok()) return s;
+  CudnnCpSplit split;
+  for (int b = 0; b < p.batch(); ++b) {
+    const int32_t len_q = p.seqlen_q(b);
+    if (len_q == 0) continue;  // no queries: no work in either part
+    // ValidateProblem guarantees len_k >= len_q for a causal segment with queries.
+    const int32_t prefix = p.seqlen_k(b) - len_q;
+    if (prefix > 0) {
+      split.prefix.push_back({.segment = b,
+                              .q_begin = p.cu_seqlens_q[b],
+                              .q_len = len_q,
+                              .k_begin = p.cu_seqlens_k[b],
+                              .k_len = prefix});
+    }
+    split.block.push_back({.segment = b,
+                           .q_begin = p.cu_seqlens_q[b],
+                           .q_len = len_q,
+                           .k_begin = p.cu_seqlens_k[b] + prefix,
+                           .k_len = len_q});
+  }
+  return split;
+}
+
+CudnnShapeClass CudnnPartShapeClass(const AttentionProblem& p,
+                                    absl::Span<const CudnnSegmentPart> parts, bool causal) {
+  int64_t max_q = 0, max_k = 0;
+  for (const CudnnSegmentPart& part : parts) {
+    max_q = std::max<int64_t>(max_q, part.q_len);
+    max_k = std::max<int64_t>(max_k, part.k_len);
+  }
+  return ClassOfSlots(p, static_cast<int64_t>(parts.size()), max_q, max_k, causal,
+                      /*top_left=*/true);
+}
+
+absl::StatusOr<CudnnRaggedLayout> BuildCudnnPartLayout(const AttentionProblem& p,
+                                                       absl::Span<const CudnnSegmentPart> parts,
+                                                       const CudnnShapeClass& shape) {
+  if (shape.num_heads != p.num_heads || shape.num_kv_heads != p.num_kv_heads ||
+      shape.head_dim != p.head_dim || shape.softmax_scale != p.softmax_scale ||
+      shape.causal != shape.causal_top_left) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shape class %s does not fit a split part of the problem (heads %d, kv_heads %d, "
+        "head_dim %d, scale %a; a part is maskless or top-left causal)",
+        shape.ToString(), p.num_heads, p.num_kv_heads, p.head_dim, p.softmax_scale));
+  }
+  for (const CudnnSegmentPart& part : parts) {
+    if (part.q_len <= 0 || part.k_len <= 0 || part.q_begin < 0 || part.k_begin < 0 ||
+        int64_t{part.q_begin} + part.q_len > p.total_q() ||
+        int64_t{part.k_begin} + part.k_len > p.total_k()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "part of segment %d (queries [%d, +%d), keys [%d, +%d)) is empty or lies outside the "
+          "problem's %d query and %d key rows",
+          part.segment, part.q_begin, part.q_len, part.k_begin, part.k_len, p.total_q(),
+          p.total_k()));
+    }
+  }
+  const CudnnShapeClass need = CudnnPartShapeClass(p, parts, shape.causal);
+  if (absl::Status s = CheckClassFits(p, need, shape); !s.ok()) return s;
+  return LayoutOfSlots(p, parts, shape.batch);
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -277,6 +278,180 @@ TEST(CudnnRaggedLayout, OffsetsBeyondInt32AreOutOfRange) {
               absl::StatusCode::kOutOfRange, "q/out offset 524288 rows x 4096 elements");
   p = DocumentsProblem({1 << 18, (1 << 18) - 1}, 32, 8, 128);
   EXPECT_TRUE(BuildCudnnRaggedLayout(p, CudnnShapeClassOf(p)).ok());
+}
+
+TEST(CudnnCpSplit, WorkedExample) {
+  // A whole document of 100 (a = 0), a CP segment holding queries [36, 100) of a 100-token
+  // document (a = 36), a segment without queries, a segment whose prefix is one key.
+  const AttentionProblem p = SegmentsProblem({{100, 100}, {64, 100}, {0, 50}, {7, 8}}, 4, 2, 64);
+  absl::StatusOr<CudnnCpSplit> s = SplitCudnnCpSegments(p);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->prefix.size(), 2u);
+  EXPECT_EQ(s->prefix[0].segment, 1);
+  EXPECT_EQ(s->prefix[0].q_begin, 100);
+  EXPECT_EQ(s->prefix[0].q_len, 64);
+  EXPECT_EQ(s->prefix[0].k_begin, 100);
+  EXPECT_EQ(s->prefix[0].k_len, 36);
+  EXPECT_EQ(s->prefix[1].segment, 3);
+  EXPECT_EQ(s->prefix[1].q_begin, 164);
+  EXPECT_EQ(s->prefix[1].k_begin, 250);
+  EXPECT_EQ(s->prefix[1].k_len, 1);
+  ASSERT_EQ(s->block.size(), 3u);
+  EXPECT_EQ(s->block[0].segment, 0);
+  EXPECT_EQ(s->block[0].k_begin, 0);
+  EXPECT_EQ(s->block[0].k_len, 100);
+  EXPECT_EQ(s->block[1].segment, 1);
+  EXPECT_EQ(s->block[1].q_begin, 100);
+  EXPECT_EQ(s->block[1].k_begin, 136);
+  EXPECT_EQ(s->block[1].k_len, 64);
+  EXPECT_EQ(s->block[2].segment, 3);
+  EXPECT_EQ(s->block[2].q_begin, 164);
+  EXPECT_EQ(s->block[2].q_len, 7);
+  EXPECT_EQ(s->block[2].k_begin, 251);
+  EXPECT_EQ(s->block[2].k_len, 7);
+}
+
+// Every (query row, key row) pair of the packed tensors that the bottom-right causal mask lets
+// through is covered exactly once by the two parts (maskless prefix, top-left square block), and
+// the parts cover no other pair, over seeded random CP-like segment lists.
+TEST(CudnnCpSplit, PartsCoverTheBottomRightMaskExactlyOnceOverRandomProblems) {
+  std::mt19937_64 rng(49);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<std::pair<int32_t, int32_t>> segs;
+    for (int i = std::uniform_int_distribution<int>(1, 8)(rng); i > 0; --i) {
+      const int32_t lk = std::uniform_int_distribution<int32_t>(0, 40)(rng);
+      // Bias towards the edge cases: a = 0, a prefix of one key, no queries.
+      const int kind = std::uniform_int_distribution<int>(0, 4)(rng);
+      const int32_t lq = kind == 0             ? lk
+                         : kind == 1 && lk > 0 ? lk - 1
+                         : kind == 2           ? 0
+                                               : std::uniform_int_distribution<int32_t>(0, lk)(rng);
+      segs.push_back({lq, lk});
+    }
+    const AttentionProblem p = SegmentsProblem(segs, 8, 2, trial % 2 ? 96 : 128);
+    absl::StatusOr<CudnnCpSplit> s = SplitCudnnCpSegments(p);
+    ASSERT_TRUE(s.ok()) << s.status();
+    // Times each (query row, key row) pair is covered.
+    std::map<std::pair<int32_t, int32_t>, int> covered;
+    int last = -1;
+    for (const CudnnSegmentPart& part : s->prefix) {
+      EXPECT_GT(part.segment, last) << "prefix parts out of segment order";
+      last = part.segment;
+      EXPECT_GT(part.k_len, 0);
+      EXPECT_GT(part.q_len, 0);
+      for (int32_t i = 0; i < part.q_len; ++i) {
+        for (int32_t j = 0; j < part.k_len; ++j) ++covered[{part.q_begin + i, part.k_begin + j}];
+      }
+    }
+    last = -1;
+    for (const CudnnSegmentPart& part : s->block) {
+      EXPECT_GT(part.segment, last) << "block parts out of segment order";
+      last = part.segment;
+      EXPECT_EQ(part.q_len, part.k_len) << "block parts are square";
+      EXPECT_GT(part.q_len, 0);
+      for (int32_t i = 0; i < part.q_len; ++i) {
+        for (int32_t j = 0; j <= i; ++j) ++covered[{part.q_begin + i, part.k_begin + j}];
+      }
+    }
+    int64_t allowed = 0;
+    for (int b = 0; b < p.batch(); ++b) {
+      const int32_t lq = p.seqlen_q(b), lk = p.seqlen_k(b);
+      for (int32_t i = 0; i < lq; ++i) {
+        for (int32_t j = 0; j <= i + (lk - lq); ++j) {
+          ++allowed;
+          const auto it = covered.find({p.cu_seqlens_q[b] + i, p.cu_seqlens_k[b] + j});
+          ASSERT_TRUE(it != covered.end()) << "trial " << trial << " segment " << b << " pair ("
+                                           << i << ", " << j << ") is not covered";
+          EXPECT_EQ(it->second, 1) << "trial " << trial << " segment " << b << " pair (" << i
+                                   << ", " << j << ") covered " << it->second << " times";
+        }
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(covered.size()), allowed) << "the parts cover masked pairs";
+    EXPECT_EQ(allowed, VisiblePairs(p));
+  }
+}
+
+TEST(CudnnCpSplit, RejectsMaskedOutOrInvalidProblems) {
+  ExpectError(
+      SplitCudnnCpSegments(SegmentsProblem({{10, 20}}, 4, 2, 64, /*causal=*/false)).status(),
+      absl::StatusCode::kInvalidArgument, "causal = false");
+  // More queries than keys: some query would see no key.
+  const absl::Status more_queries =
+      SplitCudnnCpSegments(SegmentsProblem({{21, 20}}, 4, 2, 64)).status();
+  EXPECT_EQ(more_queries.code(), absl::StatusCode::kInvalidArgument) << more_queries;
+  // A head_dim the cudnn engine cannot run.
+  const absl::Status head_dim =
+      SplitCudnnCpSegments(SegmentsProblem({{10, 20}}, 4, 2, 130)).status();
+  EXPECT_EQ(head_dim.code(), absl::StatusCode::kInvalidArgument) << head_dim;
+}
+
+TEST(CudnnPartLayout, SlotsAddressTheSplitPartsOverRandomProblems) {
+  std::mt19937_64 rng(4903);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<std::pair<int32_t, int32_t>> segs;
+    for (int i = std::uniform_int_distribution<int>(1, 12)(rng); i > 0; --i) {
+      const int32_t lk = std::uniform_int_distribution<int32_t>(0, 700)(rng);
+      segs.push_back({std::uniform_int_distribution<int32_t>(0, lk)(rng), lk});
+    }
+    const AttentionProblem p = SegmentsProblem(segs, 8, 2, trial % 2 ? 96 : 128);
+    absl::StatusOr<CudnnCpSplit> split = SplitCudnnCpSegments(p);
+    ASSERT_TRUE(split.ok()) << split.status();
+    for (bool causal : {false, true}) {
+      const std::vector<CudnnSegmentPart>& parts = causal ? split->block : split->prefix;
+      const CudnnShapeClass c = CudnnPartShapeClass(p, parts, causal);
+      EXPECT_EQ(c.causal, causal);
+      EXPECT_EQ(c.causal_top_left, causal);
+      EXPECT_GE(c.batch, static_cast<int64_t>(parts.size()));
+      EXPECT_LT(c.batch, 2 * static_cast<int64_t>(parts.size()) + 1);
+      absl::StatusOr<CudnnRaggedLayout> l = BuildCudnnPartLayout(p, parts, c);
+      ASSERT_TRUE(l.ok()) << l.status();
+      ASSERT_EQ(l->segments.size(), parts.size());
+      ASSERT_EQ(static_cast<int64_t>(l->seq_len_q.size()), c.batch);
+      EXPECT_FALSE(l->has_unvisited_keys);
+      const int64_t q_row = 8 * p.head_dim, kv_row = 2 * p.head_dim;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        EXPECT_EQ(l->segments[i], parts[i].segment);
+        EXPECT_EQ(l->seq_len_q[i], parts[i].q_len);
+        EXPECT_EQ(l->seq_len_k[i], parts[i].k_len);
+        EXPECT_LE(parts[i].q_len, c.max_seqlen_q);
+        EXPECT_LE(parts[i].k_len, c.max_seqlen_k);
+        EXPECT_EQ(l->q_offsets[i], parts[i].q_begin * q_row);
+        EXPECT_EQ(l->kv_offsets[i], parts[i].k_begin * kv_row);
+        EXPECT_EQ(l->stats_offsets[i], parts[i].q_begin * 8);
+      }
+      for (int64_t i = parts.size(); i < c.batch; ++i) {
+        EXPECT_EQ(l->seq_len_q[i], 0);
+        EXPECT_EQ(l->seq_len_k[i], 0);
+        EXPECT_EQ(l->q_offsets[i], p.total_q() * q_row);
+        EXPECT_EQ(l->kv_offsets[i], p.total_k() * kv_row);
+      }
+      EXPECT_EQ(l->stats_offsets.back(), p.total_q() * 8);
+    }
+  }
+}
+
+TEST(CudnnPartLayout, RejectsBadPartsAndClasses) {
+  const AttentionProblem p = SegmentsProblem({{64, 100}, {100, 100}}, 4, 2, 64);
+  absl::StatusOr<CudnnCpSplit> split = SplitCudnnCpSegments(p);
+  ASSERT_TRUE(split.ok()) << split.status();
+  const CudnnShapeClass c = CudnnPartShapeClass(p, split->block, /*causal=*/true);
+  CudnnShapeClass small = c;
+  small.batch = 1;
+  ExpectError(BuildCudnnPartLayout(p, split->block, small).status(),
+              absl::StatusCode::kInvalidArgument, "batch = 2 but the shape class has 1");
+  CudnnShapeClass bottom_right = c;
+  bottom_right.causal_top_left = false;
+  ExpectError(BuildCudnnPartLayout(p, split->block, bottom_right).status(),
+              absl::StatusCode::kInvalidArgument, "maskless or top-left causal");
+  std::vector<CudnnSegmentPart> outside = split->block;
+  outside[1].k_len = 101;  // keys [100, 201) of a 200-key problem
+  ExpectError(BuildCudnnPartLayout(p, outside, c).status(), absl::StatusCode::kInvalidArgument,
+              "part of segment 1 (queries [64, +100), keys [100, +101))");
+  std::vector<CudnnSegmentPart> empty = split->prefix;
+  empty[0].k_len = 0;
+  ExpectError(BuildCudnnPartLayout(p, empty, CudnnPartShapeClass(p, split->prefix, false)).status(),
+              absl::StatusCode::kInvalidArgument, "is empty or lies outside");
 }
 
 TEST(LseLayout, ConversionMovesEveryElementAndRoundTrips) {
