@@ -26,8 +26,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli_help.h"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/kernel_profile.hpp"
-#include "wlb/shard/kernel_model.hpp"
 
 ABSL_FLAG(std::string, profiles, "",
           "comma-separated kernel profile CSVs (q_len,kv_len,ms columns)");

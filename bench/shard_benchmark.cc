@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "wlb/core/document.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/default_distribution.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/shard_strategies.hpp"
 

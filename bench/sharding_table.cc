@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "bench_plan_flags.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/wlb.hpp"

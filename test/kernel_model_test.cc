@@ -1,5 +1,5 @@
-// Tests of include/wlb/shard/kernel_model.hpp.
-#include "wlb/shard/kernel_model.hpp"
+// Tests of include/wlb/cost/kernel_model.hpp.
+#include "wlb/cost/kernel_model.hpp"
 
 #include <cmath>
 #include <cstdint>

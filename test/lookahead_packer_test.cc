@@ -16,6 +16,7 @@
 #include "wlb/core/steps.hpp"
 #include "wlb/io/input.hpp"
 #include "wlb/metrics/imbalance.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
 

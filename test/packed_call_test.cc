@@ -1,4 +1,4 @@
-// Tests of the kernel model's packed-call readings (include/wlb/shard/kernel_model.hpp: PackedMs,
+// Tests of the kernel model's packed-call readings (include/wlb/cost/kernel_model.hpp: PackedMs,
 // PackedCallFeatures, WithPackedCalls, CallMs), their fit (FitPackedCalls, wlb/cost/cost_fit.hpp),
 // the packed-call profile CSV (ParsePackedCallProfile, wlb/io/kernel_profile.hpp) and adaptive
 // ranked by a fit (wlb/shard/strategies/adaptive.hpp).
@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "wlb/cost/cost_fit.hpp"
 #include "wlb/io/kernel_profile.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
 

@@ -13,6 +13,7 @@
 #include "test_util.hpp"
 #include "wlb/core/steps.hpp"
 #include "wlb/io/default_distribution.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/make_packer.hpp"
 
 namespace wlb {

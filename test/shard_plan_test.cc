@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "test_util.hpp"
 #include "wlb/cost/attention_mask.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 
 namespace wlb {

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "test_util.hpp"
 #include "wlb/core/steps.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
 

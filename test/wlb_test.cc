@@ -3,6 +3,10 @@
 // together end to end.
 #include "wlb/wlb.hpp"
 
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +46,73 @@ TEST(Umbrella, EveryHeaderIsReachableAndThePiecesWorkTogether) {
     EXPECT_EQ(ShardPlanToJson(*plan).at("cp_size"), 2);
     EXPECT_GE(MeasureCpBalance(*plan, KernelModel::Default()).pair_imbalance, 1.0);
   }
+}
+
+namespace fs = std::filesystem;
+
+// The wlb/... headers a header includes directly.
+std::set<std::string> IncludesOf(const fs::path& include_dir, const std::string& header) {
+  std::ifstream in(include_dir / header);
+  EXPECT_TRUE(in.good()) << header;
+  static const std::regex kInclude(R"re(^#include "(wlb/[^"]+)")re");
+  std::set<std::string> out;
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_search(line, m, kInclude)) out.insert(m[1]);
+  }
+  return out;
+}
+
+// Every wlb/... header reached from `header` through includes.
+std::set<std::string> ReachedFrom(const fs::path& include_dir, const std::string& header) {
+  std::set<std::string> seen = {header};
+  std::vector<std::string> todo = {header};
+  while (!todo.empty()) {
+    const std::string h = todo.back();
+    todo.pop_back();
+    for (const std::string& next : IncludesOf(include_dir, h)) {
+      if (seen.insert(next).second) todo.push_back(next);
+    }
+  }
+  return seen;
+}
+
+// One umbrella per folder: wlb/F.hpp includes every header at the top level of include/wlb/F
+// and reaches every header below it; wlb/wlb.hpp includes exactly the top-level headers (the
+// folder umbrellas and plan_spec.hpp), so no list of headers is kept twice.
+TEST(Umbrella, OneUmbrellaPerFolderAndWlbHppIncludesExactlyThem) {
+  const fs::path include_dir = fs::path(WLB_SOURCE_DIR) / "include";
+  std::set<std::string> top_level;
+  int folders = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(include_dir / "wlb")) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && e.path().extension() == ".hpp" && name != "wlb.hpp") {
+      top_level.insert("wlb/" + name);
+    }
+    if (!e.is_directory()) continue;
+    ++folders;
+    const std::string umbrella = "wlb/" + name + ".hpp";
+    ASSERT_TRUE(fs::exists(include_dir / umbrella))
+        << "folder wlb/" << name << " has no " << umbrella;
+    const std::set<std::string> direct = IncludesOf(include_dir, umbrella);
+    const std::set<std::string> reached = ReachedFrom(include_dir, umbrella);
+    for (const fs::directory_entry& h : fs::recursive_directory_iterator(e.path())) {
+      if (h.path().extension() != ".hpp") continue;
+      const std::string rel = fs::relative(h.path(), include_dir).generic_string();
+      const bool at_top = h.path().parent_path() == e.path();
+      if (at_top) {
+        EXPECT_TRUE(direct.count(rel)) << umbrella << " does not include " << rel;
+      } else {
+        EXPECT_TRUE(reached.count(rel)) << umbrella << " does not reach " << rel;
+      }
+    }
+    for (const std::string& d : direct) {
+      EXPECT_EQ(d.rfind("wlb/" + name + "/", 0), 0u)
+          << umbrella << " includes " << d << " of another folder";
+    }
+  }
+  EXPECT_GE(folders, 7);
+  EXPECT_EQ(IncludesOf(include_dir, "wlb/wlb.hpp"), top_level);
 }
 
 }  // namespace wlb_test

@@ -39,12 +39,12 @@
 #include "absl/strings/str_split.h"
 #include "wlb/cost/attention_mask.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/kernel_profile.hpp"
 #include "wlb/io/micro_batch_csv.hpp"
 #include "wlb/io/profile.hpp"
 #include "wlb/io/read_file.hpp"
 #include "wlb/pack/make_packer.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
 namespace wlb {

@@ -31,11 +31,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "bench/cp_bench_util.h"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/cuda/communicator.h"
 #include "wlb/cuda/cp_packed_run.h"
 #include "wlb/cuda/cp_workload.h"
 #include "wlb/io/kernel_profile.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
 

@@ -1,6 +1,6 @@
 // Kernel profiler: times a varlen attention engine (--kernel: flash, the default, or cudnn) on
 // single causal segments over a grid of (q_len, kv_len) and writes the profile CSV that
-// wlb::KernelModel reads (include/wlb/shard/kernel_model.hpp: columns q_len, kv_len, ms; others
+// wlb::KernelModel reads (include/wlb/cost/kernel_model.hpp: columns q_len, kv_len, ms; others
 // ignored). Each engine gets its own table: tile padding and per-call overhead differ.
 //
 //   wlb_cuda_kernel_profiler --out=h200_profile.csv [--kernel=flash] [--heads=32]
@@ -42,11 +42,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "bench/cp_bench_util.h"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/cuda/attention_problem.h"
 #include "wlb/cuda/cp_workload.h"
 #include "wlb/cuda/varlen_attention.h"
 #include "wlb/io/kernel_profile.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
 namespace {

@@ -27,7 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_model.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 
 namespace wlb {
 

@@ -1,5 +1,5 @@
 // Reading kernel profiles: CSV tables of measured single-segment attention calls (q_len, kv_len,
-// ms rows) that become a table KernelModel (wlb/shard/kernel_model.hpp).
+// ms rows) that become a table KernelModel (wlb/cost/kernel_model.hpp).
 //
 //   absl::StatusOr<wlb::KernelModel> measured = wlb::ReadKernelProfileCsv("h200-fwd.csv");
 //   absl::StatusOr<std::vector<wlb::KernelProfilePoint>> points =
@@ -28,8 +28,8 @@
 #include "absl/strings/string_view.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_fit.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/read_file.hpp"
-#include "wlb/shard/kernel_model.hpp"
 
 namespace wlb {
 

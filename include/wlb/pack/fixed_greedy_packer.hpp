@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "wlb/pack/argmin_tree.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/windowed_packer.hpp"
 
 namespace wlb {

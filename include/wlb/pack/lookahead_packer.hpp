@@ -57,6 +57,7 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/lookahead/candidates.hpp"
 #include "wlb/pack/lookahead/delay_account.hpp"
 #include "wlb/pack/lookahead/scoring.hpp"

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/packer.hpp"
 
 namespace wlb {

@@ -27,6 +27,7 @@
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
 #include "wlb/pack/argmin_tree.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/outlier_queues.hpp"
 #include "wlb/pack/packer.hpp"
 #include "wlb/pack/refine.hpp"

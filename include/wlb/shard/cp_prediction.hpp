@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "wlb/cost/attention_mask.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_types.hpp"
 
 namespace wlb {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "wlb/core/document.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/plan_builder.hpp"
 
 namespace wlb {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_types.hpp"
 
 namespace wlb {

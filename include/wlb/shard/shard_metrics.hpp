@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/shard_strategies.hpp"
 #include "wlb/shard/shard_types.hpp"

@@ -93,8 +93,8 @@
 //  - validate_plan.hpp: ValidateShardPlan.
 #pragma once
 
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/cp_prediction.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/per_seq_order.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_strategies.hpp"

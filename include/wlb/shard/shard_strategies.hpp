@@ -24,7 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/core/limits.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"

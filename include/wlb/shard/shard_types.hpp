@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/attention_mask.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 
 namespace wlb {
 

@@ -50,7 +50,7 @@
 #include "wlb/core/limits.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/cost_model.hpp"
-#include "wlb/shard/kernel_model.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
 namespace wlb {

@@ -17,6 +17,7 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/pack/length_order.hpp"
 #include "wlb/pack/lookahead/delay_account.hpp"
 #include "wlb/pack/outlier_queues.hpp"
 #include "wlb/pack/packer.hpp"

@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "wlb/cost/attention_mask.hpp"
+#include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/cp_prediction.hpp"
-#include "wlb/shard/kernel_model.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"

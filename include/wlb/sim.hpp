@@ -1,0 +1,7 @@
+// wlb/sim: step-time estimates and DP assignment.
+// Umbrella header of the folder: includes every header at its top level (subfolders are reached
+// through the header that owns them). wlb/wlb.hpp includes one such header per folder.
+#pragma once
+
+#include "wlb/sim/dp_assign.hpp"
+#include "wlb/sim/step_time.hpp"
