@@ -1,5 +1,6 @@
-// The table benches' shared flags (bench_plan_flags.hpp). Plan defaults are wlb::PlanSpec's, as
-// wlb-plan's are.
+// The table benches' shared flags (bench_plan_flags.hpp). The plan flags are the rows of
+// wlb::kPlanSettings a bench may take (SettingFront kBenchFlag): read here, parsed by
+// ParsePlanSpec, their defaults PlanSpec's, as wlb-plan's are. The input flags are Abseil flags.
 #include "bench_plan_flags.hpp"
 
 #include <algorithm>
@@ -24,34 +25,12 @@ ABSL_FLAG(std::string, docs, "",
 ABSL_FLAG(std::string, distribution, "default",
           "when --docs is empty: default (embedded WLB-LLM-like histogram) or heavy-tail");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
-ABSL_FLAG(std::string, packer, wlb::PlanSpec{}.packer,
-          absl::StrCat("packer: ", absl::StrJoin(wlb::kPackerNames, ", "),
-                       " (benches that sweep packers do not take it)"));
-ABSL_FLAG(int64_t, context, wlb::PlanSpec{}.context,
-          "context window S in tokens (benches that sweep or fix S do not take it)");
-ABSL_FLAG(int64_t, max_tokens, wlb::PlanSpec{}.max_tokens,
-          "variable-length cap S_max per micro-batch; 0 = S + S/4");
-ABSL_FLAG(int32_t, micro_batches, wlb::PlanSpec{}.micro_batches,
-          "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
-          "cost model: a preset name (FLOPs or a shipped calibration), a masked preset, a "
-          "micro-batch measurement CSV or a profile CSV to fit");
-ABSL_FLAG(int32_t, queues, wlb::PlanSpec{}.queues, "WLB outlier-queue levels (default thresholds)");
-ABSL_FLAG(int32_t, lookahead, wlb::PlanSpec{}.lookahead,
-          "wlb-lookahead: K, steps of arrivals seen ahead");
-ABSL_FLAG(std::string, attention_range, "",
-          "wlb-refine/wlb-lookahead: LOW,HIGH or 'exact', the attention weights refinement must "
-          "not worsen (empty: the cost's default)");
-ABSL_FLAG(double, cp_link_gbps, wlb::PlanSpec{}.cp_link_gbps,
-          "K/V link bandwidth per rank and direction (GB/s) of the CP predictions");
 
 namespace wlb::bench {
 namespace {
 
-// The shared plan flags: PlanSpec keys, and the CP link (not a PlanSpec key here: the benches
-// predict the exchange of every strategy with it, not only doc-degree's plans).
-const char* const kPlanFlags[] = {"packer", "context",   "max_tokens",      "micro_batches", "cost",
-                                  "queues", "lookahead", "attention_range", "cp_link_gbps"};
+// The CP link: a plan key, but here not of the spec (the benches predict the exchange of every
+// strategy with it, not only doc-degree's plans).
 constexpr std::string_view kCpLink = "cp_link_gbps";
 
 // The shared plan flags the program takes (ParseFlags).
@@ -60,10 +39,14 @@ std::vector<std::string>& Takes() {
   return takes;
 }
 
-// Set on the command line to other than its default (Abseil keeps no public "given" bit).
-bool Changed(const std::string& name) {
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  return flag->CurrentValue() != flag->DefaultValue();
+// The shared plan flags on the command line, in order (ParseFlags), and a malformed one.
+std::vector<std::pair<std::string, std::string>>& GivenPlanFlags() {
+  static std::vector<std::pair<std::string, std::string>> given;
+  return given;
+}
+absl::Status& ParseError() {
+  static absl::Status error;
+  return error;
 }
 
 // "--packer, --micro_batches": the shared plan flags the program takes.
@@ -73,36 +56,76 @@ std::string TakenList() {
   return flags.empty() ? "none" : absl::StrJoin(flags, ", ");
 }
 
+bool Taken(std::string_view key) {
+  return std::find(Takes().begin(), Takes().end(), key) != Takes().end();
+}
+
 }  // namespace
 
 void ParseFlags(int argc, char** argv, std::string_view usage,
                 std::initializer_list<std::string_view> takes) {
   Takes().assign(takes.begin(), takes.end());
+  GivenPlanFlags().clear();
+  ParseError() = absl::OkStatus();
   cli::ShowOwnFlagsInHelp();
+  std::string shared;
+  for (const PlanSetting& row : kPlanSettings) {
+    if ((row.fronts & kBenchFlag) == 0) continue;
+    const std::string default_value = row.show(PlanSpec{});
+    absl::StrAppendFormat(&shared, "\n  --%s (%s); default: %s%s", row.key, PlanSettingHelp(row),
+                          default_value.empty() ? "\"\"" : default_value,
+                          Taken(row.key) ? "" : " (not taken)");
+  }
   absl::SetProgramUsageMessage(absl::StrFormat(
       "%s\n\nShared planning flags it takes: %s, and --docs, --distribution, --seed (the other "
-      "shared flags must keep their defaults).",
-      std::string(usage), TakenList()));
-  absl::ParseCommandLine(argc, argv);
+      "shared flags must not be given). The shared planning flags (wlb::kPlanSettings):%s",
+      std::string(usage), TakenList(), shared));
+  // The shared plan flags out of argv (ParsePlanSpec reads them); the rest go to Abseil.
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      rest.insert(rest.end(), argv + i, argv + argc);
+      break;
+    }
+    const size_t dashes = arg.starts_with("--") ? 2 : arg.starts_with("-") ? 1 : 0;
+    const size_t eq = arg.find('=');
+    const PlanSetting* row =
+        dashes == 0 ? nullptr
+                    : FindPlanSetting(arg.substr(dashes, eq == arg.npos ? arg.npos : eq - dashes));
+    if (row == nullptr || (row->fronts & kBenchFlag) == 0) {
+      rest.push_back(argv[i]);
+      continue;
+    }
+    if (eq != arg.npos) {
+      GivenPlanFlags().emplace_back(row->key, std::string(arg.substr(eq + 1)));
+    } else if (i + 1 < argc) {
+      GivenPlanFlags().emplace_back(row->key, argv[++i]);
+    } else if (ParseError().ok()) {
+      ParseError() = absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", row->key));
+    }
+  }
+  absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
 }
 
 absl::StatusOr<BenchPlan> PlanFromFlags() {
-  std::vector<std::pair<std::string, std::string>> given;
-  for (const std::string key : kPlanFlags) {
-    if (!Changed(key)) continue;
-    if (std::find(Takes().begin(), Takes().end(), key) == Takes().end()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--%s is not used by this bench (its shared planning flags: %s)", key, TakenList()));
+  if (!ParseError().ok()) return ParseError();
+  for (const auto& [key, value] : GivenPlanFlags()) {
+    if (!Taken(key)) {
+      return UnusedOption(
+          key, absl::StrFormat("this bench's shared planning flags are %s", TakenList()));
     }
-    if (key != kCpLink) given.emplace_back(key, absl::FindCommandLineFlag(key)->CurrentValue());
   }
-  absl::StatusOr<PlanSpec> spec = ParsePlanSpec(given);
+  absl::StatusOr<PlanSpec> spec = ParsePlanSpec(GivenPlanFlags());
   if (!spec.ok()) return spec.status();
   BenchPlan plan{.spec = *std::move(spec),
                  .input = {.docs = absl::GetFlag(FLAGS_docs),
                            .distribution = absl::GetFlag(FLAGS_distribution),
                            .seed = absl::GetFlag(FLAGS_seed)},
-                 .cp = {.comm = {.link_gbps = absl::GetFlag(FLAGS_cp_link_gbps)}}};
+                 .cp = {}};
+  plan.cp.comm.link_gbps = plan.spec.cp_link_gbps;
+  plan.spec.given.erase(std::string(kCpLink));
+  plan.spec.cp_link_gbps = PlanSpec{}.cp_link_gbps;
   if (absl::Status s = ValidateCpPlanOptions(plan.cp); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--cp_link_gbps: ", s.message()));
   }
@@ -110,10 +133,10 @@ absl::StatusOr<BenchPlan> PlanFromFlags() {
 }
 
 PlanSpec ForPacker(PlanSpec base, std::string packer) {
-  const PackerInfo* info = FindPacker(packer);
-  const auto uses = [&](PackerOption o) { return info != nullptr && info->Uses(o); };
-  for (const PackerOptionKey& o : kPackerOptionKeys) {
-    if (!uses(o.option)) base.given.erase(o.key);
+  if (const PackerInfo* info = FindPacker(packer); info != nullptr) {
+    for (const PlanSetting& row : kPlanSettings) {
+      if (row.readers != 0 && !row.Reads(*info)) base.given.erase(row.key);
+    }
   }
   base.packer = std::move(packer);
   return base;

@@ -1,9 +1,10 @@
-// The flags the table benches (bench/*_table.cc) share, declared once in bench_plan_flags.cc:
-// the input (--docs, --distribution, --seed), the plan keys of wlb::PlanSpec spelled as wlb-plan
-// spells them (--packer, --context, --max_tokens, --micro_batches, --cost, --queues, --lookahead,
-// --attention_range)
-// and the CP link of the predictions (--cp_link_gbps). Each bench says which of them it takes;
-// --steps (its default and meaning differ per bench) and the bench's own flags stay in its file.
+// The flags the table benches (bench/*_table.cc) share, defined once in bench_plan_flags.cc:
+// the input (--docs, --distribution, --seed, Abseil flags) and the plan settings of
+// wlb::kPlanSettings offered to benches (kBenchFlag: --packer, --context, --max_tokens,
+// --micro_batches, --cost, --queues, --lookahead, --attention_range, and --cp_link_gbps, the CP
+// link of the predictions), spelled as wlb-plan spells them. Each bench says which plan flags it
+// takes; --steps (its default and meaning differ per bench) and the bench's own flags stay in its
+// file.
 //
 //   wlb::bench::ParseFlags(argc, argv, "Compares CP shard strategies ...",
 //                          {"packer", "micro_batches", "cp_link_gbps"});
@@ -28,14 +29,14 @@ void ParseFlags(int argc, char** argv, std::string_view usage,
 
 // What the shared flags describe.
 struct BenchPlan {
-  PlanSpec spec;       // the plan keys taken; those set to other than their default are given
+  PlanSpec spec;       // the plan keys taken; those on the command line are given
   InputOptions input;  // --docs, --distribution, --seed (steps: the bench's)
   CpPlanOptions cp;    // the K/V link of --cp_link_gbps, checked
 };
 
-// The parsed shared flags (ParseFlags). A taken plan flag set to other than its default is a given
-// key of the spec, so PlanSpec::Validate checks it as wlb-plan does; a shared flag the bench does
-// not take must keep its default, never silently ignored ("--context is not used by this bench").
+// The parsed shared flags (ParseFlags). A taken plan flag on the command line is a given key of
+// the spec, so PlanSpec::Validate checks it as wlb-plan does; a shared flag the bench does not
+// take is an error, never silently ignored ("--context is not used by this run: ...").
 absl::StatusOr<BenchPlan> PlanFromFlags();
 
 // `base` for the rows a bench plans with `packer` while it sweeps packers: the given options that

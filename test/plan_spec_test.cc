@@ -74,10 +74,11 @@ TEST(PlanSpec, ErrorsNameTheValue) {
 
 TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
   EXPECT_THAT(ValidateError({{"window", "2"}}),
-              HasSubstr("--window is not used by this run: it sets fixed-greedy's window"));
+              HasSubstr("--window is not used by this run: only fixed-greedy reads it, and the "
+                        "packer is 'wlb'"));
   EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"bound_delay", "true"}}),
-              HasSubstr("--bound-delay is not used by this run: it bounds wlb-lookahead's token "
-                        "delay, and --packer is wlb-refine"));
+              HasSubstr("--bound-delay is not used by this run: only wlb-lookahead reads it, and "
+                        "the packer is 'wlb-refine'"));
   EXPECT_THAT(ValidateError({{"packer", "wlb-lookahead"}, {"bound_delay", "maybe"}}),
               HasSubstr("--bound_delay: 'maybe' is not true or false"));
   EXPECT_THAT(ValidateError({{"packer", "wlb-refine"}, {"lookahead", "2"}}),

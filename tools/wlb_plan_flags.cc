@@ -19,67 +19,17 @@
 #include "wlb/wlb.hpp"
 #include "wlb_plan.h"
 
-// Defaults of the plan's flags are PlanSpec's (a key not given keeps them).
+// The plan's flags are not Abseil flags: they are the rows of wlb::kPlanSettings (plan_settings.hpp),
+// read by ParseArgs and ParsePlanSpec; a key not given keeps PlanSpec's default.
 ABSL_FLAG(std::string, docs, "",
           "lengths file (one integer per line, or a JSON array); '-' reads stdin; empty samples "
           "the embedded distribution named by --distribution");
 ABSL_FLAG(std::string, distribution, "default",
           "when --docs is empty: default (the embedded WLB-LLM-like histogram) or heavy-tail");
-ABSL_FLAG(int64_t, context, wlb::PlanSpec{}.context, "context window S in tokens (longest piece)");
-ABSL_FLAG(int64_t, max_tokens, wlb::PlanSpec{}.max_tokens,
-          "variable-length cap S_max per micro-batch; 0 = S + S/4");
-ABSL_FLAG(int32_t, micro_batches, wlb::PlanSpec{}.micro_batches,
-          "micro-batches per step N (= PP x DP)");
-ABSL_FLAG(std::string, packer, wlb::PlanSpec{}.packer,
-          absl::StrCat(absl::StrJoin(wlb::kPackerNames, ", "), " (listed below)"));
-ABSL_FLAG(int32_t, lookahead, wlb::PlanSpec{}.lookahead,
-          "wlb-lookahead: K in [0, 8], steps of prefetched arrivals it sees ahead");
-ABSL_FLAG(int32_t, window, wlb::PlanSpec{}.window, "fixed-greedy: steps packed together");
-ABSL_FLAG(std::string, thresholds, "",
-          "wlb/wlb-refine/wlb-lookahead: comma-separated outlier thresholds L_1<L_2<... in tokens, "
-          "or 'none'");
-ABSL_FLAG(int32_t, queues, wlb::PlanSpec{}.queues,
-          "wlb/wlb-refine/wlb-lookahead: number of outlier queues with default thresholds "
-          "(instead of --thresholds)");
-ABSL_FLAG(bool, tune, wlb::PlanSpec{}.tune,
-          "wlb/wlb-refine/wlb-lookahead: pick thresholds with the tuner on the planned stream "
-          "itself, within --delay-budget");
-ABSL_FLAG(double, delay_budget, wlb::PlanSpec{}.delay_budget,
-          "--tune, wlb-lookahead: max mean token delay in steps (wlb-lookahead: default none "
-          "beyond wlb's delay, 1 with --tune)");
-ABSL_FLAG(bool, bound_delay, wlb::PlanSpec{}.bound_delay,
-          "wlb-lookahead: plan each step within wlb-refine's token delay on the same stream "
-          "(--bound_delay=false: the delay price alone steers, which can end above it)");
-ABSL_FLAG(std::string, attention_range, "",
-          "wlb-refine/wlb-lookahead: LOW,HIGH (0 <= LOW <= 1 <= HIGH) or 'exact': a refinement "
-          "change must not make a step worse under the cost with attention weighed LOW..HIGH x "
-          "the planning cost's; empty = [1, 2.5] for a FLOP preset, exact for a measured cost");
-ABSL_FLAG(std::string, cost, wlb::PlanSpec{}.cost,
-          "cost model: a FLOP preset (llama2-7b, llama2-13b, llama2-70b, wlb-550m), a shipped "
-          "calibration (fwd+bwd ms measured on a GPU: h100-flash-llama2-7b-tp8, "
-          "h100-cudnn-wlb-550m-tp2; --list costs), a masked preset (llama2-7b-swa4k, "
-          "llama2-7b-chunk8k, llama2-7b-causal: FLOPs under a layer mix of attention masks; "
-          "doc-degree CP plans for its masks too), a micro-batch measurement CSV (header with a "
-          "'lengths' column: docs/guides/calibration.md) or a profile CSV of length -> latency "
-          "to fit");
-ABSL_FLAG(std::string, profile_cost, wlb::PlanSpec{}.profile_cost,
-          "with a profile CSV in --cost: 'fit' (least-squares quadratic) or 'table' (tile-aware "
-          "interpolation of the measured points)");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
 ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
           "this many (0 = all)");
-ABSL_FLAG(int32_t, cp, wlb::PlanSpec{}.cp,
-          "context-parallel size C in [1, 4096]: add CP shard plans to every micro-batch (omit "
-          "for none)");
-ABSL_FLAG(std::string, sharding, wlb::PlanSpec{}.sharding,
-          "with --cp or --estimate: " + wlb::ShardStrategyNameList(" or "));
-ABSL_FLAG(double, cp_link_gbps, wlb::PlanSpec{}.cp_link_gbps,
-          "with --sharding doc-degree: K/V link bandwidth per rank and direction in GB/s "
-          "(default 450: NVLink 4, 900 GB/s both ways); in (0, 1e6]");
-ABSL_FLAG(std::string, kernel_profile, wlb::PlanSpec{}.kernel_profile,
-          "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; "
-          "empty = the analytic default (tile 128)");
 ABSL_FLAG(std::string, estimate, "",
           "TP,CP,PP,DP: estimate step time with the 1F1B step-time model (wlb/sim) for this "
           "job, against Plain-4D (original packing, per-seq CP) on the same stream; needs a "
@@ -113,11 +63,9 @@ struct FlagGroup {
 const std::vector<FlagGroup>& FlagGroups() {
   static const std::vector<FlagGroup> groups = {
       {"Input", {"docs", "distribution", "seed", "steps"}},
-      {"Packing (a plan: wlb::PlanSpec)",
-       {"packer", "context", "max_tokens", "micro_batches", "thresholds", "queues", "tune",
-        "delay_budget", "window", "lookahead", "bound_delay", "attention_range"}},
-      {"Cost model", {"cost", "profile_cost"}},
-      {"CP shard plans", {"cp", "sharding", "cp_link_gbps", "kernel_profile"}},
+      {"Packing", {}},
+      {"Cost model", {}},
+      {"CP shard plans", {}},
       {"Step-time estimate", {"estimate", "gemm_tflops", "dp_assign"}},
       {"Output", {"format", "out", "timing", "compare", "list"}},
       {"Calibration", {"fit_cost"}},
@@ -125,13 +73,11 @@ const std::vector<FlagGroup>& FlagGroups() {
   return groups;
 }
 
-// The flags that are PlanSpec keys (ParsePlanSpec gets those given).
-constexpr const char* kPlanFlags[] = {
-    "packer",       "context",         "max_tokens", "micro_batches",
-    "cost",         "profile_cost",    "thresholds", "queues",
-    "tune",         "window",          "lookahead",  "delay_budget",
-    "bound_delay",  "attention_range", "cp",         "sharding",
-    "cp_link_gbps", "kernel_profile"};
+// A plan setting wlb-plan offers as a flag, or nullptr.
+const PlanSetting* PlanFlag(const std::string& name) {
+  const PlanSetting* row = FindPlanSetting(name);
+  return row != nullptr && (row->fronts & kWlbPlanFlag) != 0 ? row : nullptr;
+}
 
 bool IsOurFlag(const std::string& name) {
   for (const FlagGroup& g : FlagGroups()) {
@@ -140,6 +86,12 @@ bool IsOurFlag(const std::string& name) {
     }
   }
   return false;
+}
+
+// The plan flags given on the command line, as ParsePlanSpec reads them (set by ParseArgs).
+std::vector<std::pair<std::string, std::string>>& PlanFlags() {
+  static std::vector<std::pair<std::string, std::string>> given;
+  return given;
 }
 
 // The flags given on the command line (set by ParseArgs).
@@ -153,6 +105,7 @@ bool Given(const char* name) { return GivenFlags().count(name) > 0; }
 
 absl::Status ParseArgs(const std::vector<std::string>& args) {
   GivenFlags().clear();
+  PlanFlags().clear();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
@@ -166,18 +119,22 @@ absl::Status ParseArgs(const std::vector<std::string>& args) {
     std::replace(name.begin(), name.end(), '-', '_');
     std::optional<std::string> value;
     if (eq != std::string::npos) value = arg.substr(eq + 1);
+    const PlanSetting* setting = PlanFlag(name);
     absl::CommandLineFlag* flag = IsOurFlag(name) ? absl::FindCommandLineFlag(name) : nullptr;
-    if (flag == nullptr && name.size() > 2 && name.compare(0, 2, "no") == 0 && !value &&
-        IsOurFlag(name.substr(2))) {
-      flag = absl::FindCommandLineFlag(name.substr(2));
-      if (flag != nullptr && flag->IsOfType<bool>()) {
-        name = name.substr(2);
+    if (setting == nullptr && flag == nullptr && name.size() > 2 && name.compare(0, 2, "no") == 0 &&
+        !value) {  // --noflag: a bool flag set to false
+      const std::string negated = name.substr(2);
+      const PlanSetting* row = PlanFlag(negated);
+      absl::CommandLineFlag* f = IsOurFlag(negated) ? absl::FindCommandLineFlag(negated) : nullptr;
+      if ((row != nullptr && row->type == SettingType::kBool) ||
+          (f != nullptr && f->IsOfType<bool>())) {
+        name = negated;
         value = "false";
-      } else {
-        flag = nullptr;
+        setting = row;
+        flag = f;
       }
     }
-    if (flag == nullptr) {
+    if (setting == nullptr && flag == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrFormat("unknown flag %s (--help prints the flags; docs/guides/cli.md)",
                           QuoteForMessage(arg.substr(0, eq))));
@@ -185,14 +142,20 @@ absl::Status ParseArgs(const std::vector<std::string>& args) {
     if (!GivenFlags().insert(name).second) {
       return absl::InvalidArgumentError(absl::StrFormat("--%s is given more than once", name));
     }
+    const bool is_bool = setting != nullptr ? setting->type == SettingType::kBool
+                                            : flag->IsOfType<bool>();
     if (!value) {
-      if (flag->IsOfType<bool>()) {
+      if (is_bool) {
         value = "true";
       } else if (i + 1 < args.size()) {
         value = args[++i];
       } else {
         return absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", name));
       }
+    }
+    if (setting != nullptr) {  // read by ParsePlanSpec, which names a bad value
+      PlanFlags().emplace_back(name, *value);
+      continue;
     }
     std::string error;
     if (!flag->ParseFrom(*value, &error)) {
@@ -221,6 +184,11 @@ absl::StatusOr<Settings> SettingsFromFlags() {
           "--list prints the registry's names and takes no other flag");
     }
   }  // the rest: wlb-plan's defaults, checked as always
+  // The plan: the given plan flags, as ParsePlanSpec reads them (a flag not given keeps its
+  // default, which is PlanSpec's).
+  absl::StatusOr<PlanSpec> spec = ParsePlanSpec(PlanFlags());
+  if (!spec.ok()) return spec.status();
+  s.spec = *std::move(spec);
   if (Given("fit_cost")) {
     s.fit_cost = absl::GetFlag(FLAGS_fit_cost);
     for (const std::string& name : GivenFlags()) {
@@ -234,23 +202,12 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     if (s.fit_cost.empty()) {
       return absl::InvalidArgumentError("--fit-cost needs a measurement CSV path");
     }
-    if (!FindTransformerShape(absl::GetFlag(FLAGS_cost)).ok()) {
+    if (!FindTransformerShape(s.spec.cost).ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "--fit-cost compares with a FLOP preset: --cost must be one of %s, got %s",
-          absl::StrJoin(TransformerPresetNames(), ", "),
-          QuoteForMessage(absl::GetFlag(FLAGS_cost))));
+          absl::StrJoin(TransformerPresetNames(), ", "), QuoteForMessage(s.spec.cost)));
     }
   }
-  // The plan: the given plan flags, as ParsePlanSpec reads them (a flag not given keeps its
-  // default, which is PlanSpec's).
-  std::vector<std::pair<std::string, std::string>> plan_flags;
-  for (const char* name : kPlanFlags) {
-    if (Given(name)) plan_flags.emplace_back(name, absl::FindCommandLineFlag(name)->CurrentValue());
-  }
-  absl::StatusOr<PlanSpec> spec = ParsePlanSpec(plan_flags);
-  if (!spec.ok()) return spec.status();
-  s.spec = *std::move(spec);
-
   s.format = absl::GetFlag(FLAGS_format);
   if (s.format != "table" && s.format != "json") {
     return absl::InvalidArgumentError(
@@ -357,14 +314,20 @@ std::string HelpText() {
       "--helpfull also lists Abseil's flags)\n";
   for (const FlagGroup& g : FlagGroups()) {
     absl::StrAppend(&text, "\n", g.title, ":\n");
+    const auto line = [&](std::string name, std::string_view help, std::string default_value) {
+      std::replace(name.begin(), name.end(), '_', '-');
+      absl::StrAppendFormat(&text, "  --%s (%s); default: %s;\n", name, help,
+                            default_value.empty() ? "\"\"" : default_value);
+    };
     for (const char* name : g.flags) {
       const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-      std::string spelled = name;
-      std::replace(spelled.begin(), spelled.end(), '_', '-');
-      absl::StrAppendFormat(&text, "  --%s (%s); default: %s;\n", spelled, flag->Help(),
-                            flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue());
+      line(name, flag->Help(), flag->DefaultValue());
     }
-    if (g.flags.front() == std::string_view("packer")) {
+    for (const PlanSetting& row : kPlanSettings) {  // the plan's flags of this group
+      if ((row.fronts & kWlbPlanFlag) == 0 || g.title != std::string_view(row.group)) continue;
+      line(row.key, PlanSettingHelp(row), row.show(PlanSpec{}));
+    }
+    if (g.title == std::string_view("Packing")) {
       absl::StrAppend(&text, "\n  Packers (--packer):\n");
       for (const PackerInfo& p : kPackers) {
         absl::StrAppendFormat(&text, "    %-17s %s\n", p.name, p.summary);

@@ -215,7 +215,8 @@ absl::Status Run(const Settings& settings) {
     const PackerInfo* info = FindPacker(packer);
     if (info == nullptr || !info->Uses(kUsesThresholds)) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "--tune applies to wlb, wlb-refine and wlb-lookahead, not %s", QuoteForMessage(packer)));
+          "--tune applies to %s, not %s", PackerNamesReading(kUsesThresholds),
+          QuoteForMessage(packer)));
     }
     absl::StatusOr<TunedThresholds> tuned = TuneThresholds(
         arrivals, config, doc_cost, {.delay_budget = settings.spec.delay_budget, .packer = packer});

@@ -1,119 +1,178 @@
 // wlb._wlb bindings: the packers (the registry of make_packer.hpp, built through wlb::PlanSpec).
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "py_common.h"
 
 namespace wlb_py {
 
+namespace {
+
+// A keyword argument of wlb.Packer as its plan setting's text (kPlanSettings: the row's type says
+// what Python value it takes); a value of the wrong Python type is a TypeError naming it.
+std::string SettingText(const wlb::PlanSetting& row, nb::handle value) {
+  const auto wrong = [&](const char* expected) {
+    throw nb::type_error(absl::StrFormat("Packer(): %s must be %s, got %s", row.key, expected,
+                                         nb::cast<std::string>(nb::repr(value)))
+                             .c_str());
+  };
+  const auto number = [&](nb::handle v) {
+    double d = 0.0;
+    if (nb::isinstance<nb::bool_>(v) || !nb::try_cast(v, d)) wrong("a number");
+    return absl::StrFormat("%.17g", d);
+  };
+  switch (row.type) {
+    case wlb::SettingType::kString: {
+      std::string text;
+      if (!nb::isinstance<nb::str>(value) || !nb::try_cast(value, text)) wrong("a str");
+      return text;
+    }
+    case wlb::SettingType::kInt: {
+      int64_t v = 0;
+      if (nb::isinstance<nb::bool_>(value) || !nb::try_cast(value, v, /*convert=*/false)) {
+        wrong("an int");
+      }
+      return absl::StrCat(v);
+    }
+    case wlb::SettingType::kNumber:
+      return number(value);
+    case wlb::SettingType::kBool:
+      if (!nb::isinstance<nb::bool_>(value)) wrong("a bool");
+      return nb::cast<bool>(value) ? "true" : "false";
+    case wlb::SettingType::kIntList: {
+      std::vector<int64_t> v;
+      if (nb::isinstance<nb::str>(value) || !nb::try_cast(value, v)) wrong("a list of ints");
+      return v.empty() ? "none" : absl::StrJoin(v, ",");
+    }
+    case wlb::SettingType::kRange: {
+      if (nb::isinstance<nb::str>(value)) return nb::cast<std::string>(value);
+      std::pair<double, double> r;
+      if (!nb::try_cast(value, r)) wrong("(low, high) or 'exact'");
+      return absl::StrCat(number(nb::cast(r.first)), ",", number(nb::cast(r.second)));
+    }
+  }
+  wrong("a setting");
+  return "";
+}
+
+// The keyword arguments of wlb.Packer: the plan settings Python offers.
+const std::vector<const wlb::PlanSetting*>& PythonSettings() {
+  static const std::vector<const wlb::PlanSetting*> rows = [] {
+    std::vector<const wlb::PlanSetting*> r;
+    for (const wlb::PlanSetting& row : wlb::kPlanSettings) {
+      if ((row.fronts & wlb::kPythonKeyword) != 0) r.push_back(&row);
+    }
+    return r;
+  }();
+  return rows;
+}
+
+const char* PackerDoc() {
+  static const std::string doc = [] {
+    std::string text =
+        "Builds the named packer (see packer_names()). Keyword arguments are wlb-plan's plan "
+        "settings (wlb.plan_settings(); None or absent = the default); an option the packer does "
+        "not use is an error. cost is also a CostModel (e.g. wlb.fit_micro_batch_cost(...).model); "
+        "thresholds is a list of ints ([] = no queues); attention_range is (low, high) or "
+        "'exact'.\n";
+    for (const wlb::PlanSetting* row : PythonSettings()) {
+      const std::string shown = row->show(wlb::PlanSpec{});
+      absl::StrAppendFormat(&text, "\n%s (%s, default %s): %s", row->key,
+                            wlb::SettingTypeName(row->type), shown.empty() ? "None" : shown,
+                            wlb::PlanSettingHelp(*row));
+    }
+    return text;
+  }();
+  return doc.c_str();
+}
+
+}  // namespace
+
 void BindPacker(nb::module_& m) {
+  m.def(
+      "plan_settings",
+      [] {
+        nb::list rows;
+        for (const wlb::PlanSetting* row : PythonSettings()) {
+          nb::dict d;
+          d["key"] = row->key;
+          d["type"] = wlb::SettingTypeName(row->type);
+          d["default"] = row->show(wlb::PlanSpec{});
+          d["help"] = wlb::PlanSettingHelp(*row);
+          nb::list readers;
+          for (const wlb::PackerInfo& p : wlb::kPackers) {
+            if (row->Reads(p)) readers.append(p.name);
+          }
+          d["readers"] = readers;  // [] : every packer
+          d["example"] = row->example;
+          rows.append(d);
+        }
+        return rows;
+      },
+      "The keyword arguments of Packer, one dict per plan setting (wlb::kPlanSettings): key, type, "
+      "default (as text), help, readers (the packers that read it; [] = every packer) and example "
+      "(a valid value other than the default, as text).");
+
   // ---- packers ------------------------------------------------------------------------------
   nb::class_<PyPacker>(m, "Packer",
                        "A stateful packer: push() each step's documents, flush() at the end.")
       .def(
           "__init__",
-          [](PyPacker* self, const std::string& name, int64_t context,
-             std::optional<int64_t> max_tokens, int32_t micro_batches,
-             std::variant<wlb::CostModel, std::string> cost,
-             std::optional<std::string> profile_cost,
-             std::optional<std::vector<int64_t>> thresholds, std::optional<int> queues,
-             std::optional<int> window, std::optional<int> refine_rounds,
-             std::optional<int> lookahead, std::optional<double> delay_budget,
-             std::optional<bool> bound_delay,
-             std::optional<std::variant<std::string, std::pair<double, double>>> attention_range) {
-            // The keyword arguments as a wlb::PlanSpec: checked as wlb-plan checks its flags.
-            wlb::PlanSpec spec;
-            spec.packer = name;
-            spec.context = context;
-            spec.max_tokens = max_tokens.value_or(0);
-            spec.micro_batches = micro_batches;
-            const auto* cost_model = std::get_if<wlb::CostModel>(&cost);
-            if (cost_model == nullptr) spec.cost = std::get<std::string>(cost);
-            if (profile_cost.has_value()) {
-              if (cost_model != nullptr) {
-                Raise(absl::InvalidArgumentError(
-                    "profile_cost applies to a profile CSV in cost, and cost is a CostModel"));
+          [](PyPacker* self, const std::string& name, nb::kwargs kwargs) {
+            // The keyword arguments as plan settings, read by ParsePlanSpec and checked by
+            // PlanSpec::Validate as wlb-plan reads and checks its flags.
+            std::vector<std::pair<std::string, std::string>> pairs = {{"packer", name}};
+            std::optional<wlb::CostModel> cost_model;
+            for (auto [k, v] : kwargs) {
+              const std::string key = nb::cast<std::string>(k);
+              const auto& rows = PythonSettings();
+              const auto row = std::find_if(rows.begin(), rows.end(),
+                                            [&](const auto* r) { return key == r->key; });
+              if (row == rows.end()) {
+                std::vector<std::string> keys;
+                for (const wlb::PlanSetting* r : rows) keys.push_back(r->key);
+                throw nb::type_error(
+                    absl::StrFormat("Packer() got an unexpected keyword argument %s (its keyword "
+                                    "arguments: %s)",
+                                    wlb::QuoteForMessage(key), absl::StrJoin(keys, ", "))
+                        .c_str());
               }
-              spec.profile_cost = *profile_cost;
-              spec.MarkGiven("profile_cost");
+              if (v.is_none()) continue;  // the default
+              if (key == "cost" && nb::try_cast(v, cost_model.emplace())) continue;
+              if (key == "cost") cost_model.reset();
+              pairs.emplace_back(key, SettingText(**row, v));
             }
-            // An option given to a packer that does not use it is an error, as in wlb-plan,
-            // spelled as the keyword argument (`shown`: key -> "key=value").
-            std::map<std::string, std::string> shown;
-            auto set = [&](const char* key, const auto& value, auto& field) {
-              if (!value.has_value()) return;
-              field = *value;
-              spec.MarkGiven(key);
-              shown[key] =
-                  absl::StrCat(key, "=", nb::cast<std::string>(nb::repr(nb::cast(*value))));
-            };
-            set("thresholds", thresholds, spec.thresholds);
-            set("queues", queues, spec.queues);
-            set("window", window, spec.window);
-            set("refine_rounds", refine_rounds, spec.refine_rounds);
-            set("lookahead", lookahead, spec.lookahead);
-            set("delay_budget", delay_budget, spec.delay_budget);
-            set("bound_delay", bound_delay, spec.bound_delay);
-            if (attention_range.has_value()) {  // (low, high) or "exact", checked as wlb-plan does
-              const auto* pair = std::get_if<std::pair<double, double>>(&*attention_range);
-              const std::string text = pair ? absl::StrCat(pair->first, ",", pair->second)
-                                            : std::get<std::string>(*attention_range);
-              spec.attention_range = Unwrap(wlb::detail::ParseAttentionRange(text));
-              spec.MarkGiven("attention_range");
-              shown["attention_range"] = absl::StrCat(
-                  "attention_range=", nb::cast<std::string>(nb::repr(nb::cast(*attention_range))));
+            wlb::PlanSpec spec = Unwrap(wlb::ParsePlanSpec(pairs));
+            if (cost_model.has_value() && spec.Given("profile_cost")) {
+              Raise(absl::InvalidArgumentError(
+                  "profile_cost applies to a profile CSV in cost, and cost is a CostModel"));
             }
-            if (const wlb::PackerInfo* info = wlb::FindPacker(name); info != nullptr) {
-              for (const wlb::PackerOptionKey& o : wlb::kPackerOptionKeys) {
-                if (shown.count(o.key) && !info->Uses(o.option)) {
-                  std::vector<std::string> readers;
-                  for (const wlb::PackerInfo& p : wlb::kPackers) {
-                    if (p.Uses(o.option)) readers.push_back(p.name);
-                  }
-                  Raise(absl::InvalidArgumentError(absl::StrFormat(
-                      "%s is not used by packer %s: only %s read%s it", shown[o.key],
-                      wlb::QuoteForMessage(name), absl::StrJoin(readers, ", "),
-                      readers.size() == 1 ? "s" : "")));
-                }
-              }
-            }  // an unknown name: Validate's error lists the packers
             const wlb::PlanSettings plan = Unwrap(spec.Validate());
             wlb::DocumentCost doc_cost =
-                cost_model != nullptr ? wlb::DocumentCost(*cost_model) : Unwrap(spec.MakeCost());
+                cost_model.has_value() ? wlb::DocumentCost(*cost_model) : Unwrap(spec.MakeCost());
             std::unique_ptr<wlb::Packer> packer =
                 Unwrap(wlb::MakePacker(plan.packer, plan.config, doc_cost, plan.options));
+            std::map<std::string, std::string> settings;
+            for (const auto& [key, text] : pairs) {
+              if (key != "packer") settings[key] = wlb::FindPlanSetting(key)->show(spec);
+            }
             new (self)
                 PyPacker{.packer = std::move(packer),
                          .cost = std::make_shared<const wlb::DocumentCost>(std::move(doc_cost)),
-                         .options = plan.options};
+                         .options = plan.options,
+                         .settings = std::move(settings)};
           },
-          "name"_a = "wlb", nb::kw_only(), "context"_a = 131072, "max_tokens"_a = nb::none(),
-          "micro_batches"_a = 4, "cost"_a = "llama2-7b", "profile_cost"_a = nb::none(),
-          "thresholds"_a = nb::none(), "queues"_a = nb::none(), "window"_a = nb::none(),
-          "refine_rounds"_a = nb::none(), "lookahead"_a = nb::none(), "delay_budget"_a = nb::none(),
-          "bound_delay"_a = nb::none(), "attention_range"_a = nb::none(),
-          "Builds the named packer (see packer_names()). max_tokens None = S + S/4; thresholds "
-          "None = default thresholds for `queues` queues (None: 2), [] = no queues; an option "
-          "the packer does not use (window, thresholds, queues, refine_rounds, lookahead, "
-          "delay_budget, bound_delay, attention_range) is an error; cost is a preset name (FLOPs, "
-          "or a shipped "
-          "calibration such as h100-flash-llama2-7b-tp8: see CostModel.presets()), "
-          "a masked preset (llama2-7b-swa4k, ...: mask-aware FLOPs), a CSV path (a "
-          "single-document length,ms profile, or micro-batch measurements with a 'lengths' "
-          "column: fitted as wlb.fit_micro_batch_cost) or a CostModel (e.g. "
-          "wlb.fit_micro_batch_cost(...).model); profile_cost = 'fit' (quadratic, the default) or "
-          "'table' (tile-aware "
-          "interpolation) for a profile CSV; lookahead = K prefetched steps (wlb-lookahead: "
-          "push() returns a step's plan K pushes later, flush() returns the rest); delay_budget = "
-          "wlb-lookahead's most mean token delay in steps (None: within wlb's); bound_delay = "
-          "False lets the delay price alone steer wlb-lookahead (None: True, each step planned "
-          "within wlb-refine's token delay on the same stream); attention_range = (low, high) "
-          "with 0 <= low <= 1 <= high, or 'exact': wlb-refine's and wlb-lookahead's refinement "
-          "changes must not make a step worse under the cost with attention weighed low..high x "
-          "the planning cost's (None: (1, 2.5) for a FLOP cost, exact for a measured one).")
+          "name"_a = "wlb", "kwargs"_a, PackerDoc())
+      .def_prop_ro(
+          "settings", [](const PyPacker& p) { return p.settings; },
+          "The keyword arguments given (None ones left out), each as its plan setting's text "
+          "(wlb.plan_settings()); cost is left out when it is a CostModel.")
       .def(
           "push",
           [](PyPacker& p, nb::handle arrivals, nb::handle ids) {

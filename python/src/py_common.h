@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -298,6 +299,7 @@ struct PyPacker {
   std::unique_ptr<wlb::Packer> packer;
   std::shared_ptr<const wlb::DocumentCost> cost;
   wlb::PackerOptions options;
+  std::map<std::string, std::string> settings;  // the plan settings given, as text
   int64_t next_document_id = 0;
   // Serialises every call that reads or changes the packer or next_document_id: planning runs
   // without the GIL, so Python threads sharing one Packer would otherwise interleave inside it.

@@ -80,7 +80,7 @@ def test_bad_options_name_the_value(tmp_path):
          "profile_cost applies to a profile CSV"),
         ({"queues": 17}, r"--queues must be in \[0, 16\], got 17"),
         ({"max_tokens": -5}, "--max-tokens must be >= 0 .*got -5"),
-        ({"delay_budget": 0.5}, "delay_budget=0.5 is not used by packer 'wlb'"),
+        ({"delay_budget": 0.5}, "--delay-budget is not used by this run: .*the packer is 'wlb'"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

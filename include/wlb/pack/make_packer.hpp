@@ -3,8 +3,9 @@
 //   auto packer = wlb::MakePacker("wlb-refine", config, cost, {.thresholds = {32768, 65536}});
 //
 // kPackers below is the registry: every packer's name, one-line summary, the PackerOptions it
-// uses and its factory; MakePacker, kPackerNames, wlb-plan (--packer, --help, its "not used by
-// this run" checks), the Python binding and the tests read it.
+// uses and its factory; MakePacker, kPackerNames, the plan settings table (plan_settings.hpp:
+// which packers read each option, for --help and the "not used by this run" check), wlb-plan, the
+// Python binding and the tests read it.
 #pragma once
 
 #include <array>
@@ -218,6 +219,12 @@ inline const PackerInfo* FindPacker(std::string_view name) {
   return nullptr;
 }
 
+// The error for a packer name the registry does not hold; it lists the registry's names.
+inline absl::Status UnknownPacker(std::string_view name) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
+}
+
 // Validates everything and builds the named packer; errors name the bad value.
 inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerConfig& config,
@@ -226,10 +233,7 @@ inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateCost(cost); !s.ok()) return s;
   const PackerInfo* info = FindPacker(name);
-  if (info == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
-  }
+  if (info == nullptr) return UnknownPacker(name);
   return info->make(config, std::move(cost), options);
 }
 
