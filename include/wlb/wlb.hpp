@@ -1,6 +1,6 @@
 // wlb: workload-balanced packing and context-parallel sharding for long-context LLM training.
-// Umbrella header: one umbrella per folder (wlb/core.hpp, wlb/pack.hpp, ...) plan_settings.hpp and
-// plan_spec.hpp, so every public header of the planning library is reached once.
+// Umbrella header: one umbrella per folder (wlb/core.hpp, wlb/pack.hpp, ...), plan_settings.hpp
+// and plan_spec.hpp, so every public header of the planning library is reached once.
 #pragma once
 
 #include "wlb/core.hpp"
