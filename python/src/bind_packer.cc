@@ -24,7 +24,7 @@ std::string SettingText(const wlb::PlanSetting& row, nb::handle value) {
   };
   const auto number = [&](nb::handle v) {
     double d = 0.0;
-    if (nb::isinstance<nb::bool_>(v) || !nb::try_cast(v, d)) wrong("a number");
+    if (!nb::try_cast(v, d)) wrong("a number");  // the caster refuses bools (py_numbers.h)
     return absl::StrFormat("%.17g", d);
   };
   switch (row.type) {
@@ -35,9 +35,9 @@ std::string SettingText(const wlb::PlanSetting& row, nb::handle value) {
     }
     case wlb::SettingType::kInt: {
       int64_t v = 0;
-      if (nb::isinstance<nb::bool_>(value) || !nb::try_cast(value, v, /*convert=*/false)) {
-        wrong("an int");
-      }
+      // Converts as an int64_t argument does (numpy integers too); py_numbers.h's caster refuses
+      // bools (numpy's as well) and integers out of range.
+      if (!nb::try_cast(value, v)) wrong("an int");
       return absl::StrCat(v);
     }
     case wlb::SettingType::kNumber:
