@@ -16,8 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wlb/cost/cost_fit.hpp"
-#include "wlb/io/kernel_profile.hpp"
 #include "wlb/cost/kernel_model.hpp"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
 

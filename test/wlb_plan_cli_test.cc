@@ -289,8 +289,9 @@ TEST(WlbPlan, TunesThresholdsAndFitsProfiles) {
   EXPECT_THAT(r.out, HasSubstr("tuned over 93 sets for mean delay <= 0.8"));
   Result bad = RunPlan("--steps 30 --tune --packer original");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_THAT(bad.err,
-              HasSubstr("--tune is not used by this run: only wlb, wlb-refine, wlb-lookahead read"));
+  EXPECT_THAT(
+      bad.err,
+      HasSubstr("--tune is not used by this run: only wlb, wlb-refine, wlb-lookahead read"));
 
   const std::string profile = ::testing::TempDir() + "/wlb_cli_profile.csv";
   std::ofstream(profile) << "seq_len,latency(ms)\n128,0.02\n1024,0.1\n8192,3.1\n65536,190\n";

@@ -19,8 +19,9 @@
 #include "wlb/wlb.hpp"
 #include "wlb_plan.h"
 
-// The plan's flags are not Abseil flags: they are the rows of wlb::kPlanSettings (plan_settings.hpp),
-// read by ParseArgs and ParsePlanSpec; a key not given keeps PlanSpec's default.
+// The plan's flags are not Abseil flags: they are the rows of wlb::kPlanSettings
+// (plan_settings.hpp), read by ParseArgs and ParsePlanSpec; a key not given keeps PlanSpec's
+// default.
 ABSL_FLAG(std::string, docs, "",
           "lengths file (one integer per line, or a JSON array); '-' reads stdin; empty samples "
           "the embedded distribution named by --distribution");
@@ -142,8 +143,8 @@ absl::Status ParseArgs(const std::vector<std::string>& args) {
     if (!GivenFlags().insert(name).second) {
       return absl::InvalidArgumentError(absl::StrFormat("--%s is given more than once", name));
     }
-    const bool is_bool = setting != nullptr ? setting->type == SettingType::kBool
-                                            : flag->IsOfType<bool>();
+    const bool is_bool =
+        setting != nullptr ? setting->type == SettingType::kBool : flag->IsOfType<bool>();
     if (!value) {
       if (is_bool) {
         value = "true";

@@ -214,9 +214,9 @@ absl::Status Run(const Settings& settings) {
   if (settings.spec.tune) {
     const PackerInfo* info = FindPacker(packer);
     if (info == nullptr || !info->Uses(kUsesThresholds)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--tune applies to %s, not %s", PackerNamesReading(kUsesThresholds),
-          QuoteForMessage(packer)));
+      return absl::InvalidArgumentError(absl::StrFormat("--tune applies to %s, not %s",
+                                                        PackerNamesReading(kUsesThresholds),
+                                                        QuoteForMessage(packer)));
     }
     absl::StatusOr<TunedThresholds> tuned = TuneThresholds(
         arrivals, config, doc_cost, {.delay_budget = settings.spec.delay_budget, .packer = packer});

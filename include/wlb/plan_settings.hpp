@@ -69,7 +69,7 @@ struct PlanSpec {
   bool bound_delay = true;    // wlb-lookahead: PackerOptions::bound_delay
   // wlb-refine, wlb-lookahead: PackerOptions::attention_range (unset: the cost's default)
   std::optional<AttentionRange> attention_range = std::nullopt;
-  int32_t cp = -1;            // -1: no CP shard plans
+  int32_t cp = -1;  // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
   std::string kernel_profile;  // empty: the analytic kernel model
@@ -152,7 +152,6 @@ inline absl::StatusOr<AttentionRange> ParseAttentionRange(const std::string& tex
 
 }  // namespace detail
 
-
 // How a setting's value is spelled (PlanSetting::type).
 enum class SettingType {
   kString,   // as given
@@ -183,14 +182,14 @@ inline constexpr const char* SettingTypeName(SettingType type) {
 
 // The front ends that offer a setting (bits of PlanSetting::fronts).
 enum SettingFront : unsigned {
-  kWlbPlanFlag = 1u << 0,     // a wlb-plan flag (--key)
-  kPythonKeyword = 1u << 1,   // a keyword argument of wlb.Packer
-  kBenchFlag = 1u << 2,       // a shared flag of the table benches (bench/bench_plan_flags.hpp)
+  kWlbPlanFlag = 1u << 0,    // a wlb-plan flag (--key)
+  kPythonKeyword = 1u << 1,  // a keyword argument of wlb.Packer
+  kBenchFlag = 1u << 2,      // a shared flag of the table benches (bench/bench_plan_flags.hpp)
 };
 
 // One plan setting: one row of kPlanSettings.
 struct PlanSetting {
-  const char* key;    // PlanSpec key, spelled with '_' (flags accept '-' too)
+  const char* key;  // PlanSpec key, spelled with '_' (flags accept '-' too)
   SettingType type;
   const char* group;  // wlb-plan --help group
   // Help text; "{packers}" and "{strategies}" stand for the registries' names. A packer option's
@@ -296,23 +295,22 @@ inline constexpr PlanSetting kPlanSettings[] = {
      detail::ParseMember<&PlanSpec::max_tokens>, detail::ShowMember<&PlanSpec::max_tokens>},
     {"micro_batches", SettingType::kInt, "Packing", "micro-batches per step N (= PP x DP)", 0,
      nullptr, nullptr, kWlbPlanFlag | kPythonKeyword | kBenchFlag, "8",
-     detail::ParseMember<&PlanSpec::micro_batches>,
-     detail::ShowMember<&PlanSpec::micro_batches>},
+     detail::ParseMember<&PlanSpec::micro_batches>, detail::ShowMember<&PlanSpec::micro_batches>},
     {"thresholds", SettingType::kIntList, "Packing",
      "comma-separated outlier thresholds L_1<L_2<... in tokens, or 'none'", kUsesThresholds,
      "wlb-plan's table comparison row (--format table --compare)",
      [](const PlanSpec& spec, const PackerInfo&) { return spec.wlb_comparison; },
      kWlbPlanFlag | kPythonKeyword, "1000,2000", detail::ParseThresholds, detail::ShowThresholds},
     {"queues", SettingType::kInt, "Packing",
-     "number of outlier queues with default thresholds (instead of --thresholds)",
-     kUsesThresholds, "wlb-plan's table comparison row (--format table --compare)",
+     "number of outlier queues with default thresholds (instead of --thresholds)", kUsesThresholds,
+     "wlb-plan's table comparison row (--format table --compare)",
      [](const PlanSpec& spec, const PackerInfo&) { return spec.wlb_comparison; },
      kWlbPlanFlag | kPythonKeyword | kBenchFlag, "3", detail::ParseMember<&PlanSpec::queues>,
      detail::ShowMember<&PlanSpec::queues>},
     {"tune", SettingType::kBool, "Packing",
      "pick thresholds with the tuner on the planned stream itself, within --delay-budget",
-     kUsesThresholds, nullptr, nullptr, kWlbPlanFlag, "true",
-     detail::ParseMember<&PlanSpec::tune>, detail::ShowMember<&PlanSpec::tune>},
+     kUsesThresholds, nullptr, nullptr, kWlbPlanFlag, "true", detail::ParseMember<&PlanSpec::tune>,
+     detail::ShowMember<&PlanSpec::tune>},
     {"delay_budget", SettingType::kNumber, "Packing",
      "max mean token delay in steps (wlb-lookahead: default none beyond wlb's delay, 1 with "
      "--tune)",
@@ -322,13 +320,12 @@ inline constexpr PlanSetting kPlanSettings[] = {
      },
      kWlbPlanFlag | kPythonKeyword, "0.5", detail::ParseDelayBudget,
      detail::ShowMember<&PlanSpec::delay_budget>},
-    {"window", SettingType::kInt, "Packing", "steps packed together", kUsesWindow, nullptr,
-     nullptr, kWlbPlanFlag | kPythonKeyword, "3", detail::ParseMember<&PlanSpec::window>,
+    {"window", SettingType::kInt, "Packing", "steps packed together", kUsesWindow, nullptr, nullptr,
+     kWlbPlanFlag | kPythonKeyword, "3", detail::ParseMember<&PlanSpec::window>,
      detail::ShowMember<&PlanSpec::window>},
-    {"refine_rounds", SettingType::kInt, "Packing",
-     "max refinement changes per step; 0 = 4N", kUsesRefineRounds, nullptr, nullptr,
-     kWlbPlanFlag | kPythonKeyword, "8", detail::ParseMember<&PlanSpec::refine_rounds>,
-     detail::ShowMember<&PlanSpec::refine_rounds>},
+    {"refine_rounds", SettingType::kInt, "Packing", "max refinement changes per step; 0 = 4N",
+     kUsesRefineRounds, nullptr, nullptr, kWlbPlanFlag | kPythonKeyword, "8",
+     detail::ParseMember<&PlanSpec::refine_rounds>, detail::ShowMember<&PlanSpec::refine_rounds>},
     {"lookahead", SettingType::kInt, "Packing",
      "K in [0, 8], steps of prefetched arrivals it sees ahead", kUsesLookahead, nullptr, nullptr,
      kWlbPlanFlag | kPythonKeyword | kBenchFlag, "2", detail::ParseMember<&PlanSpec::lookahead>,
@@ -363,8 +360,8 @@ inline constexpr PlanSetting kPlanSettings[] = {
      "none)",
      0, nullptr, nullptr, kWlbPlanFlag, "8", detail::ParseMember<&PlanSpec::cp>,
      detail::ShowMember<&PlanSpec::cp>},
-    {"sharding", SettingType::kString, "CP shard plans", "with --cp or --estimate: {strategies}",
-     0, nullptr, nullptr, kWlbPlanFlag, "per-doc", detail::ParseMember<&PlanSpec::sharding>,
+    {"sharding", SettingType::kString, "CP shard plans", "with --cp or --estimate: {strategies}", 0,
+     nullptr, nullptr, kWlbPlanFlag, "per-doc", detail::ParseMember<&PlanSpec::sharding>,
      detail::ShowMember<&PlanSpec::sharding>},
     {"cp_link_gbps", SettingType::kNumber, "CP shard plans",
      "K/V link bandwidth per rank and direction in GB/s, for --sharding {cp_link_strategies} "
@@ -375,8 +372,7 @@ inline constexpr PlanSetting kPlanSettings[] = {
      "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty "
      "= the analytic default (tile 128)",
      0, nullptr, nullptr, kWlbPlanFlag, "kernels.csv",
-     detail::ParseMember<&PlanSpec::kernel_profile>,
-     detail::ShowMember<&PlanSpec::kernel_profile>},
+     detail::ParseMember<&PlanSpec::kernel_profile>, detail::ShowMember<&PlanSpec::kernel_profile>},
 };
 
 // The row of `key` (spelled with '_' or '-'), or nullptr.

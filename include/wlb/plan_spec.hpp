@@ -56,13 +56,12 @@ inline absl::StatusOr<PlanSpec> ParsePlanSpec(
   for (const auto& [raw_key, value] : pairs) {
     const PlanSetting* row = FindPlanSetting(raw_key);
     if (row == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("unknown plan setting %s (known: %s)", QuoteForMessage(raw_key),
-                          absl::StrJoin(PlanSettingKeys(), ", ")));
+      return absl::InvalidArgumentError(absl::StrFormat("unknown plan setting %s (known: %s)",
+                                                        QuoteForMessage(raw_key),
+                                                        absl::StrJoin(PlanSettingKeys(), ", ")));
     }
     if (s.Given(row->key)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--%s is given more than once", row->key));
+      return absl::InvalidArgumentError(absl::StrFormat("--%s is given more than once", row->key));
     }
     if (absl::Status st = row->parse(row->key, value, s); !st.ok()) return st;
     s.MarkGiven(row->key);

@@ -19,16 +19,16 @@
 // (anything `wlb-plan --cost` takes: a preset such as h100-flash-llama2-7b-tp8, a profile or a
 // micro-batch measurement CSV) instead of the preset's FLOP model, e.g. --packers=wlb,
 // wlb@h100-flash-llama2-7b-tp8 measures both plans in one run; the FLOP-model column of Table 2
-// always prices every plan with the FLOP model, so the rows compare. Lengths are scaled by S / 128K, as speedup_table
-// does. Each time is the median of --iters runs after --warmup. The layer runs the whole micro-
-// batch on one GPU (no CP split); the CP section shards the same micro-batches' attention over
-// C emulated ranks (LocalCommunicator, ranks isolated) and charges each rank the layer's
-// measured non-attention time / C. Files in --out: measurements.csv, layer_profile.csv (the
-// fitted profile's points), predictions.csv (per micro-batch measured and predicted forward ms,
-// for backends/cuda/scripts/plot_layer.py), cp.csv, summary.md (everything printed).
-// measurements.csv and cp.csv get each row as it is measured (flushed, like the line-buffered
-// stdout), so a run killed by `timeout` keeps every measurement it finished. With --kernel=cudnn
-// the summary ends with how many cuDNN graphs were built and the seconds that took.
+// always prices every plan with the FLOP model, so the rows compare. Lengths are scaled by S /
+// 128K, as speedup_table does. Each time is the median of --iters runs after --warmup. The layer
+// runs the whole micro-batch on one GPU (no CP split); the CP section shards the same
+// micro-batches' attention over C emulated ranks (LocalCommunicator, ranks isolated) and charges
+// each rank the layer's measured non-attention time / C. Files in --out: measurements.csv,
+// layer_profile.csv (the fitted profile's points), predictions.csv (per micro-batch measured and
+// predicted forward ms, for backends/cuda/scripts/plot_layer.py), cp.csv, summary.md (everything
+// printed). measurements.csv and cp.csv get each row as it is measured (flushed, like the
+// line-buffered stdout), so a run killed by `timeout` keeps every measurement it finished. With
+// --kernel=cudnn the summary ends with how many cuDNN graphs were built and the seconds that took.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>

@@ -410,8 +410,8 @@ class KernelModel {
   int64_t tile_ratio_ = 1;         // tile_q / tile_k (fast_ only)
   double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k
   double peak_per_ms_ = 0.0;       // peak_tflops * 1e9
-  std::vector<Row> rows_;  // q_len ascending (table models only)
-  bool has_packed_ = false;  // packed_ holds a packed-call fit
+  std::vector<Row> rows_;          // q_len ascending (table models only)
+  bool has_packed_ = false;        // packed_ holds a packed-call fit
   PackedCallFit packed_;
 };
 
