@@ -26,7 +26,10 @@
 // micro-batches (a few thousand tokens) the 10 us latency and the exchange are of the order of
 // attention itself or larger, so there the exchange decides the pick (a plan moving no rows
 // pays no latency). A slow link (--cp-link-gbps 25) makes the exchange dominate at every size;
-// a very fast one (1e6 GB/s, latency 0) gives back the kernel-time-only ranking.
+// a very fast one (1e6 GB/s, latency 0) gives back the kernel-time-only ranking but for near
+// ties. Measured old against new: docs/results/cp/adaptive_exchange.md. Cost: building and
+// predicting every candidate makes adaptive's planning about 3x what ranking by summed kernel
+// time took (still below doc-degree's).
 #pragma once
 
 #include <algorithm>
