@@ -1343,6 +1343,32 @@ TEST(DocumentDegreeExchangeTest, LatencyKeepsDocumentsWhole) {
   EXPECT_GT(rows, 0);
 }
 
+// No rank moves more rows than the all-gather would ((C - 1) x rank_capacity): a rank receives at
+// most the other ranks' tokens and sends at most C - 1 copies of its own. So ChooseExchange picks
+// the all-gather only on a tie (what doc_degree.hpp's greedy step relies on when it prices it).
+TEST(ChooseExchangeTest, RowExactNeverMovesMoreThanTheAllGather) {
+  std::mt19937_64 rng(4707);
+  const KernelModel model = KernelModel::Default();
+  const int iterations = testing::PropertyIterations(200);
+  for (int iter = 0; iter < iterations; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 3, 4, 8}[static_cast<size_t>(iter % 4)];
+    const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+    const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
+                                   *AttentionMask::ChunkedLocal(w)};
+    for (const ShardStrategyInfo& info : ShardStrategies()) {
+      const ShardPlan plan = MustPlan(mb, cp, info.strategy, model);
+      for (const AttentionMask& m : masks) {
+        const ExchangeChoice c =
+            ChooseExchange(ExchangedKvRows(plan, m), plan.rank_capacity, 16384, CommModel{});
+        EXPECT_LE(c.row_exact_rows, c.allgather_rows)
+            << info.name << " " << m.Name() << " iter " << iter;
+        if (c.kind == ExchangeKind::kAllGather) EXPECT_EQ(c.row_exact_rows, c.allgather_rows);
+      }
+    }
+  }
+}
+
 // ChooseExchangeOf is ChooseExchange's rule from the slowest rank's rows.
 TEST(ChooseExchangeTest, FromTheSlowestRanksRows) {
   std::mt19937_64 rng(4706);

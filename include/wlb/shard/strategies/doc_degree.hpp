@@ -19,6 +19,11 @@
 // When only some kinds do, ranks outside the candidate's group still count their own rows for
 // the gathered kinds on top of the all-gather (an over-estimate of them; the members are exact).
 // The final comparison with the fixed strategies is PredictCp's, exact in every case.
+// When the fallback applies: a rank never moves more rows than the all-gather would (it receives
+// at most the other ranks' tokens and sends at most C - 1 copies of its own), so ChooseExchange
+// takes the all-gather only on a tie, e.g. a document zig-zagged over all C ranks with nothing
+// else placed. There the all-gather charges every rank the slowest rank's rows, which the greedy
+// step now sees; pricing rows alone would not.
 #pragma once
 
 #include <algorithm>
