@@ -11,11 +11,11 @@
 // lower bound.
 //
 // CP: the mask-aware packing's micro-batches are shard-planned at C = 4 and 8 by per-doc, hybrid,
-// adaptive, doc-degree planned mask-blind (all layers causal) and doc-degree planned mask-aware
-// (the true layer mix: a rank under a window needs only the keys within w of its queries, so its
-// gathered rows and its pairs change), each measured with wlb::PredictCp under the true mix
-// (attention by layer kind + K/V exchange at --cp_link_gbps): CP imbalance (max / mean rank time,
-// mean over micro-batches), slowest rank ms per layer and K/V MB received per layer.
+// adaptive and doc-degree, the last two each planned mask-blind (all layers causal) and
+// mask-aware (the true layer mix: a rank under a window needs only the keys within w of its
+// queries, so its gathered rows and its pairs change), each measured with wlb::PredictCp under the
+// true mix (attention by layer kind + K/V exchange at --cp_link_gbps): CP imbalance (max / mean
+// rank time, mean over micro-batches), slowest rank ms per layer and K/V MB received per layer.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -46,7 +46,8 @@ struct CpColumn {
 };
 constexpr CpColumn kCpColumns[] = {{wlb::ShardStrategy::kPerDocument, "", false},
                                    {wlb::ShardStrategy::kHybrid, "", false},
-                                   {wlb::ShardStrategy::kAdaptive, "", false},
+                                   {wlb::ShardStrategy::kAdaptive, ", mask-blind", false},
+                                   {wlb::ShardStrategy::kAdaptive, ", mask-aware", true},
                                    {wlb::ShardStrategy::kDocumentDegree, ", mask-blind", false},
                                    {wlb::ShardStrategy::kDocumentDegree, ", mask-aware", true}};
 

@@ -274,8 +274,9 @@ MicroBatch RandomBatch(std::mt19937_64& rng) {
   return mb;
 }
 
-// With a fit, adaptive picks the candidate whose plan has the lowest slowest-rank CallMs; the
-// candidate plans are the same as without a fit (the fit changes the pick only).
+// With a fit, adaptive picks the candidate whose plan has the lowest slowest rank of CallMs + its
+// exchange per pass; the candidate plans are the same as without a fit (the fit changes the pick
+// only).
 TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
   const KernelModel base = KernelModel::Default();
   // Two fits that disagree: one charges masked tiles in backward (cuDNN-like), one does not.
@@ -306,7 +307,10 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
         absl::StatusOr<ShardPlan> plain = PlanShards(mb, cp, s, base);
         ASSERT_TRUE(plain.ok());
         EXPECT_EQ(*plan, *plain) << ShardStrategyName(s);
-        const double ms = MaxRankCallMs(*plan, m);
+        // Each rank's CallMs + its exchange (default link) once per pass: forward and backward.
+        std::vector<double> exchange = PredictCp(*plan, m).rank_exchange_ms;
+        for (double& x : exchange) x *= 2.0;
+        const double ms = MaxRankCallMs(*plan, m, exchange);
         EXPECT_DOUBLE_EQ(*reported, ms) << ShardStrategyName(s);
         if (ms < best) {
           best = ms;

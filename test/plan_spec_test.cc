@@ -91,8 +91,10 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
               HasSubstr("--profile-cost is not used by this run"));
   EXPECT_THAT(ValidateError({{"sharding", "per-doc"}}),
               HasSubstr("--sharding is not used by this run"));
-  EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_link_gbps", "100"}}),
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"sharding", "per-doc"}, {"cp_link_gbps", "100"}}),
               HasSubstr("--cp-link-gbps is not used by this run"));
+  // The default sharding, adaptive, ranks its candidates with the exchange over the link.
+  EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_link_gbps", "100"}}), "");
   // A wlb comparison (wlb-plan's table) uses the thresholds whatever the packer.
   absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "original"}, {"queues", "3"}});
   ASSERT_TRUE(spec.ok());

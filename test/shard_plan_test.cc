@@ -187,10 +187,12 @@ TEST(ShardPlanTest, RegistryListsEveryStrategyOnce) {
   }
   EXPECT_EQ(*values.begin(), 0);
   EXPECT_EQ(*values.rbegin(), static_cast<int>(kShardStrategyCount) - 1);
-  // Only doc-degree reads the link and the layer mix.
+  // Only adaptive (ranking by the exchange) and doc-degree read the link and the layer mix.
   for (const ShardStrategyInfo& info : ShardStrategies()) {
-    EXPECT_EQ(info.uses.cp_link, info.strategy == ShardStrategy::kDocumentDegree) << info.name;
-    EXPECT_EQ(info.uses.layer_mix, info.strategy == ShardStrategy::kDocumentDegree) << info.name;
+    const bool uses_options = info.strategy == ShardStrategy::kDocumentDegree ||
+                              info.strategy == ShardStrategy::kAdaptive;
+    EXPECT_EQ(info.uses.cp_link, uses_options) << info.name;
+    EXPECT_EQ(info.uses.layer_mix, uses_options) << info.name;
   }
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
   absl::StatusOr<ShardPlan> bad =
@@ -535,16 +537,16 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
       EXPECT_GE(r.tokens, 2 * (mb.tokens / n));
     }
 
-    // Adaptive: never predicted worse than the best of ordered per-seq, per-doc and hybrid
-    // (so never worse than plain per-seq either).
+    // Adaptive: never predicted worse (PredictCp, attention + exchange under the default
+    // options) than the best of ordered per-seq, per-doc and hybrid.
     for (const KernelModel* m : {&model, &pair_model}) {
       const ShardPlan ad = MustPlan(mb, cp, ShardStrategy::kAdaptive, *m);
       ASSERT_TRUE(ValidateShardPlan(ad, mb).ok());
       EXPECT_NE(ad.strategy, ShardStrategy::kAdaptive);
-      const auto max_ms = [&](const ShardPlan& p) { return slowest(p, *m); };
+      const auto max_ms = [&](const ShardPlan& p) { return PredictCp(p, *m).max_ms; };
       const double best =
-          std::min({max_ms(seq), max_ms(MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered, *m)),
-                    max_ms(doc), max_ms(MustPlan(mb, cp, ShardStrategy::kHybrid, *m))});
+          std::min({max_ms(MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered, *m)), max_ms(doc),
+                    max_ms(MustPlan(mb, cp, ShardStrategy::kHybrid, *m))});
       EXPECT_LE(max_ms(ad), best * (1 + 1e-12));
       absl::StatusOr<AdaptiveChoice> choice = ChooseAdaptive(mb, cp, *m);
       ASSERT_TRUE(choice.ok());
@@ -835,10 +837,11 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
         EXPECT_EQ(s.q_end, std::min((j + 1) * c, mb.documents[s.doc_index].length));
       }
     }
-    // doc-degree under a random link and mask mix.
+    // doc-degree under a random link, collective latency and mask mix.
     const double gbps = std::vector<double>{1.0, 50.0, 450.0, 1e5}[iter % 4];
+    const double latency_us = std::vector<double>{0.0, 10.0, 300.0, 1e4, 10.0}[iter % 5];
     const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
-    CpPlanOptions options{.comm = {.link_gbps = gbps}};
+    CpPlanOptions options{.comm = {.link_gbps = gbps, .latency_us = latency_us}};
     if (iter % 3 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
     if (iter % 3 == 2) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
     absl::StatusOr<ShardPlan> dd =
@@ -1102,10 +1105,9 @@ TEST(ShardPlanFastPathTest, AdaptiveMatchesTheReference) {
     const int cp = std::vector<int>{1, 2, 4, 8, 16}[static_cast<size_t>(iter % 5)];
     absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, cp, model);
     ASSERT_TRUE(c.ok()) << c.status();
-    // Every maximum as the built plan predicts it, to the bit.
+    // Every maximum as PredictCp (default options) predicts the built plan, to the bit.
     auto plan_max = [&](ShardStrategy s) {
-      const std::vector<double> ms = PredictRankMs(MustPlan(mb, cp, s, model), model);
-      return *std::max_element(ms.begin(), ms.end());
+      return PredictCp(MustPlan(mb, cp, s, model), model).max_ms;
     };
     EXPECT_EQ(c->per_seq_max_ms, plan_max(ShardStrategy::kPerSequence));
     EXPECT_EQ(c->per_seq_ordered_max_ms, plan_max(ShardStrategy::kPerSequenceOrdered));
@@ -1173,6 +1175,223 @@ TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
       wide_calls.push_back({to, from, rows});
     });
     ASSERT_EQ(causal_calls, wide_calls) << "iter " << iter;
+  }
+}
+
+// ---- Planning with the executor's exchange rule (issue 47, item 5) ----
+
+// The candidates adaptive weighs, in its tie order.
+constexpr ShardStrategy kAdaptiveCandidates[] = {
+    ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocument, ShardStrategy::kHybrid};
+
+// Adaptive ranks its candidates by PredictCp (attention + the exchange ChooseExchange picks) under
+// the plan options: its plan is never predicted slower than any candidate's, its reported maxima
+// are PredictCp's, and ties keep the earlier candidate. Over a very fast link without latency
+// the kernel-time-only pick comes back wherever the exchange is too small to reorder it.
+TEST(AdaptiveExchangeTest, NeverPredictedSlowerThanACandidate) {
+  std::mt19937_64 rng(4705);
+  const KernelModel model = KernelModel::Default();
+  const int iterations = testing::PropertyIterations(240);
+  int fast_checked = 0, flipped = 0;
+  for (int iter = 0; iter < iterations; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    // Links: a slow one where the exchange dominates, cross-node, NVLink, and a very fast one.
+    const double gbps = std::vector<double>{0.5, 25.0, 450.0, 1e6}[(iter / 3) % 4];
+    const bool fast = gbps == 1e6;
+    const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+    CpPlanOptions options{.comm = {.link_gbps = gbps, .latency_us = fast ? 0.0 : 10.0}};
+    if (iter % 5 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
+    if (iter % 5 == 3) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d link %g mix %s tokens %d", iter, cp, gbps,
+                                 options.mix.Name(), mb.tokens));
+    absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, cp, model, options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, ShardStrategy::kAdaptive, model, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->strategy, c->chosen);
+    const double chosen_ms = PredictCp(*plan, model, options).max_ms;
+    const double reported[] = {c->per_seq_ordered_max_ms, c->per_doc_max_ms, c->hybrid_max_ms};
+    ShardStrategy want = kAdaptiveCandidates[0];
+    double best = INFINITY, best_attention = INFINITY, second_attention = INFINITY;
+    ShardStrategy attention_pick = kAdaptiveCandidates[0];
+    double largest_exchange = 0.0;
+    for (size_t k = 0; k < std::size(kAdaptiveCandidates); ++k) {
+      const ShardPlan candidate = MustPlan(mb, cp, kAdaptiveCandidates[k], model);
+      const CpPrediction p = PredictCp(candidate, model, options);
+      EXPECT_EQ(reported[k], p.max_ms) << ShardStrategyName(kAdaptiveCandidates[k]);
+      EXPECT_LE(chosen_ms, p.max_ms) << ShardStrategyName(kAdaptiveCandidates[k]);
+      if (p.max_ms < best) {
+        best = p.max_ms;
+        want = kAdaptiveCandidates[k];
+      }
+      if (p.attention_max_ms < best_attention) {
+        second_attention = best_attention;
+        best_attention = p.attention_max_ms;
+        attention_pick = kAdaptiveCandidates[k];
+      } else {
+        second_attention = std::min(second_attention, p.attention_max_ms);
+      }
+      largest_exchange = std::max(largest_exchange, p.max_ms - p.attention_max_ms);
+    }
+    EXPECT_EQ(c->chosen, want);
+    flipped += c->chosen != attention_pick;
+    // The exchange can move a candidate by at most largest_exchange: a kernel-time lead larger
+    // than twice that must survive it.
+    if (fast && options.mix.all_causal() &&
+        second_attention - best_attention > 2 * largest_exchange) {
+      ++fast_checked;
+      EXPECT_EQ(c->chosen, attention_pick);
+    }
+    // The plan is the chosen candidate's plan.
+    ShardPlan fixed = MustPlan(mb, cp, c->chosen, model);
+    fixed.requested = ShardStrategy::kAdaptive;
+    EXPECT_EQ(*plan, fixed);
+  }
+  EXPECT_GT(fast_checked, iterations / 40);  // the fast-link check ran on a fair share
+  EXPECT_GT(flipped, 0);                     // the exchange does change picks
+}
+
+// A micro-batch where ranking by kernel time alone (adaptive before issue 47) picks a plan that
+// the exchange makes slower: documents 3840, 6912, 3840 at C = 4 over a 25 GB/s link. Per-doc has
+// the least attention but every rank needs most of every document's K/V (7.8 ms predicted);
+// per-seq-ordered keeps most keys local (5.5 ms), and adaptive now takes it.
+TEST(AdaptiveExchangeTest, SlowLinkOverturnsTheKernelTimePick) {
+  const MicroBatch mb = MakeMicroBatch({3840, 6912, 3840});
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions slow{.comm = {.link_gbps = 25.0}};
+  double attention_best = INFINITY, attention_pick_ms = 0.0;
+  ShardStrategy attention_pick = kAdaptiveCandidates[0];
+  for (ShardStrategy s : kAdaptiveCandidates) {
+    const CpPrediction p = PredictCp(MustPlan(mb, 4, s, model), model, slow);
+    if (p.attention_max_ms < attention_best) {
+      attention_best = p.attention_max_ms;
+      attention_pick = s;
+      attention_pick_ms = p.max_ms;
+    }
+  }
+  EXPECT_EQ(attention_pick, ShardStrategy::kPerDocument);
+  absl::StatusOr<ShardPlan> plan = PlanShards(mb, 4, ShardStrategy::kAdaptive, model, slow);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->strategy, ShardStrategy::kPerSequenceOrdered);
+  EXPECT_LT(PredictCp(*plan, model, slow).max_ms, 0.8 * attention_pick_ms);
+  // Over a link fast enough for the exchange not to matter, the kernel-time pick stands.
+  absl::StatusOr<ShardPlan> free_link = PlanShards(mb, 4, ShardStrategy::kAdaptive, model,
+                                                   {.comm = {.link_gbps = 1e6, .latency_us = 0}});
+  ASSERT_TRUE(free_link.ok()) << free_link.status();
+  EXPECT_EQ(free_link->strategy, attention_pick);
+}
+
+// Adaptive with a packed-call fit ranks by the slowest rank of CallMs + its exchange once per
+// pass (forward K/V in, backward dK/dV out: twice with a backward fit).
+TEST(AdaptiveExchangeTest, PackedCallRankingAddsTheExchangePerPass) {
+  std::vector<int64_t> lengths = {30000};
+  for (int i = 0; i < 30; ++i) lengths.push_back(200 + 61 * i);
+  const MicroBatch mb = MakeMicroBatch(lengths);
+  const KernelModel base = KernelModel::Default();
+  for (bool backward : {false, true}) {
+    PackedCallFit fit;
+    fit.fwd = {2.5e-3, 0.0, 1e-3, 2e-4, 5e-3, 2e-2};
+    fit.has_backward = backward;
+    if (backward) fit.bwd = {6e-3, 4e-3, 3e-3, 5e-4, 1e-2, 4e-2};
+    absl::StatusOr<KernelModel> m = base.WithPackedCalls(fit);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (double gbps : {5.0, 450.0}) {
+      const CpPlanOptions options{.comm = {.link_gbps = gbps}};
+      absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, 4, *m, options);
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_TRUE(c->packed_calls);
+      const double reported[] = {c->per_seq_ordered_max_ms, c->per_doc_max_ms, c->hybrid_max_ms};
+      for (size_t k = 0; k < std::size(kAdaptiveCandidates); ++k) {
+        const ShardPlan plan = MustPlan(mb, 4, kAdaptiveCandidates[k], base);
+        const CpPrediction p = PredictCp(plan, *m, options);
+        double want = 0.0;
+        for (size_t r = 0; r < plan.ranks.size(); ++r) {
+          std::vector<CallSegment> call;
+          for (const Segment& s : plan.ranks[r].segments) call.push_back({s.q_len(), s.q_end});
+          want = std::max(want, m->CallMs(call) + (backward ? 2.0 : 1.0) * p.rank_exchange_ms[r]);
+        }
+        EXPECT_DOUBLE_EQ(reported[k], want) << ShardStrategyName(kAdaptiveCandidates[k]);
+      }
+    }
+  }
+}
+
+// doc-degree's greedy step pays the collective's latency once the plan moves rows: with a latency
+// far above any attention time it keeps every document whole (no collective at all), where
+// pricing rows alone over a fast link shards the long document and pays the latency anyway.
+TEST(DocumentDegreeExchangeTest, LatencyKeepsDocumentsWhole) {
+  std::vector<int64_t> lengths = {60000};
+  for (int i = 0; i < 40; ++i) lengths.push_back(300 + 37 * i);
+  const MicroBatch mb = MakeMicroBatch(lengths);
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions options{.comm = {.link_gbps = 1e5, .latency_us = 1e6}};
+  absl::StatusOr<ShardPlan> plan =
+      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(ValidateShardPlan(*plan, mb).ok()) << ValidateShardPlan(*plan, mb);
+  for (const RankExchange& x : ExchangedKvRows(*plan)) {
+    EXPECT_EQ(x.recv_rows, 0);
+    EXPECT_EQ(x.send_rows, 0);
+  }
+  // Without the latency the same link shards the long document.
+  absl::StatusOr<ShardPlan> free = PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model,
+                                              {.comm = {.link_gbps = 1e5, .latency_us = 0}});
+  ASSERT_TRUE(free.ok()) << free.status();
+  int64_t rows = 0;
+  for (const RankExchange& x : ExchangedKvRows(*free)) rows += x.recv_rows;
+  EXPECT_GT(rows, 0);
+}
+
+// No rank moves more rows than the all-gather would ((C - 1) x rank_capacity): a rank receives at
+// most the other ranks' tokens and sends at most C - 1 copies of its own. So ChooseExchange picks
+// the all-gather only on a tie (what doc_degree.hpp's greedy step relies on when it prices it).
+TEST(ChooseExchangeTest, RowExactNeverMovesMoreThanTheAllGather) {
+  std::mt19937_64 rng(4707);
+  const KernelModel model = KernelModel::Default();
+  const int iterations = testing::PropertyIterations(200);
+  for (int iter = 0; iter < iterations; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 3, 4, 8}[static_cast<size_t>(iter % 4)];
+    const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
+    const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
+                                   *AttentionMask::ChunkedLocal(w)};
+    for (const ShardStrategyInfo& info : ShardStrategies()) {
+      const ShardPlan plan = MustPlan(mb, cp, info.strategy, model);
+      for (const AttentionMask& m : masks) {
+        const ExchangeChoice c =
+            ChooseExchange(ExchangedKvRows(plan, m), plan.rank_capacity, 16384, CommModel{});
+        EXPECT_LE(c.row_exact_rows, c.allgather_rows)
+            << info.name << " " << m.Name() << " iter " << iter;
+        if (c.kind == ExchangeKind::kAllGather) EXPECT_EQ(c.row_exact_rows, c.allgather_rows);
+      }
+    }
+  }
+}
+
+// ChooseExchangeOf is ChooseExchange's rule from the slowest rank's rows.
+TEST(ChooseExchangeTest, FromTheSlowestRanksRows) {
+  std::mt19937_64 rng(4706);
+  for (int iter = 0; iter < 500; ++iter) {
+    const int ranks = std::uniform_int_distribution<int>(1, 9)(rng);
+    std::vector<RankExchange> x(static_cast<size_t>(ranks));
+    int64_t slowest = 0;
+    for (RankExchange& r : x) {
+      r.recv_rows = std::uniform_int_distribution<int64_t>(0, 3)(rng) == 0
+                        ? 0
+                        : std::uniform_int_distribution<int64_t>(0, 5000)(rng);
+      r.send_rows = std::uniform_int_distribution<int64_t>(0, 5000)(rng) / (1 + iter % 3);
+      slowest = std::max({slowest, r.recv_rows, r.send_rows});
+    }
+    const int64_t capacity = std::uniform_int_distribution<int64_t>(0, 3000)(rng);
+    const CommModel comm{.link_gbps = 1.0 + iter % 7, .latency_us = 5.0 * (iter % 4)};
+    const ExchangeChoice a = ChooseExchange(x, capacity, 4096, comm);
+    const ExchangeChoice b = ChooseExchangeOf(slowest, ranks, capacity, 4096, comm);
+    EXPECT_EQ(a.kind, b.kind);
+    EXPECT_EQ(a.row_exact_rows, b.row_exact_rows);
+    EXPECT_EQ(a.allgather_rows, b.allgather_rows);
+    EXPECT_EQ(a.row_exact_ms, b.row_exact_ms);
+    EXPECT_EQ(a.allgather_ms, b.allgather_ms);
   }
 }
 

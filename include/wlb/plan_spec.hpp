@@ -153,7 +153,7 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   if (!strategy.ok()) return strategy.status();
   s.strategy = *strategy;
   s.cp_options.comm.link_gbps = cp_link_gbps;
-  if (masked.ok()) s.cp_options.mix = masked->mix;  // doc-degree plans for its masks
+  if (masked.ok()) s.cp_options.mix = masked->mix;  // adaptive and doc-degree plan for its masks
   if (Given("cp_link_gbps")) {
     if (!FindShardStrategy(s.strategy)->uses.cp_link || s.cp_size < 1) {
       return UnusedOption("cp_link_gbps",

@@ -113,11 +113,17 @@ def test_doc_degree_exchange_and_link():
     assert slow.cp_prediction["exchanged_bytes"] == 0
     assert all(np.array_equal(r.q_end - r.q_begin, np.asarray(lengths)[r.doc_index])
                for r in slow.ranks)
-    # With a tile-1 kernel model and a fast link even a 40-token document is sharded over ranks.
+    # With a tile-1 kernel model and a fast link without collective latency even a 40-token
+    # document is sharded over ranks; the default 10 us per collective outweighs its attention,
+    # so the greedy step (which prices the executor's collective) keeps it whole.
     pairs = wlb.KernelModel.analytic(tile_q=1, tile_k=1, q_half=0.0, segment_overhead_ms=0.0)
-    small = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
+    small = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5,
+                            cp_latency_us=0.0)
     check_plan(small, [40, 3, 3])
     assert sum(int(np.sum(r.doc_index == 0)) for r in small.ranks) > 1
+    whole = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
+    check_plan(whole, [40, 3, 3])
+    assert whole.cp_prediction["exchanged_bytes"] == 0
     # Local layers need fewer keys: less to exchange for the same plan.
     windowed = wlb.plan_shards(lengths, 4, "per-doc", layer_mix="window:1024x5,causal")
     assert windowed.cp_prediction["exchanged_bytes"] < per_doc.cp_prediction["exchanged_bytes"]

@@ -139,13 +139,14 @@ struct ExchangeChoice {
 // comm.link_gbps plus comm.latency_us; row-exact when no rank needs another's rows (no collective
 // at all) or when it is predicted strictly faster than the all-gather, else the all-gather (on a
 // tie the all-gather, which needs no packing of rows). Every rank of a plan makes the same choice.
-inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t rank_capacity,
-                                     int64_t row_bytes, const CommModel& comm) {
+//
+// ChooseExchangeOf is the same rule from the slowest rank's rows (max over ranks of max(sent,
+// received)) and the number of ranks, for planners that track those without a RankExchange list.
+inline ExchangeChoice ChooseExchangeOf(int64_t max_rank_rows, int64_t ranks, int64_t rank_capacity,
+                                       int64_t row_bytes, const CommModel& comm) {
   ExchangeChoice c;
-  for (const RankExchange& r : x) {
-    c.row_exact_rows = std::max({c.row_exact_rows, r.recv_rows, r.send_rows});
-  }
-  const int64_t others = std::max<int64_t>(0, static_cast<int64_t>(x.size()) - 1);
+  c.row_exact_rows = max_rank_rows;
+  const int64_t others = std::max<int64_t>(0, ranks - 1);
   c.allgather_rows = others * rank_capacity;
   const double row_ms = static_cast<double>(row_bytes) / (comm.link_gbps * 1e9) * 1e3;
   c.row_exact_ms = c.row_exact_rows > 0
@@ -156,6 +157,13 @@ inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t ra
   c.kind = c.row_exact_rows == 0 || c.row_exact_ms < c.allgather_ms ? ExchangeKind::kRowExact
                                                                     : ExchangeKind::kAllGather;
   return c;
+}
+
+inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t rank_capacity,
+                                     int64_t row_bytes, const CommModel& comm) {
+  int64_t rows = 0;
+  for (const RankExchange& r : x) rows = std::max({rows, r.recv_rows, r.send_rows});
+  return ChooseExchangeOf(rows, static_cast<int64_t>(x.size()), rank_capacity, row_bytes, comm);
 }
 
 namespace detail {
@@ -210,6 +218,7 @@ struct CpPrediction {
   double allgather_share = 0.0;   // share of the mix's layers whose exchange is the all-gather
   std::vector<ExchangeKind> exchange;  // per layer kind of the mix, in its order
   std::vector<double> rank_ms;         // per rank: mix mean of attention + exchange
+  std::vector<double> rank_exchange_ms;  // per rank: mix mean of its (one-way) exchange alone
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
   // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
   std::vector<int64_t> rank_pairs;
@@ -220,6 +229,7 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   CpPrediction p;
   const size_t ranks = plan.ranks.size();
   p.rank_ms.assign(ranks, 0.0);
+  p.rank_exchange_ms.assign(ranks, 0.0);
   p.rank_pairs.assign(ranks, 0);
   const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
   const double row_ms = options.comm.RowMs(model);
@@ -244,8 +254,10 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
       }
       const double rows = static_cast<double>(gather ? choice.allgather_rows
                                                      : std::max(x[r].recv_rows, x[r].send_rows));
-      const double t = attention + rows * row_ms + latency;
+      const double exchange = rows * row_ms + latency;
+      const double t = attention + exchange;
       p.rank_ms[r] += w * t;
+      p.rank_exchange_ms[r] += w * exchange;
       worst = std::max(worst, t);
       worst_attention = std::max(worst_attention, attention);
       worst_rows = std::max(worst_rows, rows);

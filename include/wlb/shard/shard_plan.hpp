@@ -36,10 +36,16 @@
 //    there); segments keep their positions in the micro-batch as given (q_pos, k_pos), so the
 //    data loader lays tokens out as before and only the chunk boundaries move. Never predicted
 //    worse than kPerSequence: the micro-batch order is one of the candidates.
-//  - kAdaptive: predicts every rank's latency under kPerSequenceOrdered, kPerDocument and
-//    kHybrid with the KernelModel and uses the strategy with the lowest maximum (ties, in this
-//    order: kPerSequenceOrdered, fewest segments, then kPerDocument, then kHybrid). The plan
-//    records the strategy used. The paper's adaptive (per-sequence in the given order against
+//  - kAdaptive: plans kPerSequenceOrdered, kPerDocument and kHybrid and uses the one predicted
+//    fastest with its K/V exchange: PredictCp under CpPlanOptions (each layer kind's slowest
+//    rank of attention + the exchange the CP executors run, ChooseExchange: row-exact or the
+//    all-gather fallback, bytes over the link plus a latency per collective); with a packed-call
+//    fit in the KernelModel, the slowest rank of its CallMs + its exchange once per pass (forward,
+//    and backward's dK/dV when the fit has backward). Ties, in this order: kPerSequenceOrdered,
+//    then kPerDocument, then kHybrid. The plan records the strategy used. The default link (450
+//    GB/s, 10 us) steers long micro-batches towards plans that keep documents whole, and on tiny
+//    micro-batches the exchange is of the order of attention or above and decides the pick (see
+//    strategies/adaptive.hpp). The paper's adaptive (per-sequence in the given order against
 //    per-document) is ChooseAdaptive's per_seq_max_ms / per_doc_max_ms.
 //  - kHybrid: documents of at least 2C * tile_q tokens (every shard at least one query tile) are
 //    sharded per document as above, with the round-robin pointer running over them only;
@@ -56,10 +62,14 @@
 //    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
 //    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
 //    per g. Documents are placed most expensive first, each with the (g, group) that gives the
-//    lowest predicted slowest rank, a rank's time being attention (KernelModel under
-//    CpPlanOptions::mix, see MaskedSegmentMs) plus the K/V rows it exchanges (max of sent and
-//    received, see ExchangedKvRows) times CommModel bytes per row over the link bandwidth (ties:
-//    the lower slowest member, then less added time, smaller g, lower group). The greedy plan is
+//    lowest predicted slowest rank of the plan built so far as the executors would run it: a
+//    rank's time is attention (KernelModel under CpPlanOptions::mix, see MaskedSegmentMs) plus,
+//    per layer kind, the exchange ChooseExchange picks for that plan: row-exact, the K/V rows the
+//    rank exchanges (max of sent and received, see ExchangedKvRows) times CommModel bytes per row
+//    over the link, plus CommModel::latency_us on every rank once any rank moves rows; or the
+//    all-gather fallback, (C - 1) x rank_capacity rows plus the latency on every rank (exact for
+//    one mask; with several, see strategies/doc_degree.hpp) (ties: the lower slowest member, then
+//    less added time, smaller g, lower group). The greedy plan is
 //    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
 //    non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which prices
 //    every plan with the exchange the executor runs (ChooseExchange: row-exact, or the all-gather

@@ -84,8 +84,9 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      &detail::PlanPerDocument},
     {ShardStrategy::kAdaptive,
      "adaptive",
-     "per micro-batch the fastest predicted of per-seq-ordered, per-doc and hybrid",
-     {.kernel_model = true},
+     "per micro-batch the fastest predicted of per-seq-ordered, per-doc and hybrid, K/V exchange "
+     "over the link included",
+     {.kernel_model = true, .cp_link = true, .layer_mix = true},
      "",
      false,
      &detail::PlanAdaptive},
@@ -180,7 +181,8 @@ inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
 // Plans one micro-batch for CP size cp_size (see shard_plan.hpp for strategies and rules).
 // `model` is used by the strategies whose uses.kernel_model is set (kPerSequenceOrdered,
 // kAdaptive, kHybrid, kDocumentDegree); `options` (link and layer masks) by those with uses.cp_link
-// or uses.layer_mix (kDocumentDegree). Bad options are InvalidArgument naming the value.
+// or uses.layer_mix (kAdaptive, kDocumentDegree). Bad options are InvalidArgument naming the
+// value.
 inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
                                             ShardStrategy strategy, const KernelModel& model,
                                             const CpPlanOptions& options) {

@@ -122,8 +122,9 @@ inline absl::Status ValidateCommModel(const CommModel& c) {
   return absl::OkStatus();
 }
 
-// Planner inputs beyond the kernel model: the link, and the layers' attention masks. Only
-// kDocumentDegree plans with them (the other strategies keep their causal plans).
+// Planner inputs beyond the kernel model: the link, and the layers' attention masks. kAdaptive
+// ranks its candidates with them and kDocumentDegree plans with them (the other strategies keep
+// their causal plans).
 struct CpPlanOptions {
   CommModel comm;
   LayerMix mix = LayerMix::Causal();

@@ -1,21 +1,47 @@
 // kAdaptive ("adaptive"): per micro-batch, the fastest predicted of kPerSequenceOrdered,
-// kPerDocument and kHybrid (see shard_plan.hpp).
+// kPerDocument and kHybrid (see shard_plan.hpp), K/V exchange included.
 //
-// Ranking: a model without a packed-call fit predicts each rank as the sum of its segments'
-// SegmentMs (forward). A model with one (KernelModel::WithPackedCalls) predicts each rank of each
-// candidate's plan as one packed call, KernelModel::CallMs: forward + backward when the fit has
-// backward. Either way the candidate plans themselves are planned with SegmentMs as before, so a
-// packed-call fit changes adaptive's pick only.
+//   absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, /*cp_size=*/4, KernelModel::Default(),
+//                                                     CpPlanOptions{.comm = {.link_gbps = 25}});
+//   // c->chosen; c->per_doc_max_ms, ...: each candidate's predicted slowest rank
+//
+// Ranking. Every candidate's plan is built (the candidates plan with SegmentMs as always) and
+// priced with the exchange the CP executors run for it (ChooseExchange: row-exact or the
+// all-gather fallback, bytes over CpPlanOptions::comm's link plus its per-collective latency):
+//  - a model without a packed-call fit: PredictCp(plan, model, options).max_ms, the mix mean of
+//    each layer kind's slowest rank of attention (MaskedSegmentMs under CpPlanOptions::mix) +
+//    that exchange, one forward pass;
+//  - a model with one (KernelModel::WithPackedCalls): the slowest rank of CallMs (its segments as
+//    one packed call, forward + backward when the fit has backward) + P x that rank's exchange
+//    (PredictCp's rank_exchange_ms, mix mean), P = 2 when the fit has backward, else 1. The
+//    exchange is counted once per pass because each pass moves the same rows: forward receives
+//    the K/V rows, backward sends their dK/dV back to the owners (the all-gather's reduce-scatter
+//    moves as much as its gather), each one collective with its latency. The fit itself prices
+//    causal attention; the mix enters through the exchange only.
+// Ties keep the earlier candidate of kPerSequenceOrdered, kPerDocument, kHybrid.
+//
+// What the default CommModel (450 GB/s per direction, 10 us per collective) does: on long
+// micro-batches (128K at C = 2..8, a 16 KiB K/V row) the exchange adds a few ms per layer to
+// plans that cut documents and adaptive moves towards plans that keep them whole; on tiny
+// micro-batches (a few thousand tokens) the 10 us latency and the exchange are of the order of
+// attention itself or larger, so there the exchange decides the pick (a plan moving no rows
+// pays no latency). A slow link (--cp-link-gbps 25) makes the exchange dominate at every size;
+// a very fast one (1e6 GB/s, latency 0) gives back the kernel-time-only ranking but for near
+// ties. Measured old against new: docs/results/cp/adaptive_exchange.md. Cost: building and
+// predicting every candidate makes adaptive's planning about 3x what ranking by summed kernel
+// time took (still below doc-degree's).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "wlb/cost/kernel_model.hpp"
+#include "wlb/shard/cp_prediction.hpp"
 #include "wlb/shard/per_seq_order.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
@@ -26,119 +52,108 @@
 
 namespace wlb {
 
-// Predicted max-rank latency (ms) of the fixed strategies and adaptive's pick: summed SegmentMs
-// (forward), or with a packed-call fit in the model, its CallMs of each rank (forward + backward
-// when the fit has backward; packed_calls says which).
+// Predicted slowest rank (ms) of the fixed strategies' plans and adaptive's pick, K/V exchange
+// included (see the file comment): PredictCp's max_ms, or with a packed-call fit in the model the
+// slowest rank's CallMs + its exchange per pass (packed_calls says which).
 struct AdaptiveChoice {
   ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
   double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
   double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
   double hybrid_max_ms = 0.0;
-  bool packed_calls = false;  // the maxima are the packed-call fit's CallMs
+  bool packed_calls = false;  // the maxima are the packed-call fit's CallMs + exchange per pass
 };
 
-// The largest KernelModel::CallMs over a plan's ranks (each rank's segments as one call).
-inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model) {
+// The largest KernelModel::CallMs over a plan's ranks (each rank's segments as one call), with
+// add_ms[r] added to rank r when given (one value per rank).
+inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model,
+                            std::span<const double> add_ms = {}) {
   double worst = 0.0;
   std::vector<CallSegment> call;
-  for (const RankShard& r : plan.ranks) {
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
     call.clear();
-    for (const Segment& s : r.segments) call.push_back({s.q_len(), s.q_end});
-    worst = std::max(worst, model.CallMs(call));
+    for (const Segment& s : plan.ranks[r].segments) call.push_back({s.q_len(), s.q_end});
+    worst = std::max(worst, model.CallMs(call) + (add_ms.empty() ? 0.0 : add_ms[r]));
   }
   return worst;
 }
 
 namespace detail {
 
-// Predicted latency of every rank under per-sequence or per-document sharding, without
-// building the plan.
-inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<int64_t>& starts,
-                                        int cp_size, ShardStrategy strategy,
-                                        const KernelModel& model) {
-  std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
-  auto add = [&](int rank, int64_t, int64_t q_begin, int64_t q_end) {
-    ms[static_cast<size_t>(rank)] += model.SegmentMs(q_end - q_begin, q_end);
-  };
-  if (strategy == ShardStrategy::kPerSequence) {
-    ForEachPerSequenceSegment(starts, cp_size, add);
-  } else {
-    ForEachPerDocumentSegment(
-        mb, cp_size, [](size_t) { return true; }, add);
-  }
-  return ms;
+// The packed-call ranking (file comment): the slowest rank of CallMs + passes x its exchange.
+inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel& model,
+                                        const CpPlanOptions& options) {
+  std::vector<double> exchange = PredictCp(plan, model, options).rank_exchange_ms;
+  const double passes = model.packed_calls().has_backward ? 2.0 : 1.0;
+  for (double& ms : exchange) ms *= passes;
+  return MaxRankCallMs(plan, model, exchange);
 }
 
-// ChooseAdaptive on a checked micro-batch; also returns the ordered search's order.
-inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb,
-                                                            const std::vector<int64_t>& starts,
-                                                            int cp_size, const KernelModel& model,
-                                                            const CpPlanOptions& options,
-                                                            std::vector<int64_t>* order) {
+// ChooseAdaptive on a checked request (r.requested is what the plans record); `chosen_plan`, if
+// given, gets the chosen candidate's plan.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanRequest& r,
+                                                            ShardPlan* chosen_plan) {
   AdaptiveChoice c;
-  OrderResult ordered = SearchPerSequenceOrder(mb, cp_size, model);
-  if (model.has_packed_calls()) {
-    // Every candidate's plan, each rank one packed call.
-    c.packed_calls = true;
-    const ShardPlanRequest r{.mb = mb,
-                             .starts = starts,
-                             .cp_size = cp_size,
-                             .requested = ShardStrategy::kAdaptive,
-                             .model = model,
-                             .options = options};
-    double* out[] = {&c.per_seq_max_ms, &c.per_seq_ordered_max_ms, &c.per_doc_max_ms,
-                     &c.hybrid_max_ms};
-    absl::StatusOr<ShardPlan> plans[] = {PlanPerSequence(r),
-                                         PlanPerSequenceOrdered(r, ordered.order),
-                                         PlanPerDocument(r), PlanHybrid(r)};
-    for (size_t k = 0; k < 4; ++k) {
-      if (!plans[k].ok()) return plans[k].status();
-      *out[k] = MaxRankCallMs(*plans[k], model);
-    }
-  } else {
-    c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
-    c.per_seq_ordered_max_ms = ordered.max_ms;
-    c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
-    c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
+  c.packed_calls = r.model.has_packed_calls();
+  OrderResult ordered = SearchPerSequenceOrder(r.mb, r.cp_size, r.model);
+  // Candidates in tie order; per-seq (the paper's, micro-batch order) is reported, not chosen.
+  constexpr ShardStrategy kCandidates[] = {ShardStrategy::kPerSequenceOrdered,
+                                           ShardStrategy::kPerDocument, ShardStrategy::kHybrid};
+  double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms};
+  absl::StatusOr<ShardPlan> plans[] = {PlanPerSequenceOrdered(r, std::move(ordered.order)),
+                                       PlanPerDocument(r), PlanHybrid(r)};
+  auto price = [&](const ShardPlan& plan) {
+    return c.packed_calls ? MaxRankCallWithExchangeMs(plan, r.model, r.options)
+                          : PredictCp(plan, r.model, r.options).max_ms;
+  };
+  absl::StatusOr<ShardPlan> per_seq = PlanPerSequence(r);
+  if (!per_seq.ok()) return per_seq.status();
+  c.per_seq_max_ms = price(*per_seq);
+  size_t best = 0;
+  for (size_t k = 0; k < std::size(kCandidates); ++k) {
+    if (!plans[k].ok()) return plans[k].status();
+    *out[k] = price(*plans[k]);
+    if (*out[k] < *out[best]) best = k;
   }
-  c.chosen = ShardStrategy::kPerSequenceOrdered;
-  double best = c.per_seq_ordered_max_ms;
-  if (c.per_doc_max_ms < best) {
-    c.chosen = ShardStrategy::kPerDocument;
-    best = c.per_doc_max_ms;
-  }
-  if (c.hybrid_max_ms < best) c.chosen = ShardStrategy::kHybrid;
-  if (order != nullptr) *order = std::move(ordered.order);
+  c.chosen = kCandidates[best];
+  if (chosen_plan != nullptr) *chosen_plan = *std::move(plans[best]);
   return c;
 }
 
 }  // namespace detail
 
-// What kAdaptive would choose for this micro-batch; errors as PlanShards.
+// What kAdaptive would choose for this micro-batch under `options` (link and layer mix); errors
+// as PlanShards.
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
-                                                     const KernelModel& model) {
+                                                     const KernelModel& model,
+                                                     const CpPlanOptions& options) {
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
-  return detail::ChooseAdaptiveChecked(mb, *starts, cp_size, model, CpPlanOptions{}, nullptr);
+  if (absl::Status s = ValidateCpPlanOptions(options); !s.ok()) return s;
+  return detail::ChooseAdaptiveChecked(ShardPlanRequest{.mb = mb,
+                                                        .starts = *starts,
+                                                        .cp_size = cp_size,
+                                                        .requested = ShardStrategy::kAdaptive,
+                                                        .model = model,
+                                                        .options = options},
+                                       nullptr);
+}
+
+// ChooseAdaptive with the default options (a 450 GB/s link, 10 us per collective, one causal
+// layer), as PlanShards without options.
+inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
+                                                     const KernelModel& model) {
+  return ChooseAdaptive(mb, cp_size, model, CpPlanOptions{});
 }
 
 namespace detail {
 
 // Plans what ChooseAdaptive picks (the plan records it; requested stays kAdaptive).
 inline absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r) {
-  std::vector<int64_t> order;
-  absl::StatusOr<AdaptiveChoice> c =
-      ChooseAdaptiveChecked(r.mb, r.starts, r.cp_size, r.model, r.options, &order);
+  ShardPlan plan;
+  absl::StatusOr<AdaptiveChoice> c = ChooseAdaptiveChecked(r, &plan);
   if (!c.ok()) return c.status();
-  switch (c->chosen) {
-    case ShardStrategy::kPerDocument:
-      return PlanPerDocument(r);
-    case ShardStrategy::kHybrid:
-      return PlanHybrid(r);
-    default:
-      return PlanPerSequenceOrdered(r, std::move(order));
-  }
+  return plan;
 }
 
 }  // namespace detail

@@ -1,5 +1,29 @@
 // kDocumentDegree ("doc-degree"): per-document CP degree, communication-aware (see
 // shard_plan.hpp).
+//
+//   CpPlanOptions options{.comm = {.link_gbps = 25}};
+//   absl::StatusOr<ShardPlan> plan =
+//       PlanShards(mb, 8, ShardStrategy::kDocumentDegree, KernelModel::Default(), options);
+//
+// How the greedy step prices a placement: as the executors will run the plan built so far with
+// it. Per layer kind of the mix, the exchange is the one ChooseExchange (ChooseExchangeOf) picks
+// for that plan, from its slowest rank's rows (max of sent and received) and its rank_capacity
+// (the largest rank's tokens):
+//  - row-exact: a rank pays its own rows x CommModel::RowMs, and every rank pays
+//    CommModel::latency_us once as soon as any rank moves rows (one collective that all ranks
+//    join); a plan that moves no rows pays nothing;
+//  - the all-gather fallback: every rank pays (C - 1) x rank_capacity rows plus the latency,
+//    whatever its own rows.
+// A rank's time is the mix mean of attention + that exchange, and the candidate's slowest rank
+// is exact when no layer kind or every layer kind takes the all-gather (so always for one mask).
+// When only some kinds do, ranks outside the candidate's group still count their own rows for
+// the gathered kinds on top of the all-gather (an over-estimate of them; the members are exact).
+// The final comparison with the fixed strategies is PredictCp's, exact in every case.
+// When the fallback applies: a rank never moves more rows than the all-gather would (it receives
+// at most the other ranks' tokens and sends at most C - 1 copies of its own), so ChooseExchange
+// takes the all-gather only on a tie, e.g. a document zig-zagged over all C ranks with nothing
+// else placed. There the all-gather charges every rank the slowest rank's rows, which the greedy
+// step now sees; pricing rows alone would not.
 #pragma once
 
 #include <algorithm>
@@ -34,6 +58,8 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
   const LayerMix& mix = options.mix;
   const size_t kinds = mix.layers.size();
   const double row_ms = options.comm.RowMs(model);
+  const int64_t row_bytes = options.comm.RowBytes(model);
+  const double latency = options.comm.LatencyMs();
   std::vector<double> weight(kinds);
   for (size_t k = 0; k < kinds; ++k) {
     weight[k] = static_cast<double>(mix.layers[k].second) / static_cast<double>(mix.total_layers());
@@ -41,19 +67,12 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
   std::vector<int> degrees;  // 1, 2, 4, ... below C, then C
   for (int g = 1; g < cp_size; g *= 2) degrees.push_back(g);
   degrees.push_back(cp_size);
-  // Per rank and layer kind: attention ms, rows sent, rows received.
+  // Per rank and layer kind: attention ms, rows sent, rows received; per rank: tokens held; per
+  // layer kind: whether any rank moves rows yet.
   std::vector<double> attention(ranks * kinds, 0.0), sent(ranks * kinds, 0.0),
       received(ranks * kinds, 0.0);
-  auto rank_time = [&](size_t r, const double* da, const double* ds, const double* dr) {
-    double t = 0.0;
-    for (size_t k = 0; k < kinds; ++k) {
-      const size_t x = r * kinds + k;
-      t += weight[k] *
-           (attention[x] + (da ? da[k] : 0.0) +
-            std::max(sent[x] + (ds ? ds[k] : 0.0), received[x] + (dr ? dr[k] : 0.0)) * row_ms);
-    }
-    return t;
-  };
+  std::vector<int64_t> tokens(ranks, 0);
+  std::vector<char> moving(kinds, 0);
   auto whole_ms = [&](int64_t length) {
     double t = 0.0;
     for (size_t k = 0; k < kinds; ++k) {
@@ -74,17 +93,56 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
   };
   std::vector<Placement> placed(docs);
   std::vector<int64_t> pointer(degrees.size(), 0);
-  std::vector<double> time(ranks), prefix_max(ranks + 1), suffix_max(ranks + 1);
-  // Per member of a group and layer kind: added attention, sent and received rows.
+  // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
+  // row_ms), attention alone, and the time as priced now (with the latency of moving kinds).
+  std::vector<double> row_exact(ranks), attention_only(ranks), before(ranks);
+  // Prefix (ranks [0, r)) and suffix (ranks [r, C)) maxima of row_exact, attention_only, tokens,
+  // and per layer kind of the rows a rank moves (max of sent and received).
+  std::vector<double> pre_exact(ranks + 1), suf_exact(ranks + 1), pre_att(ranks + 1),
+      suf_att(ranks + 1), pre_rows((ranks + 1) * kinds), suf_rows((ranks + 1) * kinds);
+  std::vector<int64_t> pre_tokens(ranks + 1), suf_tokens(ranks + 1);
+  // Per member of a group and layer kind: added attention, sent and received rows; per member:
+  // added tokens.
   std::vector<double> da(ranks * kinds), ds(ranks * kinds), dr(ranks * kinds);
+  std::vector<int64_t> dt(ranks);
+  // Per layer kind, for one candidate: the exchange every rank pays whatever its rows (the
+  // all-gather's rows x row_ms and the latency), and whether it is the all-gather.
+  std::vector<double> fixed_ms(kinds);
+  std::vector<char> gather(kinds);
   std::vector<DocShard> shards;
   for (const auto& [whole, i] : order) {
     const int64_t length = mb.documents[i].length;
-    for (size_t r = 0; r < ranks; ++r) time[r] = rank_time(r, nullptr, nullptr, nullptr);
-    prefix_max[0] = 0.0;
-    for (size_t r = 0; r < ranks; ++r) prefix_max[r + 1] = std::max(prefix_max[r], time[r]);
-    suffix_max[ranks] = 0.0;
-    for (size_t r = ranks; r-- > 0;) suffix_max[r] = std::max(suffix_max[r + 1], time[r]);
+    for (size_t r = 0; r < ranks; ++r) {
+      row_exact[r] = attention_only[r] = before[r] = 0.0;
+      for (size_t k = 0; k < kinds; ++k) {
+        const size_t x = r * kinds + k;
+        row_exact[r] += weight[k] * (attention[x] + std::max(sent[x], received[x]) * row_ms);
+        attention_only[r] += weight[k] * attention[x];
+        before[r] += moving[k] ? weight[k] * latency : 0.0;
+      }
+      before[r] += row_exact[r];
+    }
+    pre_exact[0] = pre_att[0] = suf_exact[ranks] = suf_att[ranks] = 0.0;
+    pre_tokens[0] = suf_tokens[ranks] = 0;
+    for (size_t k = 0; k < kinds; ++k) pre_rows[k] = suf_rows[ranks * kinds + k] = 0.0;
+    for (size_t r = 0; r < ranks; ++r) {
+      pre_exact[r + 1] = std::max(pre_exact[r], row_exact[r]);
+      pre_att[r + 1] = std::max(pre_att[r], attention_only[r]);
+      pre_tokens[r + 1] = std::max(pre_tokens[r], tokens[r]);
+      for (size_t k = 0; k < kinds; ++k) {
+        const size_t x = r * kinds + k;
+        pre_rows[x + kinds] = std::max(pre_rows[x], std::max(sent[x], received[x]));
+      }
+    }
+    for (size_t r = ranks; r-- > 0;) {
+      suf_exact[r] = std::max(suf_exact[r + 1], row_exact[r]);
+      suf_att[r] = std::max(suf_att[r + 1], attention_only[r]);
+      suf_tokens[r] = std::max(suf_tokens[r + 1], tokens[r]);
+      for (size_t k = 0; k < kinds; ++k) {
+        const size_t x = r * kinds + k;
+        suf_rows[x] = std::max(suf_rows[x + kinds], std::max(sent[x], received[x]));
+      }
+    }
     // Best (slowest rank, slowest member, added time, degree, group) so far.
     std::tuple<double, double, double, int, int> best{INFINITY, INFINITY, INFINITY, 0, 0};
     size_t best_degree = 0;
@@ -95,16 +153,19 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
       std::fill(da.begin(), da.end(), 0.0);
       std::fill(ds.begin(), ds.end(), 0.0);
       std::fill(dr.begin(), dr.end(), 0.0);
+      std::fill(dt.begin(), dt.end(), 0);
       if (g == 1) {
         for (size_t k = 0; k < kinds; ++k) {
           da[k] = MaskedSegmentMs(model, mix.layers[k].first, 0, length);
         }
+        dt[0] = length;
       } else {
         shards.clear();
         for (int m = 0; m < g; ++m) {
           for (const int64_t j : {int64_t{m}, n - 1 - m}) {
             const auto [b, e] = PerDocumentShard(length, n, pointer[di], j);
             shards.push_back({m, b, e});
+            dt[static_cast<size_t>(m)] += e - b;
           }
         }
         for (size_t k = 0; k < kinds; ++k) {
@@ -120,16 +181,52 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
         }
       }
       for (int first = 0; first + g <= cp_size; first += g) {
+        const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
+        // The exchange ChooseExchange picks per layer kind for the plan with this placement.
+        int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
+        for (int m = 0; m < g; ++m) {
+          capacity =
+              std::max(capacity, tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)]);
+        }
+        bool any_gather = false, all_gather = true;
+        double nonmember_fixed = 0.0;
+        for (size_t k = 0; k < kinds; ++k) {
+          double rows = std::max(pre_rows[lo * kinds + k], suf_rows[hi * kinds + k]);
+          for (int m = 0; m < g; ++m) {
+            const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
+            const size_t y = static_cast<size_t>(m) * kinds + k;
+            rows = std::max(rows, std::max(sent[x] + ds[y], received[x] + dr[y]));
+          }
+          const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
+                                                    row_bytes, options.comm);
+          gather[k] = c.kind == ExchangeKind::kAllGather;
+          fixed_ms[k] = (gather[k] ? static_cast<double>(c.allgather_rows) * row_ms : 0.0) +
+                        (rows > 0 ? latency : 0.0);
+          any_gather = any_gather || gather[k];
+          all_gather = all_gather && gather[k];
+          nonmember_fixed += weight[k] * fixed_ms[k];
+        }
         double member_max = 0.0, added = 0.0;
         for (int m = 0; m < g; ++m) {
-          const size_t r = static_cast<size_t>(first + m);
-          const size_t x = static_cast<size_t>(m) * kinds;
-          const double t = rank_time(r, &da[x], &ds[x], &dr[x]);
+          const size_t r = lo + static_cast<size_t>(m);
+          double t = 0.0;
+          for (size_t k = 0; k < kinds; ++k) {
+            const size_t x = r * kinds + k;
+            const size_t y = static_cast<size_t>(m) * kinds + k;
+            const double rows = gather[k] ? 0.0 : std::max(sent[x] + ds[y], received[x] + dr[y]);
+            t += weight[k] * (attention[x] + da[y] + rows * row_ms + fixed_ms[k]);
+          }
           member_max = std::max(member_max, t);
-          added += t - time[r];
+          added += t - before[r];
         }
-        const double slowest = std::max({member_max, prefix_max[static_cast<size_t>(first)],
-                                         suffix_max[static_cast<size_t>(first + g)]});
+        // Other ranks: exact when no layer kind or every one takes the all-gather; when only some
+        // do, their own rows are still counted for those (an over-estimate).
+        double slowest = member_max;
+        if (g < cp_size) {
+          const double base = any_gather && all_gather ? std::max(pre_att[lo], suf_att[hi])
+                                                       : std::max(pre_exact[lo], suf_exact[hi]);
+          slowest = std::max(slowest, base + nonmember_fixed);
+        }
         const std::tuple<double, double, double, int, int> key{slowest, member_max, added, g,
                                                                first};
         if (key < best) {
@@ -148,6 +245,7 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
       if (g == 1) {
         attention[static_cast<size_t>(first) * kinds + k] +=
             MaskedSegmentMs(model, mask, 0, length);
+        if (k == 0) tokens[static_cast<size_t>(first)] += length;
         continue;
       }
       shards.clear();
@@ -157,11 +255,13 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
           shards.push_back({first + m, b, e});
           attention[static_cast<size_t>(first + m) * kinds + k] +=
               MaskedSegmentMs(model, mask, b, e);
+          if (k == 0) tokens[static_cast<size_t>(first + m)] += e - b;
         }
       }
       ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
         received[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
         sent[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
+        moving[k] = 1;
       });
     }
     if (g > 1) pointer[best_degree] = (pointer[best_degree] + length % n) % n;

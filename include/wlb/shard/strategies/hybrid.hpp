@@ -66,19 +66,6 @@ std::vector<int> PlaceHybrid(const MicroBatch& mb, int cp_size, const KernelMode
   return owner;
 }
 
-// Predicted slowest-rank latency of kHybrid's plan without building it: every rank's shards,
-// then its whole documents in micro-batch order (its segment order, so the sums are
-// PredictRankMsOf's exactly).
-inline double HybridMaxMs(const MicroBatch& mb, int cp_size, const KernelModel& model) {
-  std::vector<double> ms, whole_ms;
-  const std::vector<int> owner =
-      PlaceHybrid(mb, cp_size, model, ms, whole_ms, [](int, int64_t, int64_t, int64_t) {});
-  for (size_t i = 0; i < owner.size(); ++i) {
-    if (owner[i] >= 0) ms[static_cast<size_t>(owner[i])] += whole_ms[i];
-  }
-  return MaxOf(ms);
-}
-
 inline absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
