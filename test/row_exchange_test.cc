@@ -22,8 +22,8 @@ TEST(RowExchangeTest, WorkedExamplePerDocument) {
   // One document of 8 tokens at CP 2, per-doc: rank 0 holds shards 0 and 3 (rows 0-1, 6-7),
   // rank 1 shards 1 and 2 (rows 2-5). Rank 0's late shard needs rows 2-5 of rank 1; rank 1's
   // shards need rows 0-1 of rank 0.
-  const ShardPlan plan = *PlanShards(MakeMicroBatch({8}), 2, ShardStrategy::kPerDocument,
-                                     KernelModel::Default());
+  const ShardPlan plan =
+      *PlanShards(MakeMicroBatch({8}), 2, ShardStrategy::kPerDocument, KernelModel::Default());
   const ShardMaps maps = *BuildShardMaps(plan);
   const RowExchange x = BuildRowExchange(maps, plan.rank_capacity);
   ASSERT_EQ(x.ranks.size(), 2u);
@@ -65,8 +65,8 @@ TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
     for (int r = 0; r < cp; ++r) {
       const RankRowExchange& e = x.ranks[static_cast<size_t>(r)];
       const RankMaps& m = maps.ranks[static_cast<size_t>(r)];
-      SCOPED_TRACE(::testing::Message() << "trial " << trial << " rank " << r << " "
-                                        << mask.Name() << " " << strategies[trial % kStrategies].name);
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " rank " << r << " " << mask.Name()
+                                        << " " << strategies[trial % kStrategies].name);
       EXPECT_EQ(e.tokens, static_cast<int64_t>(m.local_to_packed.size()));
       EXPECT_EQ(e.received(), predicted[static_cast<size_t>(r)].recv_rows);
       EXPECT_EQ(e.sent(), predicted[static_cast<size_t>(r)].send_rows);
@@ -114,10 +114,10 @@ TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
 }
 
 TEST(RowExchangeTest, SingleRankAndEmptyMicroBatchMoveNothing) {
-  for (const auto& [lengths, cp] : {std::pair{std::vector<int64_t>{5, 9}, 1},
-                                    std::pair{std::vector<int64_t>{}, 4}}) {
-    const ShardPlan plan =
-        *PlanShards(MakeMicroBatch(lengths), cp, ShardStrategy::kPerDocument, KernelModel::Default());
+  for (const auto& [lengths, cp] :
+       {std::pair{std::vector<int64_t>{5, 9}, 1}, std::pair{std::vector<int64_t>{}, 4}}) {
+    const ShardPlan plan = *PlanShards(MakeMicroBatch(lengths), cp, ShardStrategy::kPerDocument,
+                                       KernelModel::Default());
     const RowExchange x = BuildRowExchange(*BuildShardMaps(plan), plan.rank_capacity);
     EXPECT_FALSE(x.moves());
     for (const RankRowExchange& r : x.ranks) EXPECT_EQ(r.received(), 0);

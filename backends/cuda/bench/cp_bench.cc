@@ -226,10 +226,11 @@ int main(int argc, char** argv) {
         max_sent = std::max(max_sent, r->sent_bytes[rank]);
         max_received = std::max(max_received, r->received_bytes[rank]);
       }
-      std::printf("mb %ld %-15s exchange %-10s forward K/V per layer, slowest rank: sent %.2f MB, "
-                  "received %.2f MB (counted = predicted); all-gather %.2f MB\n",
-                  long(i), name.c_str(), wlb::ExchangeKindName(r->exchange), max_sent / 1e6,
-                  max_received / 1e6, gather / 1e6);
+      std::printf(
+          "mb %ld %-15s exchange %-10s forward K/V per layer, slowest rank: sent %.2f MB, "
+          "received %.2f MB (counted = predicted); all-gather %.2f MB\n",
+          long(i), name.c_str(), wlb::ExchangeKindName(r->exchange), max_sent / 1e6,
+          max_received / 1e6, gather / 1e6);
       std::string fwd, bwd, pred;
       for (size_t rank = 0; rank < r->fwd_ms.size(); ++rank) {
         fwd += absl::StrFormat(" %.3f", r->fwd_ms[rank]);
@@ -247,9 +248,9 @@ int main(int argc, char** argv) {
             "\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s],"
             "\"predicted_fwd_ms\":[%s],\"exchange\":\"%s\",\"max_sent_bytes\":%d,"
             "\"max_received_bytes\":%d,\"allgather_bytes\":%d}\n",
-            AttentionKernelName(kernel), cp, i, mb.tokens, name, r->max_ms, r->imbalance,
-            list(fwd), list(bwd), list(pred), wlb::ExchangeKindName(r->exchange), max_sent,
-            max_received, gather);
+            AttentionKernelName(kernel), cp, i, mb.tokens, name, r->max_ms, r->imbalance, list(fwd),
+            list(bwd), list(pred), wlb::ExchangeKindName(r->exchange), max_sent, max_received,
+            gather);
         js.flush();
       }
     }

@@ -81,10 +81,11 @@ absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
                                      CommDataType type) {
   const int n = num_local_ranks(), world = world_size();
   if (absl::Status s = CheckBuffers(send, recv, 0, 0, "all-to-all-v"); !s.ok()) return s;
-  if (send_counts.size() != static_cast<size_t>(n) || recv_counts.size() != static_cast<size_t>(n)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s all-to-all-v: %d send and %d receive count lists for %d local ranks", name(),
-        send_counts.size(), recv_counts.size(), n));
+  if (send_counts.size() != static_cast<size_t>(n) ||
+      recv_counts.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s all-to-all-v: %d send and %d receive count lists for %d local ranks",
+                        name(), send_counts.size(), recv_counts.size(), n));
   }
   // Per local rank: total elements each way (overflow-checked) and bytes to/from other ranks.
   constexpr int64_t kMaxElements = int64_t{1} << 40;
@@ -96,9 +97,9 @@ absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
          {std::tuple{&send_counts[i], &send_total[i], "send"},
           std::tuple{&recv_counts[i], &recv_total[i], "receive"}}) {
       if (counts->size() != static_cast<size_t>(world)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s all-to-all-v: rank %d has %d %s counts for %d ranks", name(), global_rank(i),
-            counts->size(), what, world));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s all-to-all-v: rank %d has %d %s counts for %d ranks", name(),
+                            global_rank(i), counts->size(), what, world));
       }
       for (int p = 0; p < world; ++p) {
         const int64_t c = (*counts)[static_cast<size_t>(p)];
@@ -129,8 +130,8 @@ absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
     const size_t self = static_cast<size_t>(global_rank(i));
     if (send_total[i] > 0 || recv_total[i] > 0) moves = true;
     if ((send_total[i] > 0 && send[i] == nullptr) || (recv_total[i] > 0 && recv[i] == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s all-to-all-v: null buffer of rank %d", name(), global_rank(i)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s all-to-all-v: null buffer of rank %d", name(), global_rank(i)));
     }
     AddTraffic(i, (send_total[i] - send_counts[i][self]) * size,
                (recv_total[i] - recv_counts[i][self]) * size);
@@ -194,8 +195,8 @@ absl::Status LocalCommunicator::RunAllGather(absl::Span<const void* const> send,
 }
 
 absl::Status LocalCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
-                                                    absl::Span<void* const> recv,
-                                                    size_t recv_count, CommDataType type) {
+                                                    absl::Span<void* const> recv, size_t recv_count,
+                                                    CommDataType type) {
   const size_t bytes = recv_count * CommDataTypeSize(type);
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
@@ -227,10 +228,9 @@ absl::Status LocalCommunicator::RunAllToAllV(absl::Span<const void* const> send,
       for (size_t t = 0; t < d; ++t) send_at += static_cast<size_t>(send_counts[s][t]);
       const size_t n = static_cast<size_t>(recv_counts[d][s]);
       if (n > 0) {
-        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            static_cast<char*>(recv[d]) + recv_at * size,
-            static_cast<const char*>(send[s]) + send_at * size, n * size,
-            cudaMemcpyDeviceToDevice, streams_[d]));
+        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(recv[d]) + recv_at * size,
+                                                 static_cast<const char*>(send[s]) + send_at * size,
+                                                 n * size, cudaMemcpyDeviceToDevice, streams_[d]));
       }
       recv_at += n;
     }

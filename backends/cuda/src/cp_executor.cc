@@ -132,16 +132,15 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
       DeviceMem* mem;
       size_t bytes;
     };
-    for (Want w : {Want{&r.source_k, source * kv_row * 2}, Want{&r.source_v, source * kv_row * 2},
-                   Want{&r.send_k, sent * kv_row * 2}, Want{&r.send_v, sent * kv_row * 2},
-                   Want{&r.k, total_k * kv_row * 2}, Want{&r.v, total_k * kv_row * 2},
-                   Want{&r.lse, size_t(config.num_heads) * tokens * 4},
-                   Want{&r.dk, total_k * kv_row * 2}, Want{&r.dv, total_k * kv_row * 2},
-                   Want{&r.partial_dk, source * kv_row * 4},
-                   Want{&r.partial_dv, source * kv_row * 4},
-                   Want{&r.back_dk, sent * kv_row * 4}, Want{&r.back_dv, sent * kv_row * 4},
-                   Want{&r.recv_dk, capacity * kv_row * 4},
-                   Want{&r.recv_dv, capacity * kv_row * 4}}) {
+    for (Want w :
+         {Want{&r.source_k, source * kv_row * 2}, Want{&r.source_v, source * kv_row * 2},
+          Want{&r.send_k, sent * kv_row * 2}, Want{&r.send_v, sent * kv_row * 2},
+          Want{&r.k, total_k * kv_row * 2}, Want{&r.v, total_k * kv_row * 2},
+          Want{&r.lse, size_t(config.num_heads) * tokens * 4}, Want{&r.dk, total_k * kv_row * 2},
+          Want{&r.dv, total_k * kv_row * 2}, Want{&r.partial_dk, source * kv_row * 4},
+          Want{&r.partial_dv, source * kv_row * 4}, Want{&r.back_dk, sent * kv_row * 4},
+          Want{&r.back_dv, sent * kv_row * 4}, Want{&r.recv_dk, capacity * kv_row * 4},
+          Want{&r.recv_dv, capacity * kv_row * 4}}) {
       absl::StatusOr<DeviceMem> m = Allocate(w.bytes);
       if (!m.ok()) return m.status();
       *w.mem = *std::move(m);
@@ -192,10 +191,10 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
     if (r.attention.has_value()) {
       const int64_t total_k = r.maps->problem.total_k();
       auto* kr = static_cast<const int32_t*>(r.key_rows.get());
-      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_k.get(), kr, total_k,
-                                                        kv_row_bytes, r.k.get(), r.stream));
-      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_v.get(), kr, total_k,
-                                                        kv_row_bytes, r.v.get(), r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_k.get(), kr, total_k, kv_row_bytes,
+                                                        r.k.get(), r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_v.get(), kr, total_k, kv_row_bytes,
+                                                        r.v.get(), r.stream));
       ForwardTensors f;
       f.q = Prefix(t[i].q, r.maps->tokens);
       f.k = {static_cast<const __nv_bfloat16*>(r.k.get()), total_k, kh, d};

@@ -119,18 +119,17 @@ cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, const int32_t* offsets,
                              float* dst, cudaStream_t stream) {
   const int64_t n = dst_rows * row_elems;
   if (n == 0) return cudaSuccess;
-  CsrSumRowsKernel<__nv_bfloat16, false><<<Blocks(n), kThreads, 0, stream>>>(
-      src, offsets, sources, dst_rows, row_elems, dst);
+  CsrSumRowsKernel<__nv_bfloat16, false>
+      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int32_t* sources,
-                             int64_t dst_rows, int64_t row_elems, float* dst,
-                             cudaStream_t stream) {
+                             int64_t dst_rows, int64_t row_elems, float* dst, cudaStream_t stream) {
   const int64_t n = dst_rows * row_elems;
   if (n == 0) return cudaSuccess;
-  CsrSumRowsKernel<float, true><<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources,
-                                                                   dst_rows, row_elems, dst);
+  CsrSumRowsKernel<float, true>
+      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
   return cudaGetLastError();
 }
 

@@ -86,7 +86,8 @@ absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const 
       result.sent_rows[r] = result.received_rows[r] = int64_t(cp - 1) * maps.rank_capacity;
     }
   } else {
-    std::vector<std::vector<float>> send_k(static_cast<size_t>(cp)), send_v(static_cast<size_t>(cp));
+    std::vector<std::vector<float>> send_k(static_cast<size_t>(cp)),
+        send_v(static_cast<size_t>(cp));
     for (int r = 0; r < cp; ++r) {
       send_k[r] = GatherRows<float>(lk[r], maps.ranks[r].send_rows, kw);
       send_v[r] = GatherRows<float>(lv[r], maps.ranks[r].send_rows, kw);
@@ -116,9 +117,9 @@ absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const 
       }
       result.received_rows[d] = received;
       if (m.tokens + received != m.source_rows) {
-        return absl::InternalError(absl::StrFormat(
-            "rank %d: %d own + %d received rows, but its maps index %d source rows", d, m.tokens,
-            received, m.source_rows));
+        return absl::InternalError(
+            absl::StrFormat("rank %d: %d own + %d received rows, but its maps index %d source rows",
+                            d, m.tokens, received, m.source_rows));
       }
     }
   }

@@ -143,8 +143,8 @@ absl::Status NcclCommunicator::RunAllGather(absl::Span<const void* const> send,
 }
 
 absl::Status NcclCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
-                                                   absl::Span<void* const> recv,
-                                                   size_t recv_count, CommDataType type) {
+                                                   absl::Span<void* const> recv, size_t recv_count,
+                                                   CommDataType type) {
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const ncclResult_t r = ncclReduceScatter(send[i], recv[i], recv_count, NcclType(type),

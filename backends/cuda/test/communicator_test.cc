@@ -99,14 +99,14 @@ class RecordingCommunicator final : public Communicator {
     ++runs;
     return absl::OkStatus();
   }
-  absl::Status RunReduceScatterSum(absl::Span<const void* const>, absl::Span<void* const>,
-                                   size_t, CommDataType) override {
+  absl::Status RunReduceScatterSum(absl::Span<const void* const>, absl::Span<void* const>, size_t,
+                                   CommDataType) override {
     ++runs;
     return absl::OkStatus();
   }
-  absl::Status RunAllToAllV(absl::Span<const void* const>,
-                            absl::Span<const std::vector<int64_t>>, absl::Span<void* const>,
-                            absl::Span<const std::vector<int64_t>>, CommDataType) override {
+  absl::Status RunAllToAllV(absl::Span<const void* const>, absl::Span<const std::vector<int64_t>>,
+                            absl::Span<void* const>, absl::Span<const std::vector<int64_t>>,
+                            CommDataType) override {
     ++runs;
     return absl::OkStatus();
   }
@@ -148,8 +148,7 @@ TEST(CommunicatorTest, AllToAllVChecksCountsAndCountsBytes) {
   bad[0][2] = int64_t{1} << 62;
   s = comm.AllToAllV(send, bad, recv, recvs, CommDataType::kBf16);
   EXPECT_THAT(s.message(), HasSubstr("rank 0's send count for rank 1"));
-  s = comm.AllToAllV(send, std::vector<std::vector<int64_t>>(2), recv, recvs,
-                     CommDataType::kBf16);
+  s = comm.AllToAllV(send, std::vector<std::vector<int64_t>>(2), recv, recvs, CommDataType::kBf16);
   EXPECT_THAT(s.message(), HasSubstr("2 send and 3 receive count lists for 3 local ranks"));
   std::vector<const void*> null_send = send;
   null_send[1] = nullptr;

@@ -156,9 +156,9 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
   PackedCpTensors t{f.q->get(), f.k->get(), f.v->get(), f.dout->get(),
                     f.out->get(), f.dq->get(), f.dk->get(), f.dv->get()};
   ASSERT_TRUE((*run)->Run(t, /*backward=*/true).ok());
-  const std::string where = absl::StrFormat(
-      "%d tokens, %d documents, C %d, %s, %s", plan.tokens, f.mb.documents.size(), plan.cp_size,
-      ShardStrategyName(plan.strategy), ExchangeKindName(ran));
+  const std::string where =
+      absl::StrFormat("%d tokens, %d documents, C %d, %s, %s", plan.tokens, f.mb.documents.size(),
+                      plan.cp_size, ShardStrategyName(plan.strategy), ExchangeKindName(ran));
   for (auto [dev, ref, rel, mx, name] :
        {std::tuple{f.out.get(), &f.ref_out, kOutRelL2, kOutMax, "out"},
         std::tuple{f.dq.get(), &f.ref_dq, kGradRelL2, kGradMax, "dq"},
@@ -177,7 +177,8 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
     const int64_t all = int64_t{plan.cp_size - 1} * plan.rank_capacity;
     const int64_t out = exact ? rows[r].send_rows : all, in = exact ? rows[r].recv_rows : all;
     const CommTraffic got = comm.traffic(r);
-    EXPECT_EQ(got.sent_bytes, out * row_bytes + in * 2 * row_bytes) << "rank " << r << ", " << where;
+    EXPECT_EQ(got.sent_bytes, out * row_bytes + in * 2 * row_bytes)
+        << "rank " << r << ", " << where;
     EXPECT_EQ(got.received_bytes, in * row_bytes + out * 2 * row_bytes)
         << "rank " << r << ", " << where;
   }
@@ -351,8 +352,8 @@ TEST_F(CpGpuTest, LocalAllToAllVMovesEveryBlock) {
   ASSERT_CUDA(cudaDeviceSynchronize());
   for (int d = 0; d < ranks; ++d) {
     int64_t at = 0, in_others = 0;
-    std::vector<float> got(size_t(std::accumulate(recv_counts[d].begin(), recv_counts[d].end(),
-                                                  int64_t{0})));
+    std::vector<float> got(
+        size_t(std::accumulate(recv_counts[d].begin(), recv_counts[d].end(), int64_t{0})));
     ASSERT_CUDA(cudaMemcpy(got.data(), recv[d]->p, got.size() * 4, cudaMemcpyDeviceToHost));
     for (int s = 0; s < ranks; ++s) {
       int64_t from = 0;

@@ -272,9 +272,9 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
       std::isinf(MaxError(CpuCpAttention(padding, in.q, in.k, in.v, in.dout)->out, f.out)));
 
   // Row-exact: a key that reads the wrong received row, and a returned gradient dropped.
-  const CpMaps exact = *BuildCpMaps(
-      *PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config,
-      ExchangeKind::kRowExact);
+  const CpMaps exact =
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config,
+                   ExchangeKind::kRowExact);
   ASSERT_LE(MaxError(CpuCpAttention(exact, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-12);
   CpMaps misread = exact;
   CpRankMaps& reader = misread.ranks[3];

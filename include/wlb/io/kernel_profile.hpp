@@ -59,7 +59,8 @@ absl::Status ForEachProfileRow(absl::string_view text, absl::string_view source,
     ++header_line;
   }
   if (header_line == lines.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: empty %s (need %s)", source, what, need));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: empty %s (need %s)", source, what, need));
   }
   std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
   cols.fill(-1);
@@ -118,8 +119,7 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
               absl::StrFormat("%s:%d: q_len %s is not an integer in [1, %d]", source, line,
                               QuoteForMessage(q_text), kMaxContext));
         }
-        if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len ||
-            p.kv_len > kMaxContext) {
+        if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "%s:%d: kv_len %s is not an integer in [q_len %d, %d] (causal segments see at "
               "least their own queries)",
@@ -127,9 +127,9 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
         }
         if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) ||
             !(p.ms <= kMaxProfileMs)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "%s:%d: %s %s is not a number in [%g, %g]", source, line, ms_column,
-              QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s:%d: %s %s is not a number in [%g, %g]", source, line, ms_column,
+                              QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
         }
         points.push_back(p);
         return absl::OkStatus();
@@ -186,8 +186,7 @@ inline absl::StatusOr<std::vector<PackedCallPoint>> ParsePackedCallProfile(
       std::array<absl::string_view, 3>{kSegmentsColumn, kForwardMsColumn, kBackwardMsColumn}, 2,
       col, [&](const std::vector<absl::string_view>& cells, size_t line) -> absl::Status {
         PackedCallPoint p;
-        for (absl::string_view item :
-             absl::StrSplit(cells[col[0]], ' ', absl::SkipWhitespace())) {
+        for (absl::string_view item : absl::StrSplit(cells[col[0]], ' ', absl::SkipWhitespace())) {
           std::vector<absl::string_view> qk = absl::StrSplit(item, ':');
           CallSegment seg;
           if (qk.size() != 2 || !absl::SimpleAtoi(qk[0], &seg.q_len) ||

@@ -38,7 +38,9 @@ struct RankRowExchange {
   // ones in arrival order. Same length and order as RankMaps::key_rows.
   std::vector<int32_t> key_rows;
 
-  int64_t received() const { return std::reduce(recv_counts.begin(), recv_counts.end(), int64_t{0}); }
+  int64_t received() const {
+    return std::reduce(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  }
   int64_t sent() const { return static_cast<int64_t>(send_rows.size()); }
   int64_t buffer_rows() const { return tokens + received(); }
 };

@@ -132,9 +132,8 @@ class LocalCommunicator final : public Communicator {
   LocalCommunicator() = default;
   absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
                             size_t count, CommDataType type) override;
-  absl::Status RunReduceScatterSum(absl::Span<const void* const> send,
-                                   absl::Span<void* const> recv, size_t recv_count,
-                                   CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                                   size_t recv_count, CommDataType type) override;
   absl::Status RunAllToAllV(absl::Span<const void* const> send,
                             absl::Span<const std::vector<int64_t>> send_counts,
                             absl::Span<void* const> recv,
@@ -175,9 +174,8 @@ class NcclCommunicator final : public Communicator {
   struct Rank;
   absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
                             size_t count, CommDataType type) override;
-  absl::Status RunReduceScatterSum(absl::Span<const void* const> send,
-                                   absl::Span<void* const> recv, size_t recv_count,
-                                   CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                                   size_t recv_count, CommDataType type) override;
   absl::Status RunAllToAllV(absl::Span<const void* const> send,
                             absl::Span<const std::vector<int64_t>> send_counts,
                             absl::Span<void* const> recv,
