@@ -36,6 +36,23 @@ void BindShards(nb::module_& m) {
           "rank's keys under plan.mask, in its cu_seqlens_k layout (int64).",
           nb::rv_policy::automatic)
       .def_prop_ro(
+          "row_exchange",
+          [](const RankRef& r) {
+            const wlb::RankRowExchange& x =
+                r.plan->RowExchange().ranks[static_cast<size_t>(r.rank)];
+            nb::dict d;
+            d["send_rows"] = Widen(x.send_rows);
+            d["send_counts"] = ToNumpy(std::vector<int64_t>(x.send_counts));
+            d["recv_counts"] = ToNumpy(std::vector<int64_t>(x.recv_counts));
+            d["key_rows"] = Widen(x.key_rows);
+            return d;
+          },
+          "This rank's part of the row-exact K/V exchange under plan.mask "
+          "(wlb::BuildRowExchange): send_rows, its local rows the other ranks need, grouped by "
+          "destination rank; send_counts / recv_counts, rows sent to / received from each rank "
+          "(all_to_all_single's splits; 0 for itself); key_rows, its keys' rows in its own rows "
+          "followed by the received ones (in cu_seqlens_k order). All int64.")
+      .def_prop_ro(
           "cu_seqlens_q",
           [](const RankRef& r) {
             return ToNumpy(r.causal() ? r.shard().cu_seqlens_q : r.masked_maps().cu_seqlens_q);
@@ -188,6 +205,7 @@ void BindShards(nb::module_& m) {
             auto out = std::make_shared<PyShardPlan>(p);
             out->mask = mask;
             out->maps.reset();  // under the new mask on first use
+            out->row_exchange.reset();
             return out;
           },
           "mask"_a,

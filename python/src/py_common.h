@@ -329,6 +329,7 @@ struct PyShardPlan {
   wlb::CommModel comm;  // the link plan_shards planned for (cp_link_gbps, cp_latency_us)
   std::optional<wlb::AttentionMask> mask;
   mutable std::optional<wlb::ShardMaps> maps;
+  mutable std::optional<wlb::RowExchange> row_exchange;  // under the executor's mask
 
   // The maps' mask-free rows (local_to_packed, packed_to_gathered) are the same under every
   // mask; without a chosen mask they come from the maps of the mix's first.
@@ -352,6 +353,11 @@ struct PyShardPlan {
   const wlb::ShardMaps& MaskedMaps() const {
     Mask();
     return Maps();
+  }
+  // The row-exact exchange under the executor's mask (wlb/shard/row_exchange.hpp).
+  const wlb::RowExchange& RowExchange() const {
+    if (!row_exchange) row_exchange = wlb::BuildRowExchange(MaskedMaps(), plan.rank_capacity);
+    return *row_exchange;
   }
 };
 

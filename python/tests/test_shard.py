@@ -132,6 +132,34 @@ def test_doc_degree_exchange_and_link():
     assert windowed.cp_prediction["max_rank_pairs"] < 6 * per_doc.cp_prediction["max_rank_pairs"]
 
 
+def test_row_exchange_is_the_planners_rows_and_finds_every_key():
+    """RankShard.row_exchange (wlb::BuildRowExchange) under each mask: its counts are
+    plan.exchange's rows, the two sides of every pair agree, and each key row of the rank's
+    buffer (own rows, then the received ones by source) holds the token key_indices names."""
+    rng = np.random.default_rng(3)
+    for trial in range(24):
+        lengths = [int(x) for x in rng.integers(1, 900, size=int(rng.integers(1, 7)))]
+        cp = int(rng.choice([2, 4, 8]))
+        mix = ["causal", "window:64", "chunk:100"][trial % 3]
+        for name in wlb.shard_strategy_names():
+            plan = wlb.plan_shards(lengths, cp, name, layer_mix=mix)
+            choice = plan.exchange(8)
+            xs = [plan[r].row_exchange for r in range(cp)]
+            sends = [plan[r].token_indices[x["send_rows"]] for r, x in enumerate(xs)]
+            for d, x in enumerate(xs):
+                assert int(x["recv_counts"].sum()) == choice["recv_rows"][d]
+                assert len(x["send_rows"]) == choice["send_rows"][d]
+                assert x["send_counts"][d] == 0 and x["recv_counts"][d] == 0
+                buffer = [plan[d].token_indices]
+                for s_rank, y in enumerate(xs):
+                    assert y["send_counts"][d] == x["recv_counts"][s_rank]
+                    start = int(y["send_counts"][:d].sum())
+                    buffer.append(sends[s_rank][start:start + int(y["send_counts"][d])])
+                buffer = np.concatenate(buffer)
+                np.testing.assert_array_equal(buffer[x["key_rows"]], plan[d].key_indices,
+                                              err_msg=f"{name} C={cp} {mix} rank {d}")
+
+
 def test_bad_cp_options_name_the_value():
     with pytest.raises(ValueError, match="got 0"):
         wlb.plan_shards([5, 19, 8], 2, "doc-degree", cp_link_gbps=0.0)

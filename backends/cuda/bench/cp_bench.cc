@@ -16,6 +16,9 @@
 // slowest rank, so a strategy's cost for a micro-batch is its max-rank fwd+bwd time. Per rank
 // and strategy the median over --iters is used. The model (--profile CSV, else the analytic
 // default) predicts forward ms per rank; its error is reported against measured forward ms.
+// Each plan runs with the exchange the executor picks (ChooseCpExchange over the default
+// link); the K/V bytes its forward moved per rank, as the communicator counted them, are
+// printed beside the planner's prediction (the bench fails if they differ) and the all-gather's.
 // Output is line-buffered and every JSON line flushed, so a run killed by `timeout` keeps every
 // micro-batch it finished; with --kernel=cudnn the last line says how many cuDNN graphs were
 // built and the seconds that took.
@@ -47,6 +50,8 @@ struct Measured {
   std::vector<double> fwd_ms, bwd_ms;  // per rank, median over iterations
   double max_ms = 0;                   // max over ranks of fwd + bwd
   double imbalance = 1;                // max / mean of fwd + bwd
+  wlb::ExchangeKind exchange = wlb::ExchangeKind::kAllGather;
+  std::vector<int64_t> sent_bytes, received_bytes;  // per rank: forward K/V, counted
 };
 
 double Median(std::vector<double> v) {
@@ -61,6 +66,14 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
       CpPackedRunner::Create(plan, config, comm, {.isolate_ranks = true});
   if (!run.ok()) return run.status();
   if (absl::Status s = (*run)->Run(t, true); !s.ok()) return s;
+  Measured m;
+  m.exchange = (*run)->executor().maps().exchange;
+  comm.ResetTraffic();
+  if (absl::Status s = (*run)->Rerun(false); !s.ok()) return s;  // one forward: its K/V bytes
+  for (int r = 0; r < plan.cp_size; ++r) {
+    m.sent_bytes.push_back(comm.traffic(r).sent_bytes);
+    m.received_bytes.push_back(comm.traffic(r).received_bytes);
+  }
   for (int i = 0; i < warmup; ++i) {
     if (absl::Status s = (*run)->Rerun(true); !s.ok()) return s;
   }
@@ -75,7 +88,6 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
       b[size_t(x.rank)].push_back(x.backward_ms);
     }
   }
-  Measured m;
   std::vector<double> total;
   for (size_t r = 0; r < c; ++r) {
     m.fwd_ms.push_back(Median(f[r]));
@@ -194,6 +206,31 @@ int main(int argc, char** argv) {
         ++tot.err_max_n;
       }
       m[s] = *r;
+      // The counted forward K/V bytes against the planner's rows of the exchange that ran.
+      const std::vector<wlb::RankExchange> rows = wlb::ExchangedKvRows(*plan);
+      const int64_t row_bytes = CpKvRowBytes(config);
+      const int64_t gather = (cp - 1) * plan->rank_capacity * row_bytes;
+      int64_t max_sent = 0, max_received = 0;
+      for (size_t rank = 0; rank < rows.size(); ++rank) {
+        const bool exact = r->exchange == wlb::ExchangeKind::kRowExact;
+        const int64_t want_sent = exact ? rows[rank].send_rows * row_bytes : gather;
+        const int64_t want_received = exact ? rows[rank].recv_rows * row_bytes : gather;
+        if (r->sent_bytes[rank] != want_sent || r->received_bytes[rank] != want_received) {
+          std::fprintf(stderr,
+                       "micro-batch %ld %s rank %zu: counted %ld bytes sent / %ld received, the "
+                       "planner predicts %ld / %ld\n",
+                       long(i), name.c_str(), rank, long(r->sent_bytes[rank]),
+                       long(r->received_bytes[rank]), long(want_sent), long(want_received));
+          return 1;
+        }
+        max_sent = std::max(max_sent, r->sent_bytes[rank]);
+        max_received = std::max(max_received, r->received_bytes[rank]);
+      }
+      std::printf(
+          "mb %ld %-15s exchange %-10s forward K/V per layer, slowest rank: sent %.2f MB, "
+          "received %.2f MB (counted = predicted); all-gather %.2f MB\n",
+          long(i), name.c_str(), wlb::ExchangeKindName(r->exchange), max_sent / 1e6,
+          max_received / 1e6, gather / 1e6);
       std::string fwd, bwd, pred;
       for (size_t rank = 0; rank < r->fwd_ms.size(); ++rank) {
         fwd += absl::StrFormat(" %.3f", r->fwd_ms[rank]);
@@ -209,9 +246,11 @@ int main(int argc, char** argv) {
         js << absl::StrFormat(
             "{\"kernel\":\"%s\",\"cp\":%d,\"mb\":%d,\"tokens\":%d,\"strategy\":\"%s\","
             "\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s],"
-            "\"predicted_fwd_ms\":[%s]}\n",
-            AttentionKernelName(kernel), cp, i, mb.tokens, name, r->max_ms, r->imbalance,
-            list(fwd), list(bwd), list(pred));
+            "\"predicted_fwd_ms\":[%s],\"exchange\":\"%s\",\"max_sent_bytes\":%d,"
+            "\"max_received_bytes\":%d,\"allgather_bytes\":%d}\n",
+            AttentionKernelName(kernel), cp, i, mb.tokens, name, r->max_ms, r->imbalance, list(fwd),
+            list(bwd), list(pred), wlb::ExchangeKindName(r->exchange), max_sent, max_received,
+            gather);
         js.flush();
       }
     }

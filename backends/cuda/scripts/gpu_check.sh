@@ -513,46 +513,40 @@ stage_layer() {
 }
 
 # Table 2 planned with the FLOP preset and with the shipped calibration of the engine, repeated.
+# calibrated_model NAME TITLE CALIBRATION STEPS LAYER_BENCH_FLAG...: the repeats of one model
+# (step calibrated:bench_NAME_rR), then their mean and spread against the calibration.
+calibrated_model() {
+  local name="$1" title="$2" cal="$3" steps="$4" l="${work}/calibrated" rc=0 r p runs=()
+  local packers=original
+  shift 4
+  for p in wlb wlb-refine wlb-lookahead; do packers+=",${p}"; done
+  for p in wlb wlb-refine wlb-lookahead; do packers+=",${p}@${cal}"; done
+  for r in $(seq 1 "${calibrated_repeats}"); do
+    run calibrated "bench_${name}_r${r}" "${dev}/bin/wlb_cuda_layer_bench" \
+      --out="${l}/${name}-r${r}" --steps="${steps}" --sweep=0 --cp_steps=0 \
+      --packers="${packers}" "$@" || rc=1
+    [[ -f "${l}/${name}-r${r}/summary.md" ]] && runs+=("${l}/${name}-r${r}")
+  done
+  if (( ${#runs[@]} > 0 )); then
+    say ""
+    say "### ${title} vs calibration ${cal}"
+    python3 "${repo}/backends/cuda/scripts/table2_repeats.py" "${runs[@]}" \
+      --pair "wlb=wlb-lookahead@${cal}" --pair "wlb=wlb@${cal}" \
+      --pair "wlb-lookahead=wlb-lookahead@${cal}" 2>&1 | tee -a "${summary}" || rc=1
+  fi
+  return ${rc}
+}
+
 stage_calibrated() {
   check_binaries || return 1
-  local l="${work}/calibrated" rc=0 docs=() r runs=()
+  local rc=0 docs=()
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && docs=(--docs="${dev}/data/doc_lengths_wlbllm_like.json")
-  # packers NAME and NAME@CALIBRATION for each wlb packer, original as the baseline row
-  packers_for() {
-    local p list=original
-    for p in wlb wlb-refine wlb-lookahead; do list+=",${p}"; done
-    for p in wlb wlb-refine wlb-lookahead; do list+=",${p}@$1"; done
-    echo "${list}"
-  }
-  for r in $(seq 1 "${calibrated_repeats}"); do
-    run calibrated "bench_7b_128k_r${r}" "${dev}/bin/wlb_cuda_layer_bench" \
-      --out="${l}/7b-128k-r${r}" --kernel=flash --steps="${calibrated_steps_7b}" --sweep=0 \
-      --cp_steps=0 --packers="$(packers_for h100-flash-llama2-7b-tp8)" "${docs[@]}" || rc=1
-    [[ -f "${l}/7b-128k-r${r}/summary.md" ]] && runs+=("${l}/7b-128k-r${r}")
-  done
-  if (( ${#runs[@]} > 0 )); then
-    say ""
-    say "### 7B-128K, flash: FLOP preset llama2-7b vs calibration h100-flash-llama2-7b-tp8"
-    python3 "${repo}/backends/cuda/scripts/table2_repeats.py" "${runs[@]}" \
-      --pair wlb=wlb-lookahead@h100-flash-llama2-7b-tp8 --pair wlb=wlb@h100-flash-llama2-7b-tp8 \
-      --pair wlb-lookahead=wlb-lookahead@h100-flash-llama2-7b-tp8 2>&1 | tee -a "${summary}" || rc=1
-  fi
-  runs=()
-  for r in $(seq 1 "${calibrated_repeats}"); do
-    run calibrated "bench_550m_64k_r${r}" "${dev}/bin/wlb_cuda_layer_bench" \
-      --out="${l}/550m-64k-r${r}" --preset=wlb-550m --tp=2 --context=65536 --pp=4 --dp=2 \
-      --kernel=cudnn --steps="${calibrated_steps_550m}" --sweep=0 --cp_steps=0 \
-      --packers="$(packers_for h100-cudnn-wlb-550m-tp2)" "${docs[@]}" || rc=1
-    [[ -f "${l}/550m-64k-r${r}/summary.md" ]] && runs+=("${l}/550m-64k-r${r}")
-  done
-  if (( ${#runs[@]} > 0 )); then
-    say ""
-    say "### 550M-64K, cudnn: FLOP preset wlb-550m vs calibration h100-cudnn-wlb-550m-tp2"
-    python3 "${repo}/backends/cuda/scripts/table2_repeats.py" "${runs[@]}" \
-      --pair wlb=wlb-lookahead@h100-cudnn-wlb-550m-tp2 --pair wlb=wlb@h100-cudnn-wlb-550m-tp2 \
-      --pair wlb-lookahead=wlb-lookahead@h100-cudnn-wlb-550m-tp2 2>&1 | tee -a "${summary}" || rc=1
-  fi
-  graph_builds "${l}"/*.log
+  calibrated_model 7b_128k "7B-128K, flash: FLOP preset llama2-7b" h100-flash-llama2-7b-tp8 \
+    "${calibrated_steps_7b}" --kernel=flash "${docs[@]}" || rc=1
+  calibrated_model 550m_64k "550M-64K, cudnn: FLOP preset wlb-550m" h100-cudnn-wlb-550m-tp2 \
+    "${calibrated_steps_550m}" --kernel=cudnn --preset=wlb-550m --tp=2 --context=65536 --pp=4 \
+    --dp=2 "${docs[@]}" || rc=1
+  graph_builds "${work}/calibrated"/*.log
   return ${rc}
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_format.h"
 #include "src/cp_kernels.h"
@@ -19,7 +20,7 @@ size_t CommDataTypeSize(CommDataType type) { return type == CommDataType::kBf16 
 
 absl::Status Communicator::CheckBuffers(absl::Span<const void* const> send,
                                         absl::Span<void* const> recv, size_t send_bytes,
-                                        size_t recv_bytes, absl::string_view op) const {
+                                        size_t recv_bytes, const char* op) const {
   const size_t n = static_cast<size_t>(num_local_ranks());
   if (send.size() != n || recv.size() != n) {
     return absl::InvalidArgumentError(
@@ -33,6 +34,109 @@ absl::Status Communicator::CheckBuffers(absl::Span<const void* const> send,
     }
   }
   return absl::OkStatus();
+}
+
+void Communicator::AddTraffic(int local, int64_t sent, int64_t received) {
+  if (traffic_.empty()) traffic_.resize(static_cast<size_t>(num_local_ranks()));
+  CommTraffic& t = traffic_[static_cast<size_t>(local)];
+  t.sent_bytes += sent;
+  t.received_bytes += received;
+  ++t.collectives;
+}
+
+CommTraffic Communicator::traffic(int local) const {
+  return local >= 0 && static_cast<size_t>(local) < traffic_.size()
+             ? traffic_[static_cast<size_t>(local)]
+             : CommTraffic{};
+}
+
+absl::Status Communicator::AllGather(absl::Span<const void* const> send,
+                                     absl::Span<void* const> recv, size_t count,
+                                     CommDataType type) {
+  const size_t bytes = count * CommDataTypeSize(type);
+  if (absl::Status s = CheckBuffers(send, recv, bytes, bytes, "all-gather"); !s.ok()) return s;
+  const int64_t moved = static_cast<int64_t>(bytes) * (world_size() - 1);
+  for (int i = 0; i < num_local_ranks(); ++i) AddTraffic(i, moved, moved);
+  return bytes == 0 ? absl::OkStatus() : RunAllGather(send, recv, count, type);
+}
+
+absl::Status Communicator::ReduceScatterSum(absl::Span<const void* const> send,
+                                            absl::Span<void* const> recv, size_t recv_count,
+                                            CommDataType type) {
+  const size_t bytes = recv_count * CommDataTypeSize(type);
+  if (absl::Status s = CheckBuffers(send, recv, bytes * static_cast<size_t>(world_size()), bytes,
+                                    "reduce-scatter");
+      !s.ok()) {
+    return s;
+  }
+  const int64_t moved = static_cast<int64_t>(bytes) * (world_size() - 1);
+  for (int i = 0; i < num_local_ranks(); ++i) AddTraffic(i, moved, moved);
+  return bytes == 0 ? absl::OkStatus() : RunReduceScatterSum(send, recv, recv_count, type);
+}
+
+absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
+                                     absl::Span<const std::vector<int64_t>> send_counts,
+                                     absl::Span<void* const> recv,
+                                     absl::Span<const std::vector<int64_t>> recv_counts,
+                                     CommDataType type) {
+  const int n = num_local_ranks(), world = world_size();
+  if (absl::Status s = CheckBuffers(send, recv, 0, 0, "all-to-all-v"); !s.ok()) return s;
+  if (send_counts.size() != static_cast<size_t>(n) ||
+      recv_counts.size() != static_cast<size_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s all-to-all-v: %d send and %d receive count lists for %d local ranks",
+                        name(), send_counts.size(), recv_counts.size(), n));
+  }
+  // Per local rank: total elements each way (overflow-checked) and bytes to/from other ranks.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  std::vector<int64_t> send_total(static_cast<size_t>(n)), recv_total(static_cast<size_t>(n));
+  std::vector<int> local_of(static_cast<size_t>(world), -1);
+  for (int i = 0; i < n; ++i) local_of[static_cast<size_t>(global_rank(i))] = i;
+  for (int i = 0; i < n; ++i) {
+    for (const auto& [counts, total, what] :
+         {std::tuple{&send_counts[i], &send_total[i], "send"},
+          std::tuple{&recv_counts[i], &recv_total[i], "receive"}}) {
+      if (counts->size() != static_cast<size_t>(world)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s all-to-all-v: rank %d has %d %s counts for %d ranks", name(),
+                            global_rank(i), counts->size(), what, world));
+      }
+      for (int p = 0; p < world; ++p) {
+        const int64_t c = (*counts)[static_cast<size_t>(p)];
+        if (c < 0 || c > kMaxElements - *total) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s all-to-all-v: rank %d's %s count for rank %d is %d (need >= 0, %d in all at "
+              "most)",
+              name(), global_rank(i), what, p, c, kMaxElements));
+        }
+        *total += c;
+      }
+    }
+    for (int p = 0; p < world; ++p) {
+      const int j = local_of[static_cast<size_t>(p)];
+      if (j < 0) continue;
+      const int64_t sends = send_counts[i][static_cast<size_t>(p)];
+      const int64_t expects = recv_counts[j][static_cast<size_t>(global_rank(i))];
+      if (sends != expects) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s all-to-all-v: rank %d sends %d elements to rank %d, which expects %d", name(),
+            global_rank(i), sends, p, expects));
+      }
+    }
+  }
+  const int64_t size = static_cast<int64_t>(CommDataTypeSize(type));
+  bool moves = false;
+  for (int i = 0; i < n; ++i) {
+    const size_t self = static_cast<size_t>(global_rank(i));
+    if (send_total[i] > 0 || recv_total[i] > 0) moves = true;
+    if ((send_total[i] > 0 && send[i] == nullptr) || (recv_total[i] > 0 && recv[i] == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s all-to-all-v: null buffer of rank %d", name(), global_rank(i)));
+    }
+    AddTraffic(i, (send_total[i] - send_counts[i][self]) * size,
+               (recv_total[i] - recv_counts[i][self]) * size);
+  }
+  return moves ? RunAllToAllV(send, send_counts, recv, recv_counts, type) : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCommunicator>> LocalCommunicator::Create(int ranks,
@@ -73,12 +177,10 @@ absl::Status LocalCommunicator::Barrier() {
   return absl::OkStatus();
 }
 
-absl::Status LocalCommunicator::AllGather(absl::Span<const void* const> send,
-                                          absl::Span<void* const> recv, size_t count,
-                                          CommDataType type) {
+absl::Status LocalCommunicator::RunAllGather(absl::Span<const void* const> send,
+                                             absl::Span<void* const> recv, size_t count,
+                                             CommDataType type) {
   const size_t bytes = count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes, bytes, "all-gather"); !s.ok()) return s;
-  if (bytes == 0) return absl::OkStatus();
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
   for (size_t i = 0; i < streams_.size(); ++i) {
@@ -92,16 +194,10 @@ absl::Status LocalCommunicator::AllGather(absl::Span<const void* const> send,
   return Barrier();  // senders may reuse their buffers only after every copy
 }
 
-absl::Status LocalCommunicator::ReduceScatterSum(absl::Span<const void* const> send,
-                                                 absl::Span<void* const> recv,
-                                                 size_t recv_count, CommDataType type) {
+absl::Status LocalCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
+                                                    absl::Span<void* const> recv, size_t recv_count,
+                                                    CommDataType type) {
   const size_t bytes = recv_count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes * streams_.size(), bytes,
-                                    "reduce-scatter");
-      !s.ok()) {
-    return s;
-  }
-  if (bytes == 0) return absl::OkStatus();
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
   std::vector<const void*> blocks(streams_.size());
@@ -114,6 +210,32 @@ absl::Status LocalCommunicator::ReduceScatterSum(absl::Span<const void* const> s
         type == CommDataType::kBf16, recv[i], streams_[i]));
   }
   return Barrier();
+}
+
+absl::Status LocalCommunicator::RunAllToAllV(absl::Span<const void* const> send,
+                                             absl::Span<const std::vector<int64_t>> send_counts,
+                                             absl::Span<void* const> recv,
+                                             absl::Span<const std::vector<int64_t>> recv_counts,
+                                             CommDataType type) {
+  const size_t size = CommDataTypeSize(type), ranks = streams_.size();
+  WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (absl::Status s = Barrier(); !s.ok()) return s;
+  // Receiver d copies, on its own stream, block d of every source s (offsets: prefix sums).
+  for (size_t d = 0; d < ranks; ++d) {
+    size_t recv_at = 0;
+    for (size_t s = 0; s < ranks; ++s) {
+      size_t send_at = 0;
+      for (size_t t = 0; t < d; ++t) send_at += static_cast<size_t>(send_counts[s][t]);
+      const size_t n = static_cast<size_t>(recv_counts[d][s]);
+      if (n > 0) {
+        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(recv[d]) + recv_at * size,
+                                                 static_cast<const char*>(send[s]) + send_at * size,
+                                                 n * size, cudaMemcpyDeviceToDevice, streams_[d]));
+      }
+      recv_at += n;
+    }
+  }
+  return Barrier();  // senders may reuse their buffers only after every copy
 }
 
 namespace detail {

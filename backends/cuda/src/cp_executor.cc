@@ -69,8 +69,15 @@ struct CpExecutor::RankState {
   int device = 0;
   cudaStream_t stream = nullptr;
   std::optional<VarlenAttention> attention;
-  DeviceMem local_to_packed, key_rows, key_offsets, key_sources;
-  DeviceMem gathered_k, gathered_v, k, v, lse, dk, dv, partial_dk, partial_dv, recv_dk, recv_dv;
+  DeviceMem local_to_packed, key_rows, key_offsets, key_sources, send_rows, return_offsets,
+      return_sources;
+  // source_k/v: the rank's source rows (cp_maps.h); partial_dk/dv: their gradients (fp32);
+  // send_k/v, back_dk/dv: the row-exact exchange's rows sent and gradients coming back;
+  // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows).
+  DeviceMem source_k, source_v, send_k, send_v, k, v, lse, dk, dv, partial_dk, partial_dv, back_dk,
+      back_dv, recv_dk, recv_dv;
+  // Row-exact element counts per rank (rows x K/V row elements): sent and received.
+  std::vector<int64_t> send_elems, recv_elems;
   cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};  // fwd begin/end, bwd begin/end
   bool backward_ran = false;
 };
@@ -93,7 +100,9 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
         "shard plan for cp_size %d on a communicator of %d ranks", plan.cp_size,
         comm.world_size()));
   }
-  absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, config);
+  const ExchangeKind exchange =
+      options.exchange.value_or(ChooseCpExchange(plan, config, options.comm));
+  absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, config, exchange);
   if (!maps.ok()) return maps.status();
   std::unique_ptr<CpExecutor> e(new CpExecutor());
   e->maps_ = *std::move(maps);
@@ -101,8 +110,8 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
   e->options_ = options;
   e->comm_ = &comm;
   e->ranks_.resize(static_cast<size_t>(comm.num_local_ranks()));
-  const size_t kv_row = size_t(config.num_kv_heads) * config.head_dim;
-  const size_t gathered = size_t(e->maps_.gathered_rows());
+  const int64_t kv_elems = int64_t{config.num_kv_heads} * config.head_dim;
+  const size_t kv_row = size_t(kv_elems);
   const size_t capacity = size_t(e->maps_.rank_capacity);
   AttentionOptions attention_options;
   attention_options.kernel = config.kernel;
@@ -111,22 +120,27 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
     r.maps = &e->maps_.ranks[static_cast<size_t>(comm.global_rank(static_cast<int>(i)))];
     r.device = comm.device(static_cast<int>(i));
     r.stream = comm.stream(static_cast<int>(i));
+    for (int64_t rows : r.maps->send_counts) r.send_elems.push_back(rows * kv_elems);
+    for (int64_t rows : r.maps->recv_counts) r.recv_elems.push_back(rows * kv_elems);
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     for (cudaEvent_t& ev : r.events) WLB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev));
     const size_t total_k = size_t(r.maps->problem.total_k());
     const size_t tokens = size_t(r.maps->tokens);
+    const size_t source = size_t(r.maps->source_rows);
+    const size_t sent = r.maps->send_rows.size();
     struct Want {
       DeviceMem* mem;
       size_t bytes;
     };
-    for (Want w : {Want{&r.gathered_k, gathered * kv_row * 2}, Want{&r.gathered_v, gathered * kv_row * 2},
-                   Want{&r.k, total_k * kv_row * 2}, Want{&r.v, total_k * kv_row * 2},
-                   Want{&r.lse, size_t(config.num_heads) * tokens * 4},
-                   Want{&r.dk, total_k * kv_row * 2}, Want{&r.dv, total_k * kv_row * 2},
-                   Want{&r.partial_dk, gathered * kv_row * 4},
-                   Want{&r.partial_dv, gathered * kv_row * 4},
-                   Want{&r.recv_dk, capacity * kv_row * 4},
-                   Want{&r.recv_dv, capacity * kv_row * 4}}) {
+    for (Want w :
+         {Want{&r.source_k, source * kv_row * 2}, Want{&r.source_v, source * kv_row * 2},
+          Want{&r.send_k, sent * kv_row * 2}, Want{&r.send_v, sent * kv_row * 2},
+          Want{&r.k, total_k * kv_row * 2}, Want{&r.v, total_k * kv_row * 2},
+          Want{&r.lse, size_t(config.num_heads) * tokens * 4}, Want{&r.dk, total_k * kv_row * 2},
+          Want{&r.dv, total_k * kv_row * 2}, Want{&r.partial_dk, source * kv_row * 4},
+          Want{&r.partial_dv, source * kv_row * 4}, Want{&r.back_dk, sent * kv_row * 4},
+          Want{&r.back_dv, sent * kv_row * 4}, Want{&r.recv_dk, capacity * kv_row * 4},
+          Want{&r.recv_dv, capacity * kv_row * 4}}) {
       absl::StatusOr<DeviceMem> m = Allocate(w.bytes);
       if (!m.ok()) return m.status();
       *w.mem = *std::move(m);
@@ -134,7 +148,10 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
     for (auto [mem, host] : {std::pair{&r.local_to_packed, &r.maps->local_to_packed},
                              std::pair{&r.key_rows, &r.maps->key_rows},
                              std::pair{&r.key_offsets, &r.maps->key_offsets},
-                             std::pair{&r.key_sources, &r.maps->key_sources}}) {
+                             std::pair{&r.key_sources, &r.maps->key_sources},
+                             std::pair{&r.send_rows, &r.maps->send_rows},
+                             std::pair{&r.return_offsets, &r.maps->return_offsets},
+                             std::pair{&r.return_sources, &r.maps->return_sources}}) {
       absl::StatusOr<DeviceMem> m = Upload(*host, r.stream);
       if (!m.ok()) return m.status();
       *mem = *std::move(m);
@@ -158,8 +175,6 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
   }
   const int64_t cap = maps_.rank_capacity, h = config_.num_heads, kh = config_.num_kv_heads;
   const int64_t d = config_.head_dim;
-  std::vector<const void*> send_k, send_v;
-  std::vector<void*> recv_k, recv_v;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const int rank = ranks_[i].maps->rank;
     for (auto [x, heads, name] : {std::tuple{&t[i].q, h, "q"}, std::tuple{&t[i].k, kh, "k"},
@@ -167,18 +182,8 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
       if (absl::Status s = CheckThd(*x, cap, heads, d, name, rank); !s.ok()) return s;
     }
     if (absl::Status s = CheckThd(t[i].out, cap, h, d, "out", rank); !s.ok()) return s;
-    send_k.push_back(t[i].k.data);
-    send_v.push_back(t[i].v.data);
-    recv_k.push_back(ranks_[i].gathered_k.get());
-    recv_v.push_back(ranks_[i].gathered_v.get());
   }
-  const size_t kv_count = size_t(cap * kh * d);
-  if (absl::Status s = comm_->AllGather(send_k, recv_k, kv_count, CommDataType::kBf16); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = comm_->AllGather(send_v, recv_v, kv_count, CommDataType::kBf16); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = FetchKv(t); !s.ok()) return s;
   const int64_t kv_row_bytes = kh * d * 2;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
@@ -186,10 +191,10 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
     if (r.attention.has_value()) {
       const int64_t total_k = r.maps->problem.total_k();
       auto* kr = static_cast<const int32_t*>(r.key_rows.get());
-      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.gathered_k.get(), kr, total_k,
-                                                        kv_row_bytes, r.k.get(), r.stream));
-      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.gathered_v.get(), kr, total_k,
-                                                        kv_row_bytes, r.v.get(), r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_k.get(), kr, total_k, kv_row_bytes,
+                                                        r.k.get(), r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_v.get(), kr, total_k, kv_row_bytes,
+                                                        r.v.get(), r.stream));
       ForwardTensors f;
       f.q = Prefix(t[i].q, r.maps->tokens);
       f.k = {static_cast<const __nv_bfloat16*>(r.k.get()), total_k, kh, d};
@@ -205,6 +210,121 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
     r.backward_ran = false;
   }
   forward_done_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
+  const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
+  const int64_t kv_row_bytes = kv_elems * 2;
+  std::vector<const void*> send_k, send_v;
+  std::vector<void*> recv_k, recv_v;
+  if (maps_.exchange == ExchangeKind::kAllGather) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      send_k.push_back(t[i].k.data);
+      send_v.push_back(t[i].v.data);
+      recv_k.push_back(ranks_[i].source_k.get());
+      recv_v.push_back(ranks_[i].source_v.get());
+    }
+    const size_t count = size_t(maps_.rank_capacity * kv_elems);
+    if (absl::Status s = comm_->AllGather(send_k, recv_k, count, CommDataType::kBf16); !s.ok()) {
+      return s;
+    }
+    return comm_->AllGather(send_v, recv_v, count, CommDataType::kBf16);
+  }
+  // Row-exact: pack the rows every other rank needs, copy the own rows to the head of the
+  // source rows, receive the others' behind them.
+  std::vector<std::vector<int64_t>> send_counts, recv_counts;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankState& r = ranks_[i];
+    WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    const auto* rows = static_cast<const int32_t*>(r.send_rows.get());
+    const int64_t sent = static_cast<int64_t>(r.maps->send_rows.size());
+    const int64_t own = r.maps->tokens * kv_row_bytes;
+    for (auto [src, packed, dst] : {std::tuple{t[i].k.data, r.send_k.get(), r.source_k.get()},
+                                    std::tuple{t[i].v.data, r.send_v.get(), r.source_v.get()}}) {
+      WLB_CUDA_RETURN_IF_ERROR(
+          detail::LaunchGatherRows(src, rows, sent, kv_row_bytes, packed, r.stream));
+      if (own > 0) {
+        WLB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, src, size_t(own), cudaMemcpyDeviceToDevice, r.stream));
+      }
+    }
+    send_k.push_back(r.send_k.get());
+    send_v.push_back(r.send_v.get());
+    recv_k.push_back(static_cast<char*>(r.source_k.get()) + own);
+    recv_v.push_back(static_cast<char*>(r.source_v.get()) + own);
+    send_counts.push_back(r.send_elems);
+    recv_counts.push_back(r.recv_elems);
+  }
+  if (absl::Status s =
+          comm_->AllToAllV(send_k, send_counts, recv_k, recv_counts, CommDataType::kBf16);
+      !s.ok()) {
+    return s;
+  }
+  return comm_->AllToAllV(send_v, send_counts, recv_v, recv_counts, CommDataType::kBf16);
+}
+
+absl::Status CpExecutor::ReturnKvGradients() {
+  const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
+  const size_t capacity_elems = size_t(maps_.rank_capacity * kv_elems);
+  std::vector<const void*> send_k, send_v;
+  std::vector<void*> recv_k, recv_v;
+  if (maps_.exchange == ExchangeKind::kAllGather) {
+    for (RankState& r : ranks_) {
+      send_k.push_back(r.partial_dk.get());
+      send_v.push_back(r.partial_dv.get());
+      recv_k.push_back(r.recv_dk.get());
+      recv_v.push_back(r.recv_dv.get());
+    }
+    // fp32 over the wire: the sum of C partials is rounded to bf16 once, at the end.
+    if (absl::Status s =
+            comm_->ReduceScatterSum(send_k, recv_k, capacity_elems, CommDataType::kFloat32);
+        !s.ok()) {
+      return s;
+    }
+    return comm_->ReduceScatterSum(send_v, recv_v, capacity_elems, CommDataType::kFloat32);
+  }
+  // Row-exact: the received rows' gradients go back to their owners (the reverse all-to-all-v),
+  // arriving in send_rows order; each owner adds them to its own rows' through the return CSR.
+  std::vector<std::vector<int64_t>> send_counts, recv_counts;
+  for (RankState& r : ranks_) {
+    const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
+    send_k.push_back(static_cast<const char*>(r.partial_dk.get()) + own);
+    send_v.push_back(static_cast<const char*>(r.partial_dv.get()) + own);
+    recv_k.push_back(r.back_dk.get());
+    recv_v.push_back(r.back_dv.get());
+    send_counts.push_back(r.recv_elems);
+    recv_counts.push_back(r.send_elems);
+  }
+  if (absl::Status s =
+          comm_->AllToAllV(send_k, send_counts, recv_k, recv_counts, CommDataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          comm_->AllToAllV(send_v, send_counts, recv_v, recv_counts, CommDataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  for (RankState& r : ranks_) {
+    WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
+    const auto* offsets = static_cast<const int32_t*>(r.return_offsets.get());
+    const auto* sources = static_cast<const int32_t*>(r.return_sources.get());
+    for (auto [mine, partial, back] :
+         {std::tuple{r.recv_dk.get(), r.partial_dk.get(), r.back_dk.get()},
+          std::tuple{r.recv_dv.get(), r.partial_dv.get(), r.back_dv.get()}}) {
+      // Padding rows stay zero.
+      WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine, 0, capacity_elems * 4, r.stream));
+      if (own > 0) {
+        WLB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(mine, partial, own, cudaMemcpyDeviceToDevice, r.stream));
+      }
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrAddRows(static_cast<const float*>(back), offsets,
+                                                        sources, r.maps->tokens, kv_elems,
+                                                        static_cast<float*>(mine), r.stream));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -228,8 +348,6 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     if (absl::Status s = CheckThd(t[i].dk, cap, kh, d, "dk", rank); !s.ok()) return s;
     if (absl::Status s = CheckThd(t[i].dv, cap, kh, d, "dv", rank); !s.ok()) return s;
   }
-  std::vector<const void*> send_k, send_v;
-  std::vector<void*> recv_k, recv_v;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
@@ -256,33 +374,21 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     const auto* offsets = static_cast<const int32_t*>(r.key_offsets.get());
     const auto* sources = static_cast<const int32_t*>(r.key_sources.get());
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
-        static_cast<const __nv_bfloat16*>(r.dk.get()), offsets, sources, maps_.gathered_rows(),
+        static_cast<const __nv_bfloat16*>(r.dk.get()), offsets, sources, r.maps->source_rows,
         kh * d, static_cast<float*>(r.partial_dk.get()), r.stream));
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
-        static_cast<const __nv_bfloat16*>(r.dv.get()), offsets, sources, maps_.gathered_rows(),
+        static_cast<const __nv_bfloat16*>(r.dv.get()), offsets, sources, r.maps->source_rows,
         kh * d, static_cast<float*>(r.partial_dv.get()), r.stream));
-    send_k.push_back(r.partial_dk.get());
-    send_v.push_back(r.partial_dv.get());
-    recv_k.push_back(r.recv_dk.get());
-    recv_v.push_back(r.recv_dv.get());
   }
-  // fp32 over the wire: the sum of C partials is rounded to bf16 once, at the end.
-  const size_t count = size_t(cap * kh * d);
-  if (absl::Status s = comm_->ReduceScatterSum(send_k, recv_k, count, CommDataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = comm_->ReduceScatterSum(send_v, recv_v, count, CommDataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = ReturnKvGradients(); !s.ok()) return s;
+  const int64_t count = cap * kh * d;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCastToBf16(static_cast<const float*>(r.recv_dk.get()),
-                                                      int64_t(count), t[i].dk.data, r.stream));
+                                                      count, t[i].dk.data, r.stream));
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCastToBf16(static_cast<const float*>(r.recv_dv.get()),
-                                                      int64_t(count), t[i].dv.data, r.stream));
+                                                      count, t[i].dv.data, r.stream));
   }
   return absl::OkStatus();
 }

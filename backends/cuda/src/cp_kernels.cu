@@ -55,17 +55,18 @@ cudaError_t MoveRowsDispatch(const void* src, const int32_t* index, int64_t rows
   return cudaErrorInvalidValue;
 }
 
-__global__ void CsrSumRowsKernel(const __nv_bfloat16* __restrict__ src,
-                                 const int32_t* __restrict__ offsets,
+// dst row g = (kAccumulate ? dst row g : 0) + the CSR sum of its source rows, in fp32.
+template <typename Src, bool kAccumulate>
+__global__ void CsrSumRowsKernel(const Src* __restrict__ src, const int32_t* __restrict__ offsets,
                                  const int32_t* __restrict__ sources, int64_t dst_rows,
                                  int64_t row_elems, float* __restrict__ dst) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= dst_rows * row_elems) return;
   const int64_t row = e / row_elems;
   const int64_t col = e % row_elems;
-  float sum = 0.0f;
+  float sum = kAccumulate ? dst[e] : 0.0f;
   for (int32_t i = offsets[row]; i < offsets[row + 1]; ++i) {
-    sum += __bfloat162float(src[static_cast<int64_t>(sources[i]) * row_elems + col]);
+    sum += static_cast<float>(src[static_cast<int64_t>(sources[i]) * row_elems + col]);
   }
   dst[e] = sum;
 }
@@ -118,8 +119,17 @@ cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, const int32_t* offsets,
                              float* dst, cudaStream_t stream) {
   const int64_t n = dst_rows * row_elems;
   if (n == 0) return cudaSuccess;
-  CsrSumRowsKernel<<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows,
-                                                       row_elems, dst);
+  CsrSumRowsKernel<__nv_bfloat16, false>
+      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int32_t* sources,
+                             int64_t dst_rows, int64_t row_elems, float* dst, cudaStream_t stream) {
+  const int64_t n = dst_rows * row_elems;
+  if (n == 0) return cudaSuccess;
+  CsrSumRowsKernel<float, true>
+      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
   return cudaGetLastError();
 }
 

@@ -29,6 +29,10 @@ cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, const int32_t* offsets,
                              const int32_t* sources, int64_t dst_rows, int64_t row_elems,
                              float* dst, cudaStream_t stream);
 
+// dst row g (fp32) += sum of src rows sources[offsets[g] .. offsets[g+1]) (fp32), in that order.
+cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int32_t* sources,
+                             int64_t dst_rows, int64_t row_elems, float* dst, cudaStream_t stream);
+
 // dst[e] = sum over i < n of srcs[i][e] (host array of n <= kMaxSumInputs device pointers),
 // accumulated in fp32 in order i = 0, 1, ...; bf16 when `bf16`, else fp32.
 cudaError_t LaunchSumBuffers(const void* const* srcs, int n, int64_t count, bool bf16, void* dst,

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_format.h"
+#include "wlb/shard/row_exchange.hpp"
 #include "wlb/shard/shard_maps.hpp"
 
 namespace wlb::cuda {
@@ -39,26 +40,55 @@ absl::Status ValidateConfig(const CpAttentionConfig& config) {
   return ValidateProblem(p, config.kernel);
 }
 
+// The CSR transpose of `rows` (each in [0, n)): sources of row g are the positions j with
+// rows[j] == g, ascending (a stable counting sort, so sums over them are deterministic).
+void Transpose(const std::vector<int32_t>& rows, int64_t n, std::vector<int32_t>& offsets,
+               std::vector<int32_t>& sources) {
+  offsets.assign(static_cast<size_t>(n) + 1, 0);
+  for (int32_t g : rows) ++offsets[static_cast<size_t>(g) + 1];
+  for (size_t g = 0; g < static_cast<size_t>(n); ++g) offsets[g + 1] += offsets[g];
+  sources.resize(rows.size());
+  std::vector<int32_t> next(offsets.begin(), offsets.end() - 1);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    sources[static_cast<size_t>(next[static_cast<size_t>(rows[j])]++)] = static_cast<int32_t>(j);
+  }
+}
+
 }  // namespace
+
+int64_t CpKvRowBytes(const CpAttentionConfig& config) {
+  return 4 * int64_t{config.num_kv_heads} * config.head_dim;
+}
+
+ExchangeKind ChooseCpExchange(const ShardPlan& plan, const CpAttentionConfig& config,
+                              const CommModel& comm) {
+  return ChooseExchange(ExchangedKvRows(plan, config.mask), plan.rank_capacity,
+                        CpKvRowBytes(config), comm)
+      .kind;
+}
 
 float EffectiveSoftmaxScale(const CpAttentionConfig& config) {
   if (config.softmax_scale != 0.0f || config.head_dim <= 0) return config.softmax_scale;
   return 1.0f / std::sqrt(static_cast<float>(config.head_dim));
 }
 
-absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config) {
+absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config,
+                                   ExchangeKind exchange) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   // Local rows, gathered rows and key rows come from the planning library (wlb/shard/
-  // shard_maps.hpp, which also checks the plan); this adds the kernel's problem and dK/dV map.
+  // shard_maps.hpp, which also checks the plan, and row_exchange.hpp); this adds the kernel's
+  // problem and the dK/dV maps.
   absl::StatusOr<ShardMaps> rows = BuildShardMaps(plan);
   if (!rows.ok()) return rows.status();
+  RowExchange row_exact;
+  if (exchange == ExchangeKind::kRowExact) row_exact = BuildRowExchange(*rows, plan.rank_capacity);
   CpMaps maps;
   maps.cp_size = plan.cp_size;
   maps.tokens = plan.tokens;
   maps.rank_capacity = plan.rank_capacity;
+  maps.exchange = exchange;
   maps.packed_to_gathered = std::move(rows->packed_to_gathered);
   maps.ranks.resize(plan.ranks.size());
-  const int64_t gathered = maps.gathered_rows();
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     CpRankMaps& m = maps.ranks[r];
     m.rank = static_cast<int>(r);
@@ -71,19 +101,19 @@ absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfi
       m.problem.max_seqlen_k = std::max<int32_t>(m.problem.max_seqlen_k, s.q_end);
     }
     m.local_to_packed = std::move(rows->ranks[r].local_to_packed);
-    m.key_rows = std::move(rows->ranks[r].key_rows);
-    // Counting sort of key rows by gathered row: stable, so sources stay ascending.
-    m.key_offsets.assign(static_cast<size_t>(gathered) + 1, 0);
-    for (int32_t g : m.key_rows) ++m.key_offsets[static_cast<size_t>(g) + 1];
-    for (size_t g = 0; g < static_cast<size_t>(gathered); ++g) {
-      m.key_offsets[g + 1] += m.key_offsets[g];
+    if (exchange == ExchangeKind::kRowExact) {
+      RankRowExchange& x = row_exact.ranks[r];
+      m.source_rows = x.buffer_rows();
+      m.key_rows = std::move(x.key_rows);
+      m.send_rows = std::move(x.send_rows);
+      m.send_counts = std::move(x.send_counts);
+      m.recv_counts = std::move(x.recv_counts);
+      Transpose(m.send_rows, m.tokens, m.return_offsets, m.return_sources);
+    } else {
+      m.source_rows = maps.gathered_rows();
+      m.key_rows = std::move(rows->ranks[r].key_rows);
     }
-    m.key_sources.resize(m.key_rows.size());
-    std::vector<int32_t> next(m.key_offsets.begin(), m.key_offsets.end() - 1);
-    for (size_t j = 0; j < m.key_rows.size(); ++j) {
-      m.key_sources[static_cast<size_t>(next[static_cast<size_t>(m.key_rows[j])]++)] =
-          static_cast<int32_t>(j);
-    }
+    Transpose(m.key_rows, m.source_rows, m.key_offsets, m.key_sources);
   }
   return maps;
 }

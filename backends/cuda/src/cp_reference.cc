@@ -64,47 +64,96 @@ absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const 
     lv[r] = Shard(v, maps.ranks[r], maps.rank_capacity, kw);
     ldo[r] = Shard(dout, maps.ranks[r], maps.rank_capacity, qw);
   }
-  // All-gather: rank-major concatenation of the local K/V buffers, padding included.
-  std::vector<float> gk, gv;
-  for (int r = 0; r < cp; ++r) {
-    gk.insert(gk.end(), lk[r].begin(), lk[r].end());
-    gv.insert(gv.end(), lv[r].begin(), lv[r].end());
+  CpuCpResult result;
+  result.sent_rows.assign(size_t(cp), 0);
+  result.received_rows.assign(size_t(cp), 0);
+  // Every rank's source rows (cp_maps.h): the all-gather's rank-major concatenation of the local
+  // buffers, padding included, or its own rows followed by what the others send it (the
+  // all-to-all-v: from every source in rank order, the source's block for it).
+  std::vector<std::vector<float>> sk(static_cast<size_t>(cp)), sv(static_cast<size_t>(cp));
+  const bool all_gather = maps.exchange == ExchangeKind::kAllGather;
+  // recv_offset[d][s]: where the rows from s start among d's received rows.
+  std::vector<std::vector<int64_t>> recv_offset(size_t(cp), std::vector<int64_t>(size_t(cp), 0));
+  if (all_gather) {
+    std::vector<float> gk, gv;
+    for (int r = 0; r < cp; ++r) {
+      gk.insert(gk.end(), lk[r].begin(), lk[r].end());
+      gv.insert(gv.end(), lv[r].begin(), lv[r].end());
+    }
+    for (int r = 0; r < cp; ++r) {
+      sk[r] = gk;
+      sv[r] = gv;
+      result.sent_rows[r] = result.received_rows[r] = int64_t(cp - 1) * maps.rank_capacity;
+    }
+  } else {
+    std::vector<std::vector<float>> send_k(static_cast<size_t>(cp)),
+        send_v(static_cast<size_t>(cp));
+    for (int r = 0; r < cp; ++r) {
+      send_k[r] = GatherRows<float>(lk[r], maps.ranks[r].send_rows, kw);
+      send_v[r] = GatherRows<float>(lv[r], maps.ranks[r].send_rows, kw);
+      result.sent_rows[r] = int64_t(maps.ranks[r].send_rows.size());
+    }
+    for (int d = 0; d < cp; ++d) {
+      const CpRankMaps& m = maps.ranks[d];
+      sk[d].assign(lk[d].begin(), lk[d].begin() + m.tokens * int64_t(kw));
+      sv[d].assign(lv[d].begin(), lv[d].begin() + m.tokens * int64_t(kw));
+      int64_t received = 0;
+      for (int s = 0; s < cp; ++s) {
+        const CpRankMaps& src = maps.ranks[s];
+        const int64_t n = src.send_counts[size_t(d)];
+        if (n != m.recv_counts[size_t(s)]) {
+          return absl::InternalError(absl::StrFormat(
+              "row-exact maps disagree: rank %d sends %d rows to rank %d, which expects %d", s, n,
+              d, m.recv_counts[size_t(s)]));
+        }
+        int64_t from = 0;
+        for (int t = 0; t < d; ++t) from += src.send_counts[size_t(t)];
+        recv_offset[d][s] = received;
+        sk[d].insert(sk[d].end(), send_k[s].begin() + from * int64_t(kw),
+                     send_k[s].begin() + (from + n) * int64_t(kw));
+        sv[d].insert(sv[d].end(), send_v[s].begin() + from * int64_t(kw),
+                     send_v[s].begin() + (from + n) * int64_t(kw));
+        received += n;
+      }
+      result.received_rows[d] = received;
+      if (m.tokens + received != m.source_rows) {
+        return absl::InternalError(
+            absl::StrFormat("rank %d: %d own + %d received rows, but its maps index %d source rows",
+                            d, m.tokens, received, m.source_rows));
+      }
+    }
   }
 
-  CpuCpResult result;
   result.out.assign(tokens * qw, 0.0);
   result.dq.assign(tokens * qw, 0.0);
   result.dk.assign(tokens * kw, 0.0);
   result.dv.assign(tokens * kw, 0.0);
   result.lse.assign(size_t(shape.num_heads) * tokens, 0.0);
-  const size_t gathered = size_t(maps.gathered_rows());
-  std::vector<double> rs_dk(gathered * kw, 0.0), rs_dv(gathered * kw, 0.0);  // reduce-scatter sum
+  // Every rank's dK/dV summed into its source rows (zero where it has no key).
+  std::vector<std::vector<double>> pk(static_cast<size_t>(cp)), pv(static_cast<size_t>(cp));
   for (int r = 0; r < cp; ++r) {
     const CpRankMaps& m = maps.ranks[r];
+    pk[r].assign(size_t(m.source_rows) * kw, 0.0);
+    pv[r].assign(size_t(m.source_rows) * kw, 0.0);
     if (!m.has_work()) continue;
     const size_t rows = size_t(m.tokens);
-    const std::vector<float> rk = GatherRows<float>(gk, m.key_rows, kw);
-    const std::vector<float> rv = GatherRows<float>(gv, m.key_rows, kw);
+    const std::vector<float> rk = GatherRows<float>(sk[r], m.key_rows, kw);
+    const std::vector<float> rv = GatherRows<float>(sv[r], m.key_rows, kw);
     const absl::Span<const float> rq(lq[r].data(), rows * qw);
     const absl::Span<const float> rdo(ldo[r].data(), rows * qw);
     absl::StatusOr<CpuForward> f = CpuAttentionForward(m.problem, rq, rk, rv);
     if (!f.ok()) return f.status();
     absl::StatusOr<CpuGradients> g = CpuAttentionBackward(m.problem, rq, rk, rv, rdo);
     if (!g.ok()) return g.status();
-    // dK/dV into the gathered layout through the CSR transpose of key_rows.
-    std::vector<double> pk(gathered * kw, 0.0), pv(gathered * kw, 0.0);
-    for (size_t row = 0; row < gathered; ++row) {
+    // dK/dV into the source rows through the CSR transpose of key_rows.
+    for (size_t row = 0; row < size_t(m.source_rows); ++row) {
       for (int32_t e = m.key_offsets[row]; e < m.key_offsets[row + 1]; ++e) {
         const size_t src = size_t(m.key_sources[size_t(e)]);
         for (size_t c = 0; c < kw; ++c) {
-          pk[row * kw + c] += g->dk[src * kw + c];
-          pv[row * kw + c] += g->dv[src * kw + c];
+          pk[r][row * kw + c] += g->dk[src * kw + c];
+          pv[r][row * kw + c] += g->dv[src * kw + c];
         }
       }
-    }
-    for (size_t i = 0; i < pk.size(); ++i) {
-      rs_dk[i] += pk[i];
-      rs_dv[i] += pv[i];
     }
     // Queries are local: out, lse and dQ go straight back to packed order.
     for (size_t i = 0; i < rows; ++i) {
@@ -118,15 +167,46 @@ absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const 
       }
     }
   }
-  // Rank r receives gathered rows [r * capacity, (r + 1) * capacity): its own local rows.
+  // dK/dV of every rank's own rows. All-gather: the reduce-scatter gives rank r the sum over
+  // ranks of gathered rows [r * capacity, (r + 1) * capacity). Row-exact: its own source rows
+  // plus what comes back (the reverse all-to-all-v: from every destination in rank order, the
+  // rows it received from r), summed into local rows through the return CSR.
   for (int r = 0; r < cp; ++r) {
     const CpRankMaps& m = maps.ranks[r];
+    std::vector<double> dk(size_t(m.tokens) * kw), dv(size_t(m.tokens) * kw);
+    if (all_gather) {
+      for (size_t x = 0; x < dk.size(); ++x) {
+        const size_t at = size_t(r) * capacity * kw + x;
+        for (int s = 0; s < cp; ++s) {
+          dk[x] += pk[s][at];
+          dv[x] += pv[s][at];
+        }
+      }
+    } else {
+      std::copy(pk[r].begin(), pk[r].begin() + int64_t(dk.size()), dk.begin());
+      std::copy(pv[r].begin(), pv[r].begin() + int64_t(dv.size()), dv.begin());
+      std::vector<double> back_k, back_v;
+      for (int d = 0; d < cp; ++d) {
+        const int64_t first = (maps.ranks[d].tokens + recv_offset[d][r]) * int64_t(kw);
+        const int64_t n = maps.ranks[d].recv_counts[size_t(r)] * int64_t(kw);
+        back_k.insert(back_k.end(), pk[d].begin() + first, pk[d].begin() + first + n);
+        back_v.insert(back_v.end(), pv[d].begin() + first, pv[d].begin() + first + n);
+      }
+      for (size_t i = 0; i < size_t(m.tokens); ++i) {
+        for (int32_t e = m.return_offsets[i]; e < m.return_offsets[i + 1]; ++e) {
+          const size_t src = size_t(m.return_sources[size_t(e)]);
+          for (size_t c = 0; c < kw; ++c) {
+            dk[i * kw + c] += back_k[src * kw + c];
+            dv[i * kw + c] += back_v[src * kw + c];
+          }
+        }
+      }
+    }
     for (size_t i = 0; i < m.local_to_packed.size(); ++i) {
       const size_t p = size_t(m.local_to_packed[i]);
-      const size_t row = size_t(r) * capacity + i;
       for (size_t c = 0; c < kw; ++c) {
-        result.dk[p * kw + c] = rs_dk[row * kw + c];
-        result.dv[p * kw + c] = rs_dv[row * kw + c];
+        result.dk[p * kw + c] = dk[i * kw + c];
+        result.dv[p * kw + c] = dv[i * kw + c];
       }
     }
   }

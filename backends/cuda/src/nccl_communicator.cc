@@ -126,12 +126,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateFromFi
   return c;
 }
 
-absl::Status NcclCommunicator::AllGather(absl::Span<const void* const> send,
-                                         absl::Span<void* const> recv, size_t count,
-                                         CommDataType type) {
-  const size_t bytes = count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes, bytes, "all-gather"); !s.ok()) return s;
-  if (bytes == 0) return absl::OkStatus();
+absl::Status NcclCommunicator::RunAllGather(absl::Span<const void* const> send,
+                                            absl::Span<void* const> recv, size_t count,
+                                            CommDataType type) {
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const ncclResult_t r = ncclAllGather(send[i], recv[i], count, NcclType(type),
@@ -145,16 +142,9 @@ absl::Status NcclCommunicator::AllGather(absl::Span<const void* const> send,
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::ReduceScatterSum(absl::Span<const void* const> send,
-                                                absl::Span<void* const> recv, size_t recv_count,
-                                                CommDataType type) {
-  const size_t bytes = recv_count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes * static_cast<size_t>(world_size_), bytes,
-                                    "reduce-scatter");
-      !s.ok()) {
-    return s;
-  }
-  if (bytes == 0) return absl::OkStatus();
+absl::Status NcclCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
+                                                   absl::Span<void* const> recv, size_t recv_count,
+                                                   CommDataType type) {
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const ncclResult_t r = ncclReduceScatter(send[i], recv[i], recv_count, NcclType(type),
@@ -162,6 +152,40 @@ absl::Status NcclCommunicator::ReduceScatterSum(absl::Span<const void* const> se
     if (r != ncclSuccess) {
       ncclGroupEnd();
       return NcclStatus(r, "ncclReduceScatter", __FILE__, __LINE__);
+    }
+  }
+  WLB_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::RunAllToAllV(absl::Span<const void* const> send,
+                                            absl::Span<const std::vector<int64_t>> send_counts,
+                                            absl::Span<void* const> recv,
+                                            absl::Span<const std::vector<int64_t>> recv_counts,
+                                            CommDataType type) {
+  // Grouped point-to-point: NCCL runs the group's sends and receives concurrently.
+  const size_t size = CommDataTypeSize(type);
+  WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    size_t send_at = 0, recv_at = 0;
+    for (int p = 0; p < world_size_; ++p) {
+      const size_t out = static_cast<size_t>(send_counts[i][static_cast<size_t>(p)]);
+      const size_t in = static_cast<size_t>(recv_counts[i][static_cast<size_t>(p)]);
+      ncclResult_t r = ncclSuccess;
+      if (out > 0) {
+        r = ncclSend(static_cast<const char*>(send[i]) + send_at * size, out, NcclType(type), p,
+                     ranks_[i].comm, ranks_[i].stream);
+      }
+      if (r == ncclSuccess && in > 0) {
+        r = ncclRecv(static_cast<char*>(recv[i]) + recv_at * size, in, NcclType(type), p,
+                     ranks_[i].comm, ranks_[i].stream);
+      }
+      if (r != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(r, out > 0 ? "ncclSend" : "ncclRecv", __FILE__, __LINE__);
+      }
+      send_at += out;
+      recv_at += in;
     }
   }
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupEnd());

@@ -1,5 +1,5 @@
-// Communicator host paths (label cpu): the unique-id file rendezvous, argument checks, and the
-// no-device errors. The collectives themselves are checked in cp_gpu_test.cc.
+// Communicator host paths (label cpu): the unique-id file rendezvous, argument checks, traffic
+// counting, and the no-device errors. The collectives themselves are checked in cp_gpu_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -77,6 +77,115 @@ TEST(CommunicatorTest, CreateFollowsDeviceAvailability) {
   EXPECT_EQ(NcclCommunicator::CreateFromFile("unused", 2, 2, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
 #endif
+}
+
+// The base class's checks and byte counts, over a communicator whose collectives only record
+// that they ran (what a device would do is cp_gpu_test.cc's part). `local` of `world` ranks live
+// in this process, as global ranks 0 .. local-1.
+class RecordingCommunicator final : public Communicator {
+ public:
+  RecordingCommunicator(int world, int local) : world_(world), local_(local) {}
+  int world_size() const override { return world_; }
+  int num_local_ranks() const override { return local_; }
+  int global_rank(int local) const override { return local; }
+  int device(int) const override { return 0; }
+  cudaStream_t stream(int) const override { return nullptr; }
+  std::string name() const override { return "recording"; }
+  int runs = 0;
+
+ private:
+  absl::Status RunAllGather(absl::Span<const void* const>, absl::Span<void* const>, size_t,
+                            CommDataType) override {
+    ++runs;
+    return absl::OkStatus();
+  }
+  absl::Status RunReduceScatterSum(absl::Span<const void* const>, absl::Span<void* const>, size_t,
+                                   CommDataType) override {
+    ++runs;
+    return absl::OkStatus();
+  }
+  absl::Status RunAllToAllV(absl::Span<const void* const>, absl::Span<const std::vector<int64_t>>,
+                            absl::Span<void* const>, absl::Span<const std::vector<int64_t>>,
+                            CommDataType) override {
+    ++runs;
+    return absl::OkStatus();
+  }
+  int world_, local_;
+};
+
+TEST(CommunicatorTest, AllToAllVChecksCountsAndCountsBytes) {
+  RecordingCommunicator comm(3, 3);
+  float buffers[3][64];
+  std::vector<const void*> send = {buffers[0], buffers[1], buffers[2]};
+  std::vector<void*> recv = {buffers[0] + 32, buffers[1] + 32, buffers[2] + 32};
+  // send[s][d] elements from s to d; rank 1 also copies 4 to itself (not traffic).
+  const std::vector<std::vector<int64_t>> sends = {{0, 5, 2}, {3, 4, 0}, {1, 0, 0}};
+  const std::vector<std::vector<int64_t>> recvs = {{0, 3, 1}, {5, 4, 0}, {2, 0, 0}};
+  ASSERT_TRUE(comm.AllToAllV(send, sends, recv, recvs, CommDataType::kBf16).ok());
+  EXPECT_EQ(comm.runs, 1);
+  EXPECT_EQ(comm.traffic(0).sent_bytes, 7 * 2);
+  EXPECT_EQ(comm.traffic(0).received_bytes, 4 * 2);
+  EXPECT_EQ(comm.traffic(1).sent_bytes, 3 * 2);
+  EXPECT_EQ(comm.traffic(1).received_bytes, 5 * 2);
+  EXPECT_EQ(comm.traffic(2).received_bytes, 2 * 2);
+  EXPECT_EQ(comm.traffic(2).collectives, 1);
+
+  // Mismatched pairs name both ranks; bad counts name the rank, the peer and the value.
+  std::vector<std::vector<int64_t>> bad = recvs;
+  bad[2][0] = 3;
+  absl::Status s = comm.AllToAllV(send, sends, recv, bad, CommDataType::kBf16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("rank 0 sends 2 elements to rank 2, which expects 3"));
+  bad = sends;
+  bad[1][2] = -4;
+  s = comm.AllToAllV(send, bad, recv, recvs, CommDataType::kBf16);
+  EXPECT_THAT(s.message(), HasSubstr("rank 1's send count for rank 2 is -4"));
+  bad[1] = {3, 4};
+  s = comm.AllToAllV(send, bad, recv, recvs, CommDataType::kBf16);
+  EXPECT_THAT(s.message(), HasSubstr("rank 1 has 2 send counts for 3 ranks"));
+  bad = sends;
+  bad[0][1] = int64_t{1} << 62;  // a total that would overflow is refused, not wrapped
+  bad[0][2] = int64_t{1} << 62;
+  s = comm.AllToAllV(send, bad, recv, recvs, CommDataType::kBf16);
+  EXPECT_THAT(s.message(), HasSubstr("rank 0's send count for rank 1"));
+  s = comm.AllToAllV(send, std::vector<std::vector<int64_t>>(2), recv, recvs, CommDataType::kBf16);
+  EXPECT_THAT(s.message(), HasSubstr("2 send and 3 receive count lists for 3 local ranks"));
+  std::vector<const void*> null_send = send;
+  null_send[1] = nullptr;
+  s = comm.AllToAllV(null_send, sends, recv, recvs, CommDataType::kBf16);
+  EXPECT_THAT(s.message(), HasSubstr("null buffer of rank 1"));
+  EXPECT_EQ(comm.runs, 1);  // no refused call reached the collective
+
+  // Nothing to move: no collective runs (over NCCL, no group at all), one call counted.
+  const std::vector<std::vector<int64_t>> none(3, std::vector<int64_t>(3, 0));
+  comm.ResetTraffic();
+  ASSERT_TRUE(comm.AllToAllV(send, none, recv, none, CommDataType::kFloat32).ok());
+  EXPECT_EQ(comm.runs, 1);
+  EXPECT_EQ(comm.traffic(0).sent_bytes, 0);
+  EXPECT_EQ(comm.traffic(0).collectives, 1);
+}
+
+TEST(CommunicatorTest, CollectivesCountWhatLeavesAndEntersEachRank) {
+  RecordingCommunicator comm(4, 2);  // ranks 2 and 3 in other processes
+  float buffers[2][64];
+  std::vector<const void*> send = {buffers[0], buffers[1]};
+  std::vector<void*> recv = {buffers[0], buffers[1]};
+  ASSERT_TRUE(comm.AllGather(send, recv, 10, CommDataType::kBf16).ok());
+  ASSERT_TRUE(comm.ReduceScatterSum(send, recv, 5, CommDataType::kFloat32).ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(comm.traffic(i).sent_bytes, 3 * 10 * 2 + 3 * 5 * 4);
+    EXPECT_EQ(comm.traffic(i).received_bytes, 3 * 10 * 2 + 3 * 5 * 4);
+    EXPECT_EQ(comm.traffic(i).collectives, 2);
+  }
+  EXPECT_EQ(comm.runs, 2);
+  // A receive count from a rank of another process cannot be checked here, and is not refused.
+  const std::vector<std::vector<int64_t>> sends = {{0, 1, 6, 0}, {1, 0, 0, 0}};
+  const std::vector<std::vector<int64_t>> recvs = {{0, 1, 0, 2}, {1, 0, 0, 0}};
+  comm.ResetTraffic();
+  ASSERT_TRUE(comm.AllToAllV(send, sends, recv, recvs, CommDataType::kBf16).ok());
+  EXPECT_EQ(comm.traffic(0).sent_bytes, 7 * 2);
+  EXPECT_EQ(comm.traffic(0).received_bytes, 3 * 2);
+  EXPECT_EQ(comm.traffic(5).sent_bytes, 0);  // no such local rank: nothing
 }
 
 TEST(CommunicatorTest, DataTypeSizes) {

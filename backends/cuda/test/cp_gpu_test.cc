@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -138,20 +140,25 @@ void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f,
   f.ref_dv = Download(*f.dv);
 }
 
-// Runs `plan` through CP on `comm` and checks it against the fixture's single-device result.
-void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm) {
+// Runs `plan` through CP on `comm` (by `exchange`, or the rule's choice) and checks it against
+// the fixture's single-device result, and the bytes the communicator moved against the planner's
+// rows: forward K and V (bf16) one way, backward dK and dV (fp32) the other.
+void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
+             std::optional<ExchangeKind> exchange = std::nullopt) {
   for (Dev* d : {f.out.get(), f.dq.get(), f.dk.get(), f.dv.get()}) {
     ASSERT_CUDA(cudaMemset(d->p, 0xff, d->n * 2));  // NaN: unwritten rows show
   }
   absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =
-      CpPackedRunner::Create(plan, f.config, comm);
+      CpPackedRunner::Create(plan, f.config, comm, {.exchange = exchange});
   ASSERT_TRUE(run.ok()) << run.status();
+  const ExchangeKind ran = (*run)->executor().maps().exchange;
+  comm.ResetTraffic();
   PackedCpTensors t{f.q->get(), f.k->get(), f.v->get(), f.dout->get(),
                     f.out->get(), f.dq->get(), f.dk->get(), f.dv->get()};
   ASSERT_TRUE((*run)->Run(t, /*backward=*/true).ok());
   const std::string where =
-      absl::StrFormat("%d tokens, %d documents, C %d, %s", plan.tokens, f.mb.documents.size(),
-                      plan.cp_size, ShardStrategyName(plan.strategy));
+      absl::StrFormat("%d tokens, %d documents, C %d, %s, %s", plan.tokens, f.mb.documents.size(),
+                      plan.cp_size, ShardStrategyName(plan.strategy), ExchangeKindName(ran));
   for (auto [dev, ref, rel, mx, name] :
        {std::tuple{f.out.get(), &f.ref_out, kOutRelL2, kOutMax, "out"},
         std::tuple{f.dq.get(), &f.ref_dq, kGradRelL2, kGradMax, "dq"},
@@ -163,10 +170,23 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm) {
     EXPECT_LE(e.max_rel, mx) << name << ", " << where;
     std::printf("  %-4s rel L2 %.2e, max %.2e  (%s)\n", name, e.rel_l2, e.max_rel, where.c_str());
   }
+  const std::vector<RankExchange> rows = ExchangedKvRows(plan);
+  const int64_t row_bytes = CpKvRowBytes(f.config);  // K and V, bf16
+  for (int r = 0; r < plan.cp_size; ++r) {
+    const bool exact = ran == ExchangeKind::kRowExact;
+    const int64_t all = int64_t{plan.cp_size - 1} * plan.rank_capacity;
+    const int64_t out = exact ? rows[r].send_rows : all, in = exact ? rows[r].recv_rows : all;
+    const CommTraffic got = comm.traffic(r);
+    EXPECT_EQ(got.sent_bytes, out * row_bytes + in * 2 * row_bytes)
+        << "rank " << r << ", " << where;
+    EXPECT_EQ(got.received_bytes, in * row_bytes + out * 2 * row_bytes)
+        << "rank " << r << ", " << where;
+  }
 }
 
-// Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result.
-void CheckEveryStrategy(Fixture& f) {
+// Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result: by both
+// exchanges when `both_exchanges`, else by the one the rule picks.
+void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
   const ShardStrategy strategies[] = {
       ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
       ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
@@ -178,7 +198,13 @@ void CheckEveryStrategy(Fixture& f) {
     for (ShardStrategy s : strategies) {
       absl::StatusOr<ShardPlan> plan = PlanShards(f.mb, cp, s, KernelModel::Default());
       ASSERT_TRUE(plan.ok()) << plan.status();
-      CheckCp(f, *plan, **comm);
+      if (!both_exchanges) {
+        CheckCp(f, *plan, **comm);
+        continue;
+      }
+      for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
+        CheckCp(f, *plan, **comm, x);
+      }
     }
   }
 }
@@ -189,7 +215,7 @@ TEST_F(CpGpuTest, EveryStrategyMatchesSingleDevice) {
     Fixture f;
     MakeFixture(tokens, 128, seed++, f);
     if (HasFatalFailure()) return;
-    CheckEveryStrategy(f);
+    CheckEveryStrategy(f, /*both_exchanges=*/tokens <= 32768);
   }
 }
 
@@ -211,7 +237,7 @@ TEST_F(CpGpuTest, CudnnEveryStrategyMatchesSingleDevice) {
       EXPECT_EQ(e.nan, 0u) << name << " cudnn vs flash, " << tokens << " tokens";
       EXPECT_LE(e.rel_l2, rel) << name << " cudnn vs flash, " << tokens << " tokens";
     }
-    CheckEveryStrategy(f);
+    CheckEveryStrategy(f, /*both_exchanges=*/tokens <= 16384);
   }
 }
 
@@ -290,6 +316,55 @@ TEST_F(CpGpuTest, LocalCollectivesMatchHostSums) {
                              host[src].begin()))
           << "rank " << r << " block " << src;
     }
+  }
+}
+
+TEST_F(CpGpuTest, LocalAllToAllVMovesEveryBlock) {
+  const int ranks = 4;
+  absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(ranks);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::mt19937_64 rng(2);
+  // counts[s][d]: elements s sends to d, zeros included (and s == d, a copy to itself).
+  std::vector<std::vector<int64_t>> send_counts(ranks, std::vector<int64_t>(ranks));
+  std::vector<std::vector<int64_t>> recv_counts(ranks, std::vector<int64_t>(ranks));
+  for (int s = 0; s < ranks; ++s) {
+    for (int d = 0; d < ranks; ++d) {
+      send_counts[s][d] = recv_counts[d][s] = (s + d) % 3 == 0 ? 0 : int64_t(rng() % 700);
+    }
+  }
+  std::vector<std::vector<float>> host(ranks);
+  std::vector<std::unique_ptr<Dev>> send, recv;
+  std::vector<const void*> sp;
+  std::vector<void*> rp;
+  for (int r = 0; r < ranks; ++r) {
+    int64_t out = 0, in = 0;
+    for (int p = 0; p < ranks; ++p) out += send_counts[r][p], in += recv_counts[r][p];
+    host[r] = testing::RandomBf16Values(size_t(out), rng);
+    send.push_back(std::make_unique<Dev>(size_t(out) * 2 + 2));  // fp32 in bf16-sized slots
+    recv.push_back(std::make_unique<Dev>(size_t(in) * 2 + 2));
+    ASSERT_CUDA(cudaMemcpy(send[r]->p, host[r].data(), size_t(out) * 4, cudaMemcpyHostToDevice));
+    sp.push_back(send[r]->p);
+    rp.push_back(recv[r]->p);
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  (*comm)->ResetTraffic();
+  ASSERT_TRUE((*comm)->AllToAllV(sp, send_counts, rp, recv_counts, CommDataType::kFloat32).ok());
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  for (int d = 0; d < ranks; ++d) {
+    int64_t at = 0, in_others = 0;
+    std::vector<float> got(
+        size_t(std::accumulate(recv_counts[d].begin(), recv_counts[d].end(), int64_t{0})));
+    ASSERT_CUDA(cudaMemcpy(got.data(), recv[d]->p, got.size() * 4, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < ranks; ++s) {
+      int64_t from = 0;
+      for (int t = 0; t < d; ++t) from += send_counts[s][t];
+      for (int64_t e = 0; e < recv_counts[d][s]; ++e) {
+        ASSERT_EQ(got[size_t(at + e)], host[s][size_t(from + e)]) << "rank " << d << " from " << s;
+      }
+      at += recv_counts[d][s];
+      if (s != d) in_others += recv_counts[d][s];
+    }
+    EXPECT_EQ((*comm)->traffic(d).received_bytes, in_others * 4);
   }
 }
 

@@ -197,33 +197,47 @@ Case MakeCase(std::mt19937_64& rng, int iter) {
 TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
   std::mt19937_64 rng(6);
   const KernelModel models[] = {KernelModel::Default(), SmallTileModel()};
-  int plans = 0, multi_segment_ranks = 0;
+  int plans = 0, multi_segment_ranks = 0, moved = 0;
   for (int iter = 0; iter < 1000; ++iter) {
     const Case c = MakeCase(rng, iter);
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
     for (ShardStrategy strategy : kStrategies) {
       absl::StatusOr<ShardPlan> plan = PlanShards(c.mb, cp, strategy, models[iter % 2]);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, c.config);
-      ASSERT_TRUE(maps.ok()) << maps.status();
-      absl::StatusOr<CpuCpResult> cp_result =
-          CpuCpAttention(*maps, c.in.q, c.in.k, c.in.v, c.in.dout);
-      ASSERT_TRUE(cp_result.ok()) << cp_result.status();
-      const std::string where = absl::StrFormat(
-          "iter %d, C %d, %s (used %s), %d tokens", iter, cp, ShardStrategyName(strategy),
-          ShardStrategyName(plan->strategy), c.mb.tokens);
-      // Same rows, same key order: only the dK/dV summation order differs.
-      ASSERT_LE(MaxError(cp_result->out, c.whole_f.out), 1e-13) << where;
-      ASSERT_LE(MaxError(cp_result->lse, c.whole_f.lse), 1e-13) << where;
-      ASSERT_LE(MaxError(cp_result->dq, c.whole_g.dq), 1e-12) << where;
-      ASSERT_LE(MaxError(cp_result->dk, c.whole_g.dk), 1e-12) << where;
-      ASSERT_LE(MaxError(cp_result->dv, c.whole_g.dv), 1e-12) << where;
-      ++plans;
-      for (const CpRankMaps& m : maps->ranks) multi_segment_ranks += m.problem.batch() > 1;
+      const std::vector<RankExchange> predicted = ExchangedKvRows(*plan);
+      // Both exchanges of every plan: the all-gather on even iterations, row-exact on all.
+      for (ExchangeKind exchange : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
+        if (exchange == ExchangeKind::kAllGather && iter % 2 == 1) continue;
+        absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, c.config, exchange);
+        ASSERT_TRUE(maps.ok()) << maps.status();
+        absl::StatusOr<CpuCpResult> cp_result =
+            CpuCpAttention(*maps, c.in.q, c.in.k, c.in.v, c.in.dout);
+        ASSERT_TRUE(cp_result.ok()) << cp_result.status();
+        const std::string where = absl::StrFormat(
+            "iter %d, C %d, %s (used %s), %s, %d tokens", iter, cp, ShardStrategyName(strategy),
+            ShardStrategyName(plan->strategy), ExchangeKindName(exchange), c.mb.tokens);
+        // Same rows, same key order: only the dK/dV summation order differs.
+        ASSERT_LE(MaxError(cp_result->out, c.whole_f.out), 1e-13) << where;
+        ASSERT_LE(MaxError(cp_result->lse, c.whole_f.lse), 1e-13) << where;
+        ASSERT_LE(MaxError(cp_result->dq, c.whole_g.dq), 1e-12) << where;
+        ASSERT_LE(MaxError(cp_result->dk, c.whole_g.dk), 1e-12) << where;
+        ASSERT_LE(MaxError(cp_result->dv, c.whole_g.dv), 1e-12) << where;
+        // The rows moved are the planner's: exactly the rows needed, or every other buffer.
+        for (int r = 0; r < cp; ++r) {
+          const int64_t all = int64_t{cp - 1} * plan->rank_capacity;
+          const bool exact = exchange == ExchangeKind::kRowExact;
+          ASSERT_EQ(cp_result->received_rows[r], exact ? predicted[r].recv_rows : all) << where;
+          ASSERT_EQ(cp_result->sent_rows[r], exact ? predicted[r].send_rows : all) << where;
+          moved += exact && predicted[r].recv_rows > 0;
+        }
+        ++plans;
+        for (const CpRankMaps& m : maps->ranks) multi_segment_ranks += m.problem.batch() > 1;
+      }
     }
   }
-  EXPECT_EQ(plans, 1000 * static_cast<int>(std::size(kStrategies)));
-  EXPECT_GT(multi_segment_ranks, 4000);  // the maps were exercised with several segments per rank
+  EXPECT_EQ(plans, 1500 * static_cast<int>(std::size(kStrategies)));
+  EXPECT_GT(multi_segment_ranks, 6000);  // the maps were exercised with several segments per rank
+  EXPECT_GT(moved, 5000);                // and the row-exact exchange with rows to move
 }
 
 // The property above has power: one wrong key index or one lost dK contribution breaks it.
@@ -256,6 +270,31 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
       static_cast<int32_t>((short_rank->rank + 1) * good.rank_capacity - 1);
   EXPECT_TRUE(
       std::isinf(MaxError(CpuCpAttention(padding, in.q, in.k, in.v, in.dout)->out, f.out)));
+
+  // Row-exact: a key that reads the wrong received row, and a returned gradient dropped.
+  const CpMaps exact =
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config,
+                   ExchangeKind::kRowExact);
+  ASSERT_LE(MaxError(CpuCpAttention(exact, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-12);
+  CpMaps misread = exact;
+  CpRankMaps& reader = misread.ranks[3];
+  ASSERT_GT(reader.source_rows, reader.tokens + 1) << "rank 3 receives rows";
+  for (int32_t& row : reader.key_rows) {
+    if (row == reader.tokens) row = static_cast<int32_t>(reader.tokens + 1);
+  }
+  EXPECT_GT(MaxError(CpuCpAttention(misread, in.q, in.k, in.v, in.dout)->out, f.out), 1e-6);
+  CpMaps unreturned = exact;
+  CpRankMaps& owner = unreturned.ranks[0];
+  ASSERT_FALSE(owner.return_sources.empty());
+  size_t sent = 0;
+  while (owner.return_offsets[sent + 1] == owner.return_offsets[sent]) ++sent;
+  owner.return_sources.erase(owner.return_sources.begin() + owner.return_offsets[sent]);
+  for (size_t i = sent + 1; i < owner.return_offsets.size(); ++i) --owner.return_offsets[i];
+  EXPECT_GT(MaxError(CpuCpAttention(unreturned, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-6);
+  CpMaps miscounted = exact;  // the two sides of the all-to-all-v disagree
+  miscounted.ranks[1].recv_counts[0] += 1;
+  EXPECT_THAT(CpuCpAttention(miscounted, in.q, in.k, in.v, in.dout).status().message(),
+              HasSubstr("rank 0 sends"));
 
   CpMaps lost = good;  // one dK contribution dropped from the transpose
   CpRankMaps& m = lost.ranks[2];

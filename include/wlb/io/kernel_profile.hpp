@@ -13,6 +13,7 @@
 //       wlb::WithPackedCallProfile(*measured, "h200-packed.csv");
 #pragma once
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -39,13 +40,19 @@ inline constexpr absl::string_view kBackwardMsColumn = "bwd_ms";
 // The column of a packed-call profile that lists a call's segments ("q_len:kv_len ...").
 inline constexpr absl::string_view kSegmentsColumn = "segments";
 
-// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and the time column
-// `ms_column` (default ms, the forward; any order, other columns ignored), then one row per
-// measured call; each point's ms is that column's value. `source` names the text in error
-// messages, which also give the 1-based line and the bad value.
-inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
-    absl::string_view text, absl::string_view source,
-    absl::string_view ms_column = kForwardMsColumn) {
+namespace detail {
+
+// The row loop both profile formats share: skips blank lines, finds the header, the index of each
+// of `columns` in it (-1 when absent; the first `required` must be present), then calls
+// row(cells, line) for every non-blank line after it (line 1-based) with exactly the header's
+// number of fields. `what` ("kernel profile") and `need` ("a header q_len,kv_len,ms") and
+// `names` ("q_len, kv_len and ms") word the errors, which name `source` and the line.
+template <size_t N, typename Row>
+absl::Status ForEachProfileRow(absl::string_view text, absl::string_view source,
+                               absl::string_view what, absl::string_view need,
+                               absl::string_view names,
+                               const std::array<absl::string_view, N>& columns, size_t required,
+                               std::array<int, N>& cols, Row&& row) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   size_t header_line = 0;
   while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
@@ -53,22 +60,23 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
   }
   if (header_line == lines.size()) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: empty kernel profile (need a header q_len,kv_len,ms)", source));
+        absl::StrFormat("%s: empty %s (need %s)", source, what, need));
   }
   std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
-  int q_col = -1, kv_col = -1, ms_col = -1;
+  cols.fill(-1);
   for (size_t i = 0; i < header.size(); ++i) {
-    const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
-    if (h == "q_len") q_col = static_cast<int>(i);
-    if (h == "kv_len") kv_col = static_cast<int>(i);
-    if (h == ms_column) ms_col = static_cast<int>(i);
+    for (size_t c = 0; c < N; ++c) {
+      if (absl::StripAsciiWhitespace(header[i]) == columns[c]) cols[c] = static_cast<int>(i);
+    }
   }
-  if (q_col < 0 || kv_col < 0 || ms_col < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s:%d: header %s must name the columns q_len, kv_len and %s", source, header_line + 1,
-        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200), ms_column));
+  for (size_t c = 0; c < required; ++c) {
+    if (cols[c] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s:%d: header %s must name the columns %s", source, header_line + 1,
+          QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200), names));
+    }
   }
-  std::vector<KernelProfilePoint> points;
+  size_t rows = 0;
   for (size_t li = header_line + 1; li < lines.size(); ++li) {
     if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
     std::vector<absl::string_view> cells = absl::StrSplit(lines[li], ',');
@@ -76,32 +84,57 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
     }
-    KernelProfilePoint p;
-    const absl::string_view q_text = absl::StripAsciiWhitespace(cells[q_col]);
-    const absl::string_view kv_text = absl::StripAsciiWhitespace(cells[kv_col]);
-    const absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
-    if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0 || p.q_len > kMaxContext) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: q_len %s is not an integer in [1, %d]", source, li + 1,
-                          QuoteForMessage(q_text), kMaxContext));
-    }
-    if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: kv_len %s is not an integer in [q_len %d, %d] (causal segments see at least "
-          "their own queries)",
-          source, li + 1, QuoteForMessage(kv_text), p.q_len, kMaxContext));
-    }
-    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %s %s is not a number in [%g, %g]", source, li + 1, ms_column,
-          QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
-    }
-    points.push_back(p);
+    if (absl::Status s = row(cells, li + 1); !s.ok()) return s;
+    ++rows;
   }
-  if (points.empty()) {
+  if (rows == 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: kernel profile has a header but no rows", source));
+        absl::StrFormat("%s: %s has a header but no rows", source, what));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+// Parses the points of a kernel profile CSV: a header naming q_len, kv_len and the time column
+// `ms_column` (default ms, the forward; any order, other columns ignored), then one row per
+// measured call; each point's ms is that column's value. `source` names the text in error
+// messages, which also give the 1-based line and the bad value.
+inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
+    absl::string_view text, absl::string_view source,
+    absl::string_view ms_column = kForwardMsColumn) {
+  std::vector<KernelProfilePoint> points;
+  std::array<int, 3> col;
+  const absl::Status s = detail::ForEachProfileRow(
+      text, source, "kernel profile", "a header q_len,kv_len,ms",
+      absl::StrFormat("q_len, kv_len and %s", ms_column),
+      std::array<absl::string_view, 3>{"q_len", "kv_len", ms_column}, 3, col,
+      [&](const std::vector<absl::string_view>& cells, size_t line) -> absl::Status {
+        KernelProfilePoint p;
+        const absl::string_view q_text = absl::StripAsciiWhitespace(cells[col[0]]);
+        const absl::string_view kv_text = absl::StripAsciiWhitespace(cells[col[1]]);
+        const absl::string_view ms_text = absl::StripAsciiWhitespace(cells[col[2]]);
+        if (!absl::SimpleAtoi(q_text, &p.q_len) || p.q_len <= 0 || p.q_len > kMaxContext) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s:%d: q_len %s is not an integer in [1, %d]", source, line,
+                              QuoteForMessage(q_text), kMaxContext));
+        }
+        if (!absl::SimpleAtoi(kv_text, &p.kv_len) || p.kv_len < p.q_len || p.kv_len > kMaxContext) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "%s:%d: kv_len %s is not an integer in [q_len %d, %d] (causal segments see at "
+              "least their own queries)",
+              source, line, QuoteForMessage(kv_text), p.q_len, kMaxContext));
+        }
+        if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) ||
+            !(p.ms <= kMaxProfileMs)) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s:%d: %s %s is not a number in [%g, %g]", source, line, ms_column,
+                              QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
+        }
+        points.push_back(p);
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
   return points;
 }
 
@@ -146,69 +179,43 @@ inline absl::StatusOr<KernelModel> ReadKernelProfileCsv(
 // give the 1-based line and the bad value.
 inline absl::StatusOr<std::vector<PackedCallPoint>> ParsePackedCallProfile(
     absl::string_view text, absl::string_view source) {
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  size_t header_line = 0;
-  while (header_line < lines.size() && absl::StripAsciiWhitespace(lines[header_line]).empty()) {
-    ++header_line;
-  }
-  if (header_line == lines.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: empty packed-call profile (need a header naming segments and ms)", source));
-  }
-  std::vector<absl::string_view> header = absl::StrSplit(lines[header_line], ',');
-  int seg_col = -1, ms_col = -1, bwd_col = -1;
-  for (size_t i = 0; i < header.size(); ++i) {
-    const absl::string_view h = absl::StripAsciiWhitespace(header[i]);
-    if (h == kSegmentsColumn) seg_col = static_cast<int>(i);
-    if (h == kForwardMsColumn) ms_col = static_cast<int>(i);
-    if (h == kBackwardMsColumn) bwd_col = static_cast<int>(i);
-  }
-  if (seg_col < 0 || ms_col < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s:%d: header %s must name the columns segments and ms", source, header_line + 1,
-        QuoteForMessage(absl::StripAsciiWhitespace(lines[header_line]), 200)));
-  }
   std::vector<PackedCallPoint> points;
-  for (size_t li = header_line + 1; li < lines.size(); ++li) {
-    if (absl::StripAsciiWhitespace(lines[li]).empty()) continue;
-    std::vector<absl::string_view> cells = absl::StrSplit(lines[li], ',');
-    if (cells.size() != header.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %d fields, the header has %d", source, li + 1, cells.size(), header.size()));
-    }
-    PackedCallPoint p;
-    for (absl::string_view item : absl::StrSplit(cells[seg_col], ' ', absl::SkipWhitespace())) {
-      std::vector<absl::string_view> qk = absl::StrSplit(item, ':');
-      CallSegment seg;
-      if (qk.size() != 2 || !absl::SimpleAtoi(qk[0], &seg.q_len) ||
-          !absl::SimpleAtoi(qk[1], &seg.kv_len) || seg.q_len <= 0 || seg.kv_len < seg.q_len ||
-          seg.kv_len > kMaxContext) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s:%d: segment %s is not q_len:kv_len with 0 < q_len <= kv_len <= %d",
-                            source, li + 1, QuoteForMessage(item), kMaxContext));
-      }
-      p.segments.push_back(seg);
-    }
-    if (p.segments.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: the segments cell lists no segment", source, li + 1));
-    }
-    for (auto [col, name, out] : {std::tuple{ms_col, kForwardMsColumn, &p.fwd_ms},
-                                  std::tuple{bwd_col, kBackwardMsColumn, &p.bwd_ms}}) {
-      if (col < 0) continue;
-      const absl::string_view t = absl::StripAsciiWhitespace(cells[col]);
-      if (!absl::SimpleAtod(t, out) || !(*out >= kMinProfileMs) || !(*out <= kMaxProfileMs)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s:%d: %s %s is not a number in [%g, %g]", source, li + 1, name,
-                            QuoteForMessage(t), kMinProfileMs, kMaxProfileMs));
-      }
-    }
-    points.push_back(std::move(p));
-  }
-  if (points.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: packed-call profile has a header but no rows", source));
-  }
+  std::array<int, 3> col;
+  const absl::Status s = detail::ForEachProfileRow(
+      text, source, "packed-call profile", "a header naming segments and ms", "segments and ms",
+      std::array<absl::string_view, 3>{kSegmentsColumn, kForwardMsColumn, kBackwardMsColumn}, 2,
+      col, [&](const std::vector<absl::string_view>& cells, size_t line) -> absl::Status {
+        PackedCallPoint p;
+        for (absl::string_view item : absl::StrSplit(cells[col[0]], ' ', absl::SkipWhitespace())) {
+          std::vector<absl::string_view> qk = absl::StrSplit(item, ':');
+          CallSegment seg;
+          if (qk.size() != 2 || !absl::SimpleAtoi(qk[0], &seg.q_len) ||
+              !absl::SimpleAtoi(qk[1], &seg.kv_len) || seg.q_len <= 0 || seg.kv_len < seg.q_len ||
+              seg.kv_len > kMaxContext) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "%s:%d: segment %s is not q_len:kv_len with 0 < q_len <= kv_len <= %d", source,
+                line, QuoteForMessage(item), kMaxContext));
+          }
+          p.segments.push_back(seg);
+        }
+        if (p.segments.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s:%d: the segments cell lists no segment", source, line));
+        }
+        for (auto [c, name, out] : {std::tuple{col[1], kForwardMsColumn, &p.fwd_ms},
+                                    std::tuple{col[2], kBackwardMsColumn, &p.bwd_ms}}) {
+          if (c < 0) continue;
+          const absl::string_view t = absl::StripAsciiWhitespace(cells[c]);
+          if (!absl::SimpleAtod(t, out) || !(*out >= kMinProfileMs) || !(*out <= kMaxProfileMs)) {
+            return absl::InvalidArgumentError(
+                absl::StrFormat("%s:%d: %s %s is not a number in [%g, %g]", source, line, name,
+                                QuoteForMessage(t), kMinProfileMs, kMaxProfileMs));
+          }
+        }
+        points.push_back(std::move(p));
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
   return points;
 }
 

@@ -98,79 +98,26 @@ def comm_volume(plan: wlb.ShardPlan, kv_heads: int, head_dim: int, element_size:
     """What ``cp_attention`` moves for this plan and K/V shape: on ``rank``, or (None) the most
     any rank moves, field by field."""
     row = 2 * kv_heads * head_dim * element_size  # K and V of one token
-    x = _Exchange(plan, row)
+    choice = plan.exchange(row)
+    kind = choice["kind"]
     ranks = range(plan.cp_size) if rank is None else [_check_rank(plan, rank)]
-    if x.kind == "all-gather":
+    if kind == "all-gather":
         others = (plan.cp_size - 1) * plan.rank_capacity * row
         return CommVolume(gathered_bytes=others, scattered_bytes=others,
                           gather_buffer_bytes=plan.cp_size * plan.rank_capacity * row,
-                          sent_bytes=others, grad_received_bytes=others, exchange=x.kind)
-    recv = max(x.received_from_others(r) for r in ranks)
-    sent = max(x.sent_to_others(r) for r in ranks)
+                          sent_bytes=others, grad_received_bytes=others, exchange=kind)
+    received = [int(n) for n in choice["recv_rows"]]
+    sent = max(int(choice["send_rows"][r]) for r in ranks)
+    recv = max(received[r] for r in ranks)
     return CommVolume(gathered_bytes=recv * row, scattered_bytes=recv * row,
-                      gather_buffer_bytes=max(plan[r].tokens + x.received_from_others(r)
-                                              for r in ranks) * row,
-                      sent_bytes=sent * row, grad_received_bytes=sent * row, exchange=x.kind)
+                      gather_buffer_bytes=max(plan[r].tokens + received[r] for r in ranks) * row,
+                      sent_bytes=sent * row, grad_received_bytes=sent * row, exchange=kind)
 
 
 def _check_rank(plan: wlb.ShardPlan, rank: int) -> int:
     if not 0 <= rank < plan.cp_size:
         raise ValueError(f"rank {rank} is not in [0, {plan.cp_size})")
     return rank
-
-
-class _Exchange:
-    """The exchange of a plan under its mask, from its key rows: ``needed[r]``, the gathered rows
-    (r' x rank_capacity + local row, sorted, unique) rank r's keys read, and ``kind``, the
-    exchange ``plan.exchange(row_bytes)`` picks (the planner's rule, ``wlb::ChooseExchange``).
-    Under the row-exact exchange rank r receives needed[r]'s rows of the other ranks in that
-    order, i.e. grouped by owner as ``all_to_all_single`` concatenates them, and nothing from
-    itself; the row counts are the planner's (``wlb::ExchangedKvRows``, checked here)."""
-
-    def __init__(self, plan: wlb.ShardPlan, row_bytes: int):
-        self.capacity = plan.rank_capacity
-        self.cp_size = plan.cp_size
-        self.needed: List[np.ndarray] = [np.unique(plan[r].key_rows) for r in range(plan.cp_size)]
-        choice = plan.exchange(row_bytes)
-        self.kind: str = choice["kind"]
-        recv = [self.received_from_others(r) for r in range(self.cp_size)]
-        sent = [self.sent_to_others(r) for r in range(self.cp_size)]
-        if recv != choice["recv_rows"].tolist() or sent != choice["send_rows"].tolist():
-            raise RuntimeError(  # the planner and the executor disagree on the rows: a bug
-                f"internal error: cp_attention's exchange rows (received {recv}, sent {sent}) "
-                f"differ from the planner's ({choice['recv_rows'].tolist()}, "
-                f"{choice['send_rows'].tolist()})")
-
-    def _from(self, rows: np.ndarray, owner: int) -> np.ndarray:
-        lo, hi = np.searchsorted(rows, [owner * self.capacity, (owner + 1) * self.capacity])
-        return rows[lo:hi]
-
-    def recv_splits(self, rank: int) -> List[int]:
-        """Per source rank: rows received from it (0 from itself)."""
-        return [0 if s == rank else len(self._from(self.needed[rank], s))
-                for s in range(self.cp_size)]
-
-    def send_rows(self, rank: int) -> List[np.ndarray]:
-        """Per destination: the local rows of ``rank`` it needs (none for itself)."""
-        return [self._from(self.needed[d], rank)[:0 if d == rank else None] - rank * self.capacity
-                for d in range(self.cp_size)]
-
-    def received_from_others(self, rank: int) -> int:
-        return len(self.needed[rank]) - len(self._from(self.needed[rank], rank))
-
-    def sent_to_others(self, rank: int) -> int:
-        return sum(len(self._from(self.needed[d], rank)) for d in range(self.cp_size)
-                   if d != rank)
-
-    def buffer_rows(self, rank: int, local_rows: int) -> np.ndarray:
-        """Every gathered row's index in the row-exact buffer of ``rank`` (its local rows, then
-        the received ones), for the rows it needs; -1 elsewhere."""
-        where = np.full(self.cp_size * self.capacity, -1, dtype=np.int64)
-        mine = np.arange(rank * self.capacity, rank * self.capacity + local_rows)
-        where[mine] = np.arange(local_rows)
-        remote = np.setdiff1d(self.needed[rank], mine, assume_unique=True)
-        where[remote] = local_rows + np.arange(len(remote))
-        return where
 
 
 @dataclass
@@ -219,21 +166,24 @@ class _RankPlan:
 
 def _rank_plan(plan: wlb.ShardPlan, rank: int, device, row_bytes: int) -> _RankPlan:
     r = plan[rank]
-    x = _Exchange(plan, row_bytes)
+    choice = plan.exchange(row_bytes)
     rp = _RankPlan(cp_size=plan.cp_size, capacity=plan.rank_capacity, local_rows=r.tokens,
                    key_rows=torch.from_numpy(r.key_rows).to(device),
                    cu_q=torch.from_numpy(r.cu_seqlens_q).to(device),
                    cu_k=torch.from_numpy(r.cu_seqlens_k).to(device),
                    max_q=int(r.max_seqlen_q), max_k=int(r.max_seqlen_k),
-                   window=int(plan.kernel_window), exchange=x.kind)
+                   window=int(plan.kernel_window), exchange=choice["kind"])
     cu_q, cu_k = r.cu_seqlens_q.astype(np.int64), r.cu_seqlens_k.astype(np.int64)
-    if x.kind == "row-exact":
-        sends = x.send_rows(rank)
-        rp.send_index = torch.from_numpy(np.concatenate(sends)).to(device)
-        rp.send_splits = [len(s) for s in sends]
-        rp.recv_splits = x.recv_splits(rank)
-        rp.moves = any(x.sent_to_others(s) for s in range(plan.cp_size))
-        rows = x.buffer_rows(rank, r.tokens)[r.key_rows]
+    if rp.exchange == "row-exact":
+        # The planning library's schedule (wlb::BuildRowExchange), which the CUDA executor runs
+        # too: the rows sent grouped by destination, arriving grouped by source behind the
+        # rank's own rows, and the key rows into that buffer.
+        x = r.row_exchange
+        rp.send_index = torch.from_numpy(x["send_rows"]).to(device)
+        rp.send_splits = x["send_counts"].tolist()
+        rp.recv_splits = x["recv_counts"].tolist()
+        rp.moves = int(choice["row_exact_rows"]) > 0
+        rows = x["key_rows"]
         rp.key_rows = torch.from_numpy(rows).to(device)
         rp.fetched_rows = sum(rp.recv_splits)
         local = rows < r.tokens

@@ -13,12 +13,15 @@
 //
 // LocalCommunicator exists because NCCL refuses two ranks on one device: it lets one GPU run a
 // whole CP group (each rank on its own stream), for correctness tests and per-rank timing.
+// Every communicator counts the bytes its collectives move between ranks (traffic()), so tests
+// and benches compare what an executor moved with what the planner predicted.
 #ifndef WLB_CUDA_COMMUNICATOR_H_
 #define WLB_CUDA_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +38,17 @@ enum class CommDataType { kBf16, kFloat32 };
 // Bytes per element: 2 or 4.
 size_t CommDataTypeSize(CommDataType type);
 
+// Bytes one rank moved through a communicator's collectives: what left it for other ranks and
+// what reached it from them (a rank's own block is not counted). An all-gather of `count`
+// elements moves (C - 1) x count elements each way, a reduce-scatter (C - 1) x recv_count, an
+// all-to-all-v its counts to and from the other ranks, as NCCL's ring and point-to-point
+// algorithms put them on the wire.
+struct CommTraffic {
+  int64_t sent_bytes = 0;
+  int64_t received_bytes = 0;
+  int64_t collectives = 0;  // collectives called (including those that moved nothing)
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -48,20 +62,53 @@ class Communicator {
 
   // recv[i] (world_size * count elements) = the send buffers of ranks 0, 1, ... in rank order;
   // send[i] holds `count` elements of local rank i. send[i] may be recv[i]'s own block.
-  virtual absl::Status AllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                 size_t count, CommDataType type) = 0;
+  absl::Status AllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                         size_t count, CommDataType type);
 
   // recv[i] (recv_count elements) = sum over ranks of block global_rank(i) of their send
   // buffers (world_size * recv_count elements each).
-  virtual absl::Status ReduceScatterSum(absl::Span<const void* const> send,
-                                        absl::Span<void* const> recv, size_t recv_count,
-                                        CommDataType type) = 0;
+  absl::Status ReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                                size_t recv_count, CommDataType type);
+
+  // Every rank sends send_counts[i][p] elements to rank p and receives recv_counts[i][p] from it
+  // (one count per global rank, world_size each): send[i] holds its blocks for ranks 0, 1, ...
+  // back to back, recv[i] receives the blocks from ranks 0, 1, ... back to back. The counts must
+  // pair up (rank s's send count for p is rank p's receive count from s): InvalidArgument naming
+  // both ranks when two local ranks disagree; ranks in other processes cannot be checked here,
+  // so callers derive both sides from one plan (wlb::RowExchange). Send and receive buffers must
+  // not overlap.
+  absl::Status AllToAllV(absl::Span<const void* const> send,
+                         absl::Span<const std::vector<int64_t>> send_counts,
+                         absl::Span<void* const> recv,
+                         absl::Span<const std::vector<int64_t>> recv_counts, CommDataType type);
+
+  // Bytes local rank `local` has moved since creation or the last ResetTraffic().
+  CommTraffic traffic(int local) const;
+  void ResetTraffic() { traffic_.clear(); }
 
  protected:
+  // The collectives, called by the public ones above with checked buffers and counts (and not
+  // at all when nothing would move).
+  virtual absl::Status RunAllGather(absl::Span<const void* const> send,
+                                    absl::Span<void* const> recv, size_t count,
+                                    CommDataType type) = 0;
+  virtual absl::Status RunReduceScatterSum(absl::Span<const void* const> send,
+                                           absl::Span<void* const> recv, size_t recv_count,
+                                           CommDataType type) = 0;
+  virtual absl::Status RunAllToAllV(absl::Span<const void* const> send,
+                                    absl::Span<const std::vector<int64_t>> send_counts,
+                                    absl::Span<void* const> recv,
+                                    absl::Span<const std::vector<int64_t>> recv_counts,
+                                    CommDataType type) = 0;
+
+ private:
   // InvalidArgument unless send/recv have one non-null entry per local rank (null allowed when
   // the byte count is 0).
   absl::Status CheckBuffers(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                            size_t send_bytes, size_t recv_bytes, absl::string_view op) const;
+                            size_t send_bytes, size_t recv_bytes, const char* op) const;
+  void AddTraffic(int local, int64_t sent, int64_t received);
+
+  std::vector<CommTraffic> traffic_;  // per local rank, grown on first use
 };
 
 // C ranks emulated on one device, one stream each. Collectives are device copies and an
@@ -81,13 +128,17 @@ class LocalCommunicator final : public Communicator {
   cudaStream_t stream(int local) const override { return streams_[local]; }
   std::string name() const override { return "local"; }
 
-  absl::Status AllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                         size_t count, CommDataType type) override;
-  absl::Status ReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                size_t recv_count, CommDataType type) override;
-
  private:
   LocalCommunicator() = default;
+  absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                            size_t count, CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                                   size_t recv_count, CommDataType type) override;
+  absl::Status RunAllToAllV(absl::Span<const void* const> send,
+                            absl::Span<const std::vector<int64_t>> send_counts,
+                            absl::Span<void* const> recv,
+                            absl::Span<const std::vector<int64_t>> recv_counts,
+                            CommDataType type) override;
   // Every stream waits for the work enqueued so far on every other stream.
   absl::Status Barrier();
 
@@ -119,13 +170,17 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream(int local) const override;
   std::string name() const override { return "nccl"; }
 
-  absl::Status AllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                         size_t count, CommDataType type) override;
-  absl::Status ReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                size_t recv_count, CommDataType type) override;
-
  private:
   struct Rank;
+  absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                            size_t count, CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
+                                   size_t recv_count, CommDataType type) override;
+  absl::Status RunAllToAllV(absl::Span<const void* const> send,
+                            absl::Span<const std::vector<int64_t>> send_counts,
+                            absl::Span<void* const> recv,
+                            absl::Span<const std::vector<int64_t>> recv_counts,
+                            CommDataType type) override;
   NcclCommunicator() = default;
 
   int world_size_ = 0;

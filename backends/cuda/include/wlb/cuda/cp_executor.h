@@ -1,14 +1,17 @@
-// Executes a CP shard plan: all-gather K/V, varlen causal attention per rank, dK/dV
-// reduce-scatter. Forward and backward, per-rank kernel times.
+// Executes a CP shard plan: K/V exchange, varlen causal attention per rank, dK/dV back to
+// their owners. Forward and backward, per-rank kernel times.
 //
 // Every rank holds rank_capacity rows of Q/K/V (THD bf16; its segments' queries in plan order,
-// then padding rows, whose values are never read). Forward all-gathers K/V through the
-// Communicator, gathers each rank's segment keys into the varlen layout (index maps from
-// cp_maps.h, uploaded once by Create, applied with Thrust on the device) and runs
-// VarlenAttention. Backward runs the varlen backward, sums every rank's dK/dV rows into the
-// gathered layout (CSR, fp32, deterministic order), reduce-scatters them in fp32 and rounds to
-// bf16 once. Outputs' padding rows are zero. CpuCpAttention (cp_reference.h) is the same
-// dataflow on the CPU.
+// then padding rows, whose values are never read). Forward fetches the K/V rows its keys need
+// through the Communicator by the plan's exchange (cp_maps.h: all-gather of every buffer, or the
+// row-exact all-to-all-v of exactly the rows needed; ChooseCpExchange picks it over
+// CpExecutorOptions::comm, as the planner prices it), gathers each rank's segment keys into the
+// varlen layout (index maps uploaded once by Create, applied with Thrust on the device) and runs
+// VarlenAttention. Backward runs the varlen backward, sums every rank's dK/dV rows into its
+// source rows (CSR, fp32, deterministic order), returns them to their owners in fp32
+// (reduce-scatter, or the reverse all-to-all-v plus a CSR sum) and rounds to bf16 once.
+// Outputs' padding rows are zero. CpuCpAttention (cp_reference.h) is the same dataflow on the
+// CPU; the communicator's traffic() counts the bytes moved.
 //
 //   auto comm = wlb::cuda::LocalCommunicator::Create(plan.cp_size);   // or NcclCommunicator
 //   auto exec = wlb::cuda::CpExecutor::Create(plan, config, **comm);  // once per micro-batch
@@ -20,6 +23,7 @@
 #define WLB_CUDA_CP_EXECUTOR_H_
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,6 +59,10 @@ struct CpExecutorOptions {
   // Run the ranks' attention kernels one after another, each alone on the device, so that
   // emulated ranks sharing one GPU (LocalCommunicator) get their own kernel time.
   bool isolate_ranks = false;
+  // The link the exchange is chosen for (ChooseCpExchange: the planner's rule).
+  CommModel comm;
+  // Run this exchange instead of the one the rule picks (tests and benches compare both).
+  std::optional<ExchangeKind> exchange;
 };
 
 class CpExecutor {
@@ -94,6 +102,10 @@ class CpExecutor {
  private:
   struct RankState;
   CpExecutor() = default;
+  // K/V of every rank's source rows (cp_maps.h) by the maps' exchange.
+  absl::Status FetchKv(absl::Span<const CpForwardTensors> t);
+  // The source rows' dK/dV (partial_dk/dv) back to their owners: recv_dk/dv of every rank.
+  absl::Status ReturnKvGradients();
 
   CpMaps maps_;
   CpAttentionConfig config_;

@@ -1,17 +1,25 @@
 // Index maps that execute a CP shard plan: where every row of every rank's tensors comes from.
 //
 // The executor (cp_executor.h) runs a wlb::ShardPlan Llama-3 style: every rank holds its own
-// tokens' Q/K/V (rank_capacity rows, its segments' queries in plan order, padding rows last),
-// K/V are all-gathered into C * rank_capacity rows (rank-major), each rank gathers the keys of
-// its segments into a contiguous varlen layout, runs varlen causal attention, and in backward
-// its dK/dV rows are summed back into the gathered layout and reduce-scattered. This header
-// computes every index that dataflow needs, on the host, once per plan; the device side only
-// reads them (plan/run split). CpuCpAttention (cp_reference.h) runs the same dataflow on the CPU.
+// tokens' Q/K/V (rank_capacity rows, its segments' queries in plan order, padding rows last) and
+// fetches the K/V rows of the other ranks that its keys need by one of two exchanges
+// (wlb::ExchangeKind, chosen per plan by wlb::ChooseExchange, the planner's rule):
+//  - all-gather: every rank's whole buffer, C * rank_capacity "source rows" (rank-major); in
+//    backward the dK/dV of all of them are reduce-scattered;
+//  - row-exact (wlb/shard/row_exchange.hpp): exactly the rows it needs and does not hold, by one
+//    all-to-all-v; its source rows are its own `tokens` rows followed by the received ones, and in
+//    backward the received rows' dK/dV go back to their owners by the reverse all-to-all-v.
+// Each rank then gathers the keys of its segments from its source rows into a contiguous varlen
+// layout and runs varlen causal attention; in backward its dK/dV rows are summed back into its
+// source rows. This header computes every index that dataflow needs, on the host, once per plan;
+// the device side only reads them (plan/run split). CpuCpAttention (cp_reference.h) runs the
+// same dataflow on the CPU.
 //
 //   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy::kAdaptive,
 //                                                         wlb::KernelModel::Default());
 //   wlb::cuda::CpAttentionConfig config{.num_heads = 32, .num_kv_heads = 8, .head_dim = 128};
-//   absl::StatusOr<wlb::cuda::CpMaps> maps = wlb::cuda::BuildCpMaps(*plan, config);
+//   wlb::ExchangeKind x = wlb::cuda::ChooseCpExchange(*plan, config, wlb::CommModel{});
+//   absl::StatusOr<wlb::cuda::CpMaps> maps = wlb::cuda::BuildCpMaps(*plan, config, x);
 //   // maps->ranks[r].problem feeds VarlenAttention::Create on rank r (when it has segments).
 #ifndef WLB_CUDA_CP_MAPS_H_
 #define WLB_CUDA_CP_MAPS_H_
@@ -22,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "wlb/core/document.hpp"
 #include "wlb/cuda/attention_problem.h"
+#include "wlb/shard/cp_prediction.hpp"
 #include "wlb/shard/shard_plan.hpp"
 
 namespace wlb::cuda {
@@ -46,11 +55,23 @@ struct CpRankMaps {
   // Without segments, cu_seqlens are {0} and the rank runs no kernel.
   AttentionProblem problem;
   std::vector<int32_t> local_to_packed;  // local row -> packed micro-batch position (tokens)
-  std::vector<int32_t> key_rows;         // rank key row -> gathered row (problem.total_k())
-  // dK/dV: for gathered row g, the rank key rows key_sources[key_offsets[g] ..
+  // The rank's source rows: what its keys are gathered from (the file comment). All-gather:
+  // C * rank_capacity; row-exact: tokens + the rows it receives.
+  int64_t source_rows = 0;
+  std::vector<int32_t> key_rows;  // rank key row -> source row (problem.total_k())
+  // dK/dV: for source row g, the rank key rows key_sources[key_offsets[g] ..
   // key_offsets[g+1]) hold its gradient contributions (ascending, so sums are deterministic).
-  std::vector<int32_t> key_offsets;  // gathered_rows + 1
+  std::vector<int32_t> key_offsets;  // source_rows + 1
   std::vector<int32_t> key_sources;  // problem.total_k()
+  // Row-exact exchange only (empty under the all-gather), as wlb::RankRowExchange: the local
+  // rows sent, grouped by destination, and the rows sent to / received from every rank.
+  std::vector<int32_t> send_rows;
+  std::vector<int64_t> send_counts;  // per rank (cp_size)
+  std::vector<int64_t> recv_counts;  // per rank (cp_size)
+  // Backward: the dK/dV rows that come back (in send_rows order) summed into local row i are
+  // return_sources[return_offsets[i] .. return_offsets[i+1]) (ascending).
+  std::vector<int32_t> return_offsets;  // tokens + 1
+  std::vector<int32_t> return_sources;  // send_rows.size()
 
   bool has_work() const { return problem.batch() > 0; }
 };
@@ -60,6 +81,7 @@ struct CpMaps {
   int cp_size = 1;
   int64_t tokens = 0;         // packed micro-batch tokens
   int64_t rank_capacity = 0;  // rows of every rank's local buffers
+  ExchangeKind exchange = ExchangeKind::kAllGather;
   std::vector<int32_t> packed_to_gathered;  // packed position -> gathered row (tokens)
   std::vector<CpRankMaps> ranks;            // ranks[r].rank == r
 
@@ -69,10 +91,20 @@ struct CpMaps {
 // The softmax scale `config` asks for (1 / sqrt(head_dim) when it is 0).
 float EffectiveSoftmaxScale(const CpAttentionConfig& config);
 
-// Builds the maps of `plan`. InvalidArgument when the config is not a valid attention shape for
-// config.kernel or the plan is inconsistent (a packed token held by no rank or by two, a segment
-// outside the micro-batch, a rank over its capacity); OutOfRange when gathered rows exceed int32.
-absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config);
+// Bytes of one token's K and V rows in the executor's bf16 buffers: 2 x 2 x kv_heads x head_dim.
+int64_t CpKvRowBytes(const CpAttentionConfig& config);
+
+// The exchange the executor runs for `plan` over `comm` (wlb::ChooseExchange of its exchanged
+// rows under the config's mask, rows of CpKvRowBytes(config); comm.kv_row_bytes is ignored).
+ExchangeKind ChooseCpExchange(const ShardPlan& plan, const CpAttentionConfig& config,
+                              const CommModel& comm);
+
+// Builds the maps of `plan` for `exchange`. InvalidArgument when the config is not a valid
+// attention shape for config.kernel or the plan is inconsistent (a packed token held by no rank
+// or by two, a segment outside the micro-batch, a rank over its capacity); OutOfRange when
+// gathered rows exceed int32.
+absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config,
+                                   ExchangeKind exchange = ExchangeKind::kAllGather);
 
 // The single-device problem over the whole packed micro-batch: one causal segment per document
 // piece. InvalidArgument for an empty micro-batch or an invalid config.

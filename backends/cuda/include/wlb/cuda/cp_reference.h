@@ -2,10 +2,12 @@
 //
 // CpuCpAttention does on plain arrays exactly what CpExecutor does on the device, step by step:
 // shard the packed Q/K/V/dO into every rank's local rows (padding rows poisoned with NaN, so a
-// map that touches one shows), all-gather K/V, gather each rank's keys, run the float64 CPU
-// reference attention per rank, sum each rank's dK/dV rows into the gathered layout, reduce-
-// scatter over ranks and put every rank's rows back into packed order. Its result must equal
-// CpuAttentionForward/Backward over WholeBatchProblem.
+// map that touches one shows), exchange K/V as maps.exchange says (all-gather, or the row-exact
+// all-to-all-v), gather each rank's keys from its source rows, run the float64 CPU reference
+// attention per rank, sum each rank's dK/dV rows into its source rows, send them back
+// (reduce-scatter, or the reverse all-to-all-v and the return sums) and put every rank's rows
+// back into packed order. Its result must equal CpuAttentionForward/Backward over
+// WholeBatchProblem, and the rows it moves are what the planner predicts (ExchangedKvRows).
 //
 //   absl::StatusOr<wlb::cuda::CpMaps> maps = wlb::cuda::BuildCpMaps(plan, config);
 //   absl::StatusOr<wlb::cuda::CpuCpResult> cp = wlb::cuda::CpuCpAttention(*maps, q, k, v, dout);
@@ -27,11 +29,15 @@ struct CpuCpResult {
   std::vector<double> dq;   // (tokens, num_heads, head_dim)
   std::vector<double> dk;   // (tokens, num_kv_heads, head_dim)
   std::vector<double> dv;   // (tokens, num_kv_heads, head_dim)
+  // Per rank: K/V rows it sent to and received from the other ranks in forward (backward's
+  // dK/dV exchange moves as many rows the other way).
+  std::vector<int64_t> sent_rows, received_rows;
 };
 
 // Runs the executor's dataflow for `maps` on packed THD inputs (micro-batch order). Errors:
 // InvalidArgument when a tensor's size does not match maps.tokens and the config, or when a
-// rank's problem is rejected by the CPU reference.
+// rank's problem is rejected by the CPU reference; Internal when row-exact maps disagree between
+// ranks.
 absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const float> q,
                                            absl::Span<const float> k, absl::Span<const float> v,
                                            absl::Span<const float> dout);
