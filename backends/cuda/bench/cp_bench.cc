@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
     // Adaptive's plan is the plan of the strategy it chooses (measured above); the oracle is the
     // fastest measured strategy of this micro-batch, the paper's oracle the faster of per-seq
     // and per-doc.
-    absl::StatusOr<wlb::AdaptiveChoice> choice = wlb::ChooseAdaptive(mb, int(cp), *model);
+    absl::StatusOr<wlb::AdaptiveChoice> choice =
+        wlb::ChooseAdaptive(mb, int(cp), *model, bench::KernelTimeOnly());
     if (!choice.ok() || !m.contains(choice->chosen)) {
       std::fprintf(stderr, "micro-batch %ld: adaptive's choice was not measured\n", long(i));
       return 1;

@@ -1,5 +1,6 @@
 // Helpers shared by the CP profiler, benchmark and example: --key=value flags, device buffers
-// of seeded bf16 values, the device's name, the cudnn engine's graph-building cost.
+// of seeded bf16 values, the device's name, the cudnn engine's graph-building cost, the planner
+// options that rank CP plans by kernel time alone.
 #ifndef WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
 #define WLB_CUDA_BENCH_CP_BENCH_UTIL_H_
 
@@ -21,8 +22,16 @@
 #include "wlb/cuda/cuda_status.h"
 #include "wlb/cuda/device_fill.h"
 #include "wlb/cuda/varlen_attention.h"
+#include "wlb/shard/shard_types.hpp"
 
 namespace wlb::cuda::bench {
+
+// Planner options under which adaptive ranks its candidates by kernel time alone (a link so fast
+// that the exchange vanishes): what the CP benches compare against, because they measure each
+// rank's kernels in isolation, without the exchange.
+inline CpPlanOptions KernelTimeOnly() {
+  return {.comm = {.link_gbps = 1e6, .latency_us = 0.0}};
+}
 
 // --key=value flags; Get* report a bad or unknown flag and return false.
 class Flags {

@@ -199,7 +199,8 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
     t.resize(rank_by.size() + 1, 0.0);
     picked[cp].resize(rank_by.size());
     for (size_t k = 0; k < rank_by.size(); ++k) {
-      absl::StatusOr<wlb::AdaptiveChoice> c = wlb::ChooseAdaptive(mb, cp, *rank_by[k]);
+      absl::StatusOr<wlb::AdaptiveChoice> c =
+          wlb::ChooseAdaptive(mb, cp, *rank_by[k], bench::KernelTimeOnly());
       const std::string name =
           c.ok() ? std::string(wlb::ShardStrategyName(c->chosen)) : std::string();
       if (!c.ok() || !measured.contains(name)) {
