@@ -200,7 +200,7 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
     picked[cp].resize(rank_by.size());
     for (size_t k = 0; k < rank_by.size(); ++k) {
       absl::StatusOr<wlb::AdaptiveChoice> c =
-          wlb::ChooseAdaptive(mb, cp, *rank_by[k], bench::KernelTimeOnly());
+          wlb::ChooseAdaptive(mb, cp, *rank_by[k], wlb::cuda::bench::KernelTimeOnly());
       const std::string name =
           c.ok() ? std::string(wlb::ShardStrategyName(c->chosen)) : std::string();
       if (!c.ok() || !measured.contains(name)) {
