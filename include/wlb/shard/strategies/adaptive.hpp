@@ -30,7 +30,7 @@ namespace wlb {
 // (forward), or with a packed-call fit in the model, its CallMs of each rank (forward + backward
 // when the fit has backward; packed_calls says which).
 struct AdaptiveChoice {
-  ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
+  ShardStrategy chosen = ShardStrategy("per-seq-ordered");
   double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
   double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
@@ -61,7 +61,7 @@ inline std::vector<double> PredictFixed(const MicroBatch& mb, const std::vector<
   auto add = [&](int rank, int64_t, int64_t q_begin, int64_t q_end) {
     ms[static_cast<size_t>(rank)] += model.SegmentMs(q_end - q_begin, q_end);
   };
-  if (strategy == ShardStrategy::kPerSequence) {
+  if (strategy == ShardStrategy("per-seq")) {
     ForEachPerSequenceSegment(starts, cp_size, add);
   } else {
     ForEachPerDocumentSegment(
@@ -84,7 +84,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb
     const ShardPlanRequest r{.mb = mb,
                              .starts = starts,
                              .cp_size = cp_size,
-                             .requested = ShardStrategy::kAdaptive,
+                             .requested = ShardStrategy("adaptive"),
                              .model = model,
                              .options = options};
     double* out[] = {&c.per_seq_max_ms, &c.per_seq_ordered_max_ms, &c.per_doc_max_ms,
@@ -99,16 +99,16 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const MicroBatch& mb
   } else {
     c.per_seq_max_ms = ordered.given_max_ms;  // PredictFixed's kPerSequence maximum, same sums
     c.per_seq_ordered_max_ms = ordered.max_ms;
-    c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy::kPerDocument, model));
+    c.per_doc_max_ms = MaxOf(PredictFixed(mb, starts, cp_size, ShardStrategy("per-doc"), model));
     c.hybrid_max_ms = HybridMaxMs(mb, cp_size, model);
   }
-  c.chosen = ShardStrategy::kPerSequenceOrdered;
+  c.chosen = ShardStrategy("per-seq-ordered");
   double best = c.per_seq_ordered_max_ms;
   if (c.per_doc_max_ms < best) {
-    c.chosen = ShardStrategy::kPerDocument;
+    c.chosen = ShardStrategy("per-doc");
     best = c.per_doc_max_ms;
   }
-  if (c.hybrid_max_ms < best) c.chosen = ShardStrategy::kHybrid;
+  if (c.hybrid_max_ms < best) c.chosen = ShardStrategy("hybrid");
   if (order != nullptr) *order = std::move(ordered.order);
   return c;
 }
@@ -131,14 +131,9 @@ inline absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r) {
   absl::StatusOr<AdaptiveChoice> c =
       ChooseAdaptiveChecked(r.mb, r.starts, r.cp_size, r.model, r.options, &order);
   if (!c.ok()) return c.status();
-  switch (c->chosen) {
-    case ShardStrategy::kPerDocument:
-      return PlanPerDocument(r);
-    case ShardStrategy::kHybrid:
-      return PlanHybrid(r);
-    default:
-      return PlanPerSequenceOrdered(r, std::move(order));
-  }
+  if (c->chosen == ShardStrategy("per-doc")) return PlanPerDocument(r);
+  if (c->chosen == ShardStrategy("hybrid")) return PlanHybrid(r);
+  return PlanPerSequenceOrdered(r, std::move(order));
 }
 
 }  // namespace detail

@@ -183,7 +183,7 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
       }
     }
   }
-  return b.Finish(ShardStrategy::kDocumentDegree, requested, cp_size, -1);
+  return b.Finish(ShardStrategy("doc-degree"), requested, cp_size, -1);
 }
 
 // kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
