@@ -49,9 +49,8 @@ constexpr wlb::ShardStrategy kStrategies[] = {
     wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
     wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("adaptive"), wlb::ShardStrategy("hybrid")};
 constexpr wlb::ShardStrategy kExchangeStrategies[] = {
-    wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid"),
-    wlb::ShardStrategy("te-zigzag"), wlb::ShardStrategy("adaptive"),
-    wlb::ShardStrategy("doc-degree")};
+    wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid"), wlb::ShardStrategy("te-zigzag"),
+    wlb::ShardStrategy("adaptive"), wlb::ShardStrategy("doc-degree")};
 
 // " | per-seq | per-doc ...": header cells of `strategies`.
 std::string HeaderCells(std::span<const wlb::ShardStrategy> strategies) {
@@ -202,13 +201,11 @@ absl::Status Run() {
             summary.micro_batches > 0 ? summary.max_rank_ms_total / summary.micro_batches : 0.0;
         line += absl::StrFormat(" | %.3f / %.2f ms", summary.model_imbalance_mean, max_ms);
         if (strategy == wlb::ShardStrategy("adaptive")) adaptive = summary;
-        if (strategy == wlb::ShardStrategy("per-seq"))
-          imbalance[0] = summary.model_imbalance_mean;
+        if (strategy == wlb::ShardStrategy("per-seq")) imbalance[0] = summary.model_imbalance_mean;
         if (strategy == wlb::ShardStrategy("per-seq-ordered")) {
           imbalance[1] = summary.model_imbalance_mean;
         }
-        if (strategy == wlb::ShardStrategy("per-doc"))
-          imbalance[2] = summary.model_imbalance_mean;
+        if (strategy == wlb::ShardStrategy("per-doc")) imbalance[2] = summary.model_imbalance_mean;
         csv.push_back(absl::StrFormat("%d,%d,%s,%.6f,%.6f,%.6g", context, c,
                                       wlb::ShardStrategyName(strategy), summary.pair_imbalance_mean,
                                       summary.model_imbalance_mean, max_ms));

@@ -777,8 +777,7 @@ TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
                                            KernelModel::Default(), {.comm = {.kv_row_bytes = -5}});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("got -5"));
-  p = PlanShards(mb, 2, ShardStrategy("doc-degree"), KernelModel::Default(),
-                 {.mix = LayerMix{}});
+  p = PlanShards(mb, 2, ShardStrategy("doc-degree"), KernelModel::Default(), {.mix = LayerMix{}});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("no layers"));
 }
@@ -843,8 +842,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
     CpPlanOptions options{.comm = {.link_gbps = gbps}};
     if (iter % 3 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
     if (iter % 3 == 2) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
-    absl::StatusOr<ShardPlan> dd =
-        PlanShards(mb, cp, ShardStrategy("doc-degree"), model, options);
+    absl::StatusOr<ShardPlan> dd = PlanShards(mb, cp, ShardStrategy("doc-degree"), model, options);
     ASSERT_TRUE(dd.ok()) << dd.status();
     ASSERT_TRUE(ValidateShardPlan(*dd, mb).ok()) << ValidateShardPlan(*dd, mb);
     CheckCoverage(*dd, mb);
@@ -853,8 +851,8 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
                 ::testing::AnyOf(ShardStrategy("doc-degree"), ShardStrategy("per-doc"),
                                  ShardStrategy("hybrid"), ShardStrategy("per-seq-ordered")));
     const double dd_ms = PredictCp(*dd, model, options).max_ms;
-    for (ShardStrategy other : {ShardStrategy("per-doc"), ShardStrategy("hybrid"),
-                                ShardStrategy("per-seq-ordered")}) {
+    for (ShardStrategy other :
+         {ShardStrategy("per-doc"), ShardStrategy("hybrid"), ShardStrategy("per-seq-ordered")}) {
       EXPECT_LE(dd_ms, PredictCp(MustPlan(mb, cp, other), model, options).max_ms * (1 + 1e-12));
     }
     if (!options.mix.all_causal()) {  // never worse than its mask-blind plan

@@ -143,8 +143,8 @@ TEST(StepTimeModelTest, StageCostsFollowTheFormula) {
   EXPECT_NEAR(t->forward, linear + attention, 1e-12);
   EXPECT_NEAR(t->backward, 2 * linear + 2.5 * attention, 1e-12);
   // At the mean rank: never slower than the slowest rank.
-  absl::StatusOr<StageTimes> mean = model->MicroBatchTimes(
-      mb, {.candidates = {ShardStrategy("per-doc")}, .at_mean_rank = true});
+  absl::StatusOr<StageTimes> mean =
+      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy("per-doc")}, .at_mean_rank = true});
   ASSERT_TRUE(mean.ok());
   EXPECT_LE(mean->forward, t->forward);
   // Several candidates: the fastest slowest rank per micro-batch.

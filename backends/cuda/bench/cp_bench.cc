@@ -231,8 +231,8 @@ int main(int argc, char** argv) {
                 adaptive <= best ? "matches" : "misses");
     adaptive_total += adaptive;
     oracle_total += best;
-    paper_oracle_total += std::min(m[wlb::ShardStrategy("per-seq")].max_ms,
-                                   m[wlb::ShardStrategy("per-doc")].max_ms);
+    paper_oracle_total +=
+        std::min(m[wlb::ShardStrategy("per-seq")].max_ms, m[wlb::ShardStrategy("per-doc")].max_ms);
   }
   const double per_seq = total["per-seq"].max_ms, per_doc = total["per-doc"].max_ms;
   std::printf("\nsum over %ld micro-batches of the slowest rank's fwd+bwd ms (C = %ld):\n",

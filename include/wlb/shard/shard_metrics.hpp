@@ -84,9 +84,7 @@ struct CpSummary {
   double max_rank_ms_total = 0.0;  // sum over micro-batches of the slowest rank's latency
 
   // Micro-batches planned with `strategy` (0 for adaptive: plans never hold it).
-  int64_t count(ShardStrategy strategy) const {
-    return planned[strategy.row()];
-  }
+  int64_t count(ShardStrategy strategy) const { return planned[strategy.row()]; }
 
   // Adds one micro-batch; means are kept up to date.
   void Add(const ShardPlan& plan, const CpBalance& b) {

@@ -101,7 +101,6 @@
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_strategies.hpp"
 #include "wlb/shard/shard_types.hpp"
-#include "wlb/shard/strategy_table.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
 #include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
@@ -109,4 +108,5 @@
 #include "wlb/shard/strategies/per_seq.hpp"
 #include "wlb/shard/strategies/per_seq_ordered.hpp"
 #include "wlb/shard/strategies/te_zigzag.hpp"
+#include "wlb/shard/strategy_table.hpp"
 #include "wlb/shard/validate_plan.hpp"

@@ -29,7 +29,6 @@
 #include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
-#include "wlb/shard/strategy_table.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
 #include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
@@ -37,6 +36,7 @@
 #include "wlb/shard/strategies/per_seq.hpp"
 #include "wlb/shard/strategies/per_seq_ordered.hpp"
 #include "wlb/shard/strategies/te_zigzag.hpp"
+#include "wlb/shard/strategy_table.hpp"
 
 namespace wlb {
 
@@ -89,12 +89,13 @@ inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
   absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp_size);
   if (!starts.ok()) return starts.status();
   if (absl::Status s = ValidateCpPlanOptions(options); !s.ok()) return s;
-  return ShardStrategyRow(strategy).plan(ShardPlanRequest{.mb = mb,
-                                     .starts = *starts,
-                                     .cp_size = cp_size,
-                                     .requested = strategy,
-                                     .model = model,
-                                     .options = options});
+  const ShardPlanRequest request{.mb = mb,
+                                 .starts = *starts,
+                                 .cp_size = cp_size,
+                                 .requested = strategy,
+                                 .model = model,
+                                 .options = options};
+  return ShardStrategyRow(strategy).plan(request);
 }
 
 // PlanShards with the default options: a 450 GB/s link and one causal layer.

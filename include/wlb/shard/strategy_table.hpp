@@ -32,14 +32,16 @@ struct ShardPlanRequest;  // plan_builder.hpp
 
 namespace detail {
 
-// The planning functions of the rows below, defined (inline) in the files under strategies/.
-absl::StatusOr<ShardPlan> PlanPerSequence(const ShardPlanRequest& r);            // per_seq.hpp
-absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& r);     // per_seq_ordered.hpp
-absl::StatusOr<ShardPlan> PlanPerDocument(const ShardPlanRequest& r);            // per_doc.hpp
-absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r);               // adaptive.hpp
-absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r);                 // hybrid.hpp
-absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r);      // te_zigzag.hpp
-absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r);         // doc_degree.hpp
+// The planning functions of the rows below, defined (inline) in the files under strategies/; this
+// declaration leaves out `inline` so that a file including only this header (a strategy file, the
+// header check) is not warned that an inline function it names is undefined.
+absl::StatusOr<ShardPlan> PlanPerSequence(const ShardPlanRequest& r);         // per_seq.hpp
+absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& r);  // per_seq_ordered.hpp
+absl::StatusOr<ShardPlan> PlanPerDocument(const ShardPlanRequest& r);         // per_doc.hpp
+absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r);            // adaptive.hpp
+absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r);              // hybrid.hpp
+absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r);   // te_zigzag.hpp
+absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r);      // doc_degree.hpp
 
 }  // namespace detail
 
@@ -133,8 +135,9 @@ static_assert(ShardStrategyKeysUnique(), "kShardStrategyTable: names and summary
 
 // How a micro-batch is split across CP ranks (see shard_plan.hpp): the key of one row of
 // kShardStrategyTable. Made only from a registered name, so every value names a row:
-// ShardStrategy("per-doc") at compile time, ParseShardStrategy at run time, or ShardStrategy::All().
-// Compares (and orders) by row. The row number is not stable across versions: store the name.
+// ShardStrategy("per-doc") at compile time, ParseShardStrategy at run time, or
+// ShardStrategy::All(). Compares (and orders) by row. The row number is not stable across versions:
+// store the name.
 class ShardStrategy {
  public:
   // The row named `name`; a name not in kShardStrategyTable does not compile.
