@@ -51,12 +51,4 @@ consteval const char* Packer(std::string_view name) {
   throw "not a packer of wlb::kPackers";
 }
 
-// The registry's CP strategy named `name` (kShardStrategyTable); other names fail to compile.
-consteval ShardStrategy Strategy(std::string_view name) {
-  for (const ShardStrategyInfo& s : kShardStrategyTable) {
-    if (name == s.name) return s.strategy;
-  }
-  throw "not a strategy of wlb::kShardStrategyTable";
-}
-
 }  // namespace wlb::bench

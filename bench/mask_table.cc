@@ -44,12 +44,12 @@ struct CpColumn {
   const char* label_suffix;
   bool mask_aware;
 };
-constexpr CpColumn kCpColumns[] = {{wlb::ShardStrategy::kPerDocument, "", false},
-                                   {wlb::ShardStrategy::kHybrid, "", false},
-                                   {wlb::ShardStrategy::kAdaptive, ", mask-blind", false},
-                                   {wlb::ShardStrategy::kAdaptive, ", mask-aware", true},
-                                   {wlb::ShardStrategy::kDocumentDegree, ", mask-blind", false},
-                                   {wlb::ShardStrategy::kDocumentDegree, ", mask-aware", true}};
+constexpr CpColumn kCpColumns[] = {{wlb::ShardStrategy("per-doc"), "", false},
+                                   {wlb::ShardStrategy("hybrid"), "", false},
+                                   {wlb::ShardStrategy("adaptive"), ", mask-blind", false},
+                                   {wlb::ShardStrategy("adaptive"), ", mask-aware", true},
+                                   {wlb::ShardStrategy("doc-degree"), ", mask-blind", false},
+                                   {wlb::ShardStrategy("doc-degree"), ", mask-aware", true}};
 
 // The steps with every micro-batch's cost recomputed under `cost`.
 std::vector<wlb::StepPlan> Recost(std::vector<wlb::StepPlan> steps, const wlb::DocumentCost& cost) {

@@ -70,9 +70,8 @@ void Run(benchmark::State& state, wlb::ShardStrategy strategy,
 }
 
 void Register() {
-  for (const wlb::ShardStrategyInfo& info : wlb::ShardStrategies()) {
-    const wlb::ShardStrategy s = info.strategy;
-    const std::string name(info.name);
+  for (const wlb::ShardStrategy s : wlb::ShardStrategy::All()) {
+    const std::string name(wlb::ShardStrategyName(s));
     benchmark::RegisterBenchmark(("BM_Shard/" + name).c_str(),
                                  [s](benchmark::State& st) { Run(st, s, RealisticMicroBatches()); })
         ->ArgName("C")

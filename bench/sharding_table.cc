@@ -46,12 +46,11 @@ namespace {
 // The columns of the table by S and C, and of the exchange table (registry strategies; the
 // headers print their registry names).
 constexpr wlb::ShardStrategy kStrategies[] = {
-    wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
-    wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kHybrid};
+    wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
+    wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("adaptive"), wlb::ShardStrategy("hybrid")};
 constexpr wlb::ShardStrategy kExchangeStrategies[] = {
-    wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid,
-    wlb::ShardStrategy::kPerDocumentPadded, wlb::ShardStrategy::kAdaptive,
-    wlb::ShardStrategy::kDocumentDegree};
+    wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid"), wlb::ShardStrategy("te-zigzag"),
+    wlb::ShardStrategy("adaptive"), wlb::ShardStrategy("doc-degree")};
 
 // " | per-seq | per-doc ...": header cells of `strategies`.
 std::string HeaderCells(std::span<const wlb::ShardStrategy> strategies) {
@@ -103,7 +102,7 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
       options.comm.latency_us);
   const auto& strategies = kExchangeStrategies;
   constexpr size_t kCount = std::size(kExchangeStrategies);
-  static_assert(kExchangeStrategies[kCount - 1] == wlb::ShardStrategy::kDocumentDegree,
+  static_assert(kExchangeStrategies[kCount - 1] == wlb::ShardStrategy("doc-degree"),
                 "the last column is doc-degree, compared with the others");
   // doc-degree against the columns it is compared with.
   constexpr size_t kVersus[] = {0, 2, 3};
@@ -129,7 +128,7 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
               wlb::PlanShards(mb, c, strategies[k], kernel, options);
           if (!plan.ok()) return plan.status();
           const wlb::CpPrediction p = wlb::PredictCp(*plan, kernel, options);
-          if (plan->strategy == wlb::ShardStrategy::kDocumentDegree) ++greedy;
+          if (plan->strategy == wlb::ShardStrategy("doc-degree")) ++greedy;
           total_ms += p.max_ms;
           attention_ms += p.attention_max_ms;
           received += p.exchanged_bytes;
@@ -201,14 +200,12 @@ absl::Status Run() {
         const double max_ms =
             summary.micro_batches > 0 ? summary.max_rank_ms_total / summary.micro_batches : 0.0;
         line += absl::StrFormat(" | %.3f / %.2f ms", summary.model_imbalance_mean, max_ms);
-        if (strategy == wlb::ShardStrategy::kAdaptive) adaptive = summary;
-        if (strategy == wlb::ShardStrategy::kPerSequence)
-          imbalance[0] = summary.model_imbalance_mean;
-        if (strategy == wlb::ShardStrategy::kPerSequenceOrdered) {
+        if (strategy == wlb::ShardStrategy("adaptive")) adaptive = summary;
+        if (strategy == wlb::ShardStrategy("per-seq")) imbalance[0] = summary.model_imbalance_mean;
+        if (strategy == wlb::ShardStrategy("per-seq-ordered")) {
           imbalance[1] = summary.model_imbalance_mean;
         }
-        if (strategy == wlb::ShardStrategy::kPerDocument)
-          imbalance[2] = summary.model_imbalance_mean;
+        if (strategy == wlb::ShardStrategy("per-doc")) imbalance[2] = summary.model_imbalance_mean;
         csv.push_back(absl::StrFormat("%d,%d,%s,%.6f,%.6f,%.6g", context, c,
                                       wlb::ShardStrategyName(strategy), summary.pair_imbalance_mean,
                                       summary.model_imbalance_mean, max_ms));
@@ -220,9 +217,9 @@ absl::Status Run() {
       std::printf(
           "%s | %s |\n", line.c_str(),
           absl::StrFormat("%s | %d / %d / %d of %d", closed,
-                          adaptive.count(wlb::ShardStrategy::kPerSequenceOrdered),
-                          adaptive.count(wlb::ShardStrategy::kPerDocument),
-                          adaptive.count(wlb::ShardStrategy::kHybrid), adaptive.micro_batches)
+                          adaptive.count(wlb::ShardStrategy("per-seq-ordered")),
+                          adaptive.count(wlb::ShardStrategy("per-doc")),
+                          adaptive.count(wlb::ShardStrategy("hybrid")), adaptive.micro_batches)
               .c_str());
     }
   }

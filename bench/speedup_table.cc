@@ -112,7 +112,7 @@ absl::StatusOr<double> EvenedStreamSeconds(const wlb::StepTimeModel& sim,
 
 // The paper's adaptive CP: per micro-batch, per-sequence (micro-batch order) or per-document.
 const wlb::CpPolicy kPaperAdaptive = {
-    .candidates = {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument}};
+    .candidates = {wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-doc")}};
 
 struct JobResult {
   std::vector<double> seconds;  // per method, the first being the original packing
@@ -204,7 +204,7 @@ std::string Tuple(const Job& j) {
 absl::Status RunBreakdown(const wlb::PlanSpec& spec, const wlb::Lengths& lengths,
                           const std::string& source) {
   using S = wlb::ShardStrategy;
-  const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
+  const wlb::CpPolicy per_seq = {.candidates = {S("per-seq")}};
   struct Column {
     std::string label;
     wlb::CpPolicy cp;
@@ -213,14 +213,14 @@ absl::Status RunBreakdown(const wlb::PlanSpec& spec, const wlb::Lengths& lengths
   const std::vector<Column> columns = {
       {"per-seq, packer's order", per_seq},
       {"per-seq, arrival order", per_seq, true},
-      {"per-seq-ordered", {.candidates = {S::kPerSequenceOrdered}}},
-      {"per-doc", {.candidates = {S::kPerDocument}}},
+      {"per-seq-ordered", {.candidates = {S("per-seq-ordered")}}},
+      {"per-doc", {.candidates = {S("per-doc")}}},
       {"paper's adaptive (per-seq / per-doc)", kPaperAdaptive},
       {"adaptive over per-seq-ordered / per-doc",
-       {.candidates = {S::kPerSequenceOrdered, S::kPerDocument}}},
-      {"adaptive (per-seq-ordered / per-doc / hybrid)", {.candidates = {S::kAdaptive}}},
+       {.candidates = {S("per-seq-ordered"), S("per-doc")}}},
+      {"adaptive (per-seq-ordered / per-doc / hybrid)", {.candidates = {S("adaptive")}}},
       {"per-doc at mean rank (no CP imbalance)",
-       {.candidates = {S::kPerDocument}, .at_mean_rank = true}},
+       {.candidates = {S("per-doc")}, .at_mean_rank = true}},
   };
   struct Row {
     std::string label;
@@ -320,10 +320,10 @@ absl::Status Run() {
   if (!lengths.ok()) return lengths.status();
   const std::string source = lengths->name;
   using S = wlb::ShardStrategy;
-  const wlb::CpPolicy per_seq = {.candidates = {S::kPerSequence}};
-  const wlb::CpPolicy ordered = {.candidates = {S::kPerSequenceOrdered}};
-  const wlb::CpPolicy adaptive = {.candidates = {S::kAdaptive}};
-  const wlb::CpPolicy ideal = {.candidates = {S::kPerDocument}, .at_mean_rank = true};
+  const wlb::CpPolicy per_seq = {.candidates = {S("per-seq")}};
+  const wlb::CpPolicy ordered = {.candidates = {S("per-seq-ordered")}};
+  const wlb::CpPolicy adaptive = {.candidates = {S("adaptive")}};
+  const wlb::CpPolicy ideal = {.candidates = {S("per-doc")}, .at_mean_rank = true};
   if (absl::GetFlag(FLAGS_breakdown)) return RunBreakdown(spec, *lengths, source);
   const std::vector<Method> methods = {
       {"Plain-4D: original, per-seq CP", wlb::bench::Packer("original"), 1, per_seq, "per-seq"},

@@ -296,11 +296,11 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
       ASSERT_TRUE(c.ok()) << c.status();
       EXPECT_TRUE(c->packed_calls);
       const std::pair<ShardStrategy, double*> candidates[] = {
-          {ShardStrategy::kPerSequenceOrdered, &c->per_seq_ordered_max_ms},
-          {ShardStrategy::kPerDocument, &c->per_doc_max_ms},
-          {ShardStrategy::kHybrid, &c->hybrid_max_ms}};
+          {ShardStrategy("per-seq-ordered"), &c->per_seq_ordered_max_ms},
+          {ShardStrategy("per-doc"), &c->per_doc_max_ms},
+          {ShardStrategy("hybrid"), &c->hybrid_max_ms}};
       double best = INFINITY;
-      ShardStrategy argmin = ShardStrategy::kPerSequenceOrdered;
+      ShardStrategy argmin = ShardStrategy("per-seq-ordered");
       for (const auto& [s, reported] : candidates) {
         absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, s, m);
         ASSERT_TRUE(plan.ok());
@@ -318,10 +318,10 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
         }
       }
       EXPECT_EQ(c->chosen, argmin);
-      absl::StatusOr<ShardPlan> adaptive = PlanShards(mb, cp, ShardStrategy::kAdaptive, m);
+      absl::StatusOr<ShardPlan> adaptive = PlanShards(mb, cp, ShardStrategy("adaptive"), m);
       ASSERT_TRUE(adaptive.ok());
       EXPECT_EQ(adaptive->strategy, argmin);
-      EXPECT_EQ(adaptive->requested, ShardStrategy::kAdaptive);
+      EXPECT_EQ(adaptive->requested, ShardStrategy("adaptive"));
       picks.push_back(c->chosen);
     }
     differs += picks[0] != picks[1];

@@ -31,7 +31,7 @@ TEST(PlanSpec, DefaultsAreWlbPlansDefaults) {
   EXPECT_EQ(plan->config.micro_batches, 4);
   EXPECT_EQ(plan->options.thresholds, DefaultThresholds(131072, 2));
   EXPECT_EQ(plan->cp_size, -1);
-  EXPECT_EQ(plan->strategy, ShardStrategy::kAdaptive);
+  EXPECT_EQ(plan->strategy, ShardStrategy("adaptive"));
 }
 
 TEST(PlanSpec, ParsesKeysSpelledLikeTheFlags) {
@@ -54,7 +54,7 @@ TEST(PlanSpec, ParsesKeysSpelledLikeTheFlags) {
   EXPECT_EQ(plan->options.delay_budget, 0.5);
   EXPECT_TRUE(plan->options.bound_delay);
   EXPECT_EQ(plan->cp_size, 4);
-  EXPECT_EQ(plan->strategy, ShardStrategy::kPerDocument);
+  EXPECT_EQ(plan->strategy, ShardStrategy("per-doc"));
 }
 
 TEST(PlanSpec, ErrorsNameTheValue) {

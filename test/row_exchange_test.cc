@@ -23,7 +23,7 @@ TEST(RowExchangeTest, WorkedExamplePerDocument) {
   // rank 1 shards 1 and 2 (rows 2-5). Rank 0's late shard needs rows 2-5 of rank 1; rank 1's
   // shards need rows 0-1 of rank 0.
   const ShardPlan plan =
-      *PlanShards(MakeMicroBatch({8}), 2, ShardStrategy::kPerDocument, KernelModel::Default());
+      *PlanShards(MakeMicroBatch({8}), 2, ShardStrategy("per-doc"), KernelModel::Default());
   const ShardMaps maps = *BuildShardMaps(plan);
   const RowExchange x = BuildRowExchange(maps, plan.rank_capacity);
   ASSERT_EQ(x.ranks.size(), 2u);
@@ -41,7 +41,7 @@ TEST(RowExchangeTest, WorkedExamplePerDocument) {
 
 TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
   std::mt19937_64 rng(23);
-  const std::span<const ShardStrategyInfo> strategies = ShardStrategies();
+  const auto strategies = ShardStrategy::All();
   const int kStrategies = static_cast<int>(strategies.size());
   for (int trial = 0; trial < 1200; ++trial) {
     std::vector<int64_t> lengths(1 + rng() % 8);
@@ -54,7 +54,7 @@ TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
                                                 : *AttentionMask::ChunkedLocal(size);
     const CpPlanOptions options{.comm = {.link_gbps = trial % 2 == 0 ? 0.5 : 4000.0},
                                 .mix = LayerMix{{{mask, 1}}}};
-    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % kStrategies].strategy,
+    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % kStrategies],
                                        KernelModel::Default(), options);
     const ShardMaps maps = *BuildShardMaps(plan, mask);
     const RowExchange x = BuildRowExchange(maps, plan.rank_capacity);
@@ -66,7 +66,7 @@ TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
       const RankRowExchange& e = x.ranks[static_cast<size_t>(r)];
       const RankMaps& m = maps.ranks[static_cast<size_t>(r)];
       SCOPED_TRACE(::testing::Message() << "trial " << trial << " rank " << r << " " << mask.Name()
-                                        << " " << strategies[trial % kStrategies].name);
+                                        << " " << ShardStrategyName(strategies[trial % kStrategies]));
       EXPECT_EQ(e.tokens, static_cast<int64_t>(m.local_to_packed.size()));
       EXPECT_EQ(e.received(), predicted[static_cast<size_t>(r)].recv_rows);
       EXPECT_EQ(e.sent(), predicted[static_cast<size_t>(r)].send_rows);
@@ -116,7 +116,7 @@ TEST(RowExchangeTest, RandomPlansMoveExactlyThePlannersRowsAndFindEveryKey) {
 TEST(RowExchangeTest, SingleRankAndEmptyMicroBatchMoveNothing) {
   for (const auto& [lengths, cp] :
        {std::pair{std::vector<int64_t>{5, 9}, 1}, std::pair{std::vector<int64_t>{}, 4}}) {
-    const ShardPlan plan = *PlanShards(MakeMicroBatch(lengths), cp, ShardStrategy::kPerDocument,
+    const ShardPlan plan = *PlanShards(MakeMicroBatch(lengths), cp, ShardStrategy("per-doc"),
                                        KernelModel::Default());
     const RowExchange x = BuildRowExchange(*BuildShardMaps(plan), plan.rank_capacity);
     EXPECT_FALSE(x.moves());

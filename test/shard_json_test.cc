@@ -40,8 +40,8 @@ TEST(SegmentToJson, HoldsTheSixFieldsOfASegment) {
 
 TEST(ShardPlanToJson, EveryRankWithItsArraysMatchesThePlan) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  for (ShardStrategy strategy : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument,
-                                 ShardStrategy::kHybrid, ShardStrategy::kAdaptive}) {
+  for (ShardStrategy strategy : {ShardStrategy("per-seq"), ShardStrategy("per-doc"),
+                                 ShardStrategy("hybrid"), ShardStrategy("adaptive")}) {
     const ShardPlan plan = MustPlan(mb, 2, strategy);
     const nlohmann::json j = ShardPlanToJson(plan);
     EXPECT_EQ(Keys(j), (std::set<std::string>{"sharding", "requested_sharding", "cp_size",
@@ -89,8 +89,8 @@ TEST(CpBalanceToJson, HoldsEveryField) {
 TEST(CpSummaryToJson, NewerStrategyCountsAppearOnlyWhenNonZero) {
   CpSummary s;
   s.micro_batches = 3;
-  s.planned[static_cast<size_t>(ShardStrategy::kPerSequence)] = 1;
-  s.planned[static_cast<size_t>(ShardStrategy::kPerDocument)] = 2;
+  s.planned[ShardStrategy("per-seq").row()] = 1;
+  s.planned[ShardStrategy("per-doc").row()] = 2;
   s.pair_imbalance_mean = 1.125;
   s.max_rank_ms_total = 2.5;
   const nlohmann::json j = CpSummaryToJson(s);
@@ -101,10 +101,10 @@ TEST(CpSummaryToJson, NewerStrategyCountsAppearOnlyWhenNonZero) {
   EXPECT_EQ(j.at("per_doc"), 2);
   EXPECT_EQ(j.at("cp_pair_imbalance_mean"), 1.125);
   EXPECT_EQ(j.at("max_rank_ms_total"), 2.5);
-  s.planned[static_cast<size_t>(ShardStrategy::kPerDocumentPadded)] = 4;
+  s.planned[ShardStrategy("te-zigzag").row()] = 4;
   EXPECT_EQ(CpSummaryToJson(s).at("te_zigzag"), 4);
   EXPECT_FALSE(CpSummaryToJson(s).contains("doc_degree"));
-  s.planned[static_cast<size_t>(ShardStrategy::kDocumentDegree)] = 1;
+  s.planned[ShardStrategy("doc-degree").row()] = 1;
   EXPECT_EQ(CpSummaryToJson(s).at("doc_degree"), 1);
 }
 
@@ -129,14 +129,14 @@ TEST(CpPredictionToJson, MaxRankPairsIsTheLargestRanksOrZero) {
                                {"exchange", {"row-exact", "all-gather"}},
                                {"max_rank_pairs", 31}}));
   // A real plan: the pairs of a causal plan are its ranks' causal pairs.
-  const ShardPlan plan = MustPlan(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence);
+  const ShardPlan plan = MustPlan(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("per-seq"));
   const nlohmann::json real = CpPredictionToJson(PredictCp(plan, KernelModel::Default()));
   EXPECT_EQ(real.at("max_rank_pairs"), 184);  // the worked example's rank 1
 }
 
 TEST(ShardPlanTest, JsonShape) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const nlohmann::json j = ShardPlanToJson(MustPlan(mb, 2, ShardStrategy::kPerDocument));
+  const nlohmann::json j = ShardPlanToJson(MustPlan(mb, 2, ShardStrategy("per-doc")));
   EXPECT_EQ(j.at("sharding"), "per-doc");
   EXPECT_EQ(j.at("cp_size"), 2);
   ASSERT_EQ(j.at("shards").size(), 2u);
@@ -156,7 +156,7 @@ TEST(ShardPlanTest, JsonShape) {
   EXPECT_EQ(mb_json.at("tokens"), 32);
   EXPECT_EQ(mb_json.at("sharding"), "per-doc");
   const nlohmann::json b = CpBalanceToJson(
-      MeasureCpBalance(MustPlan(mb, 2, ShardStrategy::kPerSequence), KernelModel::Default()));
+      MeasureCpBalance(MustPlan(mb, 2, ShardStrategy("per-seq")), KernelModel::Default()));
   EXPECT_TRUE(b.contains("pair_imbalance") && b.contains("model_imbalance"));
 }
 

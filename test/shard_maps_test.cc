@@ -26,8 +26,8 @@ using ::wlb::testing::MakeMicroBatch;
 
 TEST(ShardMapsTest, WorkedExamplePerSequence) {
   // Documents 5, 19, 8 at CP 2: rank 0 holds packed rows [0, 8) and [24, 32).
-  const ShardPlan plan = *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence,
-                                     KernelModel::Default());
+  const ShardPlan plan =
+      *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("per-seq"), KernelModel::Default());
   const ShardMaps maps = *BuildShardMaps(plan);
   ASSERT_EQ(maps.ranks.size(), 2u);
   EXPECT_THAT(maps.ranks[0].local_to_packed,
@@ -41,7 +41,7 @@ TEST(ShardMapsTest, WorkedExamplePerSequence) {
 
 TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
   std::mt19937_64 rng(7);
-  const std::span<const ShardStrategyInfo> strategies = ShardStrategies();
+  const auto strategies = ShardStrategy::All();
   const int kStrategies = static_cast<int>(strategies.size());
   for (int trial = 0; trial < 2000; ++trial) {
     std::vector<int64_t> lengths(1 + rng() % 10);
@@ -50,8 +50,8 @@ TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
     const int cp = 1 + static_cast<int>(rng() % 8);
     // doc-degree also under a slow link (documents stay whole) and a fast one (sharded).
     const CpPlanOptions options{.comm = {.link_gbps = trial % 3 == 0 ? 0.5 : 4000.0}};
-    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % kStrategies].strategy,
-                                       KernelModel::Default(), options);
+    const ShardPlan plan =
+        *PlanShards(mb, cp, strategies[trial % kStrategies], KernelModel::Default(), options);
     absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan);
     ASSERT_TRUE(maps.ok()) << maps.status();
     // The gathered buffer: rank r's local row i at r * rank_capacity + i.
@@ -93,8 +93,8 @@ TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
 TEST(ShardMapsTest, WorkedExampleWindowAndChunk) {
   // Documents 5, 19, 8 at CP 2 per sequence: rank 1 holds document 1's queries [3, 11) and
   // [11, 19) (packed rows [8, 16) and [16, 24)).
-  const ShardPlan plan = *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerSequence,
-                                     KernelModel::Default());
+  const ShardPlan plan =
+      *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("per-seq"), KernelModel::Default());
   const ShardMaps window = *BuildShardMaps(plan, *AttentionMask::SlidingWindow(3));
   EXPECT_EQ(window.mask, *AttentionMask::SlidingWindow(3));
   // Query 3 sees keys [1, 3]: the first segment's keys start at 1 (packed row 6, rank 0's row
@@ -119,7 +119,7 @@ TEST(ShardMapsTest, WorkedExampleWindowAndChunk) {
 // ranks' rows a rank needs equal ExchangedKvRows.
 TEST(ShardMapsTest, RandomMasksGiveEveryQueryExactlyItsKeys) {
   std::mt19937_64 rng(11);
-  const std::span<const ShardStrategyInfo> strategies = ShardStrategies();
+  const auto strategies = ShardStrategy::All();
   const int kStrategies = static_cast<int>(strategies.size());
   for (int trial = 0; trial < 600; ++trial) {
     std::vector<int64_t> lengths(1 + rng() % 6);
@@ -133,8 +133,8 @@ TEST(ShardMapsTest, RandomMasksGiveEveryQueryExactlyItsKeys) {
                                                 : *AttentionMask::ChunkedLocal(size);
     const CpPlanOptions options{.comm = {.link_gbps = trial % 2 == 0 ? 0.5 : 4000.0},
                                 .mix = LayerMix{{{mask, 1}}}};
-    const ShardPlan plan = *PlanShards(mb, cp, strategies[trial % kStrategies].strategy,
-                                       KernelModel::Default(), options);
+    const ShardPlan plan =
+        *PlanShards(mb, cp, strategies[trial % kStrategies], KernelModel::Default(), options);
     absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan, mask);
     ASSERT_TRUE(maps.ok()) << maps.status();
     std::vector<int64_t> packed_of(static_cast<size_t>(cp * plan.rank_capacity), -1);
@@ -201,8 +201,8 @@ TEST(ShardMapsTest, RandomMasksGiveEveryQueryExactlyItsKeys) {
 }
 
 TEST(ShardMapsTest, InconsistentPlansAreRejected) {
-  const ShardPlan good = *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kPerDocument,
-                                     KernelModel::Default());
+  const ShardPlan good =
+      *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("per-doc"), KernelModel::Default());
   ShardPlan twice = good;
   twice.ranks[1].segments.push_back(twice.ranks[0].segments[0]);
   twice.rank_capacity += 100;
@@ -230,7 +230,7 @@ TEST(ShardMapsTest, InconsistentPlansAreRejected) {
 TEST(ShardMapsTest, MapsOverTheRowLimitAreRefusedBeforeAllocating) {
   const MicroBatch mb = MakeMicroBatch({int64_t{1} << 24});
   const ShardPlan plan =
-      *PlanShards(mb, kMaxCpSize, ShardStrategy::kPerDocument, KernelModel::Default());
+      *PlanShards(mb, kMaxCpSize, ShardStrategy("per-doc"), KernelModel::Default());
   ASSERT_EQ(plan.ranks.size(), static_cast<size_t>(kMaxCpSize));
   const absl::StatusOr<ShardMaps> maps = BuildShardMaps(plan);
   EXPECT_EQ(maps.status().code(), absl::StatusCode::kOutOfRange);
@@ -238,12 +238,12 @@ TEST(ShardMapsTest, MapsOverTheRowLimitAreRefusedBeforeAllocating) {
   EXPECT_THAT(maps.status().message(), HasSubstr("16777216 tokens over 4096 ranks"));
   // A smaller one still builds: 2^12 tokens at C = 4096 is about 2^23 key rows.
   const ShardPlan small = *PlanShards(MakeMicroBatch({int64_t{1} << 12}), kMaxCpSize,
-                                      ShardStrategy::kPerDocument, KernelModel::Default());
+                                      ShardStrategy("per-doc"), KernelModel::Default());
   EXPECT_TRUE(BuildShardMaps(small).ok());
   // A sliding window needs far fewer key rows: 2^22 tokens at C = 4096 under a window of 64
   // build (causal would gather about 2^33 rows).
   const ShardPlan windowed = *PlanShards(MakeMicroBatch({int64_t{1} << 22}), kMaxCpSize,
-                                         ShardStrategy::kPerDocument, KernelModel::Default());
+                                         ShardStrategy("per-doc"), KernelModel::Default());
   EXPECT_EQ(BuildShardMaps(windowed).status().code(), absl::StatusCode::kOutOfRange);
   const absl::StatusOr<ShardMaps> window =
       BuildShardMaps(windowed, *AttentionMask::SlidingWindow(64));

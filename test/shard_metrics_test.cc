@@ -42,7 +42,7 @@ TEST(MaxOverMean, HandValues) {
 TEST(MeasureCpBalance, PerSequenceHandComputed) {
   const MicroBatch mb = MakeMicroBatch({6, 2});
   const KernelModel model = PairModel();
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerSequence, model);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("per-seq"), model);
   EXPECT_THAT(RankCausalPairs(plan), ElementsAre(6.0, 18.0));
   const CpBalance b = MeasureCpBalance(plan, model);
   EXPECT_DOUBLE_EQ(b.pair_imbalance, 1.5);
@@ -61,7 +61,7 @@ TEST(MeasureCpBalance, PerSequenceHandComputed) {
 // pairs), rank 1 [2, 6) (18 pairs): the zigzag balances it exactly.
 TEST(MeasureCpBalance, TheZigzagBalancesOneDocument) {
   const KernelModel model = PairModel();
-  const ShardPlan plan = MustPlan(MakeMicroBatch({8}), 2, ShardStrategy::kPerSequence, model);
+  const ShardPlan plan = MustPlan(MakeMicroBatch({8}), 2, ShardStrategy("per-seq"), model);
   EXPECT_THAT(RankCausalPairs(plan), ElementsAre(18.0, 18.0));
   const CpBalance b = MeasureCpBalance(plan, model);
   EXPECT_DOUBLE_EQ(b.pair_imbalance, 1.0);
@@ -73,9 +73,9 @@ TEST(CpSummary, CountsStrategiesAndKeepsMeansAndMaxima) {
   const KernelModel model = PairModel();
   const MicroBatch mb = MakeMicroBatch({6, 2});
   CpSummary summary;
-  const ShardPlan seq = MustPlan(mb, 2, ShardStrategy::kPerSequence, model);
-  const ShardPlan doc = MustPlan(mb, 2, ShardStrategy::kPerDocument, model);
-  const ShardPlan hybrid = MustPlan(mb, 2, ShardStrategy::kHybrid, model);
+  const ShardPlan seq = MustPlan(mb, 2, ShardStrategy("per-seq"), model);
+  const ShardPlan doc = MustPlan(mb, 2, ShardStrategy("per-doc"), model);
+  const ShardPlan hybrid = MustPlan(mb, 2, ShardStrategy("hybrid"), model);
   const CpBalance b1{.pair_imbalance = 1.5, .model_imbalance = 2.0, .max_rank_ms = 3.0};
   const CpBalance b2{.pair_imbalance = 1.0, .model_imbalance = 1.0, .max_rank_ms = 1.0};
   const CpBalance b3{.pair_imbalance = 1.25, .model_imbalance = 1.5, .max_rank_ms = 0.5};
@@ -84,12 +84,12 @@ TEST(CpSummary, CountsStrategiesAndKeepsMeansAndMaxima) {
   summary.Add(hybrid, b3);
   summary.Add(seq, b2);
   EXPECT_EQ(summary.micro_batches, 4);
-  EXPECT_EQ(summary.count(ShardStrategy::kPerSequence), 2);
-  EXPECT_EQ(summary.count(ShardStrategy::kPerDocument), 1);
-  EXPECT_EQ(summary.count(ShardStrategy::kHybrid), 1);
-  EXPECT_EQ(summary.count(ShardStrategy::kPerSequenceOrdered) +
-                summary.count(ShardStrategy::kPerDocumentPadded) +
-                summary.count(ShardStrategy::kDocumentDegree),
+  EXPECT_EQ(summary.count(ShardStrategy("per-seq")), 2);
+  EXPECT_EQ(summary.count(ShardStrategy("per-doc")), 1);
+  EXPECT_EQ(summary.count(ShardStrategy("hybrid")), 1);
+  EXPECT_EQ(summary.count(ShardStrategy("per-seq-ordered")) +
+                summary.count(ShardStrategy("te-zigzag")) +
+                summary.count(ShardStrategy("doc-degree")),
             0);
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_mean, (1.5 + 1.0 + 1.25 + 1.0) / 4);
   EXPECT_DOUBLE_EQ(summary.model_imbalance_mean, (2.0 + 1.0 + 1.5 + 1.0) / 4);
@@ -100,15 +100,15 @@ TEST(CpSummary, CountsStrategiesAndKeepsMeansAndMaxima) {
 
 TEST(CpSummary, AnAdaptivePlanCountsAsTheStrategyItChose) {
   const KernelModel model = PairModel();
-  const ShardPlan plan = MustPlan(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy::kAdaptive, model);
-  ASSERT_EQ(plan.requested, ShardStrategy::kAdaptive);
+  const ShardPlan plan = MustPlan(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("adaptive"), model);
+  ASSERT_EQ(plan.requested, ShardStrategy("adaptive"));
   CpSummary summary;
   summary.Add(plan, MeasureCpBalance(plan, model));
   EXPECT_EQ(summary.micro_batches, 1);
   int64_t counted = 0;
-  for (const ShardStrategyInfo& info : kShardStrategyTable) counted += summary.count(info.strategy);
+  for (ShardStrategy s : ShardStrategy::All()) counted += summary.count(s);
   EXPECT_EQ(counted, 1);
-  EXPECT_EQ(summary.count(ShardStrategy::kAdaptive), 0);
+  EXPECT_EQ(summary.count(ShardStrategy("adaptive")), 0);
 }
 
 }  // namespace shard_metrics_test

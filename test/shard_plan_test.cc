@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -52,9 +53,9 @@ KernelModel PairModel() {
 // The public WLB-LLM-CP artifact's example: context 32, CP 2, documents 5, 19, 8.
 TEST(ShardPlanTest, WorkedExamplePerSequence) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerSequence);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("per-seq"));
   EXPECT_THAT(Pairs(plan), ElementsAre(57, 184));  // the artifact prints 2x: 114 / 368
-  EXPECT_EQ(plan.strategy, ShardStrategy::kPerSequence);
+  EXPECT_EQ(plan.strategy, ShardStrategy("per-seq"));
   EXPECT_EQ(plan.rank_capacity, 16);
   EXPECT_EQ(plan.padding_tokens(), 0);
   // Rank 0: chunk 0 = tokens [0, 8) = doc 0 whole + doc 1 [0, 3); chunk 3 = doc 2 whole.
@@ -85,7 +86,7 @@ TEST(ShardPlanTest, WorkedExamplePerSequence) {
 
 TEST(ShardPlanTest, WorkedExamplePerDocument) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("per-doc"));
   EXPECT_THAT(Pairs(plan), ElementsAre(121, 120));  // the artifact prints 2x: 242 / 240
   EXPECT_EQ(plan.rank_capacity, 16);
   // Doc 0 (5): shards 2,1,1,1 (remainder to shard 0, pointer -> 1). Doc 1 (19): 4,5,5,5
@@ -108,16 +109,16 @@ TEST(ShardPlanTest, WorkedExamplePerDocument) {
 TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
   // Latency proportional to pairs: per-doc (max 121) beats per-seq (max 184).
-  const ShardPlan exact = MustPlan(mb, 2, ShardStrategy::kAdaptive, PairModel());
-  EXPECT_EQ(exact.strategy, ShardStrategy::kPerDocument);
-  EXPECT_EQ(exact.requested, ShardStrategy::kAdaptive);
+  const ShardPlan exact = MustPlan(mb, 2, ShardStrategy("adaptive"), PairModel());
+  EXPECT_EQ(exact.strategy, ShardStrategy("per-doc"));
+  EXPECT_EQ(exact.requested, ShardStrategy("adaptive"));
   // With 128-token tiles every segment costs one block: hybrid keeps all three short documents
   // whole (3 segments, the fewest) and wins; per-doc's 12 segments lose, as the paper finds
   // for short documents.
-  const ShardPlan tiled = MustPlan(mb, 2, ShardStrategy::kAdaptive, KernelModel::Default());
-  EXPECT_EQ(tiled.strategy, ShardStrategy::kHybrid);
+  const ShardPlan tiled = MustPlan(mb, 2, ShardStrategy("adaptive"), KernelModel::Default());
+  EXPECT_EQ(tiled.strategy, ShardStrategy("hybrid"));
 
-  const CpBalance seq = MeasureCpBalance(MustPlan(mb, 2, ShardStrategy::kPerSequence), PairModel());
+  const CpBalance seq = MeasureCpBalance(MustPlan(mb, 2, ShardStrategy("per-seq")), PairModel());
   EXPECT_DOUBLE_EQ(seq.pair_imbalance, 184.0 / 120.5);
   EXPECT_DOUBLE_EQ(seq.model_imbalance, 184.0 / 120.5);
   EXPECT_EQ(seq.max_rank_pairs, 184);
@@ -125,12 +126,12 @@ TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   EXPECT_DOUBLE_EQ(doc.pair_imbalance, 121.0 / 120.5);
 
   CpSummary summary;
-  summary.Add(MustPlan(mb, 2, ShardStrategy::kPerSequence), seq);
+  summary.Add(MustPlan(mb, 2, ShardStrategy("per-seq")), seq);
   summary.Add(exact, doc);
   EXPECT_EQ(summary.micro_batches, 2);
-  EXPECT_EQ(summary.count(ShardStrategy::kPerSequence), 1);
-  EXPECT_EQ(summary.count(ShardStrategy::kPerDocument), 1);
-  EXPECT_EQ(summary.count(ShardStrategy::kHybrid), 0);
+  EXPECT_EQ(summary.count(ShardStrategy("per-seq")), 1);
+  EXPECT_EQ(summary.count(ShardStrategy("per-doc")), 1);
+  EXPECT_EQ(summary.count(ShardStrategy("hybrid")), 0);
   EXPECT_EQ(CpStrategyCounts(summary, false), "1 per-seq, 0 per-seq-ordered, 1 per-doc, 0 hybrid");
   EXPECT_EQ(CpStrategyCounts(summary, true), "");
   const nlohmann::json j = CpSummaryToJson(summary);
@@ -142,17 +143,17 @@ TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_max, 184.0 / 120.5);
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_mean, (184.0 + 121.0) / 2 / 120.5);
   // te-zigzag and doc-degree counts appear once used.
-  summary.Add(MustPlan(mb, 2, ShardStrategy::kPerDocumentPadded), doc);
+  summary.Add(MustPlan(mb, 2, ShardStrategy("te-zigzag")), doc);
   EXPECT_EQ(CpStrategyCounts(summary, true), "1 te-zigzag, 0 doc-degree");
   EXPECT_EQ(CpSummaryToJson(summary).at("te_zigzag"), 1);
   EXPECT_FALSE(CpSummaryToJson(summary).contains("doc_degree"));
 }
 
 TEST(ShardPlanTest, StrategyNames) {
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
-    const ShardStrategy s = info.strategy;
+  for (const ShardStrategy s : ShardStrategy::All()) {
+    const ShardStrategyInfo& info = ShardStrategyRow(s);
     EXPECT_EQ(ShardStrategyName(s), info.name);
-    EXPECT_EQ(FindShardStrategy(s), &info);
+    EXPECT_EQ(&info, &ShardStrategies()[s.row()]);
     absl::StatusOr<ShardStrategy> parsed = ParseShardStrategy(ShardStrategyName(s));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, s);
@@ -165,47 +166,52 @@ TEST(ShardPlanTest, StrategyNames) {
                 HasSubstr("per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag, "
                           "doc-degree"));
   }
-  EXPECT_EQ(ShardStrategyName(ShardStrategy::kPerDocumentPadded), "te-zigzag");
-  EXPECT_EQ(ShardStrategyName(ShardStrategy::kDocumentDegree), "doc-degree");
-  EXPECT_EQ(ShardStrategyName(static_cast<ShardStrategy>(99)), "unknown");
+  EXPECT_EQ(ShardStrategyName(ShardStrategy("te-zigzag")), "te-zigzag");
+  EXPECT_EQ(ShardStrategyName(ShardStrategy("doc-degree")), "doc-degree");
   EXPECT_EQ(ShardStrategyNameList(" or "),
             "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag or doc-degree");
 }
 
+// The key is the row: made from a registered name at compile time (a typo does not compile),
+// compared by row, never default-made nor made from a number.
+static_assert(ShardStrategy("per-seq").row() == 0);
+static_assert(ShardStrategy("doc-degree").row() == kShardStrategyCount - 1);
+static_assert(ShardStrategy("per-doc") == ShardStrategy("per-doc"));
+static_assert(ShardStrategy("per-doc") != ShardStrategy("hybrid"));
+static_assert(ShardStrategy("per-seq") < ShardStrategy("per-seq-ordered"));
+static_assert(!std::is_default_constructible_v<ShardStrategy>);
+static_assert(!std::is_constructible_v<ShardStrategy, int>);
+static_assert(!std::is_constructible_v<ShardStrategy, size_t>);
+
 TEST(ShardPlanTest, RegistryListsEveryStrategyOnce) {
   ASSERT_EQ(ShardStrategies().size(), kShardStrategyCount);
-  std::set<int> values;
+  ASSERT_EQ(ShardStrategy::All().size(), kShardStrategyCount);
+  std::set<ShardStrategy> values;
   std::set<std::string_view> names, keys;
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
-    EXPECT_TRUE(values.insert(static_cast<int>(info.strategy)).second) << info.name;
+  for (size_t i = 0; i < kShardStrategyCount; ++i) {
+    const ShardStrategy s = ShardStrategy::All()[i];
+    const ShardStrategyInfo& info = ShardStrategies()[i];
+    EXPECT_EQ(s.row(), i) << info.name;
+    EXPECT_EQ(&ShardStrategyRow(s), &info) << info.name;
+    EXPECT_TRUE(values.insert(s).second) << info.name;
     EXPECT_TRUE(names.insert(info.name).second) << info.name;
     EXPECT_FALSE(info.summary.empty()) << info.name;
     EXPECT_NE(info.plan, nullptr) << info.name;
     // Every strategy but adaptive is recorded in plans, so it has a summary key.
-    EXPECT_EQ(info.summary_key.empty(), info.strategy == ShardStrategy::kAdaptive) << info.name;
+    EXPECT_EQ(info.summary_key.empty(), s == ShardStrategy("adaptive")) << info.name;
     if (!info.summary_key.empty()) EXPECT_TRUE(keys.insert(info.summary_key).second) << info.name;
-  }
-  EXPECT_EQ(*values.begin(), 0);
-  EXPECT_EQ(*values.rbegin(), static_cast<int>(kShardStrategyCount) - 1);
-  // Only adaptive (ranking by the exchange) and doc-degree read the link and the layer mix.
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
-    const bool uses_options = info.strategy == ShardStrategy::kDocumentDegree ||
-                              info.strategy == ShardStrategy::kAdaptive;
+    // Only adaptive (ranking by the exchange) and doc-degree read the link and the layer mix.
+    const bool uses_options = s == ShardStrategy("doc-degree") || s == ShardStrategy("adaptive");
     EXPECT_EQ(info.uses.cp_link, uses_options) << info.name;
     EXPECT_EQ(info.uses.layer_mix, uses_options) << info.name;
   }
-  const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  absl::StatusOr<ShardPlan> bad =
-      PlanShards(mb, 2, static_cast<ShardStrategy>(99), KernelModel::Default());
-  ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("unknown shard strategy value 99"));
 }
 
 TEST(ShardPlanTest, BadInputsNameTheValue) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
   const KernelModel model = KernelModel::Default();
   for (int cp : {0, -3, kMaxCpSize + 1}) {
-    absl::StatusOr<ShardPlan> p = PlanShards(mb, cp, ShardStrategy::kPerSequence, model);
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, cp, ShardStrategy("per-seq"), model);
     ASSERT_FALSE(p.ok());
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %d", cp)));
@@ -213,7 +219,7 @@ TEST(ShardPlanTest, BadInputsNameTheValue) {
   }
   MicroBatch wrong_total = mb;
   wrong_total.tokens = 31;
-  absl::StatusOr<ShardPlan> p = PlanShards(wrong_total, 2, ShardStrategy::kPerDocument, model);
+  absl::StatusOr<ShardPlan> p = PlanShards(wrong_total, 2, ShardStrategy("per-doc"), model);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()),
               HasSubstr("tokens is 31 but its 3 documents sum to 32"));
@@ -221,33 +227,29 @@ TEST(ShardPlanTest, BadInputsNameTheValue) {
   MicroBatch zero = mb;
   zero.documents[1].length = 0;
   zero.tokens = 13;
-  p = PlanShards(zero, 2, ShardStrategy::kHybrid, model);
+  p = PlanShards(zero, 2, ShardStrategy("hybrid"), model);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("document 1 (id 1)"));
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("length 0"));
 
   MicroBatch negative_piece = mb;
   negative_piece.documents[2].piece = -1;
-  p = PlanShards(negative_piece, 2, ShardStrategy::kAdaptive, model);
+  p = PlanShards(negative_piece, 2, ShardStrategy("adaptive"), model);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("piece -1"));
 
   MicroBatch twice = mb;
   twice.documents[2].id = 1;
-  p = PlanShards(twice, 2, ShardStrategy::kPerSequence, model);
+  p = PlanShards(twice, 2, ShardStrategy("per-seq"), model);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("id 1 piece 0 appears twice"));
-
-  p = PlanShards(mb, 2, static_cast<ShardStrategy>(42), model);
-  ASSERT_FALSE(p.ok());
-  EXPECT_THAT(std::string(p.status().message()), HasSubstr("42"));
 
   EXPECT_FALSE(ChooseAdaptive(mb, 0, model).ok());
 }
 
 TEST(ShardPlanTest, ValidateRejectsTamperedPlans) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const ShardPlan good = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  const ShardPlan good = MustPlan(mb, 2, ShardStrategy("per-doc"));
   ASSERT_TRUE(ValidateShardPlan(good, mb).ok());
 
   ShardPlan lost = good;
@@ -279,14 +281,14 @@ TEST(ShardPlanTest, ValidateRejectsTamperedPlans) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("[6, 9)"));
 
   ShardPlan adaptive = good;
-  adaptive.strategy = ShardStrategy::kAdaptive;
+  adaptive.strategy = ShardStrategy("adaptive");
   EXPECT_FALSE(ValidateShardPlan(adaptive, mb).ok());
 }
 
 TEST(ShardPlanTest, DuplicateTokensAreReported) {
   // Two ranks claiming the same query range of a one-document micro-batch.
   const MicroBatch mb = MakeMicroBatch({4});
-  ShardPlan plan = MustPlan(mb, 1, ShardStrategy::kPerSequence);
+  ShardPlan plan = MustPlan(mb, 1, ShardStrategy("per-seq"));
   ASSERT_EQ(plan.ranks[0].segments.size(), 2u);  // chunks [0, 2) and [2, 4)
   plan.ranks[0].segments[1].q_begin = 1;
   plan.ranks[0].segments[1].q_pos = 1;
@@ -303,7 +305,7 @@ TEST(ShardPlanTest, ShortAndEmptyMicroBatches) {
   const KernelModel model = KernelModel::Default();
   // 3 tokens, C = 4: per-seq pads to 8 one-token chunks; ranks 0..2 get a token, rank 3 none.
   const MicroBatch tiny = MakeMicroBatch({3});
-  const ShardPlan seq = MustPlan(tiny, 4, ShardStrategy::kPerSequence);
+  const ShardPlan seq = MustPlan(tiny, 4, ShardStrategy("per-seq"));
   EXPECT_EQ(seq.rank_capacity, 2);
   EXPECT_EQ(seq.padding_tokens(), 5);
   EXPECT_EQ(seq.ranks[0].tokens, 1);
@@ -312,13 +314,13 @@ TEST(ShardPlanTest, ShortAndEmptyMicroBatches) {
   EXPECT_THAT(seq.ranks[3].cu_seqlens_q, ElementsAre(0));
   EXPECT_TRUE(ValidateShardPlan(seq, tiny).ok());
   // Per-doc: shards 0..2 get a token, the others are empty.
-  const ShardPlan doc = MustPlan(tiny, 4, ShardStrategy::kPerDocument);
+  const ShardPlan doc = MustPlan(tiny, 4, ShardStrategy("per-doc"));
   EXPECT_EQ(doc.rank_capacity, 1);
   EXPECT_TRUE(ValidateShardPlan(doc, tiny).ok());
 
   const MicroBatch empty;
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
-    const ShardPlan p = MustPlan(empty, 3, info.strategy, model);
+  for (const ShardStrategy s : ShardStrategy::All()) {
+    const ShardPlan p = MustPlan(empty, 3, s, model);
     ASSERT_EQ(p.ranks.size(), 3u);
     EXPECT_EQ(p.rank_capacity, 0);
     for (const RankShard& r : p.ranks) {
@@ -336,7 +338,7 @@ TEST(ShardPlanTest, PiecesCountFromTheirFirstToken) {
   mb.documents = {Document{.id = 7, .length = 40, .piece = 1, .offset = 100},
                   Document{.id = 9, .length = 24}};
   mb.tokens = 64;
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocument);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("per-doc"));
   ASSERT_TRUE(ValidateShardPlan(plan, mb).ok());
   const Segment& last = plan.ranks[0].segments[2];  // rank 0's chunk 3 of the piece
   EXPECT_EQ(last.id, 7);
@@ -350,9 +352,9 @@ TEST(ShardPlanTest, HybridKeepsShortDocumentsWhole) {
   const KernelModel model = KernelModel::Default();
   // C = 2: documents of >= 512 tokens are sharded, the rest dealt whole by predicted cost.
   const MicroBatch mb = MakeMicroBatch({100, 4000, 300, 511, 512, 60});
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kHybrid, model);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("hybrid"), model);
   ASSERT_TRUE(ValidateShardPlan(plan, mb).ok());
-  EXPECT_EQ(plan.strategy, ShardStrategy::kHybrid);
+  EXPECT_EQ(plan.strategy, ShardStrategy("hybrid"));
   std::vector<int> segments_of(mb.documents.size(), 0);
   for (const RankShard& r : plan.ranks) {
     for (const Segment& s : r.segments) {
@@ -469,7 +471,7 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
                                  mb.tokens));
 
     // Per-sequence: rank r holds exactly packed chunks r and 2C-1-r.
-    const ShardPlan seq = MustPlan(mb, cp, ShardStrategy::kPerSequence);
+    const ShardPlan seq = MustPlan(mb, cp, ShardStrategy("per-seq"));
     ASSERT_TRUE(ValidateShardPlan(seq, mb).ok()) << ValidateShardPlan(seq, mb);
     CheckCoverage(seq, mb);
     const int64_t chunk = (mb.tokens + n - 1) / n;
@@ -484,10 +486,10 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
 
     // Per-sequence, ordered: per-sequence chunks of the documents laid out in the order
     // PerSequenceOrder returns; positions stay those of the micro-batch as given.
-    const ShardPlan ordered = MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered);
+    const ShardPlan ordered = MustPlan(mb, cp, ShardStrategy("per-seq-ordered"));
     ASSERT_TRUE(ValidateShardPlan(ordered, mb).ok()) << ValidateShardPlan(ordered, mb);
     CheckCoverage(ordered, mb);
-    EXPECT_EQ(ordered.strategy, ShardStrategy::kPerSequenceOrdered);
+    EXPECT_EQ(ordered.strategy, ShardStrategy("per-seq-ordered"));
     EXPECT_EQ(ordered.rank_capacity, 2 * chunk);
     {
       absl::StatusOr<std::vector<int64_t>> order = PerSequenceOrder(mb, cp, model);
@@ -519,7 +521,7 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     EXPECT_LE(slowest(ordered, model), slowest(seq, model) * (1 + 1e-12));
 
     // Per-document: shards of a document differ by at most one token; chunks too.
-    const ShardPlan doc = MustPlan(mb, cp, ShardStrategy::kPerDocument);
+    const ShardPlan doc = MustPlan(mb, cp, ShardStrategy("per-doc"));
     ASSERT_TRUE(ValidateShardPlan(doc, mb).ok()) << ValidateShardPlan(doc, mb);
     CheckCoverage(doc, mb);
     std::vector<std::vector<int64_t>> shard_sizes(mb.documents.size());
@@ -540,13 +542,13 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     // Adaptive: never predicted worse (PredictCp, attention + exchange under the default
     // options) than the best of ordered per-seq, per-doc and hybrid.
     for (const KernelModel* m : {&model, &pair_model}) {
-      const ShardPlan ad = MustPlan(mb, cp, ShardStrategy::kAdaptive, *m);
+      const ShardPlan ad = MustPlan(mb, cp, ShardStrategy("adaptive"), *m);
       ASSERT_TRUE(ValidateShardPlan(ad, mb).ok());
-      EXPECT_NE(ad.strategy, ShardStrategy::kAdaptive);
+      EXPECT_NE(ad.strategy, ShardStrategy("adaptive"));
       const auto max_ms = [&](const ShardPlan& p) { return PredictCp(p, *m).max_ms; };
       const double best =
-          std::min({max_ms(MustPlan(mb, cp, ShardStrategy::kPerSequenceOrdered, *m)), max_ms(doc),
-                    max_ms(MustPlan(mb, cp, ShardStrategy::kHybrid, *m))});
+          std::min({max_ms(MustPlan(mb, cp, ShardStrategy("per-seq-ordered"), *m)), max_ms(doc),
+                    max_ms(MustPlan(mb, cp, ShardStrategy("hybrid"), *m))});
       EXPECT_LE(max_ms(ad), best * (1 + 1e-12));
       absl::StatusOr<AdaptiveChoice> choice = ChooseAdaptive(mb, cp, *m);
       ASSERT_TRUE(choice.ok());
@@ -554,7 +556,7 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     }
 
     // Hybrid: long documents in shards of at least a tile, short ones whole.
-    const ShardPlan hyb = MustPlan(mb, cp, ShardStrategy::kHybrid, model);
+    const ShardPlan hyb = MustPlan(mb, cp, ShardStrategy("hybrid"), model);
     ASSERT_TRUE(ValidateShardPlan(hyb, mb).ok()) << ValidateShardPlan(hyb, mb);
     CheckCoverage(hyb, mb);
     for (const RankShard& r : hyb.ranks) {
@@ -569,8 +571,8 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     }
 
     // Deterministic.
-    EXPECT_EQ(doc, MustPlan(mb, cp, ShardStrategy::kPerDocument));
-    EXPECT_EQ(hyb, MustPlan(mb, cp, ShardStrategy::kHybrid, model));
+    EXPECT_EQ(doc, MustPlan(mb, cp, ShardStrategy("per-doc")));
+    EXPECT_EQ(hyb, MustPlan(mb, cp, ShardStrategy("hybrid"), model));
     planned += 5;
   }
   EXPECT_EQ(planned, 5 * iterations);
@@ -584,16 +586,15 @@ TEST(ShardPlanPropertyTest, EveryRegisteredStrategyPlansValidly) {
   for (int iter = 0; iter < 300; ++iter) {
     const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
-    for (const ShardStrategyInfo& info : ShardStrategies()) {
-      SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s", iter, cp, info.name));
-      const ShardPlan plan = MustPlan(mb, cp, info.strategy, model);
+    for (const ShardStrategy s : ShardStrategy::All()) {
+      SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s", iter, cp, ShardStrategyName(s)));
+      const ShardPlan plan = MustPlan(mb, cp, s, model);
       ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
       CheckCoverage(plan, mb);
-      EXPECT_EQ(plan.requested, info.strategy);
-      EXPECT_NE(plan.strategy, ShardStrategy::kAdaptive);
-      if (info.strategy != ShardStrategy::kAdaptive &&
-          info.strategy != ShardStrategy::kDocumentDegree) {
-        EXPECT_EQ(plan.strategy, info.strategy);  // only these two pick another strategy
+      EXPECT_EQ(plan.requested, s);
+      EXPECT_NE(plan.strategy, ShardStrategy("adaptive"));
+      if (s != ShardStrategy("adaptive") && s != ShardStrategy("doc-degree")) {
+        EXPECT_EQ(plan.strategy, s);  // only these two pick another strategy
       }
     }
   }
@@ -605,9 +606,9 @@ TEST(ShardPlanPropertyTest, AdaptiveEqualsChosenFixedPlan) {
   for (int iter = 0; iter < 500; ++iter) {
     const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
     const int cp = 1 + iter % 16;
-    ShardPlan ad = MustPlan(mb, cp, ShardStrategy::kAdaptive, model);
+    ShardPlan ad = MustPlan(mb, cp, ShardStrategy("adaptive"), model);
     const ShardPlan fixed = MustPlan(mb, cp, ad.strategy, model);
-    EXPECT_EQ(ad.requested, ShardStrategy::kAdaptive);
+    EXPECT_EQ(ad.requested, ShardStrategy("adaptive"));
     ad.requested = fixed.requested;
     EXPECT_EQ(ad, fixed);
   }
@@ -623,9 +624,9 @@ TEST(ShardPlanPropertyTest, PerDocumentBeatsPerSequenceOnOneLongDocumentMix) {
   const KernelModel model = KernelModel::Default();
   for (int cp : {2, 4, 8}) {
     const double seq =
-        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy::kPerSequence), model).pair_imbalance;
+        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy("per-seq")), model).pair_imbalance;
     const double doc =
-        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy::kPerDocument), model).pair_imbalance;
+        MeasureCpBalance(MustPlan(mb, cp, ShardStrategy("per-doc")), model).pair_imbalance;
     EXPECT_LT(doc, 1.01) << cp;
     EXPECT_GT(seq, doc) << cp;
   }
@@ -635,9 +636,9 @@ TEST(ShardPlanTest, WorkedExampleTeZigzag) {
   // Documents 5, 19, 8 at CP 2: each padded to a multiple of 4 and cut into 4 equal chunks
   // (2, 5 and 2 tokens); rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2, document by document.
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
-  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy::kPerDocumentPadded);
+  const ShardPlan plan = MustPlan(mb, 2, ShardStrategy("te-zigzag"));
   ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
-  EXPECT_EQ(plan.strategy, ShardStrategy::kPerDocumentPadded);
+  EXPECT_EQ(plan.strategy, ShardStrategy("te-zigzag"));
   EXPECT_EQ(plan.rank_capacity, 2 * (2 + 5 + 2));
   EXPECT_EQ(plan.padding_tokens(), 2 * 18 - 32);
   std::vector<std::pair<int64_t, int64_t>> r0, r1;
@@ -657,11 +658,11 @@ TEST(ShardPlanTest, DocumentDegreeFollowsTheLink) {
   const MicroBatch mb = MakeMicroBatch(lengths);
   const KernelModel model = KernelModel::Default();
   absl::StatusOr<ShardPlan> fast =
-      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, {.comm = {.link_gbps = 450}});
+      PlanShards(mb, 4, ShardStrategy("doc-degree"), model, {.comm = {.link_gbps = 450}});
   ASSERT_TRUE(fast.ok()) << fast.status();
   ASSERT_TRUE(ValidateShardPlan(*fast, mb).ok()) << ValidateShardPlan(*fast, mb);
-  EXPECT_EQ(fast->strategy, ShardStrategy::kDocumentDegree);
-  EXPECT_EQ(fast->requested, ShardStrategy::kDocumentDegree);
+  EXPECT_EQ(fast->strategy, ShardStrategy("doc-degree"));
+  EXPECT_EQ(fast->requested, ShardStrategy("doc-degree"));
   int long_segments = 0, short_split = 0;
   for (const RankShard& r : fast->ranks) {
     for (const Segment& s : r.segments) {
@@ -677,9 +678,9 @@ TEST(ShardPlanTest, DocumentDegreeFollowsTheLink) {
     for (const RankExchange& x : ExchangedKvRows(p)) rows += x.recv_rows;
     return rows;
   };
-  EXPECT_LT(received(*fast), received(MustPlan(mb, 4, ShardStrategy::kPerDocument)));
+  EXPECT_LT(received(*fast), received(MustPlan(mb, 4, ShardStrategy("per-doc"))));
   absl::StatusOr<ShardPlan> slow =
-      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, {.comm = {.link_gbps = 1e-3}});
+      PlanShards(mb, 4, ShardStrategy("doc-degree"), model, {.comm = {.link_gbps = 1e-3}});
   ASSERT_TRUE(slow.ok()) << slow.status();
   EXPECT_EQ(received(*slow), 0);
   for (const RankShard& r : slow->ranks) {
@@ -717,7 +718,7 @@ TEST(ChooseExchangeTest, RuleAndPrediction) {
   // causal masks); under a short window per-doc needs a fraction of them.
   const KernelModel model = KernelModel::Default();
   const CpPlanOptions options{.comm = {.link_gbps = 100.0, .latency_us = 10.0}};
-  const ShardPlan seq = MustPlan(MakeMicroBatch({4096}), 4, ShardStrategy::kPerSequence);
+  const ShardPlan seq = MustPlan(MakeMicroBatch({4096}), 4, ShardStrategy("per-seq"));
   CpPrediction p = PredictCp(seq, model, options);
   ASSERT_EQ(p.exchange.size(), 1u);
   EXPECT_EQ(p.exchange[0], ExchangeKind::kAllGather);
@@ -726,7 +727,7 @@ TEST(ChooseExchangeTest, RuleAndPrediction) {
   const double row_ms = options.comm.RowMs(model);
   EXPECT_NEAR(p.max_ms - p.attention_max_ms, 3 * 1024 * row_ms + 0.01, 1e-9);
   const ShardPlan doc =
-      MustPlan(MakeMicroBatch(std::vector<int64_t>(64, 64)), 4, ShardStrategy::kPerDocument);
+      MustPlan(MakeMicroBatch(std::vector<int64_t>(64, 64)), 4, ShardStrategy("per-doc"));
   const CpPlanOptions mixed{.comm = options.comm, .mix = *LayerMix::Parse("causalx3,window:8")};
   p = PredictCp(doc, model, mixed);
   ASSERT_EQ(p.exchange.size(), 2u);
@@ -761,24 +762,23 @@ TEST(ChooseExchangeTest, RuleAndPrediction) {
 TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
   const MicroBatch mb = MakeMicroBatch({5, 19, 8});
   for (double gbps : {0.0, -1.0, 2e6, std::nan("")}) {
-    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy("doc-degree"),
                                              KernelModel::Default(), {.comm = {.link_gbps = gbps}});
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %g", gbps)));
   }
   for (double us : {-1.0, 2e6, std::nan("")}) {
-    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+    absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy("doc-degree"),
                                              KernelModel::Default(), {.comm = {.latency_us = us}});
     ASSERT_FALSE(p.ok());
     EXPECT_THAT(std::string(p.status().message()),
                 HasSubstr(absl::StrFormat("latency must be in [0, 1e6] us, got %g", us)));
   }
-  absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree,
+  absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy("doc-degree"),
                                            KernelModel::Default(), {.comm = {.kv_row_bytes = -5}});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("got -5"));
-  p = PlanShards(mb, 2, ShardStrategy::kDocumentDegree, KernelModel::Default(),
-                 {.mix = LayerMix{}});
+  p = PlanShards(mb, 2, ShardStrategy("doc-degree"), KernelModel::Default(), {.mix = LayerMix{}});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("no layers"));
 }
@@ -823,7 +823,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d docs %d tokens %d", iter, cp, mb.documents.size(),
                                  mb.tokens));
     // te-zigzag: chunks of ceil(d / 2C), rank r holds chunks r and 2C-1-r of every document.
-    const ShardPlan te = MustPlan(mb, cp, ShardStrategy::kPerDocumentPadded);
+    const ShardPlan te = MustPlan(mb, cp, ShardStrategy("te-zigzag"));
     ASSERT_TRUE(ValidateShardPlan(te, mb).ok()) << ValidateShardPlan(te, mb);
     CheckCoverage(te, mb);
     int64_t capacity = 0;
@@ -844,23 +844,22 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
     CpPlanOptions options{.comm = {.link_gbps = gbps, .latency_us = latency_us}};
     if (iter % 3 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
     if (iter % 3 == 2) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
-    absl::StatusOr<ShardPlan> dd =
-        PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, options);
+    absl::StatusOr<ShardPlan> dd = PlanShards(mb, cp, ShardStrategy("doc-degree"), model, options);
     ASSERT_TRUE(dd.ok()) << dd.status();
     ASSERT_TRUE(ValidateShardPlan(*dd, mb).ok()) << ValidateShardPlan(*dd, mb);
     CheckCoverage(*dd, mb);
-    EXPECT_EQ(dd->requested, ShardStrategy::kDocumentDegree);
+    EXPECT_EQ(dd->requested, ShardStrategy("doc-degree"));
     EXPECT_THAT(dd->strategy,
-                ::testing::AnyOf(ShardStrategy::kDocumentDegree, ShardStrategy::kPerDocument,
-                                 ShardStrategy::kHybrid, ShardStrategy::kPerSequenceOrdered));
+                ::testing::AnyOf(ShardStrategy("doc-degree"), ShardStrategy("per-doc"),
+                                 ShardStrategy("hybrid"), ShardStrategy("per-seq-ordered")));
     const double dd_ms = PredictCp(*dd, model, options).max_ms;
-    for (ShardStrategy other : {ShardStrategy::kPerDocument, ShardStrategy::kHybrid,
-                                ShardStrategy::kPerSequenceOrdered}) {
+    for (ShardStrategy other :
+         {ShardStrategy("per-doc"), ShardStrategy("hybrid"), ShardStrategy("per-seq-ordered")}) {
       EXPECT_LE(dd_ms, PredictCp(MustPlan(mb, cp, other), model, options).max_ms * (1 + 1e-12));
     }
     if (!options.mix.all_causal()) {  // never worse than its mask-blind plan
       const ShardPlan blind =
-          *PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, {.comm = options.comm});
+          *PlanShards(mb, cp, ShardStrategy("doc-degree"), model, {.comm = options.comm});
       EXPECT_LE(dd_ms, PredictCp(blind, model, options).max_ms * (1 + 1e-12));
     }
     // A document is whole on one rank or sharded over an aligned group of g ranks (g a power
@@ -870,7 +869,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       for (const Segment& s : r.segments) by_doc[s.doc_index].push_back({r.rank, s.q_len()});
     }
     for (size_t i = 0; i < by_doc.size(); ++i) {
-      if (by_doc[i].size() == 1 || dd->strategy != ShardStrategy::kDocumentDegree) continue;
+      if (by_doc[i].size() == 1 || dd->strategy != ShardStrategy("doc-degree")) continue;
       std::vector<int> ranks;
       int64_t lo = INT64_MAX, hi = 0;
       for (const auto& [r, len] : by_doc[i]) {
@@ -888,10 +887,10 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       EXPECT_LE(hi - lo, 1) << "doc " << i;
     }
     // Deterministic; a fixed strategy's plan is that strategy's plan.
-    EXPECT_EQ(*dd, *PlanShards(mb, cp, ShardStrategy::kDocumentDegree, model, options));
-    if (dd->strategy != ShardStrategy::kDocumentDegree) {
+    EXPECT_EQ(*dd, *PlanShards(mb, cp, ShardStrategy("doc-degree"), model, options));
+    if (dd->strategy != ShardStrategy("doc-degree")) {
       ShardPlan fixed = MustPlan(mb, cp, dd->strategy);
-      fixed.requested = ShardStrategy::kDocumentDegree;
+      fixed.requested = ShardStrategy("doc-degree");
       EXPECT_EQ(*dd, fixed);
     } else {
       ++greedy_plans;
@@ -927,7 +926,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
           }
         }
       }
-      const ShardPlan seq = MustPlan(mb, cp, ShardStrategy::kPerSequence);
+      const ShardPlan seq = MustPlan(mb, cp, ShardStrategy("per-seq"));
       const std::vector<RankExchange> x = ExchangedKvRows(seq, masks[iter % 3]);
       const std::vector<RankExchange> b = BruteExchange(seq, mb, masks[iter % 3]);
       for (size_t r = 0; r < x.size(); ++r) {
@@ -1109,17 +1108,17 @@ TEST(ShardPlanFastPathTest, AdaptiveMatchesTheReference) {
     auto plan_max = [&](ShardStrategy s) {
       return PredictCp(MustPlan(mb, cp, s, model), model).max_ms;
     };
-    EXPECT_EQ(c->per_seq_max_ms, plan_max(ShardStrategy::kPerSequence));
-    EXPECT_EQ(c->per_seq_ordered_max_ms, plan_max(ShardStrategy::kPerSequenceOrdered));
-    EXPECT_EQ(c->per_doc_max_ms, plan_max(ShardStrategy::kPerDocument));
-    EXPECT_EQ(c->hybrid_max_ms, plan_max(ShardStrategy::kHybrid));
-    ShardStrategy want = ShardStrategy::kPerSequenceOrdered;
+    EXPECT_EQ(c->per_seq_max_ms, plan_max(ShardStrategy("per-seq")));
+    EXPECT_EQ(c->per_seq_ordered_max_ms, plan_max(ShardStrategy("per-seq-ordered")));
+    EXPECT_EQ(c->per_doc_max_ms, plan_max(ShardStrategy("per-doc")));
+    EXPECT_EQ(c->hybrid_max_ms, plan_max(ShardStrategy("hybrid")));
+    ShardStrategy want = ShardStrategy("per-seq-ordered");
     double best = c->per_seq_ordered_max_ms;
     if (c->per_doc_max_ms < best) {
-      want = ShardStrategy::kPerDocument;
+      want = ShardStrategy("per-doc");
       best = c->per_doc_max_ms;
     }
-    if (c->hybrid_max_ms < best) want = ShardStrategy::kHybrid;
+    if (c->hybrid_max_ms < best) want = ShardStrategy("hybrid");
     EXPECT_EQ(c->chosen, want);
   }
 }
@@ -1182,7 +1181,7 @@ TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
 
 // The candidates adaptive weighs, in its tie order.
 constexpr ShardStrategy kAdaptiveCandidates[] = {
-    ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocument, ShardStrategy::kHybrid};
+    ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid")};
 
 // Adaptive ranks its candidates by PredictCp (attention + the exchange ChooseExchange picks) under
 // the plan options: its plan is never predicted slower than any candidate's, its reported maxima
@@ -1207,7 +1206,7 @@ TEST(AdaptiveExchangeTest, NeverPredictedSlowerThanACandidate) {
                                  options.mix.Name(), mb.tokens));
     absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, cp, model, options);
     ASSERT_TRUE(c.ok()) << c.status();
-    absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, ShardStrategy::kAdaptive, model, options);
+    absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, ShardStrategy("adaptive"), model, options);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->strategy, c->chosen);
     const double chosen_ms = PredictCp(*plan, model, options).max_ms;
@@ -1245,7 +1244,7 @@ TEST(AdaptiveExchangeTest, NeverPredictedSlowerThanACandidate) {
     }
     // The plan is the chosen candidate's plan.
     ShardPlan fixed = MustPlan(mb, cp, c->chosen, model);
-    fixed.requested = ShardStrategy::kAdaptive;
+    fixed.requested = ShardStrategy("adaptive");
     EXPECT_EQ(*plan, fixed);
   }
   EXPECT_GT(fast_checked, iterations / 40);  // the fast-link check ran on a fair share
@@ -1270,13 +1269,13 @@ TEST(AdaptiveExchangeTest, SlowLinkOverturnsTheKernelTimePick) {
       attention_pick_ms = p.max_ms;
     }
   }
-  EXPECT_EQ(attention_pick, ShardStrategy::kPerDocument);
-  absl::StatusOr<ShardPlan> plan = PlanShards(mb, 4, ShardStrategy::kAdaptive, model, slow);
+  EXPECT_EQ(attention_pick, ShardStrategy("per-doc"));
+  absl::StatusOr<ShardPlan> plan = PlanShards(mb, 4, ShardStrategy("adaptive"), model, slow);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->strategy, ShardStrategy::kPerSequenceOrdered);
+  EXPECT_EQ(plan->strategy, ShardStrategy("per-seq-ordered"));
   EXPECT_LT(PredictCp(*plan, model, slow).max_ms, 0.8 * attention_pick_ms);
   // Over a link fast enough for the exchange not to matter, the kernel-time pick stands.
-  absl::StatusOr<ShardPlan> free_link = PlanShards(mb, 4, ShardStrategy::kAdaptive, model,
+  absl::StatusOr<ShardPlan> free_link = PlanShards(mb, 4, ShardStrategy("adaptive"), model,
                                                    {.comm = {.link_gbps = 1e6, .latency_us = 0}});
   ASSERT_TRUE(free_link.ok()) << free_link.status();
   EXPECT_EQ(free_link->strategy, attention_pick);
@@ -1327,7 +1326,7 @@ TEST(DocumentDegreeExchangeTest, LatencyKeepsDocumentsWhole) {
   const KernelModel model = KernelModel::Default();
   const CpPlanOptions options{.comm = {.link_gbps = 1e5, .latency_us = 1e6}};
   absl::StatusOr<ShardPlan> plan =
-      PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model, options);
+      PlanShards(mb, 4, ShardStrategy("doc-degree"), model, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ValidateShardPlan(*plan, mb).ok()) << ValidateShardPlan(*plan, mb);
   for (const RankExchange& x : ExchangedKvRows(*plan)) {
@@ -1335,7 +1334,7 @@ TEST(DocumentDegreeExchangeTest, LatencyKeepsDocumentsWhole) {
     EXPECT_EQ(x.send_rows, 0);
   }
   // Without the latency the same link shards the long document.
-  absl::StatusOr<ShardPlan> free = PlanShards(mb, 4, ShardStrategy::kDocumentDegree, model,
+  absl::StatusOr<ShardPlan> free = PlanShards(mb, 4, ShardStrategy("doc-degree"), model,
                                               {.comm = {.link_gbps = 1e5, .latency_us = 0}});
   ASSERT_TRUE(free.ok()) << free.status();
   int64_t rows = 0;
@@ -1356,8 +1355,9 @@ TEST(ChooseExchangeTest, RowExactNeverMovesMoreThanTheAllGather) {
     const int64_t w = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
     const AttentionMask masks[] = {AttentionMask::Causal(), *AttentionMask::SlidingWindow(w),
                                    *AttentionMask::ChunkedLocal(w)};
-    for (const ShardStrategyInfo& info : ShardStrategies()) {
-      const ShardPlan plan = MustPlan(mb, cp, info.strategy, model);
+    for (const ShardStrategy s : ShardStrategy::All()) {
+      const ShardStrategyInfo& info = ShardStrategyRow(s);
+      const ShardPlan plan = MustPlan(mb, cp, s, model);
       for (const AttentionMask& m : masks) {
         const ExchangeChoice c =
             ChooseExchange(ExchangedKvRows(plan, m), plan.rank_capacity, 16384, CommModel{});

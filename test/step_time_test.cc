@@ -132,26 +132,26 @@ TEST(StepTimeModelTest, StageCostsFollowTheFormula) {
   ASSERT_TRUE(model.ok()) << model.status();
   const MicroBatch mb = Batch({40000, 30000, 5000});
   absl::StatusOr<StageTimes> t =
-      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy::kPerDocument}});
+      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy("per-doc")}});
   ASSERT_TRUE(t.ok()) << t.status();
   const CostModel flops = *CostModelFromShape(shape);
   const double linear =
       (flops.Linear(40000) + flops.Linear(30000) + flops.Linear(5000)) / (4.0 * 8 * 2 * 500e12);
-  const ShardPlan plan = *PlanShards(mb, 2, ShardStrategy::kPerDocument, job->kernel);
+  const ShardPlan plan = *PlanShards(mb, 2, ShardStrategy("per-doc"), job->kernel);
   const std::vector<double> ms = PredictRankMs(plan, job->kernel);
   const double attention = std::max(ms[0], ms[1]) * 1e-3 * 32 / 4;
   EXPECT_NEAR(t->forward, linear + attention, 1e-12);
   EXPECT_NEAR(t->backward, 2 * linear + 2.5 * attention, 1e-12);
   // At the mean rank: never slower than the slowest rank.
-  absl::StatusOr<StageTimes> mean = model->MicroBatchTimes(
-      mb, {.candidates = {ShardStrategy::kPerDocument}, .at_mean_rank = true});
+  absl::StatusOr<StageTimes> mean =
+      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy("per-doc")}, .at_mean_rank = true});
   ASSERT_TRUE(mean.ok());
   EXPECT_LE(mean->forward, t->forward);
   // Several candidates: the fastest slowest rank per micro-batch.
   absl::StatusOr<StageTimes> best = model->MicroBatchTimes(
-      mb, {.candidates = {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument}});
+      mb, {.candidates = {ShardStrategy("per-seq"), ShardStrategy("per-doc")}});
   absl::StatusOr<StageTimes> seq =
-      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy::kPerSequence}});
+      model->MicroBatchTimes(mb, {.candidates = {ShardStrategy("per-seq")}});
   ASSERT_TRUE(best.ok() && seq.ok());
   EXPECT_DOUBLE_EQ(best->forward, std::min(seq->forward, t->forward));
   // An empty micro-batch costs nothing.

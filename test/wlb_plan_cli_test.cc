@@ -459,8 +459,8 @@ TEST(WlbPlan, EstimateIsTheLibrarysStepTimeModel) {
     const PackRun run = *RunPacker(*packer, arrivals);
     return *model.StreamSeconds(run.steps, {.candidates = {s}});
   };
-  const double wlb = seconds("wlb", ShardStrategy::kPerDocument);
-  const double plain = seconds("original", ShardStrategy::kPerSequence);
+  const double wlb = seconds("wlb", ShardStrategy("per-doc"));
+  const double plain = seconds("original", ShardStrategy("per-seq"));
   EXPECT_NEAR(e["seconds"].get<double>(), wlb, 1e-9 * wlb);
   EXPECT_NEAR(e["baseline_seconds"].get<double>(), plain, 1e-9 * plain);
   EXPECT_NEAR(e["speedup"].get<double>(), plain / wlb, 1e-9);

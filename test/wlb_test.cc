@@ -40,7 +40,7 @@ TEST(Umbrella, EveryHeaderIsReachableAndThePiecesWorkTogether) {
     EXPECT_EQ(j.at("steps").size(), run->steps.size());
     const MicroBatch& mb = run->steps[0].micro_batches[0];
     if (mb.tokens == 0) continue;
-    auto plan = PlanShards(mb, 2, ShardStrategy::kAdaptive, KernelModel::Default());
+    auto plan = PlanShards(mb, 2, ShardStrategy("adaptive"), KernelModel::Default());
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_TRUE(ValidateShardPlan(*plan, mb).ok());
     EXPECT_EQ(ShardPlanToJson(*plan).at("cp_size"), 2);

@@ -48,7 +48,7 @@ absl::StatusOr<Estimate> EstimateSteps(const StepTimeModel& model, ShardStrategy
   absl::StatusOr<double> t = model.StreamSeconds(planned.run.steps, {.candidates = {strategy}});
   if (!t.ok()) return t.status();
   absl::StatusOr<double> b =
-      model.StreamSeconds(baseline.run.steps, {.candidates = {ShardStrategy::kPerSequence}});
+      model.StreamSeconds(baseline.run.steps, {.candidates = {ShardStrategy("per-seq")}});
   if (!b.ok()) return b.status();
   e.seconds = *t;
   e.baseline_seconds = *b;

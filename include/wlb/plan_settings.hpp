@@ -3,7 +3,7 @@
 // it and its parser. wlb-plan's flags and --help, ParsePlanSpec, the "not used by this run" check,
 // the table benches' shared flags and the Python keyword arguments of wlb.Packer all iterate
 // kPlanSettings; lists of packer and CP strategy names come from their registries (kPackers in
-// pack/make_packer.hpp, kShardStrategyTable in shard/shard_strategies.hpp).
+// pack/make_packer.hpp, kShardStrategyTable in shard/strategy_table.hpp).
 //
 //   const wlb::PlanSetting* row = wlb::FindPlanSetting("refine_rounds");
 //   wlb::PlanSpec spec;
@@ -48,7 +48,7 @@ struct PlanSettings {
   std::string packer;
   PackerOptions options;
   int32_t cp_size = -1;  // -1: no shard plans
-  ShardStrategy strategy = ShardStrategy::kAdaptive;
+  ShardStrategy strategy = ShardStrategy("adaptive");
   CpPlanOptions cp_options;  // cp_link_gbps, and a masked cost's layer mix
 };
 

@@ -155,7 +155,7 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   s.cp_options.comm.link_gbps = cp_link_gbps;
   if (masked.ok()) s.cp_options.mix = masked->mix;  // adaptive and doc-degree plan for its masks
   if (Given("cp_link_gbps")) {
-    if (!FindShardStrategy(s.strategy)->uses.cp_link || s.cp_size < 1) {
+    if (!ShardStrategyRow(s.strategy).uses.cp_link || s.cp_size < 1) {
       return UnusedOption("cp_link_gbps",
                           "it applies to --cp with --sharding " +
                               ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) {

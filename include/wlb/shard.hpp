@@ -1,5 +1,5 @@
-// wlb/shard: CP shard plans (shard_strategies.hpp is the strategy registry: it reaches
-// strategies/).
+// wlb/shard: CP shard plans (strategy_table.hpp is the strategy registry; shard_strategies.hpp
+// reads it and reaches strategies/).
 // Umbrella header of the folder: includes every header at its top level (subfolders are reached
 // through the header that owns them). wlb/wlb.hpp includes one such header per folder.
 #pragma once
@@ -14,4 +14,5 @@
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/shard_strategies.hpp"
 #include "wlb/shard/shard_types.hpp"
+#include "wlb/shard/strategy_table.hpp"
 #include "wlb/shard/validate_plan.hpp"

@@ -307,7 +307,7 @@ void BindShards(nb::module_& m) {
         }
         return names;
       },
-      "Names plan_shards accepts (the CP strategy registry, wlb/shard/shard_strategies.hpp).");
+      "Names plan_shards accepts (the CP strategy registry, wlb/shard/strategy_table.hpp).");
   m.def(
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,

@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
     int err_n = 0, err_max_n = 0;
   };
   const std::vector<wlb::ShardStrategy> measured = {
-      wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
-      wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid};
+      wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
+      wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid")};
   std::map<std::string, Totals> total;
   double adaptive_total = 0, oracle_total = 0, paper_oracle_total = 0;
   std::ofstream js;
@@ -271,8 +271,8 @@ int main(int argc, char** argv) {
                 adaptive <= best ? "matches" : "misses");
     adaptive_total += adaptive;
     oracle_total += best;
-    paper_oracle_total += std::min(m[wlb::ShardStrategy::kPerSequence].max_ms,
-                                   m[wlb::ShardStrategy::kPerDocument].max_ms);
+    paper_oracle_total +=
+        std::min(m[wlb::ShardStrategy("per-seq")].max_ms, m[wlb::ShardStrategy("per-doc")].max_ms);
   }
   const double per_seq = total["per-seq"].max_ms, per_doc = total["per-doc"].max_ms;
   std::printf("\nsum over %ld micro-batches of the slowest rank's fwd+bwd ms (C = %ld):\n",

@@ -128,8 +128,8 @@ absl::StatusOr<std::vector<PackedCall>> PackedCalls(int64_t micro_batches, int64
     const wlb::MicroBatch mb = WlbLikeMicroBatch(tokens, uint64_t(seed + i));
     for (int64_t cp = 2; cp <= max_cp; cp *= 2) {
       for (wlb::ShardStrategy st :
-           {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerSequenceOrdered,
-            wlb::ShardStrategy::kPerDocument, wlb::ShardStrategy::kHybrid}) {
+           {wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
+            wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid")}) {
         absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, int(cp), st, model);
         if (!plan.ok()) return plan.status();
         for (const wlb::RankShard& r : plan->ranks) {

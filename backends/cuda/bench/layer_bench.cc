@@ -387,9 +387,9 @@ int main(int argc, char** argv) {
     absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
     if (!model.ok()) return model.status();
     absl::StatusOr<double> b =
-        ModelSecondsPerToken(base, *model, {.candidates = {wlb::ShardStrategy::kPerSequence}});
+        ModelSecondsPerToken(base, *model, {.candidates = {wlb::ShardStrategy("per-seq")}});
     absl::StatusOr<double> w =
-        ModelSecondsPerToken(ours, *model, {.candidates = {wlb::ShardStrategy::kAdaptive}});
+        ModelSecondsPerToken(ours, *model, {.candidates = {wlb::ShardStrategy("adaptive")}});
     if (!b.ok() || !w.ok()) return b.ok() ? w.status() : b.status();
     return *b / *w;
   };
@@ -446,8 +446,8 @@ int main(int argc, char** argv) {
       const double linear_ms =
           (m.forward_ms - m.attention_forward_ms + m.backward_ms - m.attention_backward_ms) / c;
       for (wlb::ShardStrategy s :
-           {wlb::ShardStrategy::kPerSequence, wlb::ShardStrategy::kPerDocument,
-            wlb::ShardStrategy::kAdaptive, wlb::ShardStrategy::kPerSequenceOrdered}) {
+           {wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-doc"),
+            wlb::ShardStrategy("adaptive"), wlb::ShardStrategy("per-seq-ordered")}) {
         absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, c, s, *kernel_model);
         if (!plan.ok()) return Fail(plan.status());
         absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =

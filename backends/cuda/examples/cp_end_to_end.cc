@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     if (mb.tokens == 0) continue;
     // 3. Adaptive sharding (per micro-batch), 4. CP execution.
     absl::StatusOr<wlb::ShardPlan> plan =
-        wlb::PlanShards(mb, int(cp), wlb::ShardStrategy::kAdaptive, model);
+        wlb::PlanShards(mb, int(cp), wlb::ShardStrategy("adaptive"), model);
     if (!plan.ok()) return std::fprintf(stderr, "%s\n", plan.status().ToString().c_str()), 1;
     const size_t nq = size_t(mb.tokens) * heads * dim, nk = size_t(mb.tokens) * kv_heads * dim;
     bench::DeviceBf16 q = bench::RandomDevice(nq, 10 * i + 1, 2),

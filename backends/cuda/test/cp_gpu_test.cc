@@ -187,15 +187,10 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
 // Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result: by both
 // exchanges when `both_exchanges`, else by the one the rule picks.
 void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
-  const ShardStrategy strategies[] = {
-      ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
-      ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
-      ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
-      ShardStrategy::kDocumentDegree};
   for (int cp : {2, 4, 8}) {
     absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
     ASSERT_TRUE(comm.ok()) << comm.status();
-    for (ShardStrategy s : strategies) {
+    for (ShardStrategy s : ShardStrategy::All()) {
       absl::StatusOr<ShardPlan> plan = PlanShards(f.mb, cp, s, KernelModel::Default());
       ASSERT_TRUE(plan.ok()) << plan.status();
       if (!both_exchanges) {
@@ -247,7 +242,7 @@ TEST_F(CpGpuTest, HeadDim64AndOddTokenCount) {
   if (HasFatalFailure()) return;
   absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(4);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  for (ShardStrategy s : {ShardStrategy::kPerSequence, ShardStrategy::kPerDocument}) {
+  for (ShardStrategy s : {ShardStrategy("per-seq"), ShardStrategy("per-doc")}) {
     CheckCp(f, *PlanShards(f.mb, 4, s, KernelModel::Default()), **comm);
   }
 }
@@ -269,7 +264,7 @@ TEST_F(CpGpuTest, NcclOverEveryVisibleGpu) {
     cudaDeviceEnablePeerAccess(0, 0);
   }
   cudaSetDevice(0);
-  CheckCp(f, *PlanShards(f.mb, count, ShardStrategy::kAdaptive, KernelModel::Default()), **comm);
+  CheckCp(f, *PlanShards(f.mb, count, ShardStrategy("adaptive"), KernelModel::Default()), **comm);
 #else
   GTEST_SKIP() << "built without NCCL";
 #endif

@@ -25,11 +25,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr ShardStrategy kStrategies[] = {
-    ShardStrategy::kPerSequence,        ShardStrategy::kPerDocument,
-    ShardStrategy::kAdaptive,           ShardStrategy::kHybrid,
-    ShardStrategy::kPerSequenceOrdered, ShardStrategy::kPerDocumentPadded,
-    ShardStrategy::kDocumentDegree};
+constexpr auto kStrategies = ShardStrategy::All();  // every registered strategy
 
 MicroBatch Batch(const std::vector<int64_t>& lengths) {
   MicroBatch mb;
@@ -47,7 +43,7 @@ CpAttentionConfig SmallConfig(int heads = 2, int kv_heads = 1, int head_dim = 3)
           .kernel = AttentionKernel::kReference};
 }
 
-// Tile 4 so that kHybrid shards documents of >= 8C tokens even in small micro-batches.
+// Tile 4 so that hybrid shards documents of >= 8C tokens even in small micro-batches.
 KernelModel SmallTileModel() {
   AnalyticKernelParams p;
   p.shape.tile_q = p.shape.tile_k = 4;
@@ -69,7 +65,7 @@ TEST(CpMapsTest, WorkedExamplePerDocument) {
   // Documents 5, 19, 8 (REFERENCE.md's artifact example), C = 2, per-document sharding.
   const MicroBatch mb = Batch({5, 19, 8});
   absl::StatusOr<ShardPlan> plan =
-      PlanShards(mb, 2, ShardStrategy::kPerDocument, KernelModel::Default());
+      PlanShards(mb, 2, ShardStrategy("per-doc"), KernelModel::Default());
   ASSERT_TRUE(plan.ok()) << plan.status();
   absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, SmallConfig());
   ASSERT_TRUE(maps.ok()) << maps.status();
@@ -101,7 +97,7 @@ TEST(CpMapsTest, WorkedExamplePerDocument) {
 
 TEST(CpMapsTest, RejectsBadConfigAndInconsistentPlans) {
   const MicroBatch mb = Batch({7, 9});
-  ShardPlan plan = *PlanShards(mb, 2, ShardStrategy::kPerSequence, KernelModel::Default());
+  ShardPlan plan = *PlanShards(mb, 2, ShardStrategy("per-seq"), KernelModel::Default());
   CpAttentionConfig flash = SmallConfig(4, 2, 96);
   flash.kernel = AttentionKernel::kFlash;
   absl::StatusOr<CpMaps> bad_dim = BuildCpMaps(plan, flash);
@@ -144,7 +140,7 @@ TEST(CpMapsTest, RejectsBadConfigAndInconsistentPlans) {
 
 TEST(CpMapsTest, TinyMicroBatchLeavesRanksWithoutWork) {
   const MicroBatch mb = Batch({3});
-  ShardPlan plan = *PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default());
+  ShardPlan plan = *PlanShards(mb, 4, ShardStrategy("per-doc"), KernelModel::Default());
   absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, SmallConfig());
   ASSERT_TRUE(maps.ok()) << maps.status();
   int idle = 0;
@@ -250,7 +246,7 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
   const CpuGradients g = *CpuAttentionBackward(whole, in.q, in.k, in.v, in.dout);
   const CpuForward f = *CpuAttentionForward(whole, in.q, in.k, in.v);
   const CpMaps good =
-      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config);
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy("per-doc"), KernelModel::Default()), config);
   ASSERT_LE(MaxError(CpuCpAttention(good, in.q, in.k, in.v, in.dout)->out, f.out), 1e-13);
 
   // Keys are a set to a query that sees all of them, so exchange the first key of rank 1's first
@@ -273,7 +269,7 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
 
   // Row-exact: a key that reads the wrong received row, and a returned gradient dropped.
   const CpMaps exact =
-      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy::kPerDocument, KernelModel::Default()), config,
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy("per-doc"), KernelModel::Default()), config,
                    ExchangeKind::kRowExact);
   ASSERT_LE(MaxError(CpuCpAttention(exact, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-12);
   CpMaps misread = exact;

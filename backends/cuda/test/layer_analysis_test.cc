@@ -223,7 +223,7 @@ TEST(LayerAnalysisTest, MeasuredModelTimesGiveTheModelsStepTime) {
   ASSERT_TRUE(job.ok());
   absl::StatusOr<StepTimeModel> model = StepTimeModel::Create(*job);
   ASSERT_TRUE(model.ok());
-  const CpPolicy policy{.candidates = {ShardStrategy::kPerSequence}};
+  const CpPolicy policy{.candidates = {ShardStrategy("per-seq")}};
   std::mt19937_64 rng(6);
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<MicroBatchMeasurement> rows = RandomMeasurements(rng, 2, 4);

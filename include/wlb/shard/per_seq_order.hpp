@@ -1,4 +1,4 @@
-// kPerSequenceOrdered's search for a document order: PerSequenceOrder and its parts (the
+// per-seq-ordered's search for a document order: PerSequenceOrder and its parts (the
 // organ-pipe start, the incremental pair objective PerSequencePairEvaluator and the swap search
 // SearchPerSequenceOrder).
 #pragma once
@@ -176,11 +176,11 @@ class PerSequencePairEvaluator {
 inline constexpr int64_t kOrderSearchEvaluationsPerDocument = 12;
 inline constexpr int64_t kOrderSearchWorkBudget = int64_t{1} << 16;
 
-// An order for kPerSequenceOrdered and its predicted slowest-rank latency.
+// An order for per-seq-ordered and its predicted slowest-rank latency.
 struct OrderResult {
   std::vector<int64_t> order;  // document indices in packing order
   double max_ms = 0.0;
-  double given_max_ms = 0.0;  // the micro-batch order's (plain kPerSequence)
+  double given_max_ms = 0.0;  // the micro-batch order's (plain per-seq)
 };
 
 // The search's first candidate, the "organ pipe": longest in the middle, the next ones
@@ -268,7 +268,7 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
 
 }  // namespace detail
 
-// The packing order (document indices) that kPerSequenceOrdered uses for this micro-batch: the
+// The packing order (document indices) that per-seq-ordered uses for this micro-batch: the
 // micro-batch order, the organ-pipe order (longest in the middle, shorter ones alternately
 // outward) or a swap-search improvement of the better of the two, whichever the kernel model
 // predicts to have the fastest slowest rank. Errors as PlanShards.

@@ -25,7 +25,7 @@ struct ShardPlanRequest {
   const MicroBatch& mb;
   const std::vector<int64_t>& starts;
   int cp_size = 1;
-  ShardStrategy requested = ShardStrategy::kPerSequence;  // what the caller asked for
+  ShardStrategy requested = ShardStrategy("per-seq");  // what the caller asked for
   const KernelModel& model;
   const CpPlanOptions& options;
 };

@@ -74,9 +74,10 @@ inline nlohmann::json CpSummaryToJson(const CpSummary& s) {
                       {"cp_model_imbalance_mean", s.model_imbalance_mean},
                       {"cp_model_imbalance_max", s.model_imbalance_max},
                       {"max_rank_ms_total", s.max_rank_ms_total}};
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
+  for (ShardStrategy strategy : ShardStrategy::All()) {
+    const ShardStrategyInfo& info = ShardStrategyRow(strategy);
     if (info.summary_key.empty()) continue;
-    const int64_t n = s.count(info.strategy);
+    const int64_t n = s.count(strategy);
     if (n > 0 || !info.summary_only_when_used) j[std::string(info.summary_key)] = n;
   }
   return j;

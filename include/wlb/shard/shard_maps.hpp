@@ -2,7 +2,7 @@
 // micro-batch each CP rank holds, where each rank's keys sit after an all-gather of every rank's
 // local rows, and the varlen attention problem that applies the mask to them exactly.
 //
-//   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy::kAdaptive,
+//   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy("adaptive"),
 //                                                         wlb::KernelModel::Default());
 //   absl::StatusOr<wlb::ShardMaps> maps = wlb::BuildShardMaps(*plan, mask);  // mask: causal
 //   // rank r: q_local = packed[maps->ranks[r].local_to_packed]       (its query/K/V rows)

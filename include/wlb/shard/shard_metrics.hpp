@@ -75,7 +75,7 @@ inline CpBalance MeasureCpBalance(const ShardPlan& plan, const KernelModel& mode
 struct CpSummary {
   int64_t micro_batches = 0;
   // Micro-batches planned with each strategy (adaptive's and doc-degree's picks counted under the
-  // strategy used), indexed by ShardStrategy; read it with count().
+  // strategy used), indexed by ShardStrategy::row(); read it with count().
   std::array<int64_t, kShardStrategyCount> planned{};
   double pair_imbalance_mean = 0.0;
   double pair_imbalance_max = 0.0;
@@ -83,11 +83,8 @@ struct CpSummary {
   double model_imbalance_max = 0.0;
   double max_rank_ms_total = 0.0;  // sum over micro-batches of the slowest rank's latency
 
-  // Micro-batches planned with `strategy` (0 for kAdaptive: plans never hold it).
-  int64_t count(ShardStrategy strategy) const {
-    const size_t i = static_cast<size_t>(strategy);
-    return i < planned.size() ? planned[i] : 0;
-  }
+  // Micro-batches planned with `strategy` (0 for adaptive: plans never hold it).
+  int64_t count(ShardStrategy strategy) const { return planned[strategy.row()]; }
 
   // Adds one micro-batch; means are kept up to date.
   void Add(const ShardPlan& plan, const CpBalance& b) {
@@ -98,7 +95,7 @@ struct CpSummary {
     model_imbalance_max = std::max(model_imbalance_max, b.model_imbalance);
     max_rank_ms_total += b.max_rank_ms;
     ++micro_batches;
-    if (const size_t i = static_cast<size_t>(plan.strategy); i < planned.size()) ++planned[i];
+    ++planned[plan.strategy.row()];
   }
 };
 
@@ -108,9 +105,10 @@ struct CpSummary {
 inline std::string CpStrategyCounts(const CpSummary& s, bool optional) {
   std::string out;
   bool used = false;
-  for (const ShardStrategyInfo& info : ShardStrategies()) {
+  for (ShardStrategy strategy : ShardStrategy::All()) {
+    const ShardStrategyInfo& info = ShardStrategyRow(strategy);
     if (info.summary_key.empty() || info.summary_only_when_used != optional) continue;
-    const int64_t n = s.count(info.strategy);
+    const int64_t n = s.count(strategy);
     used = used || n > 0;
     absl::StrAppendFormat(&out, "%s%d %s", out.empty() ? "" : ", ", n, info.name);
   }

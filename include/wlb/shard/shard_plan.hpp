@@ -2,7 +2,7 @@
 //
 //   wlb::MicroBatch mb = ...;                               // documents 5, 19, 8 (32 tokens)
 //   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, /*cp_size=*/2,
-//                                                         wlb::ShardStrategy::kAdaptive,
+//                                                         wlb::ShardStrategy("adaptive"),
 //                                                         wlb::KernelModel::Default());
 //   for (const wlb::RankShard& r : plan->ranks) {
 //     // r.segments, r.cu_seqlens_q / r.cu_seqlens_k, r.max_seqlen_q / r.max_seqlen_k feed a
@@ -21,43 +21,43 @@
 // that pairs a cheap early chunk with an expensive late one). A rank's segments are ordered chunk
 // r first, then chunk 2C-1-r, each in micro-batch order; cu_seqlens_q is the rank's local query
 // buffer layout in that order.
-//  - kPerSequence: the packed micro-batch, padded at its end to a multiple of 2C tokens, is cut
+//  - per-seq: the packed micro-batch, padded at its end to a multiple of 2C tokens, is cut
 //    into 2C equal chunks; each chunk is intersected with the documents. Padding tokens belong to
 //    no document and appear in no segment; they only enlarge rank_capacity.
-//  - kPerDocument (padding-free): every document is cut into 2C shards whose sizes differ by at
+//  - per-doc (padding-free): every document is cut into 2C shards whose sizes differ by at
 //    most one token; the d mod 2C remainder tokens go one each to shards p, p+1, ... (mod 2C),
 //    where the pointer p carries over from document to document. Chunk j = shard j of every
 //    document, so chunk sizes differ by at most one and no padding is needed beyond that. A
 //    document shorter than 2C tokens leaves some shards empty (no segment).
-//  - kPerSequenceOrdered: per-sequence chunking of the documents laid out in another order.
+//  - per-seq-ordered: per-sequence chunking of the documents laid out in another order.
 //    Document order inside a micro-batch is free (causal masks are per document), and packers
 //    emit longest first, the worst order for head-tail chunks: rank 0 gets the cheap head of the
 //    long document, rank C-1 its expensive middle. PerSequenceOrder() picks the order (see
 //    there); segments keep their positions in the micro-batch as given (q_pos, k_pos), so the
 //    data loader lays tokens out as before and only the chunk boundaries move. Never predicted
-//    worse than kPerSequence: the micro-batch order is one of the candidates.
-//  - kAdaptive: plans kPerSequenceOrdered, kPerDocument and kHybrid and uses the one predicted
+//    worse than per-seq: the micro-batch order is one of the candidates.
+//  - adaptive: plans per-seq-ordered, per-doc and hybrid and uses the one predicted
 //    fastest with its K/V exchange: PredictCp under CpPlanOptions (each layer kind's slowest
 //    rank of attention + the exchange the CP executors run, ChooseExchange: row-exact or the
 //    all-gather fallback, bytes over the link plus a latency per collective); with a packed-call
 //    fit in the KernelModel, the slowest rank of its CallMs + its exchange once per pass (forward,
-//    and backward's dK/dV when the fit has backward). Ties, in this order: kPerSequenceOrdered,
-//    then kPerDocument, then kHybrid. The plan records the strategy used. The default link (450
+//    and backward's dK/dV when the fit has backward). Ties, in this order: per-seq-ordered,
+//    then per-doc, then hybrid. The plan records the strategy used. The default link (450
 //    GB/s, 10 us) steers long micro-batches towards plans that keep documents whole, and on tiny
 //    micro-batches the exchange is of the order of attention or above and decides the pick (see
 //    strategies/adaptive.hpp). The paper's adaptive (per-sequence in the given order against
 //    per-document) is ChooseAdaptive's per_seq_max_ms / per_doc_max_ms.
-//  - kHybrid: documents of at least 2C * tile_q tokens (every shard at least one query tile) are
+//  - hybrid: documents of at least 2C * tile_q tokens (every shard at least one query tile) are
 //    sharded per document as above, with the round-robin pointer running over them only;
 //    shorter documents stay whole and are dealt, most expensive first, to the rank with the
 //    least predicted latency so far (ties: fewer tokens, then lower rank). They follow the
 //    sharded part in the rank's segment list, in micro-batch order.
-//  - kPerDocumentPadded ("te-zigzag", Transformer Engine's THD context parallelism): every
+//  - te-zigzag (Transformer Engine's THD context parallelism): every
 //    document is padded to a multiple of 2C and cut into 2C equal chunks of ceil(d / 2C) tokens
 //    (the padding sits at the document's end, so the last shards are shorter or empty); rank r
 //    holds shards r and 2C-1-r of every document, document by document. Padding tokens appear in
 //    no segment, but every rank's buffer holds them: rank_capacity = sum of 2 * ceil(d / 2C).
-//  - kDocumentDegree ("doc-degree", per-document CP degree, communication-aware): every document
+//  - doc-degree (per-document CP degree, communication-aware): every document
 //    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
 //    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
 //    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
@@ -70,11 +70,11 @@
 //    all-gather fallback, (C - 1) x rank_capacity rows plus the latency on every rank (exact for
 //    one mask; with several, see strategies/doc_degree.hpp) (ties: the lower slowest member, then
 //    less added time, smaller g, lower group). The greedy plan is
-//    then compared with kPerDocument's, kHybrid's, kPerSequenceOrdered's and (for a mix with
+//    then compared with per-doc's, hybrid's, per-seq-ordered's and (for a mix with
 //    non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which prices
 //    every plan with the exchange the executor runs (ChooseExchange: row-exact, or the all-gather
 //    when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties keep the
-//    greedy plan), recording the strategy used (kDocumentDegree for a greedy plan) as kAdaptive
+//    greedy plan), recording the strategy used (doc-degree for a greedy plan) as adaptive
 //    does. So it is never predicted slower than
 //    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
@@ -91,13 +91,15 @@
 //    varlen kernels take). Violations are InvalidArgument / OutOfRange naming the value.
 //
 // The planning API is split by concept; this header includes all of it:
-//  - shard_types.hpp: ShardStrategy, Segment, RankShard, ShardPlan, CommModel, CpPlanOptions and
-//    their validation.
-//  - shard_strategies.hpp: the registry of strategies (ShardStrategies(), ShardStrategyName,
-//    ParseShardStrategy) and PlanShards.
+//  - strategy_table.hpp: kShardStrategyTable, the registry (one row per strategy), and
+//    ShardStrategy, the key that names a row.
+//  - shard_types.hpp: Segment, RankShard, ShardPlan, CommModel, CpPlanOptions and their
+//    validation.
+//  - shard_strategies.hpp: reading the registry (ShardStrategies(), ShardStrategyRow,
+//    ShardStrategyName, ParseShardStrategy) and PlanShards.
 //  - strategies/*.hpp: one planning file per strategy; plan_builder.hpp: what they share
 //    (micro-batch checks, per-sequence and per-document cuts, PlanBuilder).
-//  - per_seq_order.hpp: kPerSequenceOrdered's order search (PerSequenceOrder).
+//  - per_seq_order.hpp: per-seq-ordered's order search (PerSequenceOrder).
 //  - cp_prediction.hpp: PredictRankMs, MaskedSegmentMs, ExchangedKvRows, ChooseExchange,
 //    PredictCp.
 //  - validate_plan.hpp: ValidateShardPlan.
@@ -116,4 +118,5 @@
 #include "wlb/shard/strategies/per_seq.hpp"
 #include "wlb/shard/strategies/per_seq_ordered.hpp"
 #include "wlb/shard/strategies/te_zigzag.hpp"
+#include "wlb/shard/strategy_table.hpp"
 #include "wlb/shard/validate_plan.hpp"

@@ -1,5 +1,6 @@
-// The types of CP shard plans (see shard_plan.hpp for the strategies and rules): the strategy
-// enum, segments, rank shards, plans, and the planner options with their validation.
+// The types of CP shard plans (see shard_plan.hpp for the strategies and rules): segments, rank
+// shards, plans, and the planner options with their validation. ShardStrategy, the key of a
+// strategy, is a row of kShardStrategyTable (strategy_table.hpp).
 #pragma once
 
 #include <cstddef>
@@ -11,20 +12,9 @@
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/attention_mask.hpp"
 #include "wlb/cost/kernel_model.hpp"
+#include "wlb/shard/strategy_table.hpp"
 
 namespace wlb {
-
-// How a micro-batch is split across CP ranks (see shard_plan.hpp). Values count from 0 without
-// gaps; the registry (shard_strategies.hpp) has one row per value.
-enum class ShardStrategy {
-  kPerSequence,
-  kPerDocument,
-  kAdaptive,
-  kHybrid,
-  kPerSequenceOrdered,
-  kPerDocumentPadded,
-  kDocumentDegree
-};
 
 // Queries [q_begin, q_end) of one document piece on one rank; keys are [0, q_end) of the piece.
 struct Segment {
@@ -56,8 +46,8 @@ struct RankShard {
 
 // The shard plan of one micro-batch for CP size C.
 struct ShardPlan {
-  ShardStrategy strategy = ShardStrategy::kPerSequence;   // the one used; never kAdaptive
-  ShardStrategy requested = ShardStrategy::kPerSequence;  // what the caller asked for
+  ShardStrategy strategy = ShardStrategy("per-seq");   // the one used; never adaptive
+  ShardStrategy requested = ShardStrategy("per-seq");  // what the caller asked for
   int cp_size = 1;
   int64_t tokens = 0;         // micro-batch tokens
   int64_t rank_capacity = 0;  // tokens per rank buffer, padding included (what each rank gathers)
@@ -122,8 +112,8 @@ inline absl::Status ValidateCommModel(const CommModel& c) {
   return absl::OkStatus();
 }
 
-// Planner inputs beyond the kernel model: the link, and the layers' attention masks. kAdaptive
-// ranks its candidates with them and kDocumentDegree plans with them (the other strategies keep
+// Planner inputs beyond the kernel model: the link, and the layers' attention masks. adaptive
+// ranks its candidates with them and doc-degree plans with them (the other strategies keep
 // their causal plans).
 struct CpPlanOptions {
   CommModel comm;

@@ -22,7 +22,7 @@ inline absl::Status ValidateShardPlan(const ShardPlan& plan, const MicroBatch& m
   absl::StatusOr<std::vector<int64_t>> starts_or = detail::CheckMicroBatch(mb, plan.cp_size);
   if (!starts_or.ok()) return starts_or.status();
   const std::vector<int64_t>& starts = *starts_or;
-  if (plan.strategy == ShardStrategy::kAdaptive)
+  if (plan.strategy == ShardStrategy("adaptive"))
     return detail::PlanError("plan strategy is unresolved adaptive");
   if (plan.ranks.size() != static_cast<size_t>(plan.cp_size)) {
     return detail::PlanError("plan has %d ranks for cp_size %d", plan.ranks.size(), plan.cp_size);

@@ -3,7 +3,7 @@
 //   absl::StatusOr<wlb::PipelineJob> job = wlb::MakePipelineJob(*wlb::FindTransformerShape(
 //                                                               "llama2-7b"), {8, 2, 4, 1});
 //   absl::StatusOr<wlb::StepTimeModel> model = wlb::StepTimeModel::Create(*job);
-//   absl::StatusOr<double> seconds = model->StepSeconds(step_plan, {ShardStrategy::kAdaptive});
+//   absl::StatusOr<double> seconds = model->StepSeconds(step_plan, {ShardStrategy("adaptive")});
 //
 //   // Measured per-micro-batch stage latencies instead of the model (seconds):
 //   absl::StatusOr<double> measured = wlb::SimulateStep(stage_times, /*pp=*/4, /*dp=*/1);
@@ -234,7 +234,7 @@ inline absl::StatusOr<PipelineJob> MakePipelineJob(const TransformerShape& shape
 struct CpPolicy {
   // Per micro-batch, the candidate whose slowest rank is predicted fastest (one entry: that
   // strategy). Adaptive may be listed: it resolves as PlanShards resolves it.
-  std::vector<ShardStrategy> candidates = {ShardStrategy::kAdaptive};
+  std::vector<ShardStrategy> candidates = {ShardStrategy("adaptive")};
   bool at_mean_rank = false;  // charge the mean rank latency (a CP-balanced ideal)
 };
 

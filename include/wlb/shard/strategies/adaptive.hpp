@@ -56,7 +56,7 @@ namespace wlb {
 // included (see the file comment): PredictCp's max_ms, or with a packed-call fit in the model the
 // slowest rank's CallMs + its exchange per pass (packed_calls says which).
 struct AdaptiveChoice {
-  ShardStrategy chosen = ShardStrategy::kPerSequenceOrdered;
+  ShardStrategy chosen = ShardStrategy("per-seq-ordered");
   double per_seq_max_ms = 0.0;  // micro-batch order (the paper's per-sequence sharding)
   double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
@@ -97,8 +97,8 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   c.packed_calls = r.model.has_packed_calls();
   OrderResult ordered = SearchPerSequenceOrder(r.mb, r.cp_size, r.model);
   // Candidates in tie order; per-seq (the paper's, micro-batch order) is reported, not chosen.
-  constexpr ShardStrategy kCandidates[] = {ShardStrategy::kPerSequenceOrdered,
-                                           ShardStrategy::kPerDocument, ShardStrategy::kHybrid};
+  constexpr ShardStrategy kCandidates[] = {ShardStrategy("per-seq-ordered"),
+                                           ShardStrategy("per-doc"), ShardStrategy("hybrid")};
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms};
   absl::StatusOr<ShardPlan> plans[] = {PlanPerSequenceOrdered(r, std::move(ordered.order)),
                                        PlanPerDocument(r), PlanHybrid(r)};
@@ -133,7 +133,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int c
   return detail::ChooseAdaptiveChecked(ShardPlanRequest{.mb = mb,
                                                         .starts = *starts,
                                                         .cp_size = cp_size,
-                                                        .requested = ShardStrategy::kAdaptive,
+                                                        .requested = ShardStrategy("adaptive"),
                                                         .model = model,
                                                         .options = options},
                                        nullptr);

@@ -3,7 +3,7 @@
 //
 //   CpPlanOptions options{.comm = {.link_gbps = 25}};
 //   absl::StatusOr<ShardPlan> plan =
-//       PlanShards(mb, 8, ShardStrategy::kDocumentDegree, KernelModel::Default(), options);
+//       PlanShards(mb, 8, ShardStrategy("doc-degree"), KernelModel::Default(), options);
 //
 // How the greedy step prices a placement: as the executors will run the plan built so far with
 // it. Per layer kind of the mix, the exchange is the one ChooseExchange (ChooseExchangeOf) picks
@@ -283,7 +283,7 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
       }
     }
   }
-  return b.Finish(ShardStrategy::kDocumentDegree, requested, cp_size, -1);
+  return b.Finish(ShardStrategy("doc-degree"), requested, cp_size, -1);
 }
 
 // kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has

@@ -1,4 +1,4 @@
-// kHybrid ("hybrid"): long documents sharded per document, short ones dealt whole to the least
+// hybrid: long documents sharded per document, short ones dealt whole to the least
 // loaded rank (see shard_plan.hpp).
 #pragma once
 
@@ -15,14 +15,14 @@
 
 namespace wlb {
 
-// Documents at least this long are sharded per document by kHybrid (every shard >= tile_q).
+// Documents at least this long are sharded per document by hybrid (every shard >= tile_q).
 inline int64_t HybridMinLength(int cp_size, const KernelModel& model) {
   return 2 * static_cast<int64_t>(cp_size) * model.tile_q();
 }
 
 namespace detail {
 
-// kHybrid's placement: calls on_shard(rank, doc_index, q_begin, q_end) for every per-document
+// hybrid's placement: calls on_shard(rank, doc_index, q_begin, q_end) for every per-document
 // shard of the long documents (ForEachPerDocumentSegment order), then deals the short ones and
 // returns each document's owner (-1: sharded). sharded_ms gets every rank's predicted ms of its
 // shards (summed in that order), whole_ms[i] a short document's SegmentMs(d, d).
@@ -77,7 +77,7 @@ inline absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r) {
   for (size_t i = 0; i < docs; ++i) {
     if (owner[i] >= 0) b.Add(owner[i], static_cast<int64_t>(i), 0, mb.documents[i].length);
   }
-  return b.Finish(ShardStrategy::kHybrid, r.requested, r.cp_size, -1);
+  return b.Finish(ShardStrategy("hybrid"), r.requested, r.cp_size, -1);
 }
 
 }  // namespace detail

@@ -1,4 +1,4 @@
-// kPerDocument ("per-doc"): every document cut into 2C shards, padding-free (see shard_plan.hpp).
+// per-doc: every document cut into 2C shards, padding-free (see shard_plan.hpp).
 #pragma once
 
 #include <algorithm>
@@ -20,7 +20,7 @@ inline absl::StatusOr<ShardPlan> PlanPerDocument(const ShardPlanRequest& r) {
   ForEachPerDocumentSegment(
       r.mb, r.cp_size, [](size_t) { return true; },
       [&](int rank, int64_t i, int64_t qb, int64_t qe) { b.Add(rank, i, qb, qe); });
-  return b.Finish(ShardStrategy::kPerDocument, r.requested, r.cp_size, -1);
+  return b.Finish(ShardStrategy("per-doc"), r.requested, r.cp_size, -1);
 }
 
 }  // namespace detail

@@ -1,4 +1,4 @@
-// kPerSequence ("per-seq"): the packed micro-batch cut into 2C equal chunks (see shard_plan.hpp).
+// per-seq: the packed micro-batch cut into 2C equal chunks (see shard_plan.hpp).
 #pragma once
 
 #include <algorithm>
@@ -20,7 +20,7 @@ inline absl::StatusOr<ShardPlan> PlanPerSequence(const ShardPlanRequest& r) {
   ForEachPerSequenceSegment(r.starts, r.cp_size, [&](int rank, int64_t i, int64_t qb, int64_t qe) {
     b.Add(rank, i, qb, qe);
   });
-  return b.Finish(ShardStrategy::kPerSequence, r.requested, r.cp_size,
+  return b.Finish(ShardStrategy("per-seq"), r.requested, r.cp_size,
                   2 * PerSequenceChunk(r.starts.back(), r.cp_size));
 }
 

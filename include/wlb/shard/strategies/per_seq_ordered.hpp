@@ -1,4 +1,4 @@
-// kPerSequenceOrdered ("per-seq-ordered"): per-sequence chunks of the documents laid out in the
+// per-seq-ordered: per-sequence chunks of the documents laid out in the
 // order PerSequenceOrder picks (see shard_plan.hpp).
 #pragma once
 
@@ -18,7 +18,7 @@ namespace detail {
 
 // `order`: the packing order (document indices), or empty to search for one.
 inline absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& r,
-                                                        std::vector<int64_t> order = {}) {
+                                                        std::vector<int64_t> order) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
   if (order.empty()) order = SearchPerSequenceOrder(mb, r.cp_size, r.model).order;
@@ -31,8 +31,13 @@ inline absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& 
                             [&](int rank, int64_t i, int64_t qb, int64_t qe) {
                               b.Add(rank, order[static_cast<size_t>(i)], qb, qe);
                             });
-  return b.Finish(ShardStrategy::kPerSequenceOrdered, r.requested, r.cp_size,
+  return b.Finish(ShardStrategy("per-seq-ordered"), r.requested, r.cp_size,
                   2 * PerSequenceChunk(r.starts.back(), r.cp_size));
+}
+
+// The registry's entry (strategy_table.hpp): the order searched for.
+inline absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& r) {
+  return PlanPerSequenceOrdered(r, {});
 }
 
 }  // namespace detail

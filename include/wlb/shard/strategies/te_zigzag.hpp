@@ -1,4 +1,4 @@
-// kPerDocumentPadded ("te-zigzag", Transformer Engine's THD context parallelism): every document
+// te-zigzag (Transformer Engine's THD context parallelism): every document
 // padded to a multiple of 2C and cut into 2C equal chunks (see shard_plan.hpp).
 #pragma once
 
@@ -33,7 +33,7 @@ inline absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r
       }
     }
   }
-  return b.Finish(ShardStrategy::kPerDocumentPadded, r.requested, r.cp_size, capacity);
+  return b.Finish(ShardStrategy("te-zigzag"), r.requested, r.cp_size, capacity);
 }
 
 }  // namespace detail

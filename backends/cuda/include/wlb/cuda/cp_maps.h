@@ -15,7 +15,7 @@
 // the device side only reads them (plan/run split). CpuCpAttention (cp_reference.h) runs the
 // same dataflow on the CPU.
 //
-//   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy::kAdaptive,
+//   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy("adaptive"),
 //                                                         wlb::KernelModel::Default());
 //   wlb::cuda::CpAttentionConfig config{.num_heads = 32, .num_kv_heads = 8, .head_dim = 128};
 //   wlb::ExchangeKind x = wlb::cuda::ChooseCpExchange(*plan, config, wlb::CommModel{});
