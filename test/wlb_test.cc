@@ -66,12 +66,12 @@ std::set<std::string> IncludesOf(const fs::path& include_dir, const std::string&
 // Every wlb/... header reached from `header` through includes.
 std::set<std::string> ReachedFrom(const fs::path& include_dir, const std::string& header) {
   std::set<std::string> seen = {header};
-  std::vector<std::string> todo = {header};
-  while (!todo.empty()) {
-    const std::string h = todo.back();
-    todo.pop_back();
+  std::vector<std::string> to_visit = {header};
+  while (!to_visit.empty()) {
+    const std::string h = to_visit.back();
+    to_visit.pop_back();
     for (const std::string& next : IncludesOf(include_dir, h)) {
-      if (seen.insert(next).second) todo.push_back(next);
+      if (seen.insert(next).second) to_visit.push_back(next);
     }
   }
   return seen;

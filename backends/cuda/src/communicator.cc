@@ -220,19 +220,21 @@ absl::Status LocalCommunicator::RunAllToAllV(absl::Span<const void* const> send,
   const size_t size = CommDataTypeSize(type), ranks = streams_.size();
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
-  // Receiver d copies, on its own stream, block d of every source s (offsets: prefix sums).
+  // Receiver d copies, on its own stream, block d of every source s; send_at[s]: where source
+  // s's block for d starts (its counts to the ranks before d).
+  std::vector<size_t> send_at(ranks, 0);
   for (size_t d = 0; d < ranks; ++d) {
     size_t recv_at = 0;
     for (size_t s = 0; s < ranks; ++s) {
-      size_t send_at = 0;
-      for (size_t t = 0; t < d; ++t) send_at += static_cast<size_t>(send_counts[s][t]);
       const size_t n = static_cast<size_t>(recv_counts[d][s]);
       if (n > 0) {
-        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(static_cast<char*>(recv[d]) + recv_at * size,
-                                                 static_cast<const char*>(send[s]) + send_at * size,
-                                                 n * size, cudaMemcpyDeviceToDevice, streams_[d]));
+        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            static_cast<char*>(recv[d]) + recv_at * size,
+            static_cast<const char*>(send[s]) + send_at[s] * size, n * size,
+            cudaMemcpyDeviceToDevice, streams_[d]));
       }
       recv_at += n;
+      send_at[s] += static_cast<size_t>(send_counts[s][d]);
     }
   }
   return Barrier();  // senders may reuse their buffers only after every copy

@@ -76,8 +76,6 @@ struct CpExecutor::RankState {
   // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows).
   DeviceMem source_k, source_v, send_k, send_v, k, v, lse, dk, dv, partial_dk, partial_dv, back_dk,
       back_dv, recv_dk, recv_dv;
-  // Row-exact element counts per rank (rows x K/V row elements): sent and received.
-  std::vector<int64_t> send_elems, recv_elems;
   cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};  // fwd begin/end, bwd begin/end
   bool backward_ran = false;
 };
@@ -120,8 +118,10 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
     r.maps = &e->maps_.ranks[static_cast<size_t>(comm.global_rank(static_cast<int>(i)))];
     r.device = comm.device(static_cast<int>(i));
     r.stream = comm.stream(static_cast<int>(i));
-    for (int64_t rows : r.maps->send_counts) r.send_elems.push_back(rows * kv_elems);
-    for (int64_t rows : r.maps->recv_counts) r.recv_elems.push_back(rows * kv_elems);
+    e->send_elems_.emplace_back();
+    e->recv_elems_.emplace_back();
+    for (int64_t rows : r.maps->send_counts) e->send_elems_.back().push_back(rows * kv_elems);
+    for (int64_t rows : r.maps->recv_counts) e->recv_elems_.back().push_back(rows * kv_elems);
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     for (cudaEvent_t& ev : r.events) WLB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev));
     const size_t total_k = size_t(r.maps->problem.total_k());
@@ -233,7 +233,6 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
   }
   // Row-exact: pack the rows every other rank needs, copy the own rows to the head of the
   // source rows, receive the others' behind them.
-  std::vector<std::vector<int64_t>> send_counts, recv_counts;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
@@ -253,15 +252,13 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
     send_v.push_back(r.send_v.get());
     recv_k.push_back(static_cast<char*>(r.source_k.get()) + own);
     recv_v.push_back(static_cast<char*>(r.source_v.get()) + own);
-    send_counts.push_back(r.send_elems);
-    recv_counts.push_back(r.recv_elems);
   }
   if (absl::Status s =
-          comm_->AllToAllV(send_k, send_counts, recv_k, recv_counts, CommDataType::kBf16);
+          comm_->AllToAllV(send_k, send_elems_, recv_k, recv_elems_, CommDataType::kBf16);
       !s.ok()) {
     return s;
   }
-  return comm_->AllToAllV(send_v, send_counts, recv_v, recv_counts, CommDataType::kBf16);
+  return comm_->AllToAllV(send_v, send_elems_, recv_v, recv_elems_, CommDataType::kBf16);
 }
 
 absl::Status CpExecutor::ReturnKvGradients() {
@@ -286,23 +283,21 @@ absl::Status CpExecutor::ReturnKvGradients() {
   }
   // Row-exact: the received rows' gradients go back to their owners (the reverse all-to-all-v),
   // arriving in send_rows order; each owner adds them to its own rows' through the return CSR.
-  std::vector<std::vector<int64_t>> send_counts, recv_counts;
   for (RankState& r : ranks_) {
     const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
     send_k.push_back(static_cast<const char*>(r.partial_dk.get()) + own);
     send_v.push_back(static_cast<const char*>(r.partial_dv.get()) + own);
     recv_k.push_back(r.back_dk.get());
     recv_v.push_back(r.back_dv.get());
-    send_counts.push_back(r.recv_elems);
-    recv_counts.push_back(r.send_elems);
   }
+  // The reverse of the forward's exchange: each rank sends what it received.
   if (absl::Status s =
-          comm_->AllToAllV(send_k, send_counts, recv_k, recv_counts, CommDataType::kFloat32);
+          comm_->AllToAllV(send_k, recv_elems_, recv_k, send_elems_, CommDataType::kFloat32);
       !s.ok()) {
     return s;
   }
   if (absl::Status s =
-          comm_->AllToAllV(send_v, send_counts, recv_v, recv_counts, CommDataType::kFloat32);
+          comm_->AllToAllV(send_v, recv_elems_, recv_v, send_elems_, CommDataType::kFloat32);
       !s.ok()) {
     return s;
   }
@@ -314,8 +309,9 @@ absl::Status CpExecutor::ReturnKvGradients() {
     for (auto [mine, partial, back] :
          {std::tuple{r.recv_dk.get(), r.partial_dk.get(), r.back_dk.get()},
           std::tuple{r.recv_dv.get(), r.partial_dv.get(), r.back_dv.get()}}) {
-      // Padding rows stay zero.
-      WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mine, 0, capacity_elems * 4, r.stream));
+      // Padding rows are zero; the own rows start from the rank's own partial sums.
+      WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(static_cast<char*>(mine) + own, 0,
+                                               capacity_elems * 4 - own, r.stream));
       if (own > 0) {
         WLB_CUDA_RETURN_IF_ERROR(
             cudaMemcpyAsync(mine, partial, own, cudaMemcpyDeviceToDevice, r.stream));

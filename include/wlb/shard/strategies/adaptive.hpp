@@ -1,5 +1,5 @@
-// kAdaptive ("adaptive"): per micro-batch, the fastest predicted of kPerSequenceOrdered,
-// kPerDocument and kHybrid (see shard_plan.hpp), K/V exchange included.
+// adaptive: per micro-batch, the fastest predicted of per-seq-ordered, per-doc and hybrid (see
+// shard_plan.hpp), K/V exchange included.
 //
 //   absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, /*cp_size=*/4, KernelModel::Default(),
 //                                                     CpPlanOptions{.comm = {.link_gbps = 25}});
@@ -18,7 +18,7 @@
 //    the K/V rows, backward sends their dK/dV back to the owners (the all-gather's reduce-scatter
 //    moves as much as its gather), each one collective with its latency. The fit itself prices
 //    causal attention; the mix enters through the exchange only.
-// Ties keep the earlier candidate of kPerSequenceOrdered, kPerDocument, kHybrid.
+// Ties keep the earlier candidate of per-seq-ordered, per-doc, hybrid.
 //
 // What the default CommModel (450 GB/s per direction, 10 us per collective) does: on long
 // micro-batches (128K at C = 2..8, a 16 KiB K/V row) the exchange adds a few ms per layer to
@@ -89,8 +89,9 @@ inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel
   return MaxRankCallMs(plan, model, exchange);
 }
 
-// ChooseAdaptive on a checked request (r.requested is what the plans record); `chosen_plan`, if
-// given, gets the chosen candidate's plan.
+// ChooseAdaptive on a checked request (r.requested is what the plans record). With
+// `chosen_plan` (planning) it gets the chosen candidate's plan and the per-seq plan, which is
+// only reported, is neither built nor priced (per_seq_max_ms stays 0).
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanRequest& r,
                                                             ShardPlan* chosen_plan) {
   AdaptiveChoice c;
@@ -106,9 +107,11 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
     return c.packed_calls ? MaxRankCallWithExchangeMs(plan, r.model, r.options)
                           : PredictCp(plan, r.model, r.options).max_ms;
   };
-  absl::StatusOr<ShardPlan> per_seq = PlanPerSequence(r);
-  if (!per_seq.ok()) return per_seq.status();
-  c.per_seq_max_ms = price(*per_seq);
+  if (chosen_plan == nullptr) {
+    absl::StatusOr<ShardPlan> per_seq = PlanPerSequence(r);
+    if (!per_seq.ok()) return per_seq.status();
+    c.per_seq_max_ms = price(*per_seq);
+  }
   size_t best = 0;
   for (size_t k = 0; k < std::size(kCandidates); ++k) {
     if (!plans[k].ok()) return plans[k].status();
@@ -122,7 +125,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
 
 }  // namespace detail
 
-// What kAdaptive would choose for this micro-batch under `options` (link and layer mix); errors
+// What adaptive would choose for this micro-batch under `options` (link and layer mix); errors
 // as PlanShards.
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int cp_size,
                                                      const KernelModel& model,
@@ -148,7 +151,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptive(const MicroBatch& mb, int c
 
 namespace detail {
 
-// Plans what ChooseAdaptive picks (the plan records it; requested stays kAdaptive).
+// Plans what ChooseAdaptive picks (the plan records it; requested stays adaptive).
 inline absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r) {
   ShardPlan plan;
   absl::StatusOr<AdaptiveChoice> c = ChooseAdaptiveChecked(r, &plan);

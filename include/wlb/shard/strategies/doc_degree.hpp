@@ -1,4 +1,4 @@
-// kDocumentDegree ("doc-degree"): per-document CP degree, communication-aware (see
+// doc-degree: per-document CP degree, communication-aware (see
 // shard_plan.hpp).
 //
 //   CpPlanOptions options{.comm = {.link_gbps = 25}};
@@ -47,7 +47,7 @@
 namespace wlb {
 namespace detail {
 
-// kDocumentDegree's greedy placement (see shard_plan.hpp's file comment), inputs checked.
+// doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked.
 inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
                                                       const std::vector<int64_t>& starts,
                                                       int cp_size, ShardStrategy requested,
@@ -286,10 +286,10 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
   return b.Finish(ShardStrategy("doc-degree"), requested, cp_size, -1);
 }
 
-// kDocumentDegree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
-// other masks), kPerDocument's, kHybrid's or kPerSequenceOrdered's, whichever PredictCp under
+// doc-degree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
+// other masks), per-doc's, hybrid's or per-seq-ordered's, whichever PredictCp under
 // `options` finds fastest (a fixed strategy's plan keeps its strategy; requested says
-// kDocumentDegree).
+// doc-degree).
 inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r) {
   const KernelModel& model = r.model;
   const CpPlanOptions& options = r.options;

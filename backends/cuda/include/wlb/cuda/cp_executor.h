@@ -112,6 +112,9 @@ class CpExecutor {
   CpExecutorOptions options_;
   Communicator* comm_ = nullptr;
   std::vector<RankState> ranks_;  // per local rank
+  // Row-exact exchange, per local rank: elements (rows x K/V row elements) sent to and received
+  // from every rank, as AllToAllV takes them; empty lists under the all-gather.
+  std::vector<std::vector<int64_t>> send_elems_, recv_elems_;
   bool forward_done_ = false;
 };
 
