@@ -6,7 +6,11 @@
 //   wlb_cuda_cp_bench [--tokens=131072] [--cp=4] [--micro_batches=8] [--heads=32]
 //       [--kv_heads=8] [--head_dim=128] [--warmup=2] [--iters=5] [--seed=1]
 //       [--profile=PATH] [--packed_profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
+//       [--schedule=split|whole]
 //
+// --schedule (cp_maps.h, CpSchedule): split (the executor's default: each segment's square causal
+// diagonal plus its maskless key prefix, merged by log-sum-exp) or whole (one bottom-right causal
+// call per rank); run both in one device session to compare them.
 // --packed_profile (wlb_cuda_kernel_profiler --packed_micro_batches=N) adds its packed-call fit
 // to the model (wlb::WithPackedCallProfile): adaptive then ranks the candidate plans by each
 // rank's predicted forward + backward as one packed call; the strategies' plans and the
@@ -27,6 +31,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,10 +65,10 @@ double Median(std::vector<double> v) {
 }
 
 absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig& config,
-                             Communicator& comm, const PackedCpTensors& t, int warmup,
-                             int iters) {
+                             Communicator& comm, const PackedCpTensors& t, int warmup, int iters,
+                             CpSchedule schedule) {
   absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =
-      CpPackedRunner::Create(plan, config, comm, {.isolate_ranks = true});
+      CpPackedRunner::Create(plan, config, comm, {.isolate_ranks = true, .schedule = schedule});
   if (!run.ok()) return run.status();
   if (absl::Status s = (*run)->Run(t, true); !s.ok()) return s;
   Measured m;
@@ -107,16 +112,20 @@ int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
-  std::string profile, packed_profile, json;
+  std::string profile, packed_profile, json, schedule_name = "split";
   AttentionKernel kernel = AttentionKernel::kFlash;
-  const bool ok = flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) &&
-                  flags.Int("cp", &cp) && flags.Int("micro_batches", &mbs) &&
-                  flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
-                  flags.Int("head_dim", &dim) && flags.Int("warmup", &warmup) &&
-                  flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
-                  flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
-                  flags.Str("json", &json) && flags.AllUsed();
-  if (!ok || tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
+  const bool ok =
+      flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) && flags.Int("cp", &cp) &&
+      flags.Int("micro_batches", &mbs) && flags.Int("heads", &heads) &&
+      flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) &&
+      flags.Int("warmup", &warmup) && flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
+      flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
+      flags.Str("json", &json) && flags.Str("schedule", &schedule_name) && flags.AllUsed();
+  std::optional<CpSchedule> schedule;
+  for (CpSchedule s : {CpSchedule::kSplit, CpSchedule::kWhole}) {
+    if (schedule_name == CpScheduleName(s)) schedule = s;
+  }
+  if (!ok || !schedule || tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
   }
@@ -151,18 +160,20 @@ int main(int argc, char** argv) {
   if (!q || !k || !v || !dout || !out || !dq || !dk || !dv) return 1;
   const PackedCpTensors t{q.get(), k.get(), v.get(), dout.get(),
                           out.get(), dq.get(), dk.get(), dv.get()};
-  std::printf("%s | %s kernel | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, model %s%s\n",
-              bench::DeviceName().c_str(), AttentionKernelName(kernel), long(tokens), long(cp),
-              long(heads), long(kv_heads), long(dim),
-              profile.empty() ? "analytic default" : profile.c_str(),
-              packed_profile.empty()
-                  ? ""
-                  : absl::StrFormat(", adaptive ranked by the packed-call fit of %s (fwd rms "
-                                    "%.1f%%, bwd %.1f%%, %d calls)",
-                                    packed_profile, 100 * model->packed_calls().fwd_rms_relative,
-                                    100 * model->packed_calls().bwd_rms_relative,
-                                    model->packed_calls().points)
-                        .c_str());
+  std::printf(
+      "%s | %s kernel, %s schedule | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, "
+      "model %s%s\n",
+      bench::DeviceName().c_str(), AttentionKernelName(kernel), CpScheduleName(*schedule),
+      long(tokens), long(cp), long(heads), long(kv_heads), long(dim),
+      profile.empty() ? "analytic default" : profile.c_str(),
+      packed_profile.empty()
+          ? ""
+          : absl::StrFormat(", adaptive ranked by the packed-call fit of %s (fwd rms "
+                            "%.1f%%, bwd %.1f%%, %d calls)",
+                            packed_profile, 100 * model->packed_calls().fwd_rms_relative,
+                            100 * model->packed_calls().bwd_rms_relative,
+                            model->packed_calls().points)
+                .c_str());
   // Summed over micro-batches: each strategy's slowest-rank fwd+bwd ms, and its kernel model's
   // forward error (every rank, and the slowest rank).
   struct Totals {
@@ -186,7 +197,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
         return 1;
       }
-      absl::StatusOr<Measured> r = Run(*plan, config, **comm, t, int(warmup), int(iters));
+      absl::StatusOr<Measured> r =
+          Run(*plan, config, **comm, t, int(warmup), int(iters), *schedule);
       if (!r.ok()) {
         std::fprintf(stderr, "micro-batch %ld %s: %s\n", long(i), name.c_str(),
                      r.status().ToString().c_str());
@@ -244,13 +256,14 @@ int main(int argc, char** argv) {
           return absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(v), {{" ", ","}});
         };
         js << absl::StrFormat(
-            "{\"kernel\":\"%s\",\"cp\":%d,\"mb\":%d,\"tokens\":%d,\"strategy\":\"%s\","
+            "{\"kernel\":\"%s\",\"schedule\":\"%s\",\"cp\":%d,\"mb\":%d,\"tokens\":%d,\"strategy\":"
+            "\"%s\","
             "\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s],"
             "\"predicted_fwd_ms\":[%s],\"exchange\":\"%s\",\"max_sent_bytes\":%d,"
             "\"max_received_bytes\":%d,\"allgather_bytes\":%d}\n",
-            AttentionKernelName(kernel), cp, i, mb.tokens, name, r->max_ms, r->imbalance, list(fwd),
-            list(bwd), list(pred), wlb::ExchangeKindName(r->exchange), max_sent, max_received,
-            gather);
+            AttentionKernelName(kernel), CpScheduleName(*schedule), cp, i, mb.tokens, name,
+            r->max_ms, r->imbalance, list(fwd), list(bwd), list(pred),
+            wlb::ExchangeKindName(r->exchange), max_sent, max_received, gather);
         js.flush();
       }
     }

@@ -18,19 +18,24 @@ namespace wlb::cuda {
 
 size_t CommDataTypeSize(CommDataType type) { return type == CommDataType::kBf16 ? 2 : 4; }
 
-absl::Status Communicator::CheckBuffers(absl::Span<const void* const> send,
-                                        absl::Span<void* const> recv, size_t send_bytes,
+absl::Status Communicator::CheckBuffers(absl::Span<const CommTensor> tensors, size_t send_bytes,
                                         size_t recv_bytes, const char* op) const {
-  const size_t n = static_cast<size_t>(num_local_ranks());
-  if (send.size() != n || recv.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s %s: %d send and %d recv buffers for %d local ranks", name(), op,
-                        send.size(), recv.size(), n));
+  if (tensors.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s %s: no tensor to move", name(), op));
   }
-  for (size_t i = 0; i < n; ++i) {
-    if ((send_bytes > 0 && send[i] == nullptr) || (recv_bytes > 0 && recv[i] == nullptr)) {
+  const size_t n = static_cast<size_t>(num_local_ranks());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const CommTensor& x = tensors[t];
+    if (x.send.size() != n || x.recv.size() != n) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s %s: null buffer of local rank %d", name(), op, i));
+          absl::StrFormat("%s %s: tensor %d has %d send and %d recv buffers for %d local ranks",
+                          name(), op, t, x.send.size(), x.recv.size(), n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if ((send_bytes > 0 && x.send[i] == nullptr) || (recv_bytes > 0 && x.recv[i] == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s %s: tensor %d has a null buffer of local rank %d", name(), op, t, i));
+      }
     }
   }
   return absl::OkStatus();
@@ -50,37 +55,34 @@ CommTraffic Communicator::traffic(int local) const {
              : CommTraffic{};
 }
 
-absl::Status Communicator::AllGather(absl::Span<const void* const> send,
-                                     absl::Span<void* const> recv, size_t count,
+absl::Status Communicator::AllGather(absl::Span<const CommTensor> tensors, size_t count,
                                      CommDataType type) {
   const size_t bytes = count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes, bytes, "all-gather"); !s.ok()) return s;
-  const int64_t moved = static_cast<int64_t>(bytes) * (world_size() - 1);
+  if (absl::Status s = CheckBuffers(tensors, bytes, bytes, "all-gather"); !s.ok()) return s;
+  const int64_t moved = static_cast<int64_t>(bytes * tensors.size()) * (world_size() - 1);
   for (int i = 0; i < num_local_ranks(); ++i) AddTraffic(i, moved, moved);
-  return bytes == 0 ? absl::OkStatus() : RunAllGather(send, recv, count, type);
+  return bytes == 0 ? absl::OkStatus() : RunAllGather(tensors, count, type);
 }
 
-absl::Status Communicator::ReduceScatterSum(absl::Span<const void* const> send,
-                                            absl::Span<void* const> recv, size_t recv_count,
+absl::Status Communicator::ReduceScatterSum(absl::Span<const CommTensor> tensors, size_t recv_count,
                                             CommDataType type) {
   const size_t bytes = recv_count * CommDataTypeSize(type);
-  if (absl::Status s = CheckBuffers(send, recv, bytes * static_cast<size_t>(world_size()), bytes,
-                                    "reduce-scatter");
+  if (absl::Status s =
+          CheckBuffers(tensors, bytes * static_cast<size_t>(world_size()), bytes, "reduce-scatter");
       !s.ok()) {
     return s;
   }
-  const int64_t moved = static_cast<int64_t>(bytes) * (world_size() - 1);
+  const int64_t moved = static_cast<int64_t>(bytes * tensors.size()) * (world_size() - 1);
   for (int i = 0; i < num_local_ranks(); ++i) AddTraffic(i, moved, moved);
-  return bytes == 0 ? absl::OkStatus() : RunReduceScatterSum(send, recv, recv_count, type);
+  return bytes == 0 ? absl::OkStatus() : RunReduceScatterSum(tensors, recv_count, type);
 }
 
-absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
+absl::Status Communicator::AllToAllV(absl::Span<const CommTensor> tensors,
                                      absl::Span<const std::vector<int64_t>> send_counts,
-                                     absl::Span<void* const> recv,
                                      absl::Span<const std::vector<int64_t>> recv_counts,
                                      CommDataType type) {
   const int n = num_local_ranks(), world = world_size();
-  if (absl::Status s = CheckBuffers(send, recv, 0, 0, "all-to-all-v"); !s.ok()) return s;
+  if (absl::Status s = CheckBuffers(tensors, 0, 0, "all-to-all-v"); !s.ok()) return s;
   if (send_counts.size() != static_cast<size_t>(n) ||
       recv_counts.size() != static_cast<size_t>(n)) {
     return absl::InvalidArgumentError(
@@ -124,19 +126,25 @@ absl::Status Communicator::AllToAllV(absl::Span<const void* const> send,
       }
     }
   }
-  const int64_t size = static_cast<int64_t>(CommDataTypeSize(type));
+  const int64_t size = static_cast<int64_t>(CommDataTypeSize(type) * tensors.size());
   bool moves = false;
   for (int i = 0; i < n; ++i) {
     const size_t self = static_cast<size_t>(global_rank(i));
     if (send_total[i] > 0 || recv_total[i] > 0) moves = true;
-    if ((send_total[i] > 0 && send[i] == nullptr) || (recv_total[i] > 0 && recv[i] == nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s all-to-all-v: null buffer of rank %d", name(), global_rank(i)));
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      if ((send_total[i] > 0 && tensors[t].send[i] == nullptr) ||
+          (recv_total[i] > 0 && tensors[t].recv[i] == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s all-to-all-v: tensor %d has a null buffer of rank %d", name(), t, global_rank(i)));
+      }
     }
+  }
+  for (int i = 0; i < n; ++i) {  // counted once every check has passed
+    const size_t self = static_cast<size_t>(global_rank(i));
     AddTraffic(i, (send_total[i] - send_counts[i][self]) * size,
                (recv_total[i] - recv_counts[i][self]) * size);
   }
-  return moves ? RunAllToAllV(send, send_counts, recv, recv_counts, type) : absl::OkStatus();
+  return moves ? RunAllToAllV(tensors, send_counts, recv_counts, type) : absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCommunicator>> LocalCommunicator::Create(int ranks,
@@ -177,64 +185,67 @@ absl::Status LocalCommunicator::Barrier() {
   return absl::OkStatus();
 }
 
-absl::Status LocalCommunicator::RunAllGather(absl::Span<const void* const> send,
-                                             absl::Span<void* const> recv, size_t count,
+absl::Status LocalCommunicator::RunAllGather(absl::Span<const CommTensor> tensors, size_t count,
                                              CommDataType type) {
   const size_t bytes = count * CommDataTypeSize(type);
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    for (size_t j = 0; j < streams_.size(); ++j) {
-      char* dst = static_cast<char*>(recv[i]) + j * bytes;
-      if (dst == send[j]) continue;  // in place
-      WLB_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(dst, send[j], bytes, cudaMemcpyDeviceToDevice, streams_[i]));
+  for (const CommTensor& t : tensors) {
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      for (size_t j = 0; j < streams_.size(); ++j) {
+        char* dst = static_cast<char*>(t.recv[i]) + j * bytes;
+        if (dst == t.send[j]) continue;  // in place
+        WLB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, t.send[j], bytes, cudaMemcpyDeviceToDevice, streams_[i]));
+      }
     }
   }
   return Barrier();  // senders may reuse their buffers only after every copy
 }
 
-absl::Status LocalCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
-                                                    absl::Span<void* const> recv, size_t recv_count,
-                                                    CommDataType type) {
+absl::Status LocalCommunicator::RunReduceScatterSum(absl::Span<const CommTensor> tensors,
+                                                    size_t recv_count, CommDataType type) {
   const size_t bytes = recv_count * CommDataTypeSize(type);
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
   std::vector<const void*> blocks(streams_.size());
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    for (size_t j = 0; j < streams_.size(); ++j) {
-      blocks[j] = static_cast<const char*>(send[j]) + i * bytes;
+  for (const CommTensor& t : tensors) {
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      for (size_t j = 0; j < streams_.size(); ++j) {
+        blocks[j] = static_cast<const char*>(t.send[j]) + i * bytes;
+      }
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchSumBuffers(
+          blocks.data(), static_cast<int>(blocks.size()), static_cast<int64_t>(recv_count),
+          type == CommDataType::kBf16, t.recv[i], streams_[i]));
     }
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchSumBuffers(
-        blocks.data(), static_cast<int>(blocks.size()), static_cast<int64_t>(recv_count),
-        type == CommDataType::kBf16, recv[i], streams_[i]));
   }
   return Barrier();
 }
 
-absl::Status LocalCommunicator::RunAllToAllV(absl::Span<const void* const> send,
+absl::Status LocalCommunicator::RunAllToAllV(absl::Span<const CommTensor> tensors,
                                              absl::Span<const std::vector<int64_t>> send_counts,
-                                             absl::Span<void* const> recv,
                                              absl::Span<const std::vector<int64_t>> recv_counts,
                                              CommDataType type) {
   const size_t size = CommDataTypeSize(type), ranks = streams_.size();
   WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (absl::Status s = Barrier(); !s.ok()) return s;
-  // Receiver d copies, on its own stream, block d of every source s; send_at[s]: where source
-  // s's block for d starts (its counts to the ranks before d).
-  std::vector<size_t> send_at(ranks, 0);
-  for (size_t d = 0; d < ranks; ++d) {
-    size_t recv_at = 0;
-    for (size_t s = 0; s < ranks; ++s) {
-      const size_t n = static_cast<size_t>(recv_counts[d][s]);
-      if (n > 0) {
-        WLB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            static_cast<char*>(recv[d]) + recv_at * size,
-            static_cast<const char*>(send[s]) + send_at[s] * size, n * size,
-            cudaMemcpyDeviceToDevice, streams_[d]));
+  for (const CommTensor& t : tensors) {
+    // Receiver d copies, on its own stream, block d of every source s; send_at[s]: where source
+    // s's block for d starts (its counts to the ranks before d).
+    std::vector<size_t> send_at(ranks, 0);
+    for (size_t d = 0; d < ranks; ++d) {
+      size_t recv_at = 0;
+      for (size_t s = 0; s < ranks; ++s) {
+        const size_t n = static_cast<size_t>(recv_counts[d][s]);
+        if (n > 0) {
+          WLB_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(static_cast<char*>(t.recv[d]) + recv_at * size,
+                              static_cast<const char*>(t.send[s]) + send_at[s] * size, n * size,
+                              cudaMemcpyDeviceToDevice, streams_[d]));
+        }
+        recv_at += n;
+        send_at[s] += static_cast<size_t>(send_counts[s][d]);
       }
-      recv_at += n;
-      send_at[s] += static_cast<size_t>(send_counts[s][d]);
     }
   }
   return Barrier();  // senders may reuse their buffers only after every copy

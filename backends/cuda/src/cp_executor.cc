@@ -62,30 +62,54 @@ absl::Status ZeroRowsFrom(const ThdTensor<T>& t, int64_t first, cudaStream_t str
   return absl::OkStatus();
 }
 
+// Timing events of a rank: begin and end of each kernel part.
+enum TimingEvent {
+  kForwardDiagonalBegin,
+  kForwardDiagonalEnd,
+  kForwardBegin,
+  kForwardEnd,
+  kBackwardDiagonalBegin,
+  kBackwardDiagonalEnd,
+  kBackwardBegin,
+  kBackwardEnd,
+  kTimingEvents
+};
+
 }  // namespace
 
 struct CpExecutor::RankState {
   const CpRankMaps* maps = nullptr;
   int device = 0;
-  cudaStream_t stream = nullptr;
-  std::optional<VarlenAttention> attention;
+  cudaStream_t stream = nullptr;  // the communicator's: the caller's order
+  cudaStream_t side = nullptr;    // the diagonal blocks' (split schedule)
+  // attention: the maps' problem (keys gathered from the source rows); diagonal: kSplit's.
+  std::optional<VarlenAttention> attention, diagonal;
   DeviceMem local_to_packed, key_rows, key_offsets, key_sources, send_rows, return_offsets,
-      return_sources;
+      return_sources, query_rows;
   // source_k/v: the rank's source rows (cp_maps.h); partial_dk/dv: their gradients (fp32);
   // send_k/v, back_dk/dv: the row-exact exchange's rows sent and gradients coming back;
-  // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows).
+  // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows); k/v: the problem's
+  // keys; dk/dv: dkv_rows() key gradients (the problem's, then the diagonal's).
   DeviceMem source_k, source_v, send_k, send_v, k, v, lse, dk, dv, partial_dk, partial_dv, back_dk,
       back_dv, recv_dk, recv_dv;
-  cudaEvent_t events[4] = {nullptr, nullptr, nullptr, nullptr};  // fwd begin/end, bwd begin/end
+  // Split schedule: the prefixes' queries, outputs (or the merged outputs they read in
+  // backward), output gradients, LSE and dQ, over the maps' query_rows.
+  DeviceMem prefix_q, prefix_out, prefix_dout, prefix_lse, prefix_dq;
+  cudaEvent_t timing[kTimingEvents] = {};
+  cudaEvent_t ready = nullptr, diagonal_done = nullptr;  // stream -> side -> stream joins
   bool backward_ran = false;
 };
 
 CpExecutor::~CpExecutor() {
   for (RankState& r : ranks_) {
     cudaSetDevice(r.device);
-    for (cudaEvent_t e : r.events) {
+    for (cudaEvent_t e : r.timing) {
       if (e != nullptr) cudaEventDestroy(e);
     }
+    for (cudaEvent_t e : {r.ready, r.diagonal_done}) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    if (r.side != nullptr) cudaStreamDestroy(r.side);
   }
 }
 
@@ -100,7 +124,7 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
   }
   const ExchangeKind exchange =
       options.exchange.value_or(ChooseCpExchange(plan, config, options.comm));
-  absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, config, exchange);
+  absl::StatusOr<CpMaps> maps = BuildCpMaps(plan, config, exchange, options.schedule);
   if (!maps.ok()) return maps.status();
   std::unique_ptr<CpExecutor> e(new CpExecutor());
   e->maps_ = *std::move(maps);
@@ -110,6 +134,7 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
   e->ranks_.resize(static_cast<size_t>(comm.num_local_ranks()));
   const int64_t kv_elems = int64_t{config.num_kv_heads} * config.head_dim;
   const size_t kv_row = size_t(kv_elems);
+  const size_t q_row = size_t(config.num_heads) * size_t(config.head_dim);
   const size_t capacity = size_t(e->maps_.rank_capacity);
   AttentionOptions attention_options;
   attention_options.kernel = config.kernel;
@@ -123,24 +148,41 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
     for (int64_t rows : r.maps->send_counts) e->send_elems_.back().push_back(rows * kv_elems);
     for (int64_t rows : r.maps->recv_counts) e->recv_elems_.back().push_back(rows * kv_elems);
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
-    for (cudaEvent_t& ev : r.events) WLB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev));
+    for (cudaEvent_t& ev : r.timing) WLB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev));
+    for (cudaEvent_t* ev : {&r.ready, &r.diagonal_done}) {
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+    }
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.side, cudaStreamNonBlocking));
     const size_t total_k = size_t(r.maps->problem.total_k());
+    const size_t dkv = size_t(r.maps->dkv_rows());
     const size_t tokens = size_t(r.maps->tokens);
     const size_t source = size_t(r.maps->source_rows);
     const size_t sent = r.maps->send_rows.size();
+    const size_t prefix = r.maps->query_rows.size();
     struct Want {
       DeviceMem* mem;
       size_t bytes;
     };
-    for (Want w :
-         {Want{&r.source_k, source * kv_row * 2}, Want{&r.source_v, source * kv_row * 2},
-          Want{&r.send_k, sent * kv_row * 2}, Want{&r.send_v, sent * kv_row * 2},
-          Want{&r.k, total_k * kv_row * 2}, Want{&r.v, total_k * kv_row * 2},
-          Want{&r.lse, size_t(config.num_heads) * tokens * 4}, Want{&r.dk, total_k * kv_row * 2},
-          Want{&r.dv, total_k * kv_row * 2}, Want{&r.partial_dk, source * kv_row * 4},
-          Want{&r.partial_dv, source * kv_row * 4}, Want{&r.back_dk, sent * kv_row * 4},
-          Want{&r.back_dv, sent * kv_row * 4}, Want{&r.recv_dk, capacity * kv_row * 4},
-          Want{&r.recv_dv, capacity * kv_row * 4}}) {
+    for (Want w : {Want{&r.source_k, source * kv_row * 2},
+                   Want{&r.source_v, source * kv_row * 2},
+                   Want{&r.send_k, sent * kv_row * 2},
+                   Want{&r.send_v, sent * kv_row * 2},
+                   Want{&r.k, total_k * kv_row * 2},
+                   Want{&r.v, total_k * kv_row * 2},
+                   Want{&r.lse, size_t(config.num_heads) * tokens * 4},
+                   Want{&r.dk, dkv * kv_row * 2},
+                   Want{&r.dv, dkv * kv_row * 2},
+                   Want{&r.partial_dk, source * kv_row * 4},
+                   Want{&r.partial_dv, source * kv_row * 4},
+                   Want{&r.back_dk, sent * kv_row * 4},
+                   Want{&r.back_dv, sent * kv_row * 4},
+                   Want{&r.recv_dk, capacity * kv_row * 4},
+                   Want{&r.recv_dv, capacity * kv_row * 4},
+                   Want{&r.prefix_q, prefix * q_row * 2},
+                   Want{&r.prefix_out, prefix * q_row * 2},
+                   Want{&r.prefix_dout, prefix * q_row * 2},
+                   Want{&r.prefix_dq, prefix * q_row * 2},
+                   Want{&r.prefix_lse, size_t(config.num_heads) * prefix * 4}}) {
       absl::StatusOr<DeviceMem> m = Allocate(w.bytes);
       if (!m.ok()) return m.status();
       *w.mem = *std::move(m);
@@ -151,16 +193,19 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
                              std::pair{&r.key_sources, &r.maps->key_sources},
                              std::pair{&r.send_rows, &r.maps->send_rows},
                              std::pair{&r.return_offsets, &r.maps->return_offsets},
-                             std::pair{&r.return_sources, &r.maps->return_sources}}) {
+                             std::pair{&r.return_sources, &r.maps->return_sources},
+                             std::pair{&r.query_rows, &r.maps->query_rows}}) {
       absl::StatusOr<DeviceMem> m = Upload(*host, r.stream);
       if (!m.ok()) return m.status();
       *mem = *std::move(m);
     }
-    if (r.maps->has_work()) {
+    for (auto [slot, problem] :
+         {std::pair{&r.attention, &r.maps->problem}, std::pair{&r.diagonal, &r.maps->diagonal}}) {
+      if (problem->batch() == 0) continue;
       absl::StatusOr<VarlenAttention> a =
-          VarlenAttention::Create(r.maps->problem, attention_options, r.stream);
+          VarlenAttention::Create(*problem, attention_options, r.stream);
       if (!a.ok()) return a.status();
-      r.attention.emplace(*std::move(a));
+      slot->emplace(*std::move(a));
     }
     // The host maps must outlive the uploads; wait here rather than pin them.
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
@@ -183,11 +228,35 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
     }
     if (absl::Status s = CheckThd(t[i].out, cap, h, d, "out", rank); !s.ok()) return s;
   }
-  if (absl::Status s = FetchKv(t); !s.ok()) return s;
-  const int64_t kv_row_bytes = kh * d * 2;
+  // The diagonal blocks need only the rank's own rows: they start before the exchange, on the
+  // side stream.
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready, r.stream));
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.side, r.ready));
+    if (r.diagonal.has_value()) {
+      ForwardTensors f;
+      f.q = Prefix(t[i].q, r.maps->tokens);
+      f.k = Prefix(t[i].k, r.maps->tokens);
+      f.v = Prefix(t[i].v, r.maps->tokens);
+      f.out = Prefix(t[i].out, r.maps->tokens);
+      f.lse = {static_cast<float*>(r.lse.get()), h, r.maps->tokens};
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kForwardDiagonalBegin], r.side));
+      if (absl::Status s = r.diagonal->Forward(f, r.side); !s.ok()) return s;
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kForwardDiagonalEnd], r.side));
+      if (options_.isolate_ranks) WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.side));
+    }
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.diagonal_done, r.side));
+  }
+  if (absl::Status s = FetchKv(t); !s.ok()) return s;
+  const int64_t kv_row_bytes = kh * d * 2, q_row_bytes = h * d * 2;
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    RankState& r = ranks_[i];
+    WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    const bool split = maps_.schedule == CpSchedule::kSplit;
+    const int64_t queries = r.maps->problem.total_q();
+    const auto* qr = static_cast<const int32_t*>(r.query_rows.get());
     if (r.attention.has_value()) {
       const int64_t total_k = r.maps->problem.total_k();
       auto* kr = static_cast<const int32_t*>(r.key_rows.get());
@@ -196,15 +265,30 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
       WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_v.get(), kr, total_k, kv_row_bytes,
                                                         r.v.get(), r.stream));
       ForwardTensors f;
-      f.q = Prefix(t[i].q, r.maps->tokens);
       f.k = {static_cast<const __nv_bfloat16*>(r.k.get()), total_k, kh, d};
       f.v = {static_cast<const __nv_bfloat16*>(r.v.get()), total_k, kh, d};
-      f.out = Prefix(t[i].out, r.maps->tokens);
-      f.lse = {static_cast<float*>(r.lse.get()), h, r.maps->tokens};
-      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.events[0], r.stream));
+      if (split) {  // the prefixes' queries, gathered; their results merge below
+        WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(t[i].q.data, qr, queries, q_row_bytes,
+                                                          r.prefix_q.get(), r.stream));
+        f.q = {static_cast<const __nv_bfloat16*>(r.prefix_q.get()), queries, h, d};
+        f.out = {static_cast<__nv_bfloat16*>(r.prefix_out.get()), queries, h, d};
+        f.lse = {static_cast<float*>(r.prefix_lse.get()), h, queries};
+      } else {
+        f.q = Prefix(t[i].q, r.maps->tokens);
+        f.out = Prefix(t[i].out, r.maps->tokens);
+        f.lse = {static_cast<float*>(r.lse.get()), h, r.maps->tokens};
+      }
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kForwardBegin], r.stream));
       if (absl::Status s = r.attention->Forward(f, r.stream); !s.ok()) return s;
-      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.events[1], r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kForwardEnd], r.stream));
       if (options_.isolate_ranks) WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+    }
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
+    if (split && r.attention.has_value()) {
+      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchMergeAttention(
+          static_cast<const __nv_bfloat16*>(r.prefix_out.get()),
+          static_cast<const float*>(r.prefix_lse.get()), qr, queries, h, d, r.maps->tokens,
+          t[i].out.data, static_cast<float*>(r.lse.get()), r.stream));
     }
     if (absl::Status s = ZeroRowsFrom(t[i].out, r.maps->tokens, r.stream); !s.ok()) return s;
     r.backward_ran = false;
@@ -226,10 +310,7 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
       recv_v.push_back(ranks_[i].source_v.get());
     }
     const size_t count = size_t(maps_.rank_capacity * kv_elems);
-    if (absl::Status s = comm_->AllGather(send_k, recv_k, count, CommDataType::kBf16); !s.ok()) {
-      return s;
-    }
-    return comm_->AllGather(send_v, recv_v, count, CommDataType::kBf16);
+    return comm_->AllGather({{send_k, recv_k}, {send_v, recv_v}}, count, CommDataType::kBf16);
   }
   // Row-exact: pack the rows every other rank needs, copy the own rows to the head of the
   // source rows, receive the others' behind them.
@@ -253,15 +334,25 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
     recv_k.push_back(static_cast<char*>(r.source_k.get()) + own);
     recv_v.push_back(static_cast<char*>(r.source_v.get()) + own);
   }
-  if (absl::Status s =
-          comm_->AllToAllV(send_k, send_elems_, recv_k, recv_elems_, CommDataType::kBf16);
-      !s.ok()) {
-    return s;
-  }
-  return comm_->AllToAllV(send_v, send_elems_, recv_v, recv_elems_, CommDataType::kBf16);
+  // K and V in one collective: one latency, as ChooseExchange prices it.
+  return comm_->AllToAllV({{send_k, recv_k}, {send_v, recv_v}}, send_elems_, recv_elems_,
+                          CommDataType::kBf16);
 }
 
-absl::Status CpExecutor::ReturnKvGradients() {
+absl::Status CpExecutor::SumKeyGradients(RankState& r, int64_t first, int64_t last) {
+  const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
+  const auto* offsets = static_cast<const int32_t*>(r.key_offsets.get()) + first;
+  const auto* sources = static_cast<const int32_t*>(r.key_sources.get());
+  for (auto [grad, partial] :
+       {std::pair{r.dk.get(), r.partial_dk.get()}, std::pair{r.dv.get(), r.partial_dv.get()}}) {
+    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
+        static_cast<const __nv_bfloat16*>(grad), offsets, sources, last - first, kv_elems,
+        static_cast<float*>(partial) + first * kv_elems, r.stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpExecutor::SendKvGradients() {
   const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
   const size_t capacity_elems = size_t(maps_.rank_capacity * kv_elems);
   std::vector<const void*> send_k, send_v;
@@ -274,15 +365,11 @@ absl::Status CpExecutor::ReturnKvGradients() {
       recv_v.push_back(r.recv_dv.get());
     }
     // fp32 over the wire: the sum of C partials is rounded to bf16 once, at the end.
-    if (absl::Status s =
-            comm_->ReduceScatterSum(send_k, recv_k, capacity_elems, CommDataType::kFloat32);
-        !s.ok()) {
-      return s;
-    }
-    return comm_->ReduceScatterSum(send_v, recv_v, capacity_elems, CommDataType::kFloat32);
+    return comm_->ReduceScatterSum({{send_k, recv_k}, {send_v, recv_v}}, capacity_elems,
+                                   CommDataType::kFloat32);
   }
-  // Row-exact: the received rows' gradients go back to their owners (the reverse all-to-all-v),
-  // arriving in send_rows order; each owner adds them to its own rows' through the return CSR.
+  // Row-exact: the received rows' gradients go back to their owners (the reverse all-to-all-v:
+  // each rank sends what it received), arriving in send_rows order.
   for (RankState& r : ranks_) {
     const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
     send_k.push_back(static_cast<const char*>(r.partial_dk.get()) + own);
@@ -290,36 +377,29 @@ absl::Status CpExecutor::ReturnKvGradients() {
     recv_k.push_back(r.back_dk.get());
     recv_v.push_back(r.back_dv.get());
   }
-  // The reverse of the forward's exchange: each rank sends what it received.
-  if (absl::Status s =
-          comm_->AllToAllV(send_k, recv_elems_, recv_k, send_elems_, CommDataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          comm_->AllToAllV(send_v, recv_elems_, recv_v, send_elems_, CommDataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  for (RankState& r : ranks_) {
-    WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
-    const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
-    const auto* offsets = static_cast<const int32_t*>(r.return_offsets.get());
-    const auto* sources = static_cast<const int32_t*>(r.return_sources.get());
-    for (auto [mine, partial, back] :
-         {std::tuple{r.recv_dk.get(), r.partial_dk.get(), r.back_dk.get()},
-          std::tuple{r.recv_dv.get(), r.partial_dv.get(), r.back_dv.get()}}) {
-      // Padding rows are zero; the own rows start from the rank's own partial sums.
-      WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(static_cast<char*>(mine) + own, 0,
-                                               capacity_elems * 4 - own, r.stream));
-      if (own > 0) {
-        WLB_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(mine, partial, own, cudaMemcpyDeviceToDevice, r.stream));
-      }
-      WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrAddRows(static_cast<const float*>(back), offsets,
-                                                        sources, r.maps->tokens, kv_elems,
-                                                        static_cast<float*>(mine), r.stream));
+  return comm_->AllToAllV({{send_k, recv_k}, {send_v, recv_v}}, recv_elems_, send_elems_,
+                          CommDataType::kFloat32);
+}
+
+absl::Status CpExecutor::AddReturnedKvGradients(RankState& r) {
+  const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
+  const size_t capacity_elems = size_t(maps_.rank_capacity * kv_elems);
+  const size_t own = size_t(r.maps->tokens * kv_elems) * 4;
+  const auto* offsets = static_cast<const int32_t*>(r.return_offsets.get());
+  const auto* sources = static_cast<const int32_t*>(r.return_sources.get());
+  for (auto [mine, partial, back] :
+       {std::tuple{r.recv_dk.get(), r.partial_dk.get(), r.back_dk.get()},
+        std::tuple{r.recv_dv.get(), r.partial_dv.get(), r.back_dv.get()}}) {
+    // Padding rows are zero; the own rows start from the rank's own partial sums.
+    WLB_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(static_cast<char*>(mine) + own, 0, capacity_elems * 4 - own, r.stream));
+    if (own > 0) {
+      WLB_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(mine, partial, own, cudaMemcpyDeviceToDevice, r.stream));
     }
+    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrAddRows(static_cast<const float*>(back), offsets,
+                                                      sources, r.maps->tokens, kv_elems,
+                                                      static_cast<float*>(mine), r.stream));
   }
   return absl::OkStatus();
 }
@@ -344,43 +424,103 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     if (absl::Status s = CheckThd(t[i].dk, cap, kh, d, "dk", rank); !s.ok()) return s;
     if (absl::Status s = CheckThd(t[i].dv, cap, kh, d, "dv", rank); !s.ok()) return s;
   }
+  const bool split = maps_.schedule == CpSchedule::kSplit;
+  const bool row_exact = maps_.exchange == ExchangeKind::kRowExact;
+  const int64_t q_row_bytes = h * d * 2;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
-    const int64_t total_k = r.maps->problem.total_k();
-    if (r.attention.has_value()) {
+    const int64_t tokens = r.maps->tokens, total_k = r.maps->problem.total_k();
+    // The diagonal's backward on the side stream, with the merged out and LSE: dQ of every own
+    // row, dK/dV behind the problem's. Its keys are the rank's own rows, which the forward's
+    // exchange left among the source rows (row-exact: first; all-gather: the rank's block).
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready, r.stream));
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.side, r.ready));
+    if (r.diagonal.has_value()) {
+      const int64_t own_first = row_exact ? 0 : r.maps->rank * cap;
       BackwardTensors b;
-      b.q = Prefix(t[i].q, r.maps->tokens);
+      b.q = Prefix(t[i].q, tokens);
+      b.k = {static_cast<const __nv_bfloat16*>(r.source_k.get()) + own_first * kh * d, tokens, kh,
+             d};
+      b.v = {static_cast<const __nv_bfloat16*>(r.source_v.get()) + own_first * kh * d, tokens, kh,
+             d};
+      b.out = Prefix(t[i].out, tokens);
+      b.dout = Prefix(t[i].dout, tokens);
+      b.lse = {static_cast<const float*>(r.lse.get()), h, tokens};
+      b.dq = Prefix(t[i].dq, tokens);
+      b.dk = {static_cast<__nv_bfloat16*>(r.dk.get()) + total_k * kh * d, tokens, kh, d};
+      b.dv = {static_cast<__nv_bfloat16*>(r.dv.get()) + total_k * kh * d, tokens, kh, d};
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardDiagonalBegin], r.side));
+      if (absl::Status s = r.diagonal->Backward(b, r.side); !s.ok()) return s;
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardDiagonalEnd], r.side));
+      if (options_.isolate_ranks) WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.side));
+    }
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.diagonal_done, r.side));
+    // The problem's backward (every segment, or the prefixes) on the rank's stream.
+    if (r.attention.has_value()) {
+      const int64_t queries = r.maps->problem.total_q();
+      BackwardTensors b;
       b.k = {static_cast<const __nv_bfloat16*>(r.k.get()), total_k, kh, d};
       b.v = {static_cast<const __nv_bfloat16*>(r.v.get()), total_k, kh, d};
-      b.out = Prefix(t[i].out, r.maps->tokens);
-      b.dout = Prefix(t[i].dout, r.maps->tokens);
-      b.lse = {static_cast<const float*>(r.lse.get()), h, r.maps->tokens};
-      b.dq = Prefix(t[i].dq, r.maps->tokens);
       b.dk = {static_cast<__nv_bfloat16*>(r.dk.get()), total_k, kh, d};
       b.dv = {static_cast<__nv_bfloat16*>(r.dv.get()), total_k, kh, d};
-      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.events[2], r.stream));
+      if (split) {  // the prefixes' rows of q, the merged out, dout and the merged LSE
+        const auto* qr = static_cast<const int32_t*>(r.query_rows.get());
+        for (auto [src, dst] : {std::pair{t[i].q.data, r.prefix_q.get()},
+                                std::pair{t[i].out.data, r.prefix_out.get()},
+                                std::pair{t[i].dout.data, r.prefix_dout.get()}}) {
+          WLB_CUDA_RETURN_IF_ERROR(
+              detail::LaunchGatherRows(src, qr, queries, q_row_bytes, dst, r.stream));
+        }
+        WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherLseColumns(
+            static_cast<const float*>(r.lse.get()), tokens, qr, queries, h,
+            static_cast<float*>(r.prefix_lse.get()), r.stream));
+        b.q = {static_cast<const __nv_bfloat16*>(r.prefix_q.get()), queries, h, d};
+        b.out = {static_cast<const __nv_bfloat16*>(r.prefix_out.get()), queries, h, d};
+        b.dout = {static_cast<const __nv_bfloat16*>(r.prefix_dout.get()), queries, h, d};
+        b.lse = {static_cast<const float*>(r.prefix_lse.get()), h, queries};
+        b.dq = {static_cast<__nv_bfloat16*>(r.prefix_dq.get()), queries, h, d};
+      } else {
+        b.q = Prefix(t[i].q, tokens);
+        b.out = Prefix(t[i].out, tokens);
+        b.dout = Prefix(t[i].dout, tokens);
+        b.lse = {static_cast<const float*>(r.lse.get()), h, tokens};
+        b.dq = Prefix(t[i].dq, tokens);
+      }
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardBegin], r.stream));
       if (absl::Status s = r.attention->Backward(b, r.stream); !s.ok()) return s;
-      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.events[3], r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardEnd], r.stream));
       if (options_.isolate_ranks) WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
-      r.backward_ran = true;
     }
-    if (absl::Status s = ZeroRowsFrom(t[i].dq, r.maps->tokens, r.stream); !s.ok()) return s;
-    // Every rank writes its whole partial (zeros where it has no key), so no memset is needed.
-    const auto* offsets = static_cast<const int32_t*>(r.key_offsets.get());
-    const auto* sources = static_cast<const int32_t*>(r.key_sources.get());
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
-        static_cast<const __nv_bfloat16*>(r.dk.get()), offsets, sources, r.maps->source_rows,
-        kh * d, static_cast<float*>(r.partial_dk.get()), r.stream));
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
-        static_cast<const __nv_bfloat16*>(r.dv.get()), offsets, sources, r.maps->source_rows,
-        kh * d, static_cast<float*>(r.partial_dv.get()), r.stream));
+    r.backward_ran = r.attention.has_value() || r.diagonal.has_value();
+    if (absl::Status s = ZeroRowsFrom(t[i].dq, tokens, r.stream); !s.ok()) return s;
+    // The source rows' dK/dV sums (every rank writes its whole partial: zeros where it has no
+    // key). Row-exact: the received rows first, which only the problem's keys touch, so their
+    // return overlaps the diagonal's backward; the own rows after it. All-gather: every row,
+    // after it.
+    if (row_exact) {
+      if (absl::Status s = SumKeyGradients(r, tokens, r.maps->source_rows); !s.ok()) return s;
+    } else {
+      WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
+      if (absl::Status s = SumKeyGradients(r, 0, r.maps->source_rows); !s.ok()) return s;
+    }
   }
-  if (absl::Status s = ReturnKvGradients(); !s.ok()) return s;
+  if (absl::Status s = SendKvGradients(); !s.ok()) return s;
   const int64_t count = cap * kh * d;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
+    if (row_exact) {
+      if (absl::Status s = SumKeyGradients(r, 0, r.maps->tokens); !s.ok()) return s;
+      if (absl::Status s = AddReturnedKvGradients(r); !s.ok()) return s;
+    }
+    if (split) {  // the prefixes' dQ onto the diagonal's
+      WLB_CUDA_RETURN_IF_ERROR(
+          detail::LaunchScatterAddRows(static_cast<const __nv_bfloat16*>(r.prefix_dq.get()),
+                                       static_cast<const int32_t*>(r.query_rows.get()),
+                                       r.maps->problem.total_q(), h * d, t[i].dq.data, r.stream));
+    }
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCastToBf16(static_cast<const float*>(r.recv_dk.get()),
                                                       count, t[i].dk.data, r.stream));
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCastToBf16(static_cast<const float*>(r.recv_dv.get()),
@@ -394,14 +534,26 @@ absl::StatusOr<std::vector<CpRankTimes>> CpExecutor::RankTimes() const {
   std::vector<CpRankTimes> times;
   for (const RankState& r : ranks_) {
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
+    WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.side));
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r.stream));
+    // The kernel time between two timing events; 0 for a part the rank does not run.
+    auto elapsed = [&](bool ran, TimingEvent begin, TimingEvent end) -> absl::StatusOr<float> {
+      float ms = 0.0f;
+      if (ran) WLB_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, r.timing[begin], r.timing[end]));
+      return ms;
+    };
+    const bool whole = r.attention.has_value(), diagonal = r.diagonal.has_value();
     CpRankTimes t;
     t.rank = r.maps->rank;
-    if (r.attention.has_value()) {
-      WLB_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t.forward_ms, r.events[0], r.events[1]));
-      if (r.backward_ran) {
-        WLB_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t.backward_ms, r.events[2], r.events[3]));
-      }
+    for (auto [ms, ran, begin, end] :
+         {std::tuple{&t.forward_ms, whole, kForwardBegin, kForwardEnd},
+          std::tuple{&t.forward_ms, diagonal, kForwardDiagonalBegin, kForwardDiagonalEnd},
+          std::tuple{&t.backward_ms, whole && r.backward_ran, kBackwardBegin, kBackwardEnd},
+          std::tuple{&t.backward_ms, diagonal && r.backward_ran, kBackwardDiagonalBegin,
+                     kBackwardDiagonalEnd}}) {
+      absl::StatusOr<float> part = elapsed(ran, begin, end);
+      if (!part.ok()) return part.status();
+      *ms += *part;
     }
     times.push_back(t);
   }

@@ -1,4 +1,5 @@
-// Row gathers/scatters (Thrust), CSR row sums and buffer sums for the CP executor.
+// Row gathers/scatters (Thrust), CSR row sums, buffer sums and the split schedule's log-sum-exp
+// merge for the CP executor.
 #include <thrust/execution_policy.h>
 #include <thrust/gather.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -94,6 +95,55 @@ __global__ void SumBuffersKernel(SumInputs in, int n, int64_t count, T* __restri
   }
 }
 
+// One (row, head, element) of LaunchMergeAttention's output; lse is updated by a second kernel,
+// after every element has read the old value.
+__global__ void MergeOutKernel(const __nv_bfloat16* __restrict__ part_out,
+                               const float* __restrict__ part_lse, const int32_t* __restrict__ rows,
+                               int64_t n, int64_t heads, int64_t head_dim, int64_t tokens,
+                               __nv_bfloat16* __restrict__ out, const float* __restrict__ lse) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * heads * head_dim) return;
+  const int64_t i = e / (heads * head_dim);
+  const int64_t h = e / head_dim % heads;
+  const int64_t row = rows[i];
+  const float own = lse[h * tokens + row], part = part_lse[h * n + i];
+  const float top = fmaxf(own, part);
+  const float w_own = expf(own - top), w_part = expf(part - top);
+  const int64_t at = (row * heads + h) * head_dim + e % head_dim;
+  const float merged =
+      (w_own * __bfloat162float(out[at]) + w_part * __bfloat162float(part_out[e])) /
+      (w_own + w_part);
+  out[at] = __float2bfloat16_rn(merged);
+}
+
+__global__ void MergeLseKernel(const float* __restrict__ part_lse, const int32_t* __restrict__ rows,
+                               int64_t n, int64_t heads, int64_t tokens, float* __restrict__ lse) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * heads) return;
+  const int64_t h = e / n, i = e % n;
+  float& own = lse[h * tokens + rows[i]];
+  const float part = part_lse[e];
+  const float top = fmaxf(own, part);
+  own = top + logf(expf(own - top) + expf(part - top));
+}
+
+__global__ void GatherLseKernel(const float* __restrict__ src, int64_t src_tokens,
+                                const int32_t* __restrict__ rows, int64_t n, int64_t heads,
+                                float* __restrict__ dst) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * heads) return;
+  dst[e] = src[(e / n) * src_tokens + rows[e % n]];
+}
+
+__global__ void ScatterAddRowsKernel(const __nv_bfloat16* __restrict__ src,
+                                     const int32_t* __restrict__ rows, int64_t n, int64_t row_elems,
+                                     __nv_bfloat16* __restrict__ dst) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * row_elems) return;
+  __nv_bfloat16& d = dst[static_cast<int64_t>(rows[e / row_elems]) * row_elems + e % row_elems];
+  d = __float2bfloat16_rn(__bfloat162float(d) + __bfloat162float(src[e]));
+}
+
 struct ToBf16 {
   __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
 };
@@ -146,6 +196,33 @@ cudaError_t LaunchSumBuffers(const void* const* srcs, int n, int64_t count, bool
     SumBuffersKernel<<<Blocks(count), kThreads, 0, stream>>>(in, n, count,
                                                              static_cast<float*>(dst));
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMergeAttention(const __nv_bfloat16* part_out, const float* part_lse,
+                                 const int32_t* rows, int64_t n, int64_t heads, int64_t head_dim,
+                                 int64_t tokens, __nv_bfloat16* out, float* lse,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  MergeOutKernel<<<Blocks(n * heads * head_dim), kThreads, 0, stream>>>(
+      part_out, part_lse, rows, n, heads, head_dim, tokens, out, lse);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  MergeLseKernel<<<Blocks(n * heads), kThreads, 0, stream>>>(part_lse, rows, n, heads, tokens, lse);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGatherLseColumns(const float* src, int64_t src_tokens, const int32_t* rows,
+                                   int64_t n, int64_t heads, float* dst, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  GatherLseKernel<<<Blocks(n * heads), kThreads, 0, stream>>>(src, src_tokens, rows, n, heads, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScatterAddRows(const __nv_bfloat16* src, const int32_t* rows, int64_t n,
+                                 int64_t row_elems, __nv_bfloat16* dst, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ScatterAddRowsKernel<<<Blocks(n * row_elems), kThreads, 0, stream>>>(src, rows, n, row_elems,
+                                                                       dst);
   return cudaGetLastError();
 }
 

@@ -38,6 +38,25 @@ cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int
 cudaError_t LaunchSumBuffers(const void* const* srcs, int n, int64_t count, bool bf16, void* dst,
                              cudaStream_t stream);
 
+// The split schedule's log-sum-exp merge (cp_maps.h, CpSchedule::kSplit): for i < n, local row
+// r = rows[i] of out (bf16, (tokens, heads, head_dim)) and lse (fp32, (heads, tokens)) become the
+// attention over both parts' keys: out = (e^lse out + e^part_lse part_out) / (e^lse + e^part_lse)
+// and lse = log(e^lse + e^part_lse), with part_out (n, heads, head_dim) and part_lse (heads, n).
+// rows must not repeat.
+cudaError_t LaunchMergeAttention(const __nv_bfloat16* part_out, const float* part_lse,
+                                 const int32_t* rows, int64_t n, int64_t heads, int64_t head_dim,
+                                 int64_t tokens, __nv_bfloat16* out, float* lse,
+                                 cudaStream_t stream);
+
+// dst[h][i] = src[h][rows[i]] for h < heads, i < n: columns of a (heads, src_tokens) fp32 LSE.
+cudaError_t LaunchGatherLseColumns(const float* src, int64_t src_tokens, const int32_t* rows,
+                                   int64_t n, int64_t heads, float* dst, cudaStream_t stream);
+
+// dst row rows[i] = bf16(dst row rows[i] + src row i) for i < n (bf16 rows of row_elems,
+// added in fp32); rows must not repeat.
+cudaError_t LaunchScatterAddRows(const __nv_bfloat16* src, const int32_t* rows, int64_t n,
+                                 int64_t row_elems, __nv_bfloat16* dst, cudaStream_t stream);
+
 // dst[e] = bf16(src[e]), round to nearest even.
 cudaError_t LaunchCastToBf16(const float* src, int64_t count, __nv_bfloat16* dst,
                              cudaStream_t stream);

@@ -1,7 +1,9 @@
 #include "wlb/cuda/cp_maps.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "wlb/shard/row_exchange.hpp"
@@ -54,7 +56,59 @@ void Transpose(const std::vector<int32_t>& rows, int64_t n, std::vector<int32_t>
   }
 }
 
+// Turns `m` (whole-schedule maps of a rank holding `segments`, own rows at source rows
+// own_first + i) into the split schedule's (cp_maps.h, CpSchedule::kSplit).
+absl::Status SplitSegments(const std::vector<Segment>& segments, const CpAttentionConfig& config,
+                           int64_t own_first, CpRankMaps& m) {
+  const std::vector<int32_t> keys = std::move(m.key_rows);  // every segment's keys [0, q_end)
+  m.key_rows.clear();
+  m.problem = EmptyProblem(config);
+  m.problem.causal = false;
+  m.diagonal = EmptyProblem(config);
+  std::vector<int32_t> diagonal_sources;  // the diagonal keys' source rows
+  int64_t first_key = 0, first_query = 0;
+  for (const Segment& s : segments) {
+    const int32_t q_len = static_cast<int32_t>(s.q_len());
+    m.diagonal.cu_seqlens_q.push_back(static_cast<int32_t>(first_query + q_len));
+    m.diagonal.cu_seqlens_k.push_back(static_cast<int32_t>(first_query + q_len));
+    m.diagonal.max_seqlen_q = m.diagonal.max_seqlen_k = std::max(m.diagonal.max_seqlen_q, q_len);
+    for (int64_t j = s.q_begin; j < s.q_end; ++j) {
+      diagonal_sources.push_back(keys[static_cast<size_t>(first_key + j)]);
+    }
+    if (s.q_begin > 0) {
+      const int32_t prefix = static_cast<int32_t>(s.q_begin);
+      m.problem.cu_seqlens_q.push_back(m.problem.total_q() + q_len);
+      m.problem.cu_seqlens_k.push_back(m.problem.total_k() + prefix);
+      m.problem.max_seqlen_q = std::max(m.problem.max_seqlen_q, q_len);
+      m.problem.max_seqlen_k = std::max(m.problem.max_seqlen_k, prefix);
+      for (int64_t i = 0; i < q_len; ++i) {
+        m.query_rows.push_back(static_cast<int32_t>(first_query + i));
+      }
+      m.key_rows.insert(m.key_rows.end(), keys.begin() + first_key,
+                        keys.begin() + first_key + prefix);
+    }
+    first_key += s.q_end;
+    first_query += q_len;
+  }
+  // The diagonal is read in place from the rank's own rows: its keys must be them, in order.
+  for (size_t i = 0; i < diagonal_sources.size(); ++i) {
+    if (diagonal_sources[i] != own_first + static_cast<int64_t>(i)) {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d: diagonal key %d reads source row %d, not its own row %d", m.rank, i,
+          diagonal_sources[i], own_first + static_cast<int64_t>(i)));
+    }
+  }
+  std::vector<int32_t> contributions = m.key_rows;
+  contributions.insert(contributions.end(), diagonal_sources.begin(), diagonal_sources.end());
+  Transpose(contributions, m.source_rows, m.key_offsets, m.key_sources);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+const char* CpScheduleName(CpSchedule schedule) {
+  return schedule == CpSchedule::kSplit ? "split" : "whole";
+}
 
 int64_t CpKvRowBytes(const CpAttentionConfig& config) {
   return 4 * int64_t{config.num_kv_heads} * config.head_dim;
@@ -73,7 +127,7 @@ float EffectiveSoftmaxScale(const CpAttentionConfig& config) {
 }
 
 absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config,
-                                   ExchangeKind exchange) {
+                                   ExchangeKind exchange, CpSchedule schedule) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   // Local rows, gathered rows and key rows come from the planning library (wlb/shard/
   // shard_maps.hpp, which also checks the plan, and row_exchange.hpp); this adds the kernel's
@@ -87,6 +141,7 @@ absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfi
   maps.tokens = plan.tokens;
   maps.rank_capacity = plan.rank_capacity;
   maps.exchange = exchange;
+  maps.schedule = schedule;
   maps.packed_to_gathered = std::move(rows->packed_to_gathered);
   maps.ranks.resize(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
@@ -113,7 +168,14 @@ absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfi
       m.source_rows = maps.gathered_rows();
       m.key_rows = std::move(rows->ranks[r].key_rows);
     }
-    Transpose(m.key_rows, m.source_rows, m.key_offsets, m.key_sources);
+    if (schedule == CpSchedule::kSplit) {
+      const int64_t own_first = exchange == ExchangeKind::kRowExact ? 0 : r * plan.rank_capacity;
+      if (absl::Status s = SplitSegments(plan.ranks[r].segments, config, own_first, m); !s.ok()) {
+        return s;
+      }
+    } else {
+      Transpose(m.key_rows, m.source_rows, m.key_offsets, m.key_sources);
+    }
   }
   return maps;
 }

@@ -1,5 +1,7 @@
 #include "wlb/cuda/cp_reference.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <tuple>
 #include <limits>
@@ -31,6 +33,101 @@ std::vector<float> Shard(absl::Span<const float> packed, const CpRankMaps& m, in
     }
   }
   return local;
+}
+
+// One rank's attention results: out, lse (heads, tokens) and dq over its local rows [0, tokens);
+// dk, dv over its dkv_rows() key-gradient rows (cp_maps.h).
+struct RankAttention {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+std::vector<int64_t> Iota(size_t n) {
+  std::vector<int64_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = int64_t(i);
+  return v;
+}
+
+// CpSchedule::kWhole: one causal call over keys gathered from the source rows sk/sv.
+absl::StatusOr<RankAttention> WholeAttention(const CpRankMaps& m, const std::vector<float>& lq,
+                                             const std::vector<float>& ldo,
+                                             const std::vector<float>& sk,
+                                             const std::vector<float>& sv, size_t qw, size_t kw) {
+  const size_t rows = size_t(m.tokens);
+  const std::vector<float> rk = GatherRows<float>(sk, m.key_rows, kw);
+  const std::vector<float> rv = GatherRows<float>(sv, m.key_rows, kw);
+  const absl::Span<const float> rq(lq.data(), rows * qw);
+  const absl::Span<const float> rdo(ldo.data(), rows * qw);
+  absl::StatusOr<CpuForward> f = CpuAttentionForward(m.problem, rq, rk, rv);
+  if (!f.ok()) return f.status();
+  absl::StatusOr<CpuGradients> g = CpuAttentionBackward(m.problem, rq, rk, rv, rdo);
+  if (!g.ok()) return g.status();
+  return RankAttention{std::move(f->out), std::move(f->lse), std::move(g->dq), std::move(g->dk),
+                       std::move(g->dv)};
+}
+
+// CpSchedule::kSplit: the diagonal blocks on the rank's own rows, the prefixes on keys gathered
+// from the source rows, merged by log-sum-exp; each part's backward with the merged out and lse.
+absl::StatusOr<RankAttention> SplitAttention(const CpRankMaps& m, const std::vector<float>& lq,
+                                             const std::vector<float>& lk,
+                                             const std::vector<float>& lv,
+                                             const std::vector<float>& ldo,
+                                             const std::vector<float>& sk,
+                                             const std::vector<float>& sv, size_t qw, size_t kw) {
+  const size_t rows = size_t(m.tokens), n = m.query_rows.size();
+  const size_t heads = size_t(m.diagonal.num_heads), d = size_t(m.diagonal.head_dim);
+  const absl::Span<const float> rq(lq.data(), rows * qw), rdo(ldo.data(), rows * qw);
+  const absl::Span<const float> k_own(lk.data(), rows * kw), v_own(lv.data(), rows * kw);
+  absl::StatusOr<CpuForward> diagonal = CpuAttentionForward(m.diagonal, rq, k_own, v_own);
+  if (!diagonal.ok()) return diagonal.status();
+  RankAttention a{std::move(diagonal->out), std::move(diagonal->lse), {}, {}, {}};
+  const std::vector<float> pq = GatherRows<float>(rq, m.query_rows, qw);
+  const std::vector<float> pdo = GatherRows<float>(rdo, m.query_rows, qw);
+  const std::vector<float> pk = GatherRows<float>(sk, m.key_rows, kw);
+  const std::vector<float> pv = GatherRows<float>(sv, m.key_rows, kw);
+  if (n > 0) {
+    absl::StatusOr<CpuForward> prefix = CpuAttentionForward(m.problem, pq, pk, pv);
+    if (!prefix.ok()) return prefix.status();
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = size_t(m.query_rows[j]);
+      for (size_t h = 0; h < heads; ++h) {
+        double& lse = a.lse[h * rows + i];
+        const double lp = prefix->lse[h * n + j];
+        const double top = std::max(lse, lp);
+        const double w_own = std::exp(lse - top), w_prefix = std::exp(lp - top);
+        const double sum = w_own + w_prefix;
+        for (size_t c = 0; c < d; ++c) {
+          double& o = a.out[(i * heads + h) * d + c];
+          o = (w_own * o + w_prefix * prefix->out[(j * heads + h) * d + c]) / sum;
+        }
+        lse = top + std::log(sum);
+      }
+    }
+  }
+  absl::StatusOr<CpuRows> gd = CpuAttentionBackwardRows(m.diagonal, rq, k_own, v_own, a.out,
+                                                        rdo, a.lse, Iota(rows), Iota(rows));
+  if (!gd.ok()) return gd.status();
+  a.dq = std::move(gd->dq);
+  a.dk.assign(size_t(m.dkv_rows()) * kw, 0.0);
+  a.dv.assign(size_t(m.dkv_rows()) * kw, 0.0);
+  const size_t prefix_keys = m.key_rows.size();
+  std::copy(gd->dk.begin(), gd->dk.end(), a.dk.begin() + int64_t(prefix_keys * kw));
+  std::copy(gd->dv.begin(), gd->dv.end(), a.dv.begin() + int64_t(prefix_keys * kw));
+  if (n > 0) {
+    const std::vector<double> pout = GatherRows<double>(a.out, m.query_rows, qw);
+    std::vector<double> plse(heads * n);
+    for (size_t h = 0; h < heads; ++h) {
+      for (size_t j = 0; j < n; ++j) plse[h * n + j] = a.lse[h * rows + size_t(m.query_rows[j])];
+    }
+    absl::StatusOr<CpuRows> gp = CpuAttentionBackwardRows(m.problem, pq, pk, pv, pout, pdo, plse,
+                                                          Iota(n), Iota(prefix_keys));
+    if (!gp.ok()) return gp.status();
+    for (size_t j = 0; j < n; ++j) {
+      for (size_t c = 0; c < qw; ++c) a.dq[size_t(m.query_rows[j]) * qw + c] += gp->dq[j * qw + c];
+    }
+    std::copy(gp->dk.begin(), gp->dk.end(), a.dk.begin());
+    std::copy(gp->dv.begin(), gp->dv.end(), a.dv.begin());
+  }
+  return a;
 }
 
 absl::Status CheckSize(absl::Span<const float> t, size_t expected, const char* name) {
@@ -136,34 +233,31 @@ absl::StatusOr<CpuCpResult> CpuCpAttention(const CpMaps& maps, absl::Span<const 
     pk[r].assign(size_t(m.source_rows) * kw, 0.0);
     pv[r].assign(size_t(m.source_rows) * kw, 0.0);
     if (!m.has_work()) continue;
-    const size_t rows = size_t(m.tokens);
-    const std::vector<float> rk = GatherRows<float>(sk[r], m.key_rows, kw);
-    const std::vector<float> rv = GatherRows<float>(sv[r], m.key_rows, kw);
-    const absl::Span<const float> rq(lq[r].data(), rows * qw);
-    const absl::Span<const float> rdo(ldo[r].data(), rows * qw);
-    absl::StatusOr<CpuForward> f = CpuAttentionForward(m.problem, rq, rk, rv);
-    if (!f.ok()) return f.status();
-    absl::StatusOr<CpuGradients> g = CpuAttentionBackward(m.problem, rq, rk, rv, rdo);
-    if (!g.ok()) return g.status();
-    // dK/dV into the source rows through the CSR transpose of key_rows.
+    absl::StatusOr<RankAttention> a = maps.schedule == CpSchedule::kSplit
+                                          ? SplitAttention(m, lq[r], lk[r], lv[r], ldo[r], sk[r],
+                                                           sv[r], qw, kw)
+                                          : WholeAttention(m, lq[r], ldo[r], sk[r], sv[r], qw, kw);
+    if (!a.ok()) return a.status();
+    // dK/dV into the source rows through the CSR transpose of the key rows.
     for (size_t row = 0; row < size_t(m.source_rows); ++row) {
       for (int32_t e = m.key_offsets[row]; e < m.key_offsets[row + 1]; ++e) {
         const size_t src = size_t(m.key_sources[size_t(e)]);
         for (size_t c = 0; c < kw; ++c) {
-          pk[r][row * kw + c] += g->dk[src * kw + c];
-          pv[r][row * kw + c] += g->dv[src * kw + c];
+          pk[r][row * kw + c] += a->dk[src * kw + c];
+          pv[r][row * kw + c] += a->dv[src * kw + c];
         }
       }
     }
     // Queries are local: out, lse and dQ go straight back to packed order.
+    const size_t rows = size_t(m.tokens);
     for (size_t i = 0; i < rows; ++i) {
       const size_t p = size_t(m.local_to_packed[i]);
       for (size_t c = 0; c < qw; ++c) {
-        result.out[p * qw + c] = f->out[i * qw + c];
-        result.dq[p * qw + c] = g->dq[i * qw + c];
+        result.out[p * qw + c] = a->out[i * qw + c];
+        result.dq[p * qw + c] = a->dq[i * qw + c];
       }
       for (int h = 0; h < shape.num_heads; ++h) {
-        result.lse[size_t(h) * tokens + p] = f->lse[size_t(h) * rows + i];
+        result.lse[size_t(h) * tokens + p] = a->lse[size_t(h) * rows + i];
       }
     }
   }

@@ -9,7 +9,8 @@
 namespace wlb::cuda {
 namespace {
 
-absl::Status CheckSize(absl::Span<const float> t, size_t expected, const char* name) {
+template <typename T>
+absl::Status CheckSize(absl::Span<const T> t, size_t expected, const char* name) {
   if (t.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s has %d elements; expected %d", name, t.size(), expected));
@@ -140,11 +141,15 @@ absl::StatusOr<CpuRows> CpuAttentionForwardRows(const AttentionProblem& p,
   return r;
 }
 
-absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
-    const AttentionProblem& p, absl::Span<const float> q, absl::Span<const float> k,
-    absl::Span<const float> v, absl::Span<const float> out, absl::Span<const float> dout,
-    absl::Span<const float> lse, absl::Span<const int64_t> query_rows,
-    absl::Span<const int64_t> key_rows) {
+namespace {
+
+// CpuAttentionBackwardRows for out and lse given as float or double.
+template <typename T>
+absl::StatusOr<CpuRows> BackwardRows(const AttentionProblem& p, absl::Span<const float> q,
+                                     absl::Span<const float> k, absl::Span<const float> v,
+                                     absl::Span<const T> out, absl::Span<const float> dout,
+                                     absl::Span<const T> lse, absl::Span<const int64_t> query_rows,
+                                     absl::Span<const int64_t> key_rows) {
   if (absl::Status s = CheckInputs(p, q, k, v); !s.ok()) return s;
   if (absl::Status s = CheckSize(out, q.size(), "out"); !s.ok()) return s;
   if (absl::Status s = CheckSize(dout, q.size(), "dout"); !s.ok()) return s;
@@ -158,7 +163,11 @@ absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
     return t.data() + (row * row_heads + head) * d;
   };
   auto big_d = [&](int64_t qi, int h) {
-    return Dot(qkv(dout, qi, h, heads), qkv(out, qi, h, heads), d);
+    const float* o = qkv(dout, qi, h, heads);
+    const T* x = out.data() + (qi * heads + h) * d;
+    double sum = 0;
+    for (int c = 0; c < d; ++c) sum += double(o[c]) * double(x[c]);
+    return sum;
   };
   // P and dS of query qi, head h (D = big_d(qi, h)) against global key row kj.
   auto p_ds = [&](int64_t qi, int h, double dd, int64_t kj, double* ds) {
@@ -211,6 +220,24 @@ absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
     }
   }
   return r;
+}
+
+}  // namespace
+
+absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
+    const AttentionProblem& p, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, absl::Span<const float> out, absl::Span<const float> dout,
+    absl::Span<const float> lse, absl::Span<const int64_t> query_rows,
+    absl::Span<const int64_t> key_rows) {
+  return BackwardRows<float>(p, q, k, v, out, dout, lse, query_rows, key_rows);
+}
+
+absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
+    const AttentionProblem& p, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, absl::Span<const double> out, absl::Span<const float> dout,
+    absl::Span<const double> lse, absl::Span<const int64_t> query_rows,
+    absl::Span<const int64_t> key_rows) {
+  return BackwardRows<double>(p, q, k, v, out, dout, lse, query_rows, key_rows);
 }
 
 absl::StatusOr<CpuGradients> CpuAttentionBackward(const AttentionProblem& p,

@@ -30,6 +30,17 @@ int64_t CudnnTokenBucket(int64_t n) {
 
 namespace {
 
+// One slot of a ragged layout: a segment's rows in the problem's packed tensors.
+struct CudnnSegmentPart {
+  int32_t segment = 0;  // the problem's segment
+  // Rows of the problem's packed tensors: queries [q_begin, q_begin + q_len) (and their O and
+  // statistics rows), keys and values [k_begin, k_begin + k_len).
+  int32_t q_begin = 0;
+  int32_t q_len = 0;
+  int32_t k_begin = 0;
+  int32_t k_len = 0;
+};
+
 // The class of `batch` slots of at most max_q queries and max_k keys over the rows of `p`.
 CudnnShapeClass ClassOfSlots(const AttentionProblem& p, int64_t batch, int64_t max_q, int64_t max_k,
                              bool causal, bool top_left) {
@@ -173,72 +184,6 @@ absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem&
   if (!l.ok()) return l.status();
   l->has_unvisited_keys = unvisited;
   return l;
-}
-
-absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& p) {
-  if (!p.causal) {
-    return absl::InvalidArgumentError(
-        "the CP segment split needs a causal problem; this one is maskless (causal = false)");
-  }
-  if (absl::Status s = ValidateProblem(p, AttentionKernel::kCudnn); !s.ok()) return s;
-  CudnnCpSplit split;
-  for (int b = 0; b < p.batch(); ++b) {
-    const int32_t len_q = p.seqlen_q(b);
-    if (len_q == 0) continue;  // no queries: no work in either part
-    // ValidateProblem guarantees len_k >= len_q for a causal segment with queries.
-    const int32_t prefix = p.seqlen_k(b) - len_q;
-    if (prefix > 0) {
-      split.prefix.push_back({.segment = b,
-                              .q_begin = p.cu_seqlens_q[b],
-                              .q_len = len_q,
-                              .k_begin = p.cu_seqlens_k[b],
-                              .k_len = prefix});
-    }
-    split.block.push_back({.segment = b,
-                           .q_begin = p.cu_seqlens_q[b],
-                           .q_len = len_q,
-                           .k_begin = p.cu_seqlens_k[b] + prefix,
-                           .k_len = len_q});
-  }
-  return split;
-}
-
-CudnnShapeClass CudnnPartShapeClass(const AttentionProblem& p,
-                                    absl::Span<const CudnnSegmentPart> parts, bool causal) {
-  int64_t max_q = 0, max_k = 0;
-  for (const CudnnSegmentPart& part : parts) {
-    max_q = std::max<int64_t>(max_q, part.q_len);
-    max_k = std::max<int64_t>(max_k, part.k_len);
-  }
-  return ClassOfSlots(p, static_cast<int64_t>(parts.size()), max_q, max_k, causal,
-                      /*top_left=*/true);
-}
-
-absl::StatusOr<CudnnRaggedLayout> BuildCudnnPartLayout(const AttentionProblem& p,
-                                                       absl::Span<const CudnnSegmentPart> parts,
-                                                       const CudnnShapeClass& shape) {
-  if (shape.num_heads != p.num_heads || shape.num_kv_heads != p.num_kv_heads ||
-      shape.head_dim != p.head_dim || shape.softmax_scale != p.softmax_scale ||
-      shape.causal != shape.causal_top_left) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shape class %s does not fit a split part of the problem (heads %d, kv_heads %d, "
-        "head_dim %d, scale %a; a part is maskless or top-left causal)",
-        shape.ToString(), p.num_heads, p.num_kv_heads, p.head_dim, p.softmax_scale));
-  }
-  for (const CudnnSegmentPart& part : parts) {
-    if (part.q_len <= 0 || part.k_len <= 0 || part.q_begin < 0 || part.k_begin < 0 ||
-        int64_t{part.q_begin} + part.q_len > p.total_q() ||
-        int64_t{part.k_begin} + part.k_len > p.total_k()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "part of segment %d (queries [%d, +%d), keys [%d, +%d)) is empty or lies outside the "
-          "problem's %d query and %d key rows",
-          part.segment, part.q_begin, part.q_len, part.k_begin, part.k_len, p.total_q(),
-          p.total_k()));
-    }
-  }
-  const CudnnShapeClass need = CudnnPartShapeClass(p, parts, shape.causal);
-  if (absl::Status s = CheckClassFits(p, need, shape); !s.ok()) return s;
-  return LayoutOfSlots(p, parts, shape.batch);
 }
 
 namespace {

@@ -126,66 +126,70 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateFromFi
   return c;
 }
 
-absl::Status NcclCommunicator::RunAllGather(absl::Span<const void* const> send,
-                                            absl::Span<void* const> recv, size_t count,
+// Every tensor of a call in one NCCL group: one launch per rank, the latency paid once.
+absl::Status NcclCommunicator::RunAllGather(absl::Span<const CommTensor> tensors, size_t count,
                                             CommDataType type) {
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    const ncclResult_t r = ncclAllGather(send[i], recv[i], count, NcclType(type),
-                                         ranks_[i].comm, ranks_[i].stream);
-    if (r != ncclSuccess) {
-      ncclGroupEnd();
-      return NcclStatus(r, "ncclAllGather", __FILE__, __LINE__);
+  for (const CommTensor& t : tensors) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      const ncclResult_t r = ncclAllGather(t.send[i], t.recv[i], count, NcclType(type),
+                                           ranks_[i].comm, ranks_[i].stream);
+      if (r != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(r, "ncclAllGather", __FILE__, __LINE__);
+      }
     }
   }
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::RunReduceScatterSum(absl::Span<const void* const> send,
-                                                   absl::Span<void* const> recv, size_t recv_count,
-                                                   CommDataType type) {
+absl::Status NcclCommunicator::RunReduceScatterSum(absl::Span<const CommTensor> tensors,
+                                                   size_t recv_count, CommDataType type) {
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    const ncclResult_t r = ncclReduceScatter(send[i], recv[i], recv_count, NcclType(type),
-                                             ncclSum, ranks_[i].comm, ranks_[i].stream);
-    if (r != ncclSuccess) {
-      ncclGroupEnd();
-      return NcclStatus(r, "ncclReduceScatter", __FILE__, __LINE__);
+  for (const CommTensor& t : tensors) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      const ncclResult_t r = ncclReduceScatter(t.send[i], t.recv[i], recv_count, NcclType(type),
+                                               ncclSum, ranks_[i].comm, ranks_[i].stream);
+      if (r != ncclSuccess) {
+        ncclGroupEnd();
+        return NcclStatus(r, "ncclReduceScatter", __FILE__, __LINE__);
+      }
     }
   }
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupEnd());
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::RunAllToAllV(absl::Span<const void* const> send,
+absl::Status NcclCommunicator::RunAllToAllV(absl::Span<const CommTensor> tensors,
                                             absl::Span<const std::vector<int64_t>> send_counts,
-                                            absl::Span<void* const> recv,
                                             absl::Span<const std::vector<int64_t>> recv_counts,
                                             CommDataType type) {
   // Grouped point-to-point: NCCL runs the group's sends and receives concurrently.
   const size_t size = CommDataTypeSize(type);
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupStart());
-  for (size_t i = 0; i < ranks_.size(); ++i) {
-    size_t send_at = 0, recv_at = 0;
-    for (int p = 0; p < world_size_; ++p) {
-      const size_t out = static_cast<size_t>(send_counts[i][static_cast<size_t>(p)]);
-      const size_t in = static_cast<size_t>(recv_counts[i][static_cast<size_t>(p)]);
-      ncclResult_t r = ncclSuccess;
-      if (out > 0) {
-        r = ncclSend(static_cast<const char*>(send[i]) + send_at * size, out, NcclType(type), p,
-                     ranks_[i].comm, ranks_[i].stream);
+  for (const CommTensor& t : tensors) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      size_t send_at = 0, recv_at = 0;
+      for (int p = 0; p < world_size_; ++p) {
+        const size_t out = static_cast<size_t>(send_counts[i][static_cast<size_t>(p)]);
+        const size_t in = static_cast<size_t>(recv_counts[i][static_cast<size_t>(p)]);
+        ncclResult_t r = ncclSuccess;
+        if (out > 0) {
+          r = ncclSend(static_cast<const char*>(t.send[i]) + send_at * size, out, NcclType(type), p,
+                       ranks_[i].comm, ranks_[i].stream);
+        }
+        if (r == ncclSuccess && in > 0) {
+          r = ncclRecv(static_cast<char*>(t.recv[i]) + recv_at * size, in, NcclType(type), p,
+                       ranks_[i].comm, ranks_[i].stream);
+        }
+        if (r != ncclSuccess) {
+          ncclGroupEnd();
+          return NcclStatus(r, out > 0 ? "ncclSend" : "ncclRecv", __FILE__, __LINE__);
+        }
+        send_at += out;
+        recv_at += in;
       }
-      if (r == ncclSuccess && in > 0) {
-        r = ncclRecv(static_cast<char*>(recv[i]) + recv_at * size, in, NcclType(type), p,
-                     ranks_[i].comm, ranks_[i].stream);
-      }
-      if (r != ncclSuccess) {
-        ncclGroupEnd();
-        return NcclStatus(r, out > 0 ? "ncclSend" : "ncclRecv", __FILE__, __LINE__);
-      }
-      send_at += out;
-      recv_at += in;
     }
   }
   WLB_NCCL_RETURN_IF_ERROR(ncclGroupEnd());

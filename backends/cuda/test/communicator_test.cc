@@ -91,23 +91,23 @@ class RecordingCommunicator final : public Communicator {
   int device(int) const override { return 0; }
   cudaStream_t stream(int) const override { return nullptr; }
   std::string name() const override { return "recording"; }
-  int runs = 0;
+  int runs = 0;     // collectives that reached the backend
+  int tensors = 0;  // tensors of the last one
 
  private:
-  absl::Status RunAllGather(absl::Span<const void* const>, absl::Span<void* const>, size_t,
-                            CommDataType) override {
-    ++runs;
-    return absl::OkStatus();
+  absl::Status RunAllGather(absl::Span<const CommTensor> t, size_t, CommDataType) override {
+    return Record(t);
   }
-  absl::Status RunReduceScatterSum(absl::Span<const void* const>, absl::Span<void* const>, size_t,
-                                   CommDataType) override {
-    ++runs;
-    return absl::OkStatus();
+  absl::Status RunReduceScatterSum(absl::Span<const CommTensor> t, size_t, CommDataType) override {
+    return Record(t);
   }
-  absl::Status RunAllToAllV(absl::Span<const void* const>, absl::Span<const std::vector<int64_t>>,
-                            absl::Span<void* const>, absl::Span<const std::vector<int64_t>>,
-                            CommDataType) override {
+  absl::Status RunAllToAllV(absl::Span<const CommTensor> t, absl::Span<const std::vector<int64_t>>,
+                            absl::Span<const std::vector<int64_t>>, CommDataType) override {
+    return Record(t);
+  }
+  absl::Status Record(absl::Span<const CommTensor> t) {
     ++runs;
+    tensors = static_cast<int>(t.size());
     return absl::OkStatus();
   }
   int world_, local_;
@@ -186,6 +186,35 @@ TEST(CommunicatorTest, CollectivesCountWhatLeavesAndEntersEachRank) {
   EXPECT_EQ(comm.traffic(0).sent_bytes, 7 * 2);
   EXPECT_EQ(comm.traffic(0).received_bytes, 3 * 2);
   EXPECT_EQ(comm.traffic(5).sent_bytes, 0);  // no such local rank: nothing
+}
+
+// Several tensors in one call: one collective, every tensor's bytes counted, every tensor's
+// buffers checked.
+TEST(CommunicatorTest, TensorsShareOneCollective) {
+  RecordingCommunicator comm(2, 2);
+  float k[2][64], v[2][64];
+  std::vector<const void*> send_k = {k[0], k[1]}, send_v = {v[0], v[1]};
+  std::vector<void*> recv_k = {k[0] + 32, k[1] + 32}, recv_v = {v[0] + 32, v[1] + 32};
+  const std::vector<std::vector<int64_t>> counts = {{1, 3}, {3, 2}};
+  ASSERT_TRUE(
+      comm.AllToAllV({{send_k, recv_k}, {send_v, recv_v}}, counts, counts, CommDataType::kFloat32)
+          .ok());
+  EXPECT_EQ(comm.runs, 1);
+  EXPECT_EQ(comm.tensors, 2);
+  EXPECT_EQ(comm.traffic(0).sent_bytes, 2 * 3 * 4);  // 3 elements to rank 1, of K and of V
+  EXPECT_EQ(comm.traffic(0).collectives, 1);
+  ASSERT_TRUE(comm.AllGather({{send_k, recv_k}, {send_v, recv_v}}, 8, CommDataType::kBf16).ok());
+  EXPECT_EQ(comm.runs, 2);
+  EXPECT_EQ(comm.traffic(1).received_bytes, 2 * 3 * 4 + 2 * 8 * 2);
+  std::vector<const void*> null_v = {v[0], nullptr};
+  absl::Status s =
+      comm.ReduceScatterSum({{send_k, recv_k}, {null_v, recv_v}}, 4, CommDataType::kFloat32);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 1 has a null buffer of local rank 1"));
+  s = comm.AllToAllV({{send_k, recv_k}, {null_v, recv_v}}, counts, counts, CommDataType::kFloat32);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 1 has a null buffer of rank 1"));
+  EXPECT_THAT(comm.AllGather(absl::Span<const CommTensor>(), 8, CommDataType::kBf16).message(),
+              HasSubstr("no tensor"));
+  EXPECT_EQ(comm.runs, 2);
 }
 
 TEST(CommunicatorTest, DataTypeSizes) {

@@ -140,25 +140,27 @@ void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f,
   f.ref_dv = Download(*f.dv);
 }
 
-// Runs `plan` through CP on `comm` (by `exchange`, or the rule's choice) and checks it against
+// Runs `plan` through CP on `comm` (by `exchange`, or the rule's choice, and `schedule`) and
+// checks it against
 // the fixture's single-device result, and the bytes the communicator moved against the planner's
 // rows: forward K and V (bf16) one way, backward dK and dV (fp32) the other.
 void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
-             std::optional<ExchangeKind> exchange = std::nullopt) {
+             std::optional<ExchangeKind> exchange = std::nullopt,
+             CpSchedule schedule = CpSchedule::kSplit) {
   for (Dev* d : {f.out.get(), f.dq.get(), f.dk.get(), f.dv.get()}) {
     ASSERT_CUDA(cudaMemset(d->p, 0xff, d->n * 2));  // NaN: unwritten rows show
   }
   absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =
-      CpPackedRunner::Create(plan, f.config, comm, {.exchange = exchange});
+      CpPackedRunner::Create(plan, f.config, comm, {.exchange = exchange, .schedule = schedule});
   ASSERT_TRUE(run.ok()) << run.status();
   const ExchangeKind ran = (*run)->executor().maps().exchange;
   comm.ResetTraffic();
   PackedCpTensors t{f.q->get(), f.k->get(), f.v->get(), f.dout->get(),
                     f.out->get(), f.dq->get(), f.dk->get(), f.dv->get()};
   ASSERT_TRUE((*run)->Run(t, /*backward=*/true).ok());
-  const std::string where =
-      absl::StrFormat("%d tokens, %d documents, C %d, %s, %s", plan.tokens, f.mb.documents.size(),
-                      plan.cp_size, ShardStrategyName(plan.strategy), ExchangeKindName(ran));
+  const std::string where = absl::StrFormat(
+      "%d tokens, %d documents, C %d, %s, %s, %s", plan.tokens, f.mb.documents.size(), plan.cp_size,
+      ShardStrategyName(plan.strategy), ExchangeKindName(ran), CpScheduleName(schedule));
   for (auto [dev, ref, rel, mx, name] :
        {std::tuple{f.out.get(), &f.ref_out, kOutRelL2, kOutMax, "out"},
         std::tuple{f.dq.get(), &f.ref_dq, kGradRelL2, kGradMax, "dq"},
@@ -184,8 +186,9 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
   }
 }
 
-// Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result: by both
-// exchanges when `both_exchanges`, else by the one the rule picks.
+// Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result, split
+// schedule: by both exchanges when `both_exchanges` (and the whole schedule by the rule's), else
+// by the one the rule picks.
 void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
   for (int cp : {2, 4, 8}) {
     absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
@@ -200,6 +203,7 @@ void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
       for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
         CheckCp(f, *plan, **comm, x);
       }
+      CheckCp(f, *plan, **comm, std::nullopt, CpSchedule::kWhole);
     }
   }
 }

@@ -193,7 +193,7 @@ Case MakeCase(std::mt19937_64& rng, int iter) {
 TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
   std::mt19937_64 rng(6);
   const KernelModel models[] = {KernelModel::Default(), SmallTileModel()};
-  int plans = 0, multi_segment_ranks = 0, moved = 0;
+  int plans = 0, multi_segment_ranks = 0, moved = 0, split_prefixes = 0;
   for (int iter = 0; iter < 1000; ++iter) {
     const Case c = MakeCase(rng, iter);
     const int cp = static_cast<int>(std::uniform_int_distribution<int>(1, 16)(rng));
@@ -201,18 +201,30 @@ TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
       absl::StatusOr<ShardPlan> plan = PlanShards(c.mb, cp, strategy, models[iter % 2]);
       ASSERT_TRUE(plan.ok()) << plan.status();
       const std::vector<RankExchange> predicted = ExchangedKvRows(*plan);
-      // Both exchanges of every plan: the all-gather on even iterations, row-exact on all.
-      for (ExchangeKind exchange : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
-        if (exchange == ExchangeKind::kAllGather && iter % 2 == 1) continue;
-        absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, c.config, exchange);
+      // Row-exact under both schedules on every plan; the all-gather on even iterations, split
+      // and whole in turn.
+      struct Run {
+        ExchangeKind exchange;
+        CpSchedule schedule;
+      };
+      std::vector<Run> runs = {{ExchangeKind::kRowExact, CpSchedule::kSplit},
+                               {ExchangeKind::kRowExact, CpSchedule::kWhole}};
+      if (iter % 2 == 0) {
+        runs.push_back({ExchangeKind::kAllGather,
+                        iter % 4 == 0 ? CpSchedule::kSplit : CpSchedule::kWhole});
+      }
+      for (const auto [exchange, schedule] : runs) {
+        absl::StatusOr<CpMaps> maps = BuildCpMaps(*plan, c.config, exchange, schedule);
         ASSERT_TRUE(maps.ok()) << maps.status();
         absl::StatusOr<CpuCpResult> cp_result =
             CpuCpAttention(*maps, c.in.q, c.in.k, c.in.v, c.in.dout);
         ASSERT_TRUE(cp_result.ok()) << cp_result.status();
         const std::string where = absl::StrFormat(
-            "iter %d, C %d, %s (used %s), %s, %d tokens", iter, cp, ShardStrategyName(strategy),
-            ShardStrategyName(plan->strategy), ExchangeKindName(exchange), c.mb.tokens);
-        // Same rows, same key order: only the dK/dV summation order differs.
+            "iter %d, C %d, %s (used %s), %s, %s, %d tokens", iter, cp,
+            ShardStrategyName(strategy), ShardStrategyName(plan->strategy),
+            ExchangeKindName(exchange), CpScheduleName(schedule), c.mb.tokens);
+        // Whole: same rows, same key order, only the dK/dV summation order differs. Split: the
+        // log-sum-exp merge of two exact parts.
         ASSERT_LE(MaxError(cp_result->out, c.whole_f.out), 1e-13) << where;
         ASSERT_LE(MaxError(cp_result->lse, c.whole_f.lse), 1e-13) << where;
         ASSERT_LE(MaxError(cp_result->dq, c.whole_g.dq), 1e-12) << where;
@@ -227,11 +239,15 @@ TEST(CpMapsPropertyTest, EmulatedDataflowEqualsSingleDevice) {
           moved += exact && predicted[r].recv_rows > 0;
         }
         ++plans;
-        for (const CpRankMaps& m : maps->ranks) multi_segment_ranks += m.problem.batch() > 1;
+        for (const CpRankMaps& m : maps->ranks) {
+          multi_segment_ranks += m.problem.batch() > 1;
+          split_prefixes += m.problem.batch() > 0 && schedule == CpSchedule::kSplit;
+        }
       }
     }
   }
-  EXPECT_EQ(plans, 1500 * static_cast<int>(std::size(kStrategies)));
+  EXPECT_EQ(plans, 2500 * static_cast<int>(std::size(kStrategies)));
+  EXPECT_GT(split_prefixes, 10000);  // split ranks with both a diagonal and a prefix part
   EXPECT_GT(multi_segment_ranks, 6000);  // the maps were exercised with several segments per rank
   EXPECT_GT(moved, 5000);                // and the row-exact exchange with rows to move
 }
@@ -291,6 +307,26 @@ TEST(CpMapsPropertyTest, CorruptedMapsAreCaught) {
   miscounted.ranks[1].recv_counts[0] += 1;
   EXPECT_THAT(CpuCpAttention(miscounted, in.q, in.k, in.v, in.dout).status().message(),
               HasSubstr("rank 0 sends"));
+
+  // Split: a prefix query read from the wrong local row, a diagonal dK contribution dropped.
+  const CpMaps split =
+      *BuildCpMaps(*PlanShards(mb, 4, ShardStrategy("per-doc"), KernelModel::Default()), config,
+                   ExchangeKind::kRowExact, CpSchedule::kSplit);
+  ASSERT_LE(MaxError(CpuCpAttention(split, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-12);
+  CpMaps shifted = split;
+  ASSERT_GE(shifted.ranks[1].query_rows.size(), 2u) << "rank 1 has prefix queries";
+  std::swap(shifted.ranks[1].query_rows.front(), shifted.ranks[1].query_rows.back());
+  EXPECT_GT(MaxError(CpuCpAttention(shifted, in.q, in.k, in.v, in.dout)->out, f.out), 1e-6);
+  CpMaps no_diagonal = split;
+  CpRankMaps& d = no_diagonal.ranks[2];
+  const auto diagonal_key = std::find_if(d.key_sources.begin(), d.key_sources.end(), [&](int32_t e) {
+    return e >= d.problem.total_k();
+  });
+  ASSERT_NE(diagonal_key, d.key_sources.end());
+  const int64_t at = diagonal_key - d.key_sources.begin();
+  d.key_sources.erase(diagonal_key);
+  for (int32_t& o : d.key_offsets) o -= o > at;
+  EXPECT_GT(MaxError(CpuCpAttention(no_diagonal, in.q, in.k, in.v, in.dout)->dk, g.dk), 1e-6);
 
   CpMaps lost = good;  // one dK contribution dropped from the transpose
   CpRankMaps& m = lost.ranks[2];

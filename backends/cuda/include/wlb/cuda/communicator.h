@@ -10,6 +10,7 @@
 //       wlb::cuda::LocalCommunicator::Create(/*ranks=*/4);   // 4 emulated ranks on GPU 0
 //   std::vector<const void*> send = ...;  std::vector<void*> recv = ...;   // one per rank
 //   absl::Status s = (*comm)->AllGather(send, recv, count, wlb::cuda::CommDataType::kBf16);
+//   s = (*comm)->AllGather({{send_k, recv_k}, {send_v, recv_v}}, count, type);  // K and V at once
 //
 // LocalCommunicator exists because NCCL refuses two ranks on one device: it lets one GPU run a
 // whole CP group (each rank on its own stream), for correctness tests and per-rank timing.
@@ -49,6 +50,14 @@ struct CommTraffic {
   int64_t collectives = 0;  // collectives called (including those that moved nothing)
 };
 
+// One tensor of a collective: its send and receive buffer on every local rank (index i for
+// local rank i). A collective moves several tensors that share its counts together: one NCCL
+// group (one launch, one latency), one pair of barriers between emulated ranks.
+struct CommTensor {
+  absl::Span<const void* const> send;
+  absl::Span<void* const> recv;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -60,15 +69,23 @@ class Communicator {
   virtual cudaStream_t stream(int local) const = 0;
   virtual std::string name() const = 0;
 
-  // recv[i] (world_size * count elements) = the send buffers of ranks 0, 1, ... in rank order;
-  // send[i] holds `count` elements of local rank i. send[i] may be recv[i]'s own block.
+  // Per tensor: recv[i] (world_size * count elements) = the send buffers of ranks 0, 1, ... in
+  // rank order; send[i] holds `count` elements of local rank i. send[i] may be recv[i]'s own
+  // block.
+  absl::Status AllGather(absl::Span<const CommTensor> tensors, size_t count, CommDataType type);
   absl::Status AllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                         size_t count, CommDataType type);
+                         size_t count, CommDataType type) {
+    return AllGather({CommTensor{send, recv}}, count, type);
+  }
 
-  // recv[i] (recv_count elements) = sum over ranks of block global_rank(i) of their send
-  // buffers (world_size * recv_count elements each).
+  // Per tensor: recv[i] (recv_count elements) = sum over ranks of block global_rank(i) of their
+  // send buffers (world_size * recv_count elements each).
+  absl::Status ReduceScatterSum(absl::Span<const CommTensor> tensors, size_t recv_count,
+                                CommDataType type);
   absl::Status ReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                size_t recv_count, CommDataType type);
+                                size_t recv_count, CommDataType type) {
+    return ReduceScatterSum({CommTensor{send, recv}}, recv_count, type);
+  }
 
   // Every rank sends send_counts[i][p] elements to rank p and receives recv_counts[i][p] from it
   // (one count per global rank, world_size each): send[i] holds its blocks for ranks 0, 1, ...
@@ -76,11 +93,16 @@ class Communicator {
   // pair up (rank s's send count for p is rank p's receive count from s): InvalidArgument naming
   // both ranks when two local ranks disagree; ranks in other processes cannot be checked here,
   // so callers derive both sides from one plan (wlb::RowExchange). Send and receive buffers must
-  // not overlap.
+  // not overlap. Every tensor moves by the same counts.
+  absl::Status AllToAllV(absl::Span<const CommTensor> tensors,
+                         absl::Span<const std::vector<int64_t>> send_counts,
+                         absl::Span<const std::vector<int64_t>> recv_counts, CommDataType type);
   absl::Status AllToAllV(absl::Span<const void* const> send,
                          absl::Span<const std::vector<int64_t>> send_counts,
                          absl::Span<void* const> recv,
-                         absl::Span<const std::vector<int64_t>> recv_counts, CommDataType type);
+                         absl::Span<const std::vector<int64_t>> recv_counts, CommDataType type) {
+    return AllToAllV({CommTensor{send, recv}}, send_counts, recv_counts, type);
+  }
 
   // Bytes local rank `local` has moved since creation or the last ResetTraffic().
   CommTraffic traffic(int local) const;
@@ -88,24 +110,21 @@ class Communicator {
 
  protected:
   // The collectives, called by the public ones above with checked buffers and counts (and not
-  // at all when nothing would move).
-  virtual absl::Status RunAllGather(absl::Span<const void* const> send,
-                                    absl::Span<void* const> recv, size_t count,
+  // at all when nothing would move), every tensor in one collective.
+  virtual absl::Status RunAllGather(absl::Span<const CommTensor> tensors, size_t count,
                                     CommDataType type) = 0;
-  virtual absl::Status RunReduceScatterSum(absl::Span<const void* const> send,
-                                           absl::Span<void* const> recv, size_t recv_count,
+  virtual absl::Status RunReduceScatterSum(absl::Span<const CommTensor> tensors, size_t recv_count,
                                            CommDataType type) = 0;
-  virtual absl::Status RunAllToAllV(absl::Span<const void* const> send,
+  virtual absl::Status RunAllToAllV(absl::Span<const CommTensor> tensors,
                                     absl::Span<const std::vector<int64_t>> send_counts,
-                                    absl::Span<void* const> recv,
                                     absl::Span<const std::vector<int64_t>> recv_counts,
                                     CommDataType type) = 0;
 
  private:
-  // InvalidArgument unless send/recv have one non-null entry per local rank (null allowed when
-  // the byte count is 0).
-  absl::Status CheckBuffers(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                            size_t send_bytes, size_t recv_bytes, const char* op) const;
+  // InvalidArgument unless there is a tensor and each has one send and one recv entry per local
+  // rank, non-null where the byte count is not 0.
+  absl::Status CheckBuffers(absl::Span<const CommTensor> tensors, size_t send_bytes,
+                            size_t recv_bytes, const char* op) const;
   void AddTraffic(int local, int64_t sent, int64_t received);
 
   std::vector<CommTraffic> traffic_;  // per local rank, grown on first use
@@ -130,13 +149,12 @@ class LocalCommunicator final : public Communicator {
 
  private:
   LocalCommunicator() = default;
-  absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                            size_t count, CommDataType type) override;
-  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                   size_t recv_count, CommDataType type) override;
-  absl::Status RunAllToAllV(absl::Span<const void* const> send,
+  absl::Status RunAllGather(absl::Span<const CommTensor> tensors, size_t count,
+                            CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const CommTensor> tensors, size_t recv_count,
+                                   CommDataType type) override;
+  absl::Status RunAllToAllV(absl::Span<const CommTensor> tensors,
                             absl::Span<const std::vector<int64_t>> send_counts,
-                            absl::Span<void* const> recv,
                             absl::Span<const std::vector<int64_t>> recv_counts,
                             CommDataType type) override;
   // Every stream waits for the work enqueued so far on every other stream.
@@ -172,13 +190,12 @@ class NcclCommunicator final : public Communicator {
 
  private:
   struct Rank;
-  absl::Status RunAllGather(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                            size_t count, CommDataType type) override;
-  absl::Status RunReduceScatterSum(absl::Span<const void* const> send, absl::Span<void* const> recv,
-                                   size_t recv_count, CommDataType type) override;
-  absl::Status RunAllToAllV(absl::Span<const void* const> send,
+  absl::Status RunAllGather(absl::Span<const CommTensor> tensors, size_t count,
+                            CommDataType type) override;
+  absl::Status RunReduceScatterSum(absl::Span<const CommTensor> tensors, size_t recv_count,
+                                   CommDataType type) override;
+  absl::Status RunAllToAllV(absl::Span<const CommTensor> tensors,
                             absl::Span<const std::vector<int64_t>> send_counts,
-                            absl::Span<void* const> recv,
                             absl::Span<const std::vector<int64_t>> recv_counts,
                             CommDataType type) override;
   NcclCommunicator() = default;

@@ -7,9 +7,13 @@
 // row-exact all-to-all-v of exactly the rows needed; ChooseCpExchange picks it over
 // CpExecutorOptions::comm, as the planner prices it), gathers each rank's segment keys into the
 // varlen layout (index maps uploaded once by Create, applied with Thrust on the device) and runs
-// VarlenAttention. Backward runs the varlen backward, sums every rank's dK/dV rows into its
+// VarlenAttention. Under the split schedule (the default; cp_maps.h, CpSchedule) each segment's
+// diagonal block runs on the rank's own rows on a second stream while the exchange is in flight,
+// and the prefixes run once it lands; the two merge by log-sum-exp. Backward runs the varlen
+// backward of each part (with the merged out and LSE), sums every rank's dK/dV rows into its
 // source rows (CSR, fp32, deterministic order), returns them to their owners in fp32
-// (reduce-scatter, or the reverse all-to-all-v plus a CSR sum) and rounds to bf16 once.
+// (reduce-scatter, or the reverse all-to-all-v plus a CSR sum; under the split schedule the
+// row-exact return is in flight while the diagonal's backward runs) and rounds to bf16 once.
 // Outputs' padding rows are zero. CpuCpAttention (cp_reference.h) is the same dataflow on the
 // CPU; the communicator's traffic() counts the bytes moved.
 //
@@ -48,7 +52,8 @@ struct CpBackwardTensors {
   MutableThd dq, dk, dv;  // written completely
 };
 
-// Kernel time of one rank's varlen attention (0 for a rank without segments).
+// Kernel time of one rank's varlen attention (0 for a rank without segments; under the split
+// schedule the diagonal's and the prefixes' kernel times added).
 struct CpRankTimes {
   int rank = 0;
   float forward_ms = 0.0f;
@@ -63,6 +68,9 @@ struct CpExecutorOptions {
   CommModel comm;
   // Run this exchange instead of the one the rule picks (tests and benches compare both).
   std::optional<ExchangeKind> exchange;
+  // kSplit overlaps the exchange with the diagonal blocks; kWhole (one call after the exchange)
+  // is the baseline the benches compare it with.
+  CpSchedule schedule = CpSchedule::kSplit;
 };
 
 class CpExecutor {
@@ -104,8 +112,13 @@ class CpExecutor {
   CpExecutor() = default;
   // K/V of every rank's source rows (cp_maps.h) by the maps' exchange.
   absl::Status FetchKv(absl::Span<const CpForwardTensors> t);
-  // The source rows' dK/dV (partial_dk/dv) back to their owners: recv_dk/dv of every rank.
-  absl::Status ReturnKvGradients();
+  // Sums a rank's dK/dV contributions into its source rows [first, last) (partial_dk/dv).
+  absl::Status SumKeyGradients(RankState& r, int64_t first, int64_t last);
+  // The source rows' dK/dV (partial_dk/dv) to their owners: the reduce-scatter into recv_dk/dv,
+  // or the reverse all-to-all-v of the received rows' into back_dk/dv.
+  absl::Status SendKvGradients();
+  // Row-exact: recv_dk/dv = the own rows' partial sums plus what came back.
+  absl::Status AddReturnedKvGradients(RankState& r);
 
   CpMaps maps_;
   CpAttentionConfig config_;

@@ -10,17 +10,18 @@
 //    all-to-all-v; its source rows are its own `tokens` rows followed by the received ones, and in
 //    backward the received rows' dK/dV go back to their owners by the reverse all-to-all-v.
 // Each rank then gathers the keys of its segments from its source rows into a contiguous varlen
-// layout and runs varlen causal attention; in backward its dK/dV rows are summed back into its
-// source rows. This header computes every index that dataflow needs, on the host, once per plan;
-// the device side only reads them (plan/run split). CpuCpAttention (cp_reference.h) runs the
-// same dataflow on the CPU.
+// layout and runs varlen attention (CpSchedule: one causal call over all of them, or the split
+// that overlaps the exchange); in backward its dK/dV rows are summed back into its source rows.
+// This header computes every index that dataflow needs, on the host, once per plan; the device
+// side only reads them (plan/run split). CpuCpAttention (cp_reference.h) runs the same dataflow
+// on the CPU.
 //
 //   absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, 4, wlb::ShardStrategy("adaptive"),
 //                                                         wlb::KernelModel::Default());
 //   wlb::cuda::CpAttentionConfig config{.num_heads = 32, .num_kv_heads = 8, .head_dim = 128};
 //   wlb::ExchangeKind x = wlb::cuda::ChooseCpExchange(*plan, config, wlb::CommModel{});
 //   absl::StatusOr<wlb::cuda::CpMaps> maps = wlb::cuda::BuildCpMaps(*plan, config, x);
-//   // maps->ranks[r].problem feeds VarlenAttention::Create on rank r (when it has segments).
+//   // maps->ranks[r].problem (and .diagonal under the split) feed VarlenAttention::Create.
 #ifndef WLB_CUDA_CP_MAPS_H_
 #define WLB_CUDA_CP_MAPS_H_
 
@@ -47,22 +48,46 @@ struct CpAttentionConfig {
   AttentionMask mask;
 };
 
+// How a rank runs the attention of its segments. A CP segment holds queries [a, b) of a document
+// and sees its keys [0, b).
+enum class CpSchedule {
+  // One bottom-right causal varlen call over every segment's keys [0, b), gathered from the
+  // source rows once the exchange is done.
+  kWhole,
+  // Each segment as its diagonal block (queries [a, b) x keys [a, b): the rank's own rows, a
+  // square causal block, so it needs no exchange and runs while the exchange is in flight) and
+  // its prefix (the same queries x keys [0, a), no mask; only segments with a > 0), merged by
+  // log-sum-exp. Square blocks are also where cuDNN's causal backward skips masked tiles.
+  kSplit,
+};
+
+// "whole" or "split".
+const char* CpScheduleName(CpSchedule schedule);
+
 // One rank's maps. Row indices are int32 (what the varlen kernels and the gathers take).
 struct CpRankMaps {
   int rank = 0;
   int64_t tokens = 0;  // query rows in use; rows [tokens, rank_capacity) are padding
-  // Varlen problem of the rank: queries in the local layout, keys in the rank's key layout.
-  // Without segments, cu_seqlens are {0} and the rank runs no kernel.
+  // The attention over keys gathered from the source rows, in the rank's key layout. kWhole: the
+  // causal problem of every segment, queries = local rows [0, tokens). kSplit: the prefixes (no
+  // mask), queries gathered from local rows query_rows. Without segments (or, under kSplit,
+  // without a segment that has a prefix) cu_seqlens are {0} and no kernel runs for it.
   AttentionProblem problem;
+  std::vector<int32_t> query_rows;  // kSplit: problem query row -> local row; kWhole: empty
+  // kSplit: the diagonal blocks, causal, cu_seqlens_q == cu_seqlens_k over local rows [0, tokens):
+  // queries and keys are the rank's own rows, read in place. kWhole: cu_seqlens {0}.
+  AttentionProblem diagonal;
   std::vector<int32_t> local_to_packed;  // local row -> packed micro-batch position (tokens)
   // The rank's source rows: what its keys are gathered from (the file comment). All-gather:
   // C * rank_capacity; row-exact: tokens + the rows it receives.
   int64_t source_rows = 0;
-  std::vector<int32_t> key_rows;  // rank key row -> source row (problem.total_k())
-  // dK/dV: for source row g, the rank key rows key_sources[key_offsets[g] ..
-  // key_offsets[g+1]) hold its gradient contributions (ascending, so sums are deterministic).
+  std::vector<int32_t> key_rows;  // problem key row -> source row (problem.total_k())
+  // dK/dV: the rank's key gradients are dkv_rows() rows, problem's keys then (kSplit) the
+  // diagonal's; for source row g, rows key_sources[key_offsets[g] .. key_offsets[g+1]) hold its
+  // contributions (ascending, so sums are deterministic). Under the row-exact exchange the
+  // received source rows [tokens, source_rows) get contributions from problem's keys only.
   std::vector<int32_t> key_offsets;  // source_rows + 1
-  std::vector<int32_t> key_sources;  // problem.total_k()
+  std::vector<int32_t> key_sources;  // dkv_rows()
   // Row-exact exchange only (empty under the all-gather), as wlb::RankRowExchange: the local
   // rows sent, grouped by destination, and the rows sent to / received from every rank.
   std::vector<int32_t> send_rows;
@@ -73,7 +98,8 @@ struct CpRankMaps {
   std::vector<int32_t> return_offsets;  // tokens + 1
   std::vector<int32_t> return_sources;  // send_rows.size()
 
-  bool has_work() const { return problem.batch() > 0; }
+  bool has_work() const { return problem.batch() > 0 || diagonal.batch() > 0; }
+  int64_t dkv_rows() const { return int64_t{problem.total_k()} + diagonal.total_k(); }
 };
 
 // All ranks' maps for one shard plan.
@@ -82,6 +108,7 @@ struct CpMaps {
   int64_t tokens = 0;         // packed micro-batch tokens
   int64_t rank_capacity = 0;  // rows of every rank's local buffers
   ExchangeKind exchange = ExchangeKind::kAllGather;
+  CpSchedule schedule = CpSchedule::kWhole;
   std::vector<int32_t> packed_to_gathered;  // packed position -> gathered row (tokens)
   std::vector<CpRankMaps> ranks;            // ranks[r].rank == r
 
@@ -99,12 +126,13 @@ int64_t CpKvRowBytes(const CpAttentionConfig& config);
 ExchangeKind ChooseCpExchange(const ShardPlan& plan, const CpAttentionConfig& config,
                               const CommModel& comm);
 
-// Builds the maps of `plan` for `exchange`. InvalidArgument when the config is not a valid
+// Builds the maps of `plan` for `exchange` and `schedule`. InvalidArgument when the config is not a valid
 // attention shape for config.kernel or the plan is inconsistent (a packed token held by no rank
 // or by two, a segment outside the micro-batch, a rank over its capacity); OutOfRange when
 // gathered rows exceed int32.
 absl::StatusOr<CpMaps> BuildCpMaps(const ShardPlan& plan, const CpAttentionConfig& config,
-                                   ExchangeKind exchange = ExchangeKind::kAllGather);
+                                   ExchangeKind exchange = ExchangeKind::kAllGather,
+                                   CpSchedule schedule = CpSchedule::kWhole);
 
 // The single-device problem over the whole packed micro-batch: one causal segment per document
 // piece. InvalidArgument for an empty micro-batch or an invalid config.

@@ -75,6 +75,13 @@ absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
     absl::Span<const float> v, absl::Span<const float> out, absl::Span<const float> dout,
     absl::Span<const float> lse, absl::Span<const int64_t> query_rows,
     absl::Span<const int64_t> key_rows);
+// The same with the forward's out and lse in float64 (the CP emulation's split schedule passes
+// the merged out and lse of a whole row, which no float rounding may perturb).
+absl::StatusOr<CpuRows> CpuAttentionBackwardRows(
+    const AttentionProblem& problem, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, absl::Span<const double> out, absl::Span<const float> dout,
+    absl::Span<const double> lse, absl::Span<const int64_t> query_rows,
+    absl::Span<const int64_t> key_rows);
 
 }  // namespace wlb::cuda
 

@@ -95,49 +95,6 @@ struct CudnnRaggedLayout {
 absl::StatusOr<CudnnRaggedLayout> BuildCudnnRaggedLayout(const AttentionProblem& problem,
                                                          const CudnnShapeClass& shape);
 
-// The CP segment split (issue 49 item 3; host side only, the engine does not run it yet): a
-// causal segment with queries [a, b) of a document and keys [0, b) (a = len_k - len_q > 0) is
-// run as two cuDNN calls whose outputs merge by log-sum-exp: a maskless part, the queries over
-// the key prefix [0, a), and a square top-left causal part, the queries over keys [a, b). Under
-// the top-left mask cuDNN's backward skips masked tiles; under the bottom-right mask it does not.
-// A segment with a = 0 has only the square part; a segment without queries has neither.
-//
-//   absl::StatusOr<wlb::cuda::CudnnCpSplit> s = wlb::cuda::SplitCudnnCpSegments(problem);
-//   // s->prefix: one maskless varlen call; s->block: one top-left causal varlen call.
-struct CudnnSegmentPart {
-  int32_t segment = 0;  // the problem's segment
-  // Rows of the problem's packed tensors: queries [q_begin, q_begin + q_len) (and their O and
-  // statistics rows), keys and values [k_begin, k_begin + k_len).
-  int32_t q_begin = 0;
-  int32_t q_len = 0;
-  int32_t k_begin = 0;
-  int32_t k_len = 0;
-};
-struct CudnnCpSplit {
-  std::vector<CudnnSegmentPart> prefix;  // maskless: k_len = a > 0, in segment order
-  std::vector<CudnnSegmentPart> block;   // top-left causal, q_len = k_len > 0, in segment order
-};
-
-// The split of a causal `problem` valid for AttentionKernel::kCudnn. InvalidArgument when the
-// problem is not causal (a maskless problem needs no split) or fails ValidateProblem.
-absl::StatusOr<CudnnCpSplit> SplitCudnnCpSegments(const AttentionProblem& problem);
-
-// The shape class of one call of the split: `parts` (CudnnCpSplit::prefix with causal = false,
-// or CudnnCpSplit::block with causal = true, which is then top-left) of `problem`. Batch and
-// maximum lengths come from the parts; the packed totals stay the problem's (the parts address
-// rows of the problem's tensors).
-CudnnShapeClass CudnnPartShapeClass(const AttentionProblem& problem,
-                                    absl::Span<const CudnnSegmentPart> parts, bool causal);
-
-// The ragged layout of `parts` in `shape` (from CudnnPartShapeClass, or one at least as large):
-// one slot per part, then zero-length padding slots at the end of the packed tensors;
-// `segments` holds each part's segment; has_unvisited_keys is false (the caller knows which
-// keys no part visits). InvalidArgument when `shape` is too small or does not match the problem,
-// or a part lies outside the problem's tensors; OutOfRange as BuildCudnnRaggedLayout.
-absl::StatusOr<CudnnRaggedLayout> BuildCudnnPartLayout(const AttentionProblem& problem,
-                                                       absl::Span<const CudnnSegmentPart> parts,
-                                                       const CudnnShapeClass& shape);
-
 // The engine's statistics conversion on the host (the device kernels use the same index map,
 // lse_layout.h): cuDNN's token-major (total_q, heads) statistics to wlb's (heads, total_q) LSE,
 // and back. Both are natural-log log-sum-exp of the scaled masked scores, so only the layout
