@@ -287,6 +287,9 @@ check_binaries() {
     return 1
   fi
   say "binaries: ${dev}/bin ($(grep -m1 '^commit' "${dev}/MANIFEST" 2>/dev/null))"
+  if grep -q '^commit .*uncommitted changes' "${dev}/MANIFEST" 2>/dev/null; then
+    say "PROVISIONAL: these binaries were built from uncommitted changes; do not commit this call's numbers as results"
+  fi
   binaries_checked=1
 }
 

@@ -4,7 +4,11 @@
 # build (gpu_check.sh reads it there). Run it on the dev machine, then send the folder with the
 # device call (`carry: [".device"]`; .gitignore ignores it).
 #
-#   backends/cuda/scripts/prebuild.sh [--build DIR] [--out DIR] [-- extra cmake args]
+#   backends/cuda/scripts/prebuild.sh [--build DIR] [--out DIR] [--allow-dirty] [-- extra cmake args]
+#
+# Results must name a clean commit: the script refuses a tree whose tracked files differ from
+# HEAD unless --allow-dirty (a try-out build; its MANIFEST and every gpu_check.sh summary then say
+# the numbers are provisional and must not be committed as results).
 #
 # Defaults: --build <repo>/build-device, --out <repo>/.device. The folder holds
 #   bin/      the binaries, stripped (run directly: ctest's absolute paths do not travel)
@@ -35,15 +39,25 @@ repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 build="${repo}/build-device"
 out="${repo}/.device"
 extra=()
+allow_dirty=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --allow-dirty) allow_dirty=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "prebuild.sh: unknown argument '$1' (allowed: --build DIR, --out DIR, -- cmake args)" >&2
+    *) echo "prebuild.sh: unknown argument '$1' (allowed: --build DIR, --out DIR, --allow-dirty, -- cmake args)" >&2
        exit 2 ;;
   esac
 done
+if ! git -C "${repo}" diff --quiet HEAD; then
+  if (( ! allow_dirty )); then
+    echo "prebuild.sh: tracked files differ from HEAD ($(git -C "${repo}" diff --name-only HEAD | wc -l) files):" \
+         "commit first, so results name a clean commit, or pass --allow-dirty for a try-out build" >&2
+    exit 2
+  fi
+  echo "prebuild.sh: --allow-dirty: building uncommitted changes; results are provisional" >&2
+fi
 
 tests=(wlb_cuda_attention_problem_test wlb_cuda_attention_plan_test wlb_cuda_cpu_reference_test
        wlb_cuda_tensor_validation_test wlb_cuda_cudnn_layout_test wlb_cuda_cp_maps_test
@@ -128,7 +142,7 @@ fi
 provided='^(linux-vdso|libc|libm|libstdc\+\+|libgcc_s|ld-linux-x86-64|libpthread|libdl|librt|libcuda|libnccl|libcudnn|libnvrtc|libcublasLt|libcublas)\.so'
 {
   echo "# wlb::cuda prebuilt binaries, made by backends/cuda/scripts/prebuild.sh"
-  echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo ' (with uncommitted changes)')"
+  echo "commit $(git -C "${repo}" rev-parse HEAD)$(git -C "${repo}" diff --quiet HEAD || echo " (with uncommitted changes, diff sha256 $(git -C "${repo}" diff HEAD | sha256sum | cut -c1-16): provisional, not for committed results)")"
   echo "date $(date -u +%FT%TZ) on $(hostname)"
   echo "compilers: $(c++ --version | head -1); $(nvcc --version | tail -1)"
   echo "CUDA architectures 90 (sm_90), Release; wlb::cuda and cudart shared (carried in lib/); binaries and libwlb_cuda stripped (--strip-unneeded)"
