@@ -129,7 +129,6 @@ absl::Status Communicator::AllToAllV(absl::Span<const CommTensor> tensors,
   const int64_t size = static_cast<int64_t>(CommDataTypeSize(type) * tensors.size());
   bool moves = false;
   for (int i = 0; i < n; ++i) {
-    const size_t self = static_cast<size_t>(global_rank(i));
     if (send_total[i] > 0 || recv_total[i] > 0) moves = true;
     for (size_t t = 0; t < tensors.size(); ++t) {
       if ((send_total[i] > 0 && tensors[t].send[i] == nullptr) ||

@@ -88,10 +88,11 @@ struct CpExecutor::RankState {
       return_sources, query_rows;
   // source_k/v: the rank's source rows (cp_maps.h); partial_dk/dv: their gradients (fp32);
   // send_k/v, back_dk/dv: the row-exact exchange's rows sent and gradients coming back;
-  // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows); k/v: the problem's
-  // keys; dk/dv: dkv_rows() key gradients (the problem's, then the diagonal's).
-  DeviceMem source_k, source_v, send_k, send_v, k, v, lse, dk, dv, partial_dk, partial_dv, back_dk,
-      back_dv, recv_dk, recv_dv;
+  // recv_dk/dv: the rank's own rows' gradients (fp32, rank_capacity rows); k/v, dk/dv: the
+  // problem's keys and their gradients; diagonal_dk/dv: the diagonal's key gradients (tokens
+  // rows; a buffer of their own, so aligned for any head size).
+  DeviceMem source_k, source_v, send_k, send_v, k, v, lse, dk, dv, diagonal_dk, diagonal_dv,
+      partial_dk, partial_dv, back_dk, back_dv, recv_dk, recv_dv;
   // Split schedule: the prefixes' queries, outputs (or the merged outputs they read in
   // backward), output gradients, LSE and dQ, over the maps' query_rows.
   DeviceMem prefix_q, prefix_out, prefix_dout, prefix_lse, prefix_dq;
@@ -154,7 +155,7 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
     }
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.side, cudaStreamNonBlocking));
     const size_t total_k = size_t(r.maps->problem.total_k());
-    const size_t dkv = size_t(r.maps->dkv_rows());
+    const size_t diagonal_k = size_t(r.maps->diagonal.total_k());
     const size_t tokens = size_t(r.maps->tokens);
     const size_t source = size_t(r.maps->source_rows);
     const size_t sent = r.maps->send_rows.size();
@@ -170,8 +171,10 @@ absl::StatusOr<std::unique_ptr<CpExecutor>> CpExecutor::Create(const ShardPlan& 
                    Want{&r.k, total_k * kv_row * 2},
                    Want{&r.v, total_k * kv_row * 2},
                    Want{&r.lse, size_t(config.num_heads) * tokens * 4},
-                   Want{&r.dk, dkv * kv_row * 2},
-                   Want{&r.dv, dkv * kv_row * 2},
+                   Want{&r.dk, total_k * kv_row * 2},
+                   Want{&r.dv, total_k * kv_row * 2},
+                   Want{&r.diagonal_dk, diagonal_k * kv_row * 2},
+                   Want{&r.diagonal_dv, diagonal_k * kv_row * 2},
                    Want{&r.partial_dk, source * kv_row * 4},
                    Want{&r.partial_dv, source * kv_row * 4},
                    Want{&r.back_dk, sent * kv_row * 4},
@@ -343,10 +346,12 @@ absl::Status CpExecutor::SumKeyGradients(RankState& r, int64_t first, int64_t la
   const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
   const auto* offsets = static_cast<const int32_t*>(r.key_offsets.get()) + first;
   const auto* sources = static_cast<const int32_t*>(r.key_sources.get());
-  for (auto [grad, partial] :
-       {std::pair{r.dk.get(), r.partial_dk.get()}, std::pair{r.dv.get(), r.partial_dv.get()}}) {
+  for (auto [grad, diagonal, partial] :
+       {std::tuple{r.dk.get(), r.diagonal_dk.get(), r.partial_dk.get()},
+        std::tuple{r.dv.get(), r.diagonal_dv.get(), r.partial_dv.get()}}) {
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchCsrSumRows(
-        static_cast<const __nv_bfloat16*>(grad), offsets, sources, last - first, kv_elems,
+        static_cast<const __nv_bfloat16*>(grad), r.maps->problem.total_k(),
+        static_cast<const __nv_bfloat16*>(diagonal), offsets, sources, last - first, kv_elems,
         static_cast<float*>(partial) + first * kv_elems, r.stream));
   }
   return absl::OkStatus();
@@ -416,9 +421,10 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
   const int64_t d = config_.head_dim;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const int rank = ranks_[i].maps->rank;
-    for (auto [x, name] : {std::pair{&t[i].q, "q"}, std::pair{&t[i].out, "out"},
-                           std::pair{&t[i].dout, "dout"}}) {
-      if (absl::Status s = CheckThd(*x, cap, h, d, name, rank); !s.ok()) return s;
+    for (auto [x, heads, name] :
+         {std::tuple{&t[i].q, h, "q"}, std::tuple{&t[i].k, kh, "k"}, std::tuple{&t[i].v, kh, "v"},
+          std::tuple{&t[i].out, h, "out"}, std::tuple{&t[i].dout, h, "dout"}}) {
+      if (absl::Status s = CheckThd(*x, cap, heads, d, name, rank); !s.ok()) return s;
     }
     if (absl::Status s = CheckThd(t[i].dq, cap, h, d, "dq", rank); !s.ok()) return s;
     if (absl::Status s = CheckThd(t[i].dk, cap, kh, d, "dk", rank); !s.ok()) return s;
@@ -431,25 +437,21 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     const int64_t tokens = r.maps->tokens, total_k = r.maps->problem.total_k();
-    // The diagonal's backward on the side stream, with the merged out and LSE: dQ of every own
-    // row, dK/dV behind the problem's. Its keys are the rank's own rows, which the forward's
-    // exchange left among the source rows (row-exact: first; all-gather: the rank's block).
+    // The diagonal's backward on the side stream, on the rank's own rows, with the merged out
+    // and LSE: dQ of every own row, the diagonal's dK/dV.
     WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready, r.stream));
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.side, r.ready));
     if (r.diagonal.has_value()) {
-      const int64_t own_first = row_exact ? 0 : r.maps->rank * cap;
       BackwardTensors b;
       b.q = Prefix(t[i].q, tokens);
-      b.k = {static_cast<const __nv_bfloat16*>(r.source_k.get()) + own_first * kh * d, tokens, kh,
-             d};
-      b.v = {static_cast<const __nv_bfloat16*>(r.source_v.get()) + own_first * kh * d, tokens, kh,
-             d};
+      b.k = Prefix(t[i].k, tokens);
+      b.v = Prefix(t[i].v, tokens);
       b.out = Prefix(t[i].out, tokens);
       b.dout = Prefix(t[i].dout, tokens);
       b.lse = {static_cast<const float*>(r.lse.get()), h, tokens};
       b.dq = Prefix(t[i].dq, tokens);
-      b.dk = {static_cast<__nv_bfloat16*>(r.dk.get()) + total_k * kh * d, tokens, kh, d};
-      b.dv = {static_cast<__nv_bfloat16*>(r.dv.get()) + total_k * kh * d, tokens, kh, d};
+      b.dk = {static_cast<__nv_bfloat16*>(r.diagonal_dk.get()), tokens, kh, d};
+      b.dv = {static_cast<__nv_bfloat16*>(r.diagonal_dv.get()), tokens, kh, d};
       WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardDiagonalBegin], r.side));
       if (absl::Status s = r.diagonal->Backward(b, r.side); !s.ok()) return s;
       WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kBackwardDiagonalEnd], r.side));

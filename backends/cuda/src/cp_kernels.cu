@@ -8,6 +8,8 @@
 #include <thrust/system/cuda/error.h>
 #include <thrust/transform.h>
 
+#include <cstdint>
+
 #include "src/cp_kernels.h"
 
 namespace wlb::cuda::detail {
@@ -56,9 +58,11 @@ cudaError_t MoveRowsDispatch(const void* src, const int32_t* index, int64_t rows
   return cudaErrorInvalidValue;
 }
 
-// dst row g = (kAccumulate ? dst row g : 0) + the CSR sum of its source rows, in fp32.
+// dst row g = (kAccumulate ? dst row g : 0) + the CSR sum of its source rows, in fp32; source
+// rows from `split` on are tail's rows (source - split).
 template <typename Src, bool kAccumulate>
-__global__ void CsrSumRowsKernel(const Src* __restrict__ src, const int32_t* __restrict__ offsets,
+__global__ void CsrSumRowsKernel(const Src* __restrict__ src, int64_t split,
+                                 const Src* __restrict__ tail, const int32_t* __restrict__ offsets,
                                  const int32_t* __restrict__ sources, int64_t dst_rows,
                                  int64_t row_elems, float* __restrict__ dst) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -67,7 +71,9 @@ __global__ void CsrSumRowsKernel(const Src* __restrict__ src, const int32_t* __r
   const int64_t col = e % row_elems;
   float sum = kAccumulate ? dst[e] : 0.0f;
   for (int32_t i = offsets[row]; i < offsets[row + 1]; ++i) {
-    sum += static_cast<float>(src[static_cast<int64_t>(sources[i]) * row_elems + col]);
+    const int64_t s = sources[i];
+    const Src* from = s < split ? src + s * row_elems : tail + (s - split) * row_elems;
+    sum += static_cast<float>(from[col]);
   }
   dst[e] = sum;
 }
@@ -164,13 +170,13 @@ cudaError_t LaunchScatterRows(const void* src, const int32_t* index, int64_t row
   return MoveRowsDispatch<true>(src, index, rows, row_bytes, dst, stream);
 }
 
-cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, const int32_t* offsets,
-                             const int32_t* sources, int64_t dst_rows, int64_t row_elems,
-                             float* dst, cudaStream_t stream) {
+cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, int64_t split, const __nv_bfloat16* tail,
+                             const int32_t* offsets, const int32_t* sources, int64_t dst_rows,
+                             int64_t row_elems, float* dst, cudaStream_t stream) {
   const int64_t n = dst_rows * row_elems;
   if (n == 0) return cudaSuccess;
-  CsrSumRowsKernel<__nv_bfloat16, false>
-      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
+  CsrSumRowsKernel<__nv_bfloat16, false><<<Blocks(n), kThreads, 0, stream>>>(
+      src, split, tail, offsets, sources, dst_rows, row_elems, dst);
   return cudaGetLastError();
 }
 
@@ -178,8 +184,8 @@ cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int
                              int64_t dst_rows, int64_t row_elems, float* dst, cudaStream_t stream) {
   const int64_t n = dst_rows * row_elems;
   if (n == 0) return cudaSuccess;
-  CsrSumRowsKernel<float, true>
-      <<<Blocks(n), kThreads, 0, stream>>>(src, offsets, sources, dst_rows, row_elems, dst);
+  CsrSumRowsKernel<float, true><<<Blocks(n), kThreads, 0, stream>>>(
+      src, INT64_MAX, nullptr, offsets, sources, dst_rows, row_elems, dst);
   return cudaGetLastError();
 }
 

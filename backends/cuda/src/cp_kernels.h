@@ -23,11 +23,12 @@ cudaError_t LaunchGatherRows(const void* src, const int32_t* index, int64_t rows
 cudaError_t LaunchScatterRows(const void* src, const int32_t* index, int64_t rows,
                               int64_t row_bytes, void* dst, cudaStream_t stream);
 
-// dst row g (fp32) = sum of src rows sources[offsets[g] .. offsets[g+1]) (bf16), in that order;
-// rows without sources become zero.
-cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, const int32_t* offsets,
-                             const int32_t* sources, int64_t dst_rows, int64_t row_elems,
-                             float* dst, cudaStream_t stream);
+// dst row g (fp32) = sum of rows sources[offsets[g] .. offsets[g+1]) (bf16), in that order, of
+// the rows of src ([0, split)) followed by those of tail ([split, ...); tail may be null when no
+// source reaches split); rows without sources become zero.
+cudaError_t LaunchCsrSumRows(const __nv_bfloat16* src, int64_t split, const __nv_bfloat16* tail,
+                             const int32_t* offsets, const int32_t* sources, int64_t dst_rows,
+                             int64_t row_elems, float* dst, cudaStream_t stream);
 
 // dst row g (fp32) += sum of src rows sources[offsets[g] .. offsets[g+1]) (fp32), in that order.
 cudaError_t LaunchCsrAddRows(const float* src, const int32_t* offsets, const int32_t* sources,

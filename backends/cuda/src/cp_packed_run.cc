@@ -38,8 +38,14 @@ absl::StatusOr<std::unique_ptr<CpPackedRunner>> CpPackedRunner::Create(
     }
     r->forward_.push_back({{bufs[0], cap, h, d}, {bufs[1], cap, kh, d}, {bufs[2], cap, kh, d},
                            {bufs[3], cap, h, d}});
-    r->backward_.push_back({{bufs[0], cap, h, d}, {bufs[3], cap, h, d}, {bufs[4], cap, h, d},
-                            {bufs[5], cap, h, d}, {bufs[6], cap, kh, d}, {bufs[7], cap, kh, d}});
+    r->backward_.push_back({{bufs[0], cap, h, d},
+                            {bufs[1], cap, kh, d},
+                            {bufs[2], cap, kh, d},
+                            {bufs[3], cap, h, d},
+                            {bufs[4], cap, h, d},
+                            {bufs[5], cap, h, d},
+                            {bufs[6], cap, kh, d},
+                            {bufs[7], cap, kh, d}});
   }
   return r;
 }

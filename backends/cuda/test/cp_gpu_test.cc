@@ -187,9 +187,9 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
 }
 
 // Every strategy at C = 2, 4, 8 on `f`'s micro-batch against its single-device result, split
-// schedule: by both exchanges when `both_exchanges` (and the whole schedule by the rule's), else
-// by the one the rule picks.
-void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
+// schedule: by both exchanges when `both_exchanges` (and then, with `whole_too`, the whole
+// schedule by both as well), else by the exchange the rule picks.
+void CheckEveryStrategy(Fixture& f, bool both_exchanges, bool whole_too = false) {
   for (int cp : {2, 4, 8}) {
     absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(cp);
     ASSERT_TRUE(comm.ok()) << comm.status();
@@ -202,8 +202,8 @@ void CheckEveryStrategy(Fixture& f, bool both_exchanges) {
       }
       for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
         CheckCp(f, *plan, **comm, x);
+        if (whole_too) CheckCp(f, *plan, **comm, x, CpSchedule::kWhole);
       }
-      CheckCp(f, *plan, **comm, std::nullopt, CpSchedule::kWhole);
     }
   }
 }
@@ -214,7 +214,7 @@ TEST_F(CpGpuTest, EveryStrategyMatchesSingleDevice) {
     Fixture f;
     MakeFixture(tokens, 128, seed++, f);
     if (HasFatalFailure()) return;
-    CheckEveryStrategy(f, /*both_exchanges=*/tokens <= 32768);
+    CheckEveryStrategy(f, /*both_exchanges=*/tokens <= 32768, /*whole_too=*/tokens <= 16384);
   }
 }
 
@@ -248,6 +248,25 @@ TEST_F(CpGpuTest, HeadDim64AndOddTokenCount) {
   ASSERT_TRUE(comm.ok()) << comm.status();
   for (ShardStrategy s : {ShardStrategy("per-seq"), ShardStrategy("per-doc")}) {
     CheckCp(f, *PlanShards(f.mb, 4, s, KernelModel::Default()), **comm);
+  }
+}
+
+// Rows whose byte size is not a multiple of 16 (reference kernel, head_dim 18: K/V rows of 72
+// bytes) under both schedules and both exchanges: no buffer the kernels read may start inside a
+// row block that breaks their 16-byte alignment.
+TEST_F(CpGpuTest, ReferenceKernelUnalignedRows) {
+  Fixture f;
+  MakeFixture(2048, 18, 9, f, AttentionKernel::kReference);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::unique_ptr<LocalCommunicator>> comm = LocalCommunicator::Create(4);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  for (ShardStrategy s : {ShardStrategy("per-seq"), ShardStrategy("per-doc")}) {
+    const ShardPlan plan = *PlanShards(f.mb, 4, s, KernelModel::Default());
+    for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
+      for (CpSchedule schedule : {CpSchedule::kSplit, CpSchedule::kWhole}) {
+        CheckCp(f, plan, **comm, x, schedule);
+      }
+    }
   }
 }
 

@@ -21,7 +21,7 @@
 //   auto exec = wlb::cuda::CpExecutor::Create(plan, config, **comm);  // once per micro-batch
 //   std::vector<wlb::cuda::CpForwardTensors> f(plan.cp_size);          // per local rank
 //   absl::Status s = (*exec)->Forward(f);  // every layer
-//   s = (*exec)->Backward(b);              // after Forward, with the same q and out
+//   s = (*exec)->Backward(b);              // after Forward, with the same q, k, v and out
 //   absl::StatusOr<std::vector<wlb::cuda::CpRankTimes>> t = (*exec)->RankTimes();
 #ifndef WLB_CUDA_CP_EXECUTOR_H_
 #define WLB_CUDA_CP_EXECUTOR_H_
@@ -48,8 +48,8 @@ struct CpForwardTensors {
 
 // One local rank's backward tensors, each rank_capacity rows.
 struct CpBackwardTensors {
-  ConstThd q, out, dout;  // q and out as in Forward
-  MutableThd dq, dk, dv;  // written completely
+  ConstThd q, k, v, out, dout;  // q, k, v and out as in Forward
+  MutableThd dq, dk, dv;        // written completely
 };
 
 // Kernel time of one rank's varlen attention (0 for a rank without segments; under the split
@@ -62,7 +62,8 @@ struct CpRankTimes {
 
 struct CpExecutorOptions {
   // Run the ranks' attention kernels one after another, each alone on the device, so that
-  // emulated ranks sharing one GPU (LocalCommunicator) get their own kernel time.
+  // emulated ranks sharing one GPU (LocalCommunicator) get their own kernel time. The split
+  // schedule's overlap does not happen then: RankTimes compares kernel time only.
   bool isolate_ranks = false;
   // The link the exchange is chosen for (ChooseCpExchange: the planner's rule).
   CommModel comm;
@@ -112,7 +113,8 @@ class CpExecutor {
   CpExecutor() = default;
   // K/V of every rank's source rows (cp_maps.h) by the maps' exchange.
   absl::Status FetchKv(absl::Span<const CpForwardTensors> t);
-  // Sums a rank's dK/dV contributions into its source rows [first, last) (partial_dk/dv).
+  // Sums a rank's dK/dV contributions (the problem's dk/dv, then the diagonal's) into its source
+  // rows [first, last) (partial_dk/dv).
   absl::Status SumKeyGradients(RankState& r, int64_t first, int64_t last);
   // The source rows' dK/dV (partial_dk/dv) to their owners: the reduce-scatter into recv_dk/dv,
   // or the reverse all-to-all-v of the received rows' into back_dk/dv.

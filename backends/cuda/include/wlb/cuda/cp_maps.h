@@ -83,7 +83,8 @@ struct CpRankMaps {
   int64_t source_rows = 0;
   std::vector<int32_t> key_rows;  // problem key row -> source row (problem.total_k())
   // dK/dV: the rank's key gradients are dkv_rows() rows, problem's keys then (kSplit) the
-  // diagonal's; for source row g, rows key_sources[key_offsets[g] .. key_offsets[g+1]) hold its
+  // diagonal's (rows from problem.total_k() on; the executor keeps them in a buffer of their
+  // own); for source row g, rows key_sources[key_offsets[g] .. key_offsets[g+1]) hold its
   // contributions (ascending, so sums are deterministic). Under the row-exact exchange the
   // received source rows [tokens, source_rows) get contributions from problem's keys only.
   std::vector<int32_t> key_offsets;  // source_rows + 1
