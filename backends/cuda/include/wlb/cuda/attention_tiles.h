@@ -31,6 +31,21 @@ enum class BlockOrder : int32_t {
   kHeadMajor = 1,
 };
 
+// The query-side shape of the flash backward kernel (flash_bwd.cu). A backward block always holds
+// kBwdBlockN = 64 keys, so the work lists (BackwardTile) are the same for every configuration; it
+// walks the queries that see them in tiles of Q/dO rows, computing S^T, P^T, dP^T and dS^T for a
+// tile in one or more passes. Fewer queries per pass need fewer registers: at head_dim 128 the
+// default spills (docs/results/gpu/bwd_ptxas.md). Every configuration adds the same products in
+// the same order into dK and dV (equal values); dQ sums with fp32 atomics in any of them.
+enum class FlashBackwardConfig : int32_t {
+  kQ64 = 0,        // 64-query tiles, one pass (the default until a GPU measures the others)
+  kQ64Pass32 = 1,  // 64-query tiles, two 32-query passes: same loads and barriers as kQ64
+  kQ32 = 2,        // 32-query tiles, one pass: twice the tiles and barriers of kQ64
+  // 64-query tiles, 8 warps: two warps per 16 keys, each with half of head_dim in dK, dV (half
+  // the accumulators) and one 32-query pass; P^T and dS^T go through shared memory.
+  kQ64Warps8 = 3,
+};
+
 // The (tile, head) pair that block `block` of a launch over num_tiles x heads blocks runs.
 // Unsigned, like blockIdx.x: a signed division costs the kernels a register they do not have.
 struct TileHead {
