@@ -94,7 +94,8 @@ def compile_log(nvcc, arch, files):
                    os.path.join(REPO, f) if not os.path.isabs(f) else f,
                    "-o", os.path.join(tmp, "k.o")]
             r = subprocess.run(cmd, capture_output=True, text=True)
-            out.append(f"$ {' '.join(cmd[:1] + [c for c in cmd[1:] if not c.startswith(tmp)])}\n")
+            shown = [c.replace(tmp, "$TMP").replace(REPO + os.sep, "") for c in cmd]
+            out.append(f"$ {' '.join(shown)}\n")
             out.append(r.stdout + r.stderr)
             if r.returncode != 0:
                 sys.stderr.write("".join(out))
