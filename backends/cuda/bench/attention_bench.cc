@@ -17,12 +17,12 @@
 // JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side. Each
 // configuration is timed with every --kernels engine, flash in every --block_orders order
 // (wlb::cuda::BlockOrder) and every --flash_backward configuration (wlb::cuda::FlashBackwardConfig:
-// q64, q64_pass32, q32, q64_w8; the forward is the same kernel in each), one after the other on the same
-// buffers, so their ratios come from one run. The first line names the CUDA driver, runtime and cuDNN versions (so does every JSON
-// row); the last, when cudnn ran, how many cuDNN graphs were built and the seconds that took
-// (a one-time cost the per-call times leave out; cudnn JSON rows carry the running totals).
-// Output is line-buffered and every JSON row flushed, so a run killed by `timeout` keeps every
-// configuration it finished.
+// q64, q64_pass32, q32, q64_w8; the forward is the same kernel in each), one after the other on the
+// same buffers, so their ratios come from one run. The first line names the CUDA driver, runtime
+// and cuDNN versions (so does every JSON row); the last, when cudnn ran, how many cuDNN graphs were
+// built and the seconds that took (a one-time cost the per-call times leave out; cudnn JSON rows
+// carry the running totals). Output is line-buffered and every JSON row flushed, so a run killed by
+// `timeout` keeps every configuration it finished.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -145,7 +145,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "json") f->json = value;
     else if (name == "configs") f->configs = value;
     else if (name == "block_orders") f->block_orders = value;
-    else if (name == "flash_backward") f->flash_backward = value;
+    else if (name == "flash_backward")
+      f->flash_backward = value;
     else if (name == "kernels")
       f->kernels = value;
     else ok = false;
@@ -388,8 +389,8 @@ int main(int argc, char** argv) {
       const double flops = wlb::cuda::ForwardFlops(p);
       const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
       const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
-      std::printf("%-8s %-9s %-14s %-10s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n",
-                  config.c_str(), kernel_name, order_name, backward_name, lengths.size(),
+      std::printf("%-8s %-9s %-14s %-10s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(),
+                  kernel_name, order_name, backward_name, lengths.size(),
                   static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms, bwd_tflops);
       nlohmann::json row = {{"impl", std::string("wlb_") + kernel_name},
                             {"kernel", kernel_name},

@@ -40,8 +40,8 @@ struct BwdConfig {
   static_assert(kSub % 16 == 0 && kBM % kSub == 0, "passes of whole m16 query steps");
   static_assert(kWarps == 4 || (kWarps == 8 && kSub * 2 == kBM), "4 warps, or 8 with 2 passes");
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kHalves = kWarps / 4;   // warps per key group
-  static constexpr bool kStaged = kWarps > 4;  // P^T and dS^T products read shared memory
+  static constexpr int kHalves = kWarps / 4;      // warps per key group
+  static constexpr bool kStaged = kWarps > 4;     // P^T and dS^T products read shared memory
   static constexpr int kDT = kDim / 8 / kHalves;  // n-tiles of this warp's dK, dV
   static constexpr int kKS = kDim / 16;  // k-steps over head_dim
   static constexpr int kQT = kSub / 8;   // n-tiles (queries) of one pass's S^T, dP^T
@@ -54,8 +54,7 @@ struct BwdConfig {
   static_assert(2 * kBM <= kThreads, "one thread per lse and per D row of a tile");
   static constexpr size_t kStagedTiles = kStaged ? 2 : 1;  // dS^T, and P^T when staged
   static constexpr size_t kSmemBytes =
-      (2 * size_t(kBN) * kDim + 4 * kTileElems + kStagedTiles * kBN * kBM) *
-          sizeof(__nv_bfloat16) +
+      (2 * size_t(kBN) * kDim + 4 * kTileElems + kStagedTiles * kBN * kBM) * sizeof(__nv_bfloat16) +
       4 * kBM * sizeof(float);
 };
 
@@ -113,8 +112,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) FlashBackwardKernel(B
   __nv_bfloat16* s_v = s_k + kBN * kDim;
   __nv_bfloat16* s_q = s_v + kBN * kDim;          // 2 stages
   __nv_bfloat16* s_do = s_q + 2 * C::kTileElems;  // 2 stages
-  __nv_bfloat16* s_ds = s_do + 2 * C::kTileElems; // dS^T: [key][query], kBN x kBM
-  __nv_bfloat16* s_p = s_ds + kBN * kBM;          // P^T like dS^T, when staged
+  __nv_bfloat16* s_ds = s_do + 2 * C::kTileElems;  // dS^T: [key][query], kBN x kBM
+  __nv_bfloat16* s_p = s_ds + kBN * kBM;           // P^T like dS^T, when staged
   auto* s_lse = reinterpret_cast<float*>(s_ds + C::kStagedTiles * kBN * kBM);  // 2 x kBM
   float* s_dd = s_lse + 2 * kBM;                              // 2 stages x kBM
 
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) FlashBackwardKernel(B
   const int g = lane >> 2;
   const int tq = lane & 3;
   const int key_row = (kWarps == 4 ? warp : warp & 3) * 16;  // this warp's first key in the tile
-  const int half = kWarps == 4 ? 0 : warp >> 2;               // which half of the split work
+  const int half = kWarps == 4 ? 0 : warp >> 2;              // which half of the split work
 
   const int m_first = t.q_first / kBM;
   const int m_tiles = (t.q_len + kBM - 1) / kBM - m_first;

@@ -265,8 +265,8 @@ absl::Status VarlenAttention::Backward(const BackwardTensors& t, cudaStream_t st
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dk.data, 0, kv_bytes, stream));
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dv.data, 0, kv_bytes, stream));
     }
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashBackward(l, options_.block_order,
-                                                           options_.flash_backward, stream));
+    WLB_CUDA_RETURN_IF_ERROR(
+        detail::LaunchFlashBackward(l, options_.block_order, options_.flash_backward, stream));
   } else {
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchReferenceBackward(l, stream));
   }
