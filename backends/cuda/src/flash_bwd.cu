@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) FlashBackwardKernel(B
   const int key_row = (kWarps == 4 ? warp : warp & 3) * 16;  // this warp's first key in the tile
   const int half = kWarps == 4 ? 0 : warp >> 2;              // which half of the split work
 
-  const int m_first = t.q_first / kBM;
+  const int m_first = BackwardFirstQueryTile(t, kBM);
   const int m_tiles = (t.q_len + kBM - 1) / kBM - m_first;
   const int iterations = group * m_tiles;
 
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) FlashBackwardKernel(B
 
       // P^T; masked entries (past the segment's queries or keys, above the diagonal) are 0.
       const int iq = i0 + q0;  // the pass's first query of the segment
-      const bool needs_mask = iq + kSub > t.q_len || t.k_rows < kBN || kBN - 1 > iq + t.diag;
+      const bool needs_mask = BackwardPassNeedsMask(t, iq, kSub, kBN);
 #pragma unroll
       for (int nt = 0; nt < C::kQT; ++nt) {
 #pragma unroll

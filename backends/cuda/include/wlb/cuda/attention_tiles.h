@@ -89,6 +89,21 @@ struct BackwardTile {
 };
 static_assert(sizeof(BackwardTile) == 32);
 
+// The backward kernel's walk over a tile's queries, shared with the tests of its properties:
+// query tiles of block_m rows, aligned to multiples of block_m, from the one holding q_first.
+WLB_CUDA_HOST_DEVICE inline int32_t BackwardFirstQueryTile(const BackwardTile& t,
+                                                           int32_t block_m) {
+  return t.q_first / block_m;
+}
+
+// Whether a pass over segment queries [q0, q0 + rows) of a tile of block_n keys may meet a masked
+// (query, key) pair: a query past the segment, a key past the tile's rows, or a key above the
+// diagonal of the pass's first (most restricted) query. False means every pair is visible.
+WLB_CUDA_HOST_DEVICE inline bool BackwardPassNeedsMask(const BackwardTile& t, int q0, int rows,
+                                                       int block_n) {
+  return q0 + rows > t.q_len || t.k_rows < block_n || block_n - 1 > q0 + t.diag;
+}
+
 // Keys of the segment that tile row r sees, as the half-open range [0, end): end = min(k_len,
 // r + diag + 1). Shared by tests and the CPU model of the kernels.
 inline int32_t ForwardVisibleEnd(const ForwardTile& t, int32_t r) {
