@@ -27,38 +27,46 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEFAULT_FILES = ["backends/cuda/src/flash_fwd.cu", "backends/cuda/src/flash_bwd.cu"]
 
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPERTIES = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 
 
 def parse(log):
-    """[(mangled name, registers, stack frame, spill stores, spill loads)] in the log's order.
+    """[(mangled name, registers, stack frame, spill stores, spill loads)] of the entry functions
+    (kernels), in the log's order.
 
-    ptxas prints, per entry function, a "Function properties for NAME" line, then the frame and
-    spill line, then "Used N registers". A function whose record is incomplete is an error: a
-    partial table would hide a kernel.
+    ptxas prints, per kernel, "Compiling entry function 'NAME'", "Function properties for NAME",
+    the frame and spill line, then "Used N registers". Non-inlined device functions get a
+    "Function properties" record of their own, with no register count: they are skipped (their
+    frame is part of the calling kernel's). A kernel whose record is incomplete is an error: a
+    partial table would hide it.
     """
-    kernels, name, frame = [], None, None
+    kernels, entry, name, frame = [], None, None, None
     for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            if entry is not None:
+                raise ValueError(f"ptxas log: no register count for {entry}")
+            entry, name, frame = m.group(1), None, None
+            continue
         m = _PROPERTIES.search(line)
         if m:
-            if name is not None:
-                raise ValueError(f"ptxas log: no register count for {name}")
             name, frame = m.group(1), None
             continue
         m = _FRAME.search(line)
-        if m and name is not None:
+        if m and name is not None and name == entry:
             frame = tuple(int(x) for x in m.groups())
             continue
         m = _USED.search(line)
-        if m and name is not None:
+        if m and entry is not None:
             if frame is None:
-                raise ValueError(f"ptxas log: no stack frame line for {name}")
-            kernels.append((name, int(m.group(1))) + frame)
-            name, frame = None, None
-    if name is not None:
-        raise ValueError(f"ptxas log: no register count for {name}")
+                raise ValueError(f"ptxas log: no stack frame line for {entry}")
+            kernels.append((entry, int(m.group(1))) + frame)
+            entry, name, frame = None, None, None
+    if entry is not None:
+        raise ValueError(f"ptxas log: no register count for {entry}")
     return kernels
 
 

@@ -20,14 +20,21 @@ ptxas info    : Function properties for _Z7SpillerILi64EEvv
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 244 registers, used 1 barriers
 ptxas info    : Compile time = 110.287 ms
+ptxas info    : Function properties for __internal_accurate_pow
+    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function '_Z4PowsPf' for 'sm_90'
+ptxas info    : Function properties for _Z4PowsPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 30 registers, used 0 barriers, 8 bytes cumulative stack size
 """
 
 
 class KernelResourcesTest(unittest.TestCase):
-    def test_parse_reads_every_kernel_in_order(self):
+    def test_parse_reads_every_kernel_in_order_and_skips_device_functions(self):
         self.assertEqual(kernel_resources.parse(LOG),
                          [("_Z7SpillerILi128EEvv", 255, 144, 144, 148),
-                          ("_Z7SpillerILi64EEvv", 244, 0, 0, 0)])
+                          ("_Z7SpillerILi64EEvv", 244, 0, 0, 0),
+                          ("_Z4PowsPf", 30, 0, 0, 0)])
 
     def test_incomplete_record_is_an_error(self):
         cut = LOG.split("ptxas info    : Used 244")[0]
@@ -40,7 +47,7 @@ class KernelResourcesTest(unittest.TestCase):
 
     def test_table_has_one_row_per_kernel(self):
         rows = kernel_resources.table(kernel_resources.parse(LOG)).splitlines()
-        self.assertEqual(len(rows), 4)
+        self.assertEqual(len(rows), 5)
         self.assertTrue(rows[2].endswith("| 255 | 144 | 144 | 148 |"), rows[2])
 
     def run_check(self, pattern):
