@@ -39,6 +39,7 @@ scripts/python_env.sh build --reuse-build
 pytest_status=0
 WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests \
   backends/cuda/scripts/gtest_report_test.py backends/cuda/scripts/table2_repeats_test.py \
+  backends/cuda/scripts/kernel_resources_test.py \
   backends/cuda/bench/test_torch_attention_bench.py \
   backends/cuda/bench/test_torch_cp_bench.py \
   -q -rs || pytest_status=$?

@@ -6,6 +6,7 @@
 //       [--warmup=3] [--iters=10] [--mix=PATH] [--mix_offset=0] [--dump_mix=PATH]
 //       [--json=PATH] [--configs=512,2048,8192,16384,mix]
 //       [--kernels=flash,cudnn] [--block_orders=heaviest_first,head_major]
+//       [--flash_backward=q64]
 //
 // --kernels lists the engines to time, one after the other on the same buffers (flash, cudnn,
 // reference; default flash,cudnn, or flash alone when the cudnn engine is compiled out).
@@ -15,12 +16,13 @@
 // absent, a seeded sample (97% uniform in 1..6250, 3% log-uniform up to 128K) stands in, and the
 // JSON says so. --dump_mix writes the mix lengths used, for the PyTorch side-by-side. Each
 // configuration is timed with every --kernels engine, flash in every --block_orders order
-// (wlb::cuda::BlockOrder), one after the other on the same buffers, so their ratios come from
-// one run. The first line names the CUDA driver, runtime and cuDNN versions (so does every JSON
-// row); the last, when cudnn ran, how many cuDNN graphs were built and the seconds that took
-// (a one-time cost the per-call times leave out; cudnn JSON rows carry the running totals).
-// Output is line-buffered and every JSON row flushed, so a run killed by `timeout` keeps every
-// configuration it finished.
+// (wlb::cuda::BlockOrder) and every --flash_backward configuration (wlb::cuda::FlashBackwardConfig:
+// q64, q64_pass32, q32, q64_w8; the forward is the same kernel in each), one after the other on the
+// same buffers, so their ratios come from one run. The first line names the CUDA driver, runtime
+// and cuDNN versions (so does every JSON row); the last, when cudnn ran, how many cuDNN graphs were
+// built and the seconds that took (a one-time cost the per-call times leave out; cudnn JSON rows
+// carry the running totals). Output is line-buffered and every JSON row flushed, so a run killed by
+// `timeout` keeps every configuration it finished.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -62,6 +64,7 @@ struct Flags {
   std::string json;
   std::string configs = "512,2048,8192,16384,mix";
   std::string block_orders = "heaviest_first,head_major";
+  std::string flash_backward = "q64";
   std::string kernels = wlb::cuda::CudnnEngineCompiledIn() ? "flash,cudnn" : "flash";
 };
 
@@ -105,6 +108,21 @@ bool ParseBlockOrders(const std::string& list,
   return !orders->empty();
 }
 
+// --flash_backward names (wlb::cuda::ParseFlashBackwardConfig).
+bool ParseBackwardConfigs(const std::string& list,
+                          std::vector<wlb::cuda::FlashBackwardConfig>* configs) {
+  for (absl::string_view name : absl::StrSplit(list, ',')) {
+    absl::StatusOr<wlb::cuda::FlashBackwardConfig> c =
+        wlb::cuda::ParseFlashBackwardConfig(std::string_view(name.data(), name.size()));
+    if (!c.ok()) {
+      std::fprintf(stderr, "--flash_backward: %s\n", c.status().ToString().c_str());
+      return false;
+    }
+    configs->push_back(*c);
+  }
+  return !configs->empty();
+}
+
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -127,6 +145,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     else if (name == "json") f->json = value;
     else if (name == "configs") f->configs = value;
     else if (name == "block_orders") f->block_orders = value;
+    else if (name == "flash_backward")
+      f->flash_backward = value;
     else if (name == "kernels")
       f->kernels = value;
     else ok = false;
@@ -231,6 +251,8 @@ int main(int argc, char** argv) {
   if (!ParseBlockOrders(flags.block_orders, &orders)) return 2;
   std::vector<wlb::cuda::AttentionKernel> kernels;
   if (!ParseKernels(flags.kernels, &kernels)) return 2;
+  std::vector<wlb::cuda::FlashBackwardConfig> backward_configs;
+  if (!ParseBackwardConfigs(flags.flash_backward, &backward_configs)) return 2;
   const Versions versions = LibraryVersions();
   const std::string cudnn_version =
       versions.cudnn > 0
@@ -266,8 +288,9 @@ int main(int argc, char** argv) {
 
   std::ofstream json_out;
   if (!flags.json.empty()) json_out.open(flags.json);
-  std::printf("%-8s %-9s %-14s %6s %9s %10s %10s %10s %10s\n", "config", "kernel", "block_order",
-              "docs", "tokens", "fwd_ms", "fwd_TFLOPs", "bwd_ms", "bwd_TFLOPs");
+  std::printf("%-8s %-9s %-14s %-10s %6s %9s %10s %10s %10s %10s\n", "config", "kernel",
+              "block_order", "flash_bwd", "docs", "tokens", "fwd_ms", "fwd_TFLOPs", "bwd_ms",
+              "bwd_TFLOPs");
   for (const std::string& config :
        std::vector<std::string>(absl::StrSplit(flags.configs, ','))) {
     std::vector<int32_t> lengths;
@@ -325,20 +348,36 @@ int main(int argc, char** argv) {
     b.dk = {dk, tq, hk, d};
     b.dv = {dv, tq, hk, d};
 
-    // Every engine; flash in every block order (the others have none: "-").
-    std::vector<std::tuple<wlb::cuda::AttentionKernel, const char*, wlb::cuda::BlockOrder>> runs;
+    // Every engine; flash in every block order and backward configuration (the others have
+    // neither: "-").
+    struct Run {
+      wlb::cuda::AttentionKernel kernel;
+      const char* order_name;
+      wlb::cuda::BlockOrder order;
+      wlb::cuda::FlashBackwardConfig backward;
+    };
+    std::vector<Run> runs;
     for (wlb::cuda::AttentionKernel kernel : kernels) {
       if (kernel != wlb::cuda::AttentionKernel::kFlash) {
-        runs.push_back({kernel, "-", wlb::cuda::BlockOrder::kHeaviestFirst});
+        runs.push_back({kernel, "-", wlb::cuda::BlockOrder::kHeaviestFirst,
+                        wlb::cuda::FlashBackwardConfig::kQ64});
         continue;
       }
-      for (const auto& [order_name, order] : orders) runs.push_back({kernel, order_name, order});
+      for (const auto& [order_name, order] : orders) {
+        for (wlb::cuda::FlashBackwardConfig c : backward_configs) {
+          runs.push_back({kernel, order_name, order, c});
+        }
+      }
     }
-    for (const auto& [kernel, order_name, order] : runs) {
+    for (const auto& [kernel, order_name, order, backward] : runs) {
       wlb::cuda::AttentionOptions options;
       options.kernel = kernel;
       options.block_order = order;
+      options.flash_backward = backward;
       const char* kernel_name = wlb::cuda::AttentionKernelName(kernel);
+      const char* backward_name = kernel == wlb::cuda::AttentionKernel::kFlash
+                                      ? wlb::cuda::FlashBackwardConfigName(backward)
+                                      : "-";
       absl::StatusOr<wlb::cuda::VarlenAttention> attn =
           wlb::cuda::VarlenAttention::Create(p, options);
       CHECK_OK(attn.status());
@@ -350,13 +389,14 @@ int main(int argc, char** argv) {
       const double flops = wlb::cuda::ForwardFlops(p);
       const double fwd_tflops = flops / (fwd_ms * 1e-3) / 1e12;
       const double bwd_tflops = 2.5 * flops / (bwd_ms * 1e-3) / 1e12;
-      std::printf("%-8s %-9s %-14s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(),
-                  kernel_name, order_name, lengths.size(), static_cast<long long>(tq), fwd_ms,
-                  fwd_tflops, bwd_ms, bwd_tflops);
+      std::printf("%-8s %-9s %-14s %-10s %6zu %9lld %10.3f %10.1f %10.3f %10.1f\n", config.c_str(),
+                  kernel_name, order_name, backward_name, lengths.size(),
+                  static_cast<long long>(tq), fwd_ms, fwd_tflops, bwd_ms, bwd_tflops);
       nlohmann::json row = {{"impl", std::string("wlb_") + kernel_name},
                             {"kernel", kernel_name},
                             {"config", config},
                             {"block_order", order_name},
+                            {"flash_backward", backward_name},
                             {"docs", lengths.size()},
                             {"tokens", tq},
                             {"heads", h},

@@ -11,12 +11,13 @@
 #   sanitizer  compute-sanitizer: memcheck over the small-shape tests on every engine and the
 #              local collectives; racecheck over wlb's own kernels only (flash, reference:
 #              WLB_TEST_KERNELS); memcheck over the cudnn engine alone
-#   bench      flash (both block orders) and cudnn forward/backward TFLOP/s, then PyTorch (SDPA
-#              flash, cuDNN, efficient on uniform shapes; varlen_attn on every shape, the mix's
-#              only baseline) on the same shapes, and the ratio table (WLB_BENCH_CONFIGS,
+#   bench      flash (both block orders, every flash backward configuration: WLB_FLASH_BACKWARD,
+#              default q64,q64_pass32,q32,q64_w8) and cudnn forward/backward TFLOP/s, then PyTorch
+#              (SDPA flash, cuDNN, efficient on uniform shapes; varlen_attn on every shape, the
+#              mix's only baseline) on the same shapes, and the ratio table (WLB_BENCH_CONFIGS,
 #              WLB_BENCH_KERNELS and WLB_TORCH_BACKENDS narrow it)
-#   ncu        Nsight Compute on one 16K-document forward and backward of the flash kernels
-#              (why they are where they are)
+#   ncu        Nsight Compute on one 16K-document forward and backward of the flash kernels, the
+#              default backward (q64) and the 8-warp one (q64_w8) (why they are where they are)
 #   profile    kernel profile tables (q_len,kv_len,ms) of flash and of cudnn
 #   cp         CP benchmark at C = 2, 4, 8 (flash) with this call's profile table, else the
 #              committed one, else the analytic model; once with the analytic model; the example
@@ -354,9 +355,11 @@ stage_bench() {
   check_binaries || return 1
   local b="${work}/bench" configs="${WLB_BENCH_CONFIGS:-512,2048,8192,16384,mix}" mix=() rc=0
   local kernels="${WLB_BENCH_KERNELS:-flash,cudnn}" torch_backends="${WLB_TORCH_BACKENDS:-flash,cudnn,efficient,varlen}"
+  local flash_backward="${WLB_FLASH_BACKWARD:-q64,q64_pass32,q32,q64_w8}"
   [[ -f "${dev}/data/doc_lengths_wlbllm_like.json" ]] && mix=(--mix="${dev}/data/doc_lengths_wlbllm_like.json")
   run bench wlb_attention_bench "${dev}/bin/wlb_cuda_attention_bench" --configs="${configs}" \
-    --kernels="${kernels}" --block_orders=heaviest_first,head_major --json="${b}/wlb_bench.jsonl" \
+    --kernels="${kernels}" --block_orders=heaviest_first,head_major \
+    --flash_backward="${flash_backward}" --json="${b}/wlb_bench.jsonl" \
     --dump_mix="${b}/mix_lengths.json" "${mix[@]}" || rc=1
   [[ -s "${b}/mix_lengths.json" ]] || { say "bench: no mix lengths written"; return 1; }
   run bench torch_attention_bench python3 "${repo}/backends/cuda/bench/torch_attention_bench.py" \
@@ -373,11 +376,13 @@ stage_ncu() {
   check_binaries || return 1
   command -v ncu >/dev/null || { say "ncu: not found"; return 1; }
   local n="${work}/ncu" rc=0 f sections=(--section SpeedOfLight --section Occupancy --section LaunchStats)
-  # One forward and one backward of 16K documents (8 x 16K tokens), both block orders, flash only.
+  # One forward and one backward of 16K documents (8 x 16K tokens), both block orders, flash only,
+  # the default backward and the 8-warp one that does not spill (docs/results/gpu/bwd_ptxas.md).
   run ncu ncu_16k ncu --clock-control none --kernel-name regex:Flash "${sections[@]}" \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section InstructionStats \
-    "${dev}/bin/wlb_cuda_attention_bench" --configs=16384 --kernels=flash --warmup=0 --iters=1 || rc=1
+    "${dev}/bin/wlb_cuda_attention_bench" --configs=16384 --kernels=flash --flash_backward=q64,q64_w8 \
+    --warmup=0 --iters=1 || rc=1
   grep -E "Flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|L2 Hit Rate|Local Memory Spilling Requests|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|highest-utilized" \
     "${n}/ncu_16k.log" | head -80 >>"${summary}"
   # The cudnn engine against PyTorch's cuDNN path on the same 16K shape: which cuDNN kernels each

@@ -29,7 +29,8 @@
 #   data/     doc_lengths_wlbllm_like.json when ../shared/data has it (public data that must not
 #             enter the repository; the attention benchmark's WLB-LLM-like mix)
 #   ptxas.txt registers, shared memory and spills of the kernels that the last build compiling
-#             any kernel compiled (all of them after a clean --build folder)
+#             any kernel compiled (all of them after a clean --build folder); ptxas.md, the same
+#             as kernel_resources.py's table
 #   MANIFEST  commit, date, compilers, per-binary NEEDED libraries and newest GLIBC and GLIBCXX
 #             symbol versions (the machine's libc and libstdc++ must be at least those)
 # The script fails if a binary needs a library that is neither collected nor on the allow-list
@@ -90,8 +91,8 @@ if ! cmake --build "${build}" --parallel "$(nproc)" --target "${tests[@]}" "${be
 fi
 # ptxas reports a kernel only when its file compiles: keep the last complete report.
 if grep -q "Compiling entry function" "${build}/build.log"; then
-  grep -E "Compiling entry function|Used [0-9]+ registers|spill stores" "${build}/build.log" \
-    >"${build}/ptxas.txt" || true
+  grep -E "Compiling entry function|Function properties for|Used [0-9]+ registers|spill stores" \
+    "${build}/build.log" >"${build}/ptxas.txt" || true
 fi
 
 rm -rf "${out}"
@@ -99,7 +100,11 @@ mkdir -p "${out}/bin" "${out}/lib" "${out}/data"
 for t in "${tests[@]}"; do cp "${build}/backends/cuda/test/${t}" "${out}/bin/"; done
 for t in "${benches[@]}"; do cp "${build}/backends/cuda/bench/${t}" "${out}/bin/"; done
 for t in "${examples[@]}"; do cp "${build}/backends/cuda/examples/${t}" "${out}/bin/"; done
-[[ -f "${build}/ptxas.txt" ]] && cp "${build}/ptxas.txt" "${out}/ptxas.txt"
+if [[ -f "${build}/ptxas.txt" ]]; then
+  cp "${build}/ptxas.txt" "${out}/ptxas.txt"
+  python3 "${repo}/backends/cuda/scripts/kernel_resources.py" --log "${build}/ptxas.txt" \
+    >"${out}/ptxas.md" || echo "prebuild.sh: no ptxas table (kernel_resources.py failed)" >&2
+fi
 # The static symbol tables are not needed to run (and the cudnn engine's frontend code made them
 # large): stripping keeps the folder inside its budget. Dynamic symbols and the kernels' -lineinfo
 # (in the fatbins) stay.

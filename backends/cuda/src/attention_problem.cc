@@ -49,6 +49,42 @@ absl::StatusOr<AttentionKernel> ParseAttentionKernel(std::string_view name) {
       absl::StrFormat("unknown attention kernel '%s'; allowed: flash, reference, cudnn", name));
 }
 
+constexpr FlashBackwardConfig kFlashBackwardConfigs[] = {
+    FlashBackwardConfig::kQ64, FlashBackwardConfig::kQ64Pass32, FlashBackwardConfig::kQ32,
+    FlashBackwardConfig::kQ64Warps8};
+
+const char* FlashBackwardConfigName(FlashBackwardConfig config) {
+  switch (config) {
+    case FlashBackwardConfig::kQ64:
+      return "q64";
+    case FlashBackwardConfig::kQ64Pass32:
+      return "q64_pass32";
+    case FlashBackwardConfig::kQ32:
+      return "q32";
+    case FlashBackwardConfig::kQ64Warps8:
+      return "q64_w8";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<FlashBackwardConfig> ParseFlashBackwardConfig(std::string_view name) {
+  for (FlashBackwardConfig c : kFlashBackwardConfigs) {
+    if (name == FlashBackwardConfigName(c)) return c;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown flash backward config '%s'; allowed: q64, q64_pass32, q32, q64_w8", name));
+}
+
+absl::Status ValidateFlashBackwardConfig(FlashBackwardConfig config) {
+  for (FlashBackwardConfig c : kFlashBackwardConfigs) {
+    if (config == c) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrFormat("flash_backward = %d is not a FlashBackwardConfig; allowed: 0 (q64), "
+                      "1 (q64_pass32), 2 (q32), 3 (q64_w8)",
+                      static_cast<int32_t>(config)));
+}
+
 absl::Status ValidateProblem(const AttentionProblem& p, AttentionKernel kernel) {
   if (p.num_heads <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat("num_heads = %d; must be > 0", p.num_heads));

@@ -14,7 +14,6 @@ namespace wlb::cuda::detail {
 // Tile sizes of the flash kernels; the host plan builder and the kernels must agree.
 inline constexpr int kFwdBlockM = 128;  // query rows per forward block (4 warps x 32 rows)
 inline constexpr int kBwdBlockN = 64;   // keys per backward block (4 warps x 16 keys)
-inline constexpr int kBwdBlockM = 64;   // query rows per backward Q/dO tile
 
 // What every launch needs to know about the problem (filled once from the plan).
 struct LaunchShape {
@@ -61,7 +60,10 @@ struct BackwardLaunch : LaunchShape {
 // `order` must be the one the tile list was built for: it picks the kernel instantiation (a
 // template parameter, not a launch field, so the default kernel's registers are unchanged).
 cudaError_t LaunchFlashForward(const ForwardLaunch& a, BlockOrder order, cudaStream_t stream);
-cudaError_t LaunchFlashBackward(const BackwardLaunch& a, BlockOrder order, cudaStream_t stream);
+// `config` picks the backward kernel's query tiling (attention_tiles.h); any value is valid for any
+// tile list.
+cudaError_t LaunchFlashBackward(const BackwardLaunch& a, BlockOrder order,
+                                FlashBackwardConfig config, cudaStream_t stream);
 cudaError_t LaunchReferenceForward(const ForwardLaunch& a, cudaStream_t stream);
 cudaError_t LaunchReferenceBackward(const BackwardLaunch& a, cudaStream_t stream);
 

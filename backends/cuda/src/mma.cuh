@@ -6,7 +6,8 @@
 //   B 16x8 "col":      b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g)
 //   C 16x8 fp32:       c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
 // Shared tiles hold rows of `kDim` bf16; the 16-byte chunk c of row r lives at chunk
-// c ^ (r & 7), so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
+// c ^ (r & 7) (kDim 32: see Swz), so the 8 rows an ldmatrix phase reads fall in 8 different bank
+// groups.
 #ifndef WLB_CUDA_SRC_MMA_CUH_
 #define WLB_CUDA_SRC_MMA_CUH_
 
@@ -21,8 +22,13 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 // Element offset of (row, col) in a swizzled tile with kDim columns; col is a multiple of 8.
+// Rows of 8 or more chunks swizzle as above; rows of 4 chunks (kDim 32, 64 bytes: two rows per
+// 128-byte bank line) by chunk ^ ((row >> 1) & 3), so 8 consecutive rows still cover all 8 bank
+// groups.
 template <int kDim>
 __device__ __forceinline__ int Swz(int row, int col) {
+  static_assert(kDim == 32 || kDim % 64 == 0, "4 chunks, or a multiple of 8 chunks, per row");
+  if constexpr (kDim == 32) return row * kDim + ((((col >> 3) ^ ((row >> 1) & 3))) << 3);
   return row * kDim + ((((col >> 3) ^ (row & 7))) << 3);
 }
 

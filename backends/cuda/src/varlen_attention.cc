@@ -142,6 +142,7 @@ absl::StatusOr<VarlenAttention> VarlenAttention::Create(const AttentionProblem& 
                                                         const AttentionOptions& options,
                                                         cudaStream_t stream) {
   if (absl::Status s = ValidateProblem(problem, options.kernel); !s.ok()) return s;
+  if (absl::Status s = ValidateFlashBackwardConfig(options.flash_backward); !s.ok()) return s;
   VarlenAttention a;
   a.problem_ = problem;
   a.options_ = options;
@@ -264,7 +265,8 @@ absl::Status VarlenAttention::Backward(const BackwardTensors& t, cudaStream_t st
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dk.data, 0, kv_bytes, stream));
       WLB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t.dv.data, 0, kv_bytes, stream));
     }
-    WLB_CUDA_RETURN_IF_ERROR(detail::LaunchFlashBackward(l, options_.block_order, stream));
+    WLB_CUDA_RETURN_IF_ERROR(
+        detail::LaunchFlashBackward(l, options_.block_order, options_.flash_backward, stream));
   } else {
     WLB_CUDA_RETURN_IF_ERROR(detail::LaunchReferenceBackward(l, stream));
   }

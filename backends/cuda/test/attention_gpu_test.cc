@@ -96,7 +96,8 @@ struct Results {
 
 // Runs forward (and backward on its own out/lse) with `kernel`; every output poisoned first.
 void RunOnDevice(const AttentionProblem& p, AttentionKernel kernel, const Inputs& in, bool backward,
-                 Results* r, BlockOrder order = BlockOrder::kHeaviestFirst) {
+                 Results* r, BlockOrder order = BlockOrder::kHeaviestFirst,
+                 FlashBackwardConfig flash_backward = FlashBackwardConfig::kQ64) {
   const size_t nq = in.q.size(), nk = in.k.size();
   const size_t nl = size_t(p.total_q()) * p.num_heads;
   DeviceBuffer<__nv_bfloat16> q(nq), k(nk), v(nk), out(nq), dout(nq), dq(nq), dk(nk), dv(nk);
@@ -127,6 +128,7 @@ void RunOnDevice(const AttentionProblem& p, AttentionKernel kernel, const Inputs
   options.kernel = kernel;
   options.backward = backward;
   options.block_order = order;
+  options.flash_backward = flash_backward;
   absl::StatusOr<VarlenAttention> attn = VarlenAttention::Create(p, options);
   ASSERT_TRUE(attn.ok()) << attn.status();
   const int64_t tq = p.total_q(), tk = p.total_k(), h = p.num_heads, hk = p.num_kv_heads,
@@ -205,13 +207,23 @@ struct KernelVariant {
   AttentionKernel kernel;
   BlockOrder order;
   const char* name;
+  FlashBackwardConfig flash_backward = FlashBackwardConfig::kQ64;
 };
 constexpr KernelVariant kVariants[] = {
     {AttentionKernel::kFlash, BlockOrder::kHeaviestFirst, "flash kernel, heaviest-first blocks"},
     {AttentionKernel::kFlash, BlockOrder::kHeadMajor, "flash kernel, head-major blocks"},
+    {AttentionKernel::kFlash, BlockOrder::kHeadMajor,
+     "flash kernel, head-major, backward q64_pass32", FlashBackwardConfig::kQ64Pass32},
+    {AttentionKernel::kFlash, BlockOrder::kHeaviestFirst,
+     "flash kernel, heaviest-first, backward q32", FlashBackwardConfig::kQ32},
+    {AttentionKernel::kFlash, BlockOrder::kHeadMajor, "flash kernel, head-major, backward q64_w8",
+     FlashBackwardConfig::kQ64Warps8},
     {AttentionKernel::kReference, BlockOrder::kHeaviestFirst, "reference kernel"},
     {AttentionKernel::kCudnn, BlockOrder::kHeaviestFirst, "cudnn engine"},
 };
+// The flash backward configurations besides the default kQ64.
+constexpr FlashBackwardConfig kOtherBackwardConfigs[] = {
+    FlashBackwardConfig::kQ64Pass32, FlashBackwardConfig::kQ32, FlashBackwardConfig::kQ64Warps8};
 
 // Whether `kernel` is part of this build (the cudnn engine may be compiled out).
 bool Built(AttentionKernel kernel) {
@@ -252,7 +264,8 @@ void CheckAgainstCpu(const AttentionProblem& p, std::mt19937_64& rng,
     }
     SCOPED_TRACE(variant.name);
     Results r;
-    RunOnDevice(p, variant.kernel, in, /*backward=*/true, &r, variant.order);
+    RunOnDevice(p, variant.kernel, in, /*backward=*/true, &r, variant.order,
+                variant.flash_backward);
     if (::testing::Test::HasFatalFailure()) return;
     ExpectClose(r.out, f->out, kOutTol, "out");
     ExpectClose(r.lse, f->lse, kLseTol, "lse");
@@ -475,16 +488,57 @@ TEST_F(AttentionGpu, FlashIsDeterministic) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
   const AttentionProblem p = SegmentsProblem({{700, 1500}, {3000, 3000}, {5, 9}}, 8, 2, 128);
   const Inputs in = RandomInputs(p, rng_);
-  Results a, b;
-  RunOnDevice(p, AttentionKernel::kFlash, in, true, &a);
-  RunOnDevice(p, AttentionKernel::kFlash, in, true, &b);
-  if (HasFatalFailure()) return;
-  // Forward, dK and dV have a fixed summation order; dQ sums with atomics.
-  EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * 4), 0);
-  EXPECT_EQ(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4), 0);
-  EXPECT_LE(RelativeError(a.dq, b.dq), 1e-3);
+  for (FlashBackwardConfig config : {FlashBackwardConfig::kQ64, FlashBackwardConfig::kQ64Pass32,
+                                     FlashBackwardConfig::kQ32, FlashBackwardConfig::kQ64Warps8}) {
+    SCOPED_TRACE(FlashBackwardConfigName(config));
+    Results a, b;
+    RunOnDevice(p, AttentionKernel::kFlash, in, true, &a, BlockOrder::kHeadMajor, config);
+    RunOnDevice(p, AttentionKernel::kFlash, in, true, &b, BlockOrder::kHeadMajor, config);
+    if (HasFatalFailure()) return;
+    // Forward, dK and dV have a fixed summation order; dQ sums with atomics.
+    EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4), 0);
+    EXPECT_LE(RelativeError(a.dq, b.dq), 1e-3);
+  }
+}
+
+// Every backward configuration adds the same dK and dV products in the same order (16-query
+// k-steps, tiles in order; the tiles one configuration skips are fully masked, adding zeros), so
+// dK and dV equal the default's value for value (== : a zero's sign may differ); dQ up to its
+// atomics' order. A WLB-like mix (long and short documents, GQA) and CP segments, both head dims.
+TEST_F(AttentionGpu, FlashBackwardConfigsAgreeWithDefault) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::vector<int32_t> lengths = {3000};
+  for (int32_t total = 3000; total < 8192;) {
+    const int32_t l = std::min(8192 - total, std::uniform_int_distribution<int32_t>(1, 700)(rng_));
+    lengths.push_back(l);
+    total += l;
+  }
+  std::shuffle(lengths.begin(), lengths.end(), rng_);
+  for (int d : {64, 128}) {
+    for (const AttentionProblem& p :
+         {DocumentsProblem(lengths, 4, 2, d),
+          SegmentsProblem({{64, 300}, {33, 129}, {0, 50}, {129, 1000}, {97, 97}}, 4, 1, d)}) {
+      SCOPED_TRACE(Describe(p));
+      const Inputs in = RandomInputs(p, rng_);
+      Results base;
+      RunOnDevice(p, AttentionKernel::kFlash, in, true, &base, BlockOrder::kHeadMajor);
+      if (HasFatalFailure()) return;
+      for (FlashBackwardConfig config : kOtherBackwardConfigs) {
+        SCOPED_TRACE(FlashBackwardConfigName(config));
+        Results r;
+        RunOnDevice(p, AttentionKernel::kFlash, in, true, &r, BlockOrder::kHeadMajor, config);
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(std::memcmp(r.out.data(), base.out.data(), r.out.size() * 4), 0) << "forward";
+        EXPECT_EQ(CountNaN(r.dk) + CountNaN(r.dv) + CountNaN(r.dq), 0u);
+        EXPECT_TRUE(r.dk == base.dk) << "dk differs from q64's";
+        EXPECT_TRUE(r.dv == base.dv) << "dv differs from q64's";
+        ExpectClose(r.dq, base.dq, 1e-3, "dq vs q64");
+      }
+    }
+  }
 }
 
 TEST_F(AttentionGpu, BadTensorsAreRejectedBeforeLaunch) {

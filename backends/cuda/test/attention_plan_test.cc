@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test/test_util.h"
@@ -150,6 +151,43 @@ TEST_P(PlanProperties, BackwardTilesCoverEveryKeyOnceAndStartAtTheFirstSeeingQue
       ExpectOrder(
           tiles, order, p.batch(), [](const BackwardTile& t) { return t.q_len - t.q_first; },
           [](const BackwardTile& t) { return int64_t(t.k_rows) * (t.q_len - t.q_first); });
+    }
+  }
+}
+
+// The backward kernel's walk over a tile's queries (BackwardFirstQueryTile, BackwardPassNeedsMask)
+// for each query tiling of FlashBackwardConfig, (tile rows, pass rows) = (64, 64) q64, (64, 32)
+// q64_pass32 and q64_w8, (32, 32) q32: the queries before the first tile see no key of the tile,
+// and a pass the kernel runs without the mask holds only visible (query, key) pairs.
+TEST_P(PlanProperties, BackwardQueryWalkOfEveryTilingSkipsOnlyInvisiblePairs) {
+  std::mt19937_64 rng(GetParam() + 2000);
+  constexpr int kBlockN = 64;
+  for (int trial = 0; trial < 30; ++trial) {
+    const AttentionProblem p = RandomProblem(rng);
+    for (const BackwardTile& t : BuildBackwardTiles(p, kBlockN)) {
+      const int b = t.segment;
+      const int32_t k0 = t.k_begin - p.cu_seqlens_k[b];
+      auto visible = [&](int32_t i, int32_t c) {
+        return i < t.q_len && c < t.k_rows && k0 + c < TrueVisibleEnd(p, b, i);
+      };
+      for (auto [block_m, pass] : {std::pair{64, 64}, std::pair{64, 32}, std::pair{32, 32}}) {
+        SCOPED_TRACE("block_m " + std::to_string(block_m) + " pass " + std::to_string(pass));
+        const int32_t first = BackwardFirstQueryTile(t, block_m) * block_m;
+        ASSERT_LE(first, t.q_first);
+        for (int32_t i = 0; i < first; ++i) {
+          for (int32_t c = 0; c < kBlockN; ++c) ASSERT_FALSE(visible(i, c)) << i << " " << c;
+        }
+        const int32_t end = (t.q_len + block_m - 1) / block_m * block_m;
+        for (int32_t q0 = first; q0 < end; q0 += pass) {
+          if (BackwardPassNeedsMask(t, q0, pass, kBlockN)) continue;
+          for (int32_t i = q0; i < q0 + pass; ++i) {
+            for (int32_t c = 0; c < kBlockN; ++c) {
+              ASSERT_TRUE(visible(i, c)) << "unmasked pass at " << q0 << ": query " << i
+                                         << " key " << c << " of segment " << b;
+            }
+          }
+        }
+      }
     }
   }
 }

@@ -111,6 +111,32 @@ TEST(VarlenAttentionCreate, RejectsInvalidProblemBeforeTouchingTheDevice) {
   ExpectInvalid(VarlenAttention::Create(p, ref).status(), "num_kv_heads = 3");
 }
 
+TEST(VarlenAttentionCreate, RejectsUnknownFlashBackwardConfigBeforeTouchingTheDevice) {
+  AttentionOptions o;
+  o.flash_backward = static_cast<FlashBackwardConfig>(4);
+  ExpectInvalid(VarlenAttention::Create(SegmentsProblem({{8, 8}}, 4, 4, 64), o).status(),
+                "flash_backward = 4 is not a FlashBackwardConfig");
+  o.flash_backward = static_cast<FlashBackwardConfig>(-1);
+  ExpectInvalid(VarlenAttention::Create(SegmentsProblem({{8, 8}}, 4, 4, 64), o).status(),
+                "flash_backward = -1 is not a FlashBackwardConfig");
+}
+
+TEST(FlashBackwardConfigNames, ParseAndNameRoundTrip) {
+  for (FlashBackwardConfig c : {FlashBackwardConfig::kQ64, FlashBackwardConfig::kQ64Pass32,
+                                FlashBackwardConfig::kQ32, FlashBackwardConfig::kQ64Warps8}) {
+    EXPECT_TRUE(ValidateFlashBackwardConfig(c).ok()) << FlashBackwardConfigName(c);
+    absl::StatusOr<FlashBackwardConfig> parsed =
+        ParseFlashBackwardConfig(FlashBackwardConfigName(c));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, c);
+  }
+  EXPECT_EQ(AttentionOptions{}.flash_backward, FlashBackwardConfig::kQ64) << "default changed";
+  ExpectInvalid(ParseFlashBackwardConfig("Q32").status(),
+                "unknown flash backward config 'Q32'; allowed: q64, q64_pass32, q32, q64_w8");
+  ExpectInvalid(ParseFlashBackwardConfig("").status(), "unknown flash backward config ''");
+  EXPECT_STREQ(FlashBackwardConfigName(static_cast<FlashBackwardConfig>(7)), "unknown");
+}
+
 TEST(VarlenAttentionCreate, ReportsMissingDeviceAsStatus) {
   if (CudaDeviceAvailable().ok()) {
     GTEST_SKIP() << "a CUDA device is present; this test covers machines without one";

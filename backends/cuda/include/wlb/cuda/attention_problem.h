@@ -42,6 +42,17 @@ const char* AttentionKernelName(AttentionKernel kernel);
 // the allowed names otherwise.
 absl::StatusOr<AttentionKernel> ParseAttentionKernel(std::string_view name);
 
+// The flash backward configuration's name as the command-line flags spell it: "q64",
+// "q64_pass32", "q32", "q64_w8"; "unknown" for a value outside the enum.
+const char* FlashBackwardConfigName(FlashBackwardConfig config);
+
+// The configuration a name spells; InvalidArgument naming `name` and the allowed names otherwise.
+absl::StatusOr<FlashBackwardConfig> ParseFlashBackwardConfig(std::string_view name);
+
+// OK for the enum's values; InvalidArgument naming the integer value otherwise (a value cast from
+// an unchecked integer).
+absl::Status ValidateFlashBackwardConfig(FlashBackwardConfig config);
+
 // One varlen attention call's shape; see the file comment for the semantics.
 struct AttentionProblem {
   std::vector<int32_t> cu_seqlens_q;  // batch + 1 prefix offsets, starting at 0

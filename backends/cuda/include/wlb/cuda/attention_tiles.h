@@ -31,6 +31,21 @@ enum class BlockOrder : int32_t {
   kHeadMajor = 1,
 };
 
+// The query-side shape of the flash backward kernel (flash_bwd.cu). A backward block always holds
+// kBwdBlockN = 64 keys, so the work lists (BackwardTile) are the same for every configuration; it
+// walks the queries that see them in tiles of Q/dO rows, computing S^T, P^T, dP^T and dS^T for a
+// tile in one or more passes. Fewer queries per pass need fewer registers: at head_dim 128 the
+// default spills (docs/results/gpu/bwd_ptxas.md). Every configuration adds the same products in
+// the same order into dK and dV (equal values); dQ sums with fp32 atomics in any of them.
+enum class FlashBackwardConfig : int32_t {
+  kQ64 = 0,        // 64-query tiles, one pass (the default until a GPU measures the others)
+  kQ64Pass32 = 1,  // 64-query tiles, two 32-query passes: same loads and barriers as kQ64
+  kQ32 = 2,        // 32-query tiles, one pass: twice the tiles and barriers of kQ64
+  // 64-query tiles, 8 warps: two warps per 16 keys, each with half of head_dim in dK, dV (half
+  // the accumulators) and one 32-query pass; P^T and dS^T go through shared memory.
+  kQ64Warps8 = 3,
+};
+
 // The (tile, head) pair that block `block` of a launch over num_tiles x heads blocks runs.
 // Unsigned, like blockIdx.x: a signed division costs the kernels a register they do not have.
 struct TileHead {
@@ -73,6 +88,21 @@ struct BackwardTile {
   int32_t pad = 0;
 };
 static_assert(sizeof(BackwardTile) == 32);
+
+// The backward kernel's walk over a tile's queries, shared with the tests of its properties:
+// query tiles of block_m rows, aligned to multiples of block_m, from the one holding q_first.
+WLB_CUDA_HOST_DEVICE inline int32_t BackwardFirstQueryTile(const BackwardTile& t,
+                                                           int32_t block_m) {
+  return t.q_first / block_m;
+}
+
+// Whether a pass over segment queries [q0, q0 + rows) of a tile of block_n keys may meet a masked
+// (query, key) pair: a query past the segment, a key past the tile's rows, or a key above the
+// diagonal of the pass's first (most restricted) query. False means every pair is visible.
+WLB_CUDA_HOST_DEVICE inline bool BackwardPassNeedsMask(const BackwardTile& t, int q0, int rows,
+                                                       int block_n) {
+  return q0 + rows > t.q_len || t.k_rows < block_n || block_n - 1 > q0 + t.diag;
+}
 
 // Keys of the segment that tile row r sees, as the half-open range [0, end): end = min(k_len,
 // r + diag + 1). Shared by tests and the CPU model of the kernels.

@@ -83,6 +83,10 @@ struct AttentionOptions {
   // heaviest-first's backward time and 0.81-1.01 of its forward time; heaviest-first's forward
   // at 16K hit L2 1.3% of the time and ran DRAM-bound at 2.5 TB/s, head-major's 96%.
   BlockOrder block_order = BlockOrder::kHeadMajor;
+  // Flash backward only: the kernel's query tiling (attention_tiles.h). Same gradients (dK, dV
+  // equal values, dQ up to its atomics' order), different register use: kQ64 spills at head_dim
+  // 128 (docs/results/gpu/bwd_ptxas.md). kQ64 stays the default until a GPU has timed the others.
+  FlashBackwardConfig flash_backward = FlashBackwardConfig::kQ64;
 };
 
 // Whether this build has the cudnn engine (cuDNN >= 9.6 and the cuDNN frontend headers were
