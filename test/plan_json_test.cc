@@ -1,12 +1,15 @@
-// Tests of include/wlb/io/plan_json.hpp: the JSON form of packing plans.
+// Tests of include/wlb/io/plan_json.hpp: the JSON form of packing plans and its writer.
 #include "wlb/io/plan_json.hpp"
 
+#include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "test_util.hpp"
 #include "wlb/core/steps.hpp"
 #include "wlb/pack/make_packer.hpp"
 #include "wlb/pack/stream.hpp"
@@ -177,6 +180,132 @@ TEST(SummaryToJson, HoldsEverySummaryField) {
                                {"delay_mean", 0.5},
                                {"delay_p99", 2.0},
                                {"delay_max", 3.0}}));
+}
+
+// The writer's text of a whole run (pending, steps, summary) into `text`.
+absl::Status WriteRun(PlanJsonWriter& writer, std::span<const StepPlan> steps,
+                      std::span<const Document> pending, const nlohmann::json& summary) {
+  absl::Status s = writer.Pending(pending);
+  for (size_t i = 0; s.ok() && i < steps.size(); ++i) s = writer.Step(steps[i]);
+  return s.ok() ? writer.Summary(summary) : s;
+}
+
+PlanJsonWriter::Sink AppendTo(std::string& text) {
+  return [&text](std::string_view piece) {
+    text.append(piece);
+    return absl::OkStatus();
+  };
+}
+
+// The writer's text is the dump(1) of PlanToJson's tree with the summary, byte for byte: an empty
+// run, and seeded random runs (with documents still pending) with and without S_max.
+TEST(PlanJsonWriter, TextIsTheDumpOfPlanToJsonWithTheSummary) {
+  std::string text;
+  PlanJsonWriter empty(AppendTo(text), kSquares);
+  ASSERT_TRUE(WriteRun(empty, {}, {}, SummaryToJson(StreamSummary{})).ok());
+  nlohmann::json expected = PlanToJson({}, {}, kSquares);
+  expected["summary"] = SummaryToJson(StreamSummary{});
+  EXPECT_EQ(text, expected.dump(1) + "\n");
+  EXPECT_EQ(nlohmann::json::parse(text), expected);
+
+  std::mt19937_64 rng(50);
+  for (int i = 0; i < 60; ++i) {
+    const testing::PackingCase c =
+        testing::RandomPackingCase(rng, i, {.max_context = 256, .max_docs = 40});
+    auto packer = MakePacker(i % 2 == 0 ? "wlb" : "wlb-lookahead", c.config, kSquares, {});
+    ASSERT_TRUE(packer.ok()) << packer.status();
+    auto run = RunPacker(**packer, c.arrivals, /*flush=*/i % 3 != 0);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const std::vector<Document> pending = (*packer)->Pending();
+    const int64_t max_tokens = i % 4 == 0 ? 0 : c.config.max_tokens;
+    const nlohmann::json summary = SummaryToJson(Summarize(run->steps, kSquares, max_tokens));
+    text.clear();
+    PlanJsonWriter writer(AppendTo(text), kSquares, max_tokens);
+    ASSERT_TRUE(WriteRun(writer, run->steps, pending, summary).ok());
+    expected = PlanToJson(run->steps, pending, kSquares, max_tokens);
+    EXPECT_EQ(expected.at("steps").empty(), run->steps.empty());
+    for (const nlohmann::json& step : expected.at("steps")) {
+      EXPECT_EQ(step.contains("cap_lower_bound"), max_tokens > 0) << "case " << i;
+    }
+    expected["summary"] = summary;
+    ASSERT_EQ(text, expected.dump(1) + "\n") << "case " << i;
+    EXPECT_EQ(nlohmann::json::parse(text), expected) << "case " << i;
+  }
+}
+
+// The hook's keys land in the step (and its micro-batches) in the text as in the tree; a hook's
+// error stops that step, which is not written.
+TEST(PlanJsonWriter, StepHookAddsKeysAndItsErrorsPropagate) {
+  const PlanJsonWriter::StepHook hook = [](const StepPlan& step, nlohmann::json& j) {
+    if (step.step == 7) return absl::InvalidArgumentError("no shard plan for step 7");
+    for (size_t m = 0; m < step.micro_batches.size(); ++m) j["micro_batches"][m]["rank"] = m;
+    j["extra"] = {{"step_again", step.step}};
+    return absl::OkStatus();
+  };
+  StepPlan a = HandStep(), b = HandStep();
+  a.step = 0;
+  b.step = 1;
+  const std::vector<StepPlan> steps = {a, b};
+  std::string text;
+  PlanJsonWriter writer(AppendTo(text), kSquares, 4, hook);
+  ASSERT_TRUE(WriteRun(writer, steps, {}, {{"packer", "hand"}}).ok());
+  nlohmann::json tree;
+  PlanJsonWriter tree_writer(&tree, kSquares, 4, hook);
+  ASSERT_TRUE(WriteRun(tree_writer, steps, {}, {{"packer", "hand"}}).ok());
+  EXPECT_EQ(text, tree.dump(1) + "\n");
+  const nlohmann::json parsed = nlohmann::json::parse(text);
+  EXPECT_EQ(parsed.at("steps")[1].at("extra").at("step_again"), 1);
+  EXPECT_EQ(parsed.at("steps")[1].at("micro_batches")[1].at("rank"), 1);
+  EXPECT_EQ(parsed.at("summary").at("packer"), "hand");
+
+  text.clear();
+  PlanJsonWriter failing(AppendTo(text), kSquares, 0, hook);
+  ASSERT_TRUE(failing.Pending({}).ok());
+  const std::string before = text;
+  StepPlan seven = HandStep();
+  seven.step = 7;
+  const absl::Status s = failing.Step(seven);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("no shard plan for step 7"));
+  EXPECT_EQ(text, before);
+}
+
+// A sink's failure is the writer's: the call returns it, and every later call returns it too
+// without writing on (no document is continued past a lost piece).
+TEST(PlanJsonWriter, SinkFailurePropagatesAndStopsTheWriter) {
+  int writes = 0;
+  PlanJsonWriter writer(
+      [&writes](std::string_view) {
+        return ++writes == 2 ? absl::UnavailableError("cannot write plan.json: disk full")
+                             : absl::OkStatus();
+      },
+      kSquares);
+  ASSERT_TRUE(writer.Pending({}).ok());
+  const absl::Status s = writer.Step(HandStep());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("plan.json: disk full"));
+  EXPECT_EQ(writer.Step(HandStep()), s);
+  EXPECT_EQ(writer.Summary(nlohmann::json::object()), s);
+  EXPECT_EQ(writes, 2);
+}
+
+// Pending, then each Step, then Summary: any other order is an error naming the call.
+TEST(PlanJsonWriter, CallsOutOfOrderAreErrors) {
+  std::string text;
+  PlanJsonWriter writer(AppendTo(text), kSquares);
+  absl::Status s = writer.Step(HandStep());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("PlanJsonWriter::Step out of order"));
+  EXPECT_THAT(writer.Summary(nlohmann::json::object()).message(),
+              ::testing::HasSubstr("Summary out of order"));
+  EXPECT_TRUE(text.empty());
+  ASSERT_TRUE(writer.Pending({}).ok());
+  EXPECT_THAT(writer.Pending({}).message(), ::testing::HasSubstr("Pending out of order"));
+  ASSERT_TRUE(writer.Summary(nlohmann::json::object()).ok());
+  EXPECT_THAT(writer.Step(HandStep()).message(), ::testing::HasSubstr("Step out of order"));
+  EXPECT_EQ(nlohmann::json::parse(text), nlohmann::json({{"pending", nlohmann::json::array()},
+                                                         {"steps", nlohmann::json::array()},
+                                                         {"summary", nlohmann::json::object()}}));
 }
 
 }  // namespace plan_json_test

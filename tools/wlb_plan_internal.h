@@ -36,14 +36,18 @@ struct Estimate {
 };
 
 // A streamed run (--docs X.idx): the chosen packer's steps are written as they are planned, as the
-// output's JSON text or table rows, to an unnamed temporary file (`spool`), and never kept; the
-// writers copy the spool into the output.
+// output's JSON text (the whole document, by `json`) or table rows, to an unnamed temporary file
+// (`spool`), and never kept; the writers copy the spool into the output.
 struct StreamedSteps {
   std::FILE* spool = nullptr;
-  int64_t count = 0;          // steps written
   int64_t arrival_steps = 0;  // the input's steps, as Input::steps counts them
   CpSummary cp_summary;       // --cp-size: over the steady steps written
+  std::optional<PlanJsonWriter> json;  // --format json
 };
+
+// Starts a streamed run's output in `streamed.spool` (the JSON's pending documents).
+absl::Status BeginStreamed(const Settings& settings, const DocumentCost& cost,
+                           const KernelModel& kernel_model, StreamedSteps& streamed);
 
 // Writes one planned step of the chosen packer to `streamed` (with its CP shard plans).
 absl::Status AppendStreamedStep(const StepPlan& step, const Settings& settings,
@@ -61,7 +65,7 @@ struct Planned {
   std::string tune_note;             // " (tuned over ...)" with --tune
   std::vector<const Result*> rows;   // the table's summary rows, in order
   std::optional<Estimate> estimate;  // --estimate
-  const StreamedSteps* streamed = nullptr;  // a streamed run: main.run.steps is empty
+  StreamedSteps* streamed = nullptr;  // a streamed run: main.run.steps is empty
 };
 
 // CP shard plans of one step's micro-batches, one at a time: each is added to `summary` (steady

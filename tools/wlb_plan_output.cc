@@ -20,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "wlb/wlb.hpp"
 #include "wlb_plan.h"
 #include "wlb_plan_internal.h"
@@ -37,13 +36,6 @@ std::string SummaryRow(const Result& r) {
       r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
       s.imbalance_mean - s.lower_bound_mean, s.imbalance_mean - s.cap_lower_bound_mean,
       s.delay.mean, s.delay.p99, s.delay.max, Median(r.run.plan_ms));
-}
-
-// `value`.dump(1) as it reads nested `depth` levels deep in a dump(1) of the whole document (JSON
-// strings hold no raw newline, so every newline starts a line of the value).
-std::string DumpNested(const nlohmann::json& value, int depth) {
-  const std::string text = value.dump(1);
-  return absl::StrReplaceAll(text, {{"\n", "\n" + std::string(static_cast<size_t>(depth), ' ')}});
 }
 
 constexpr char kSummaryHeader[] =
@@ -81,19 +73,22 @@ std::string StepTable(const Result& r, const DocumentCost& cost, int64_t max_tok
   return out;
 }
 
-// One step of the JSON's "steps" array, as it reads nested in the whole document, with its CP
-// shard plans (--cp-size) planned into it and added to `cp_summary`.
-absl::StatusOr<std::string> StepJsonText(const StepPlan& step, const Settings& settings,
-                                         const DocumentCost& cost, const KernelModel& kernel_model,
-                                         CpSummary& cp_summary) {
-  nlohmann::json step_json = StepToJson(step, cost, settings.plan.config.max_tokens);
-  if (settings.plan.cp_size > 0) {
-    if (absl::Status s = PlanStepCp(step, settings.plan, kernel_model, cp_summary, &step_json);
-        !s.ok()) {
-      return s;
-    }
+// The JSON writer's step hook with --cp-size: plans each micro-batch's CP shard plans into the
+// step's JSON and adds them to `cp_summary`.
+PlanJsonWriter::StepHook CpHook(const Settings& settings, const KernelModel& kernel_model,
+                                CpSummary& cp_summary) {
+  if (settings.plan.cp_size <= 0) return nullptr;
+  return [&](const StepPlan& step, nlohmann::json& step_json) {
+    return PlanStepCp(step, settings.plan, kernel_model, cp_summary, &step_json);
+  };
+}
+
+absl::Status WriteSpool(std::FILE* spool, std::string_view text) {
+  if (std::fwrite(text.data(), 1, text.size(), spool) != text.size()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
   }
-  return DumpNested(step_json, 2);
+  return absl::OkStatus();
 }
 
 absl::Status CannotWrite(const std::string& path, const std::string& why) {
@@ -204,6 +199,10 @@ class Output {
 
 // Copies a streamed run's spooled step text to `output`, 1 MiB at a time.
 absl::Status CopySpool(const StreamedSteps& streamed, Output& output) {
+  if (std::fflush(streamed.spool) != 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
+  }
   std::rewind(streamed.spool);
   std::string buffer(size_t{1} << 20, '\0');
   while (true) {
@@ -219,92 +218,14 @@ absl::Status CopySpool(const StreamedSteps& streamed, Output& output) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status AppendStreamedStep(const StepPlan& step, const Settings& settings,
-                                const DocumentCost& cost, const KernelModel& kernel_model,
-                                StreamedSteps& streamed) {
-  std::string text;
-  if (settings.format == "json") {
-    absl::StatusOr<std::string> json =
-        StepJsonText(step, settings, cost, kernel_model, streamed.cp_summary);
-    if (!json.ok()) return json.status();
-    text = absl::StrCat(streamed.count > 0 ? ",\n  " : "  ", *json);
-  } else {
-    if (settings.plan.cp_size > 0) {
-      if (absl::Status s =
-              PlanStepCp(step, settings.plan, kernel_model, streamed.cp_summary, nullptr);
-          !s.ok()) {
-        return s;
-      }
-    }
-    text = StepRow(step, cost, settings.plan.config.max_tokens);
-  }
-  if (std::fwrite(text.data(), 1, text.size(), streamed.spool) != text.size()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
-  }
-  ++streamed.count;
-  return absl::OkStatus();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-absl::Status CheckOutputIsNotAnInput(const Settings& settings) {
-  const std::string& out = settings.out;
-  if (out.empty()) return absl::OkStatus();
-  for (const auto& [flag, input] :
-       {std::pair{"--docs", settings.docs}, std::pair{"--cost", settings.spec.cost},
-        std::pair{"--kernel-profile", settings.spec.kernel_profile}}) {
-    std::error_code ec;
-    if (!input.empty() && input != "-" && std::filesystem::equivalent(out, input, ec) && !ec) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--out %s is the same file as %s %s: refusing to overwrite an input",
-                          QuoteForMessage(out, 256), flag, QuoteForMessage(input, 256)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteJson(const Planned& p) {
+// The JSON's summary: the stream's, the CP plans' (`cp_summary`), the estimate's and the settings.
+nlohmann::json JsonSummary(const Planned& p, const CpSummary& cp_summary) {
   const Settings& settings = p.settings;
   const PackerConfig& config = settings.plan.config;
-  const int32_t cp_size = settings.plan.cp_size;
-  CpSummary cp_summary;  // over steady steps, planned while the steps are written
-  // Streamed step by step, byte for byte what PlanToJson(...).dump(1) of the whole run with the
-  // summary would be ({"pending", "steps", "summary"}: nlohmann orders keys), without building
-  // that tree: a step's JSON and its shard plans are written and dropped.
-  Output output;
-  if (absl::Status s = output.Open(settings.out); !s.ok()) return s;
-  nlohmann::json pending = nlohmann::json::array();
-  for (const Document& d : p.main.pending) pending.push_back(DocumentToJson(d));
-  std::string text = "{\n \"pending\": " + DumpNested(pending, 1) + ",\n \"steps\": ";
-  if (p.streamed != nullptr) {  // written as they were planned: copied from the spool
-    cp_summary = p.streamed->cp_summary;
-    text += p.streamed->count == 0 ? "[]" : "[\n";
-    if (absl::Status s = output.Write(text); !s.ok()) return s;
-    text.clear();
-    if (absl::Status s = CopySpool(*p.streamed, output); !s.ok()) return s;
-    if (p.streamed->count > 0) text = "\n ]";
-  } else {
-    text += p.main.run.steps.empty() ? "[]" : "[\n";
-  }
-  for (size_t i = 0; p.streamed == nullptr && i < p.main.run.steps.size(); ++i) {
-    absl::StatusOr<std::string> step =
-        StepJsonText(p.main.run.steps[i], settings, p.cost, p.kernel_model, cp_summary);
-    if (!step.ok()) return step.status();
-    absl::StrAppend(&text, "  ", *step, i + 1 < p.main.run.steps.size() ? ",\n" : "\n ]");
-    if (absl::Status s = output.Write(text); !s.ok()) return s;
-    text.clear();
-  }
   nlohmann::json summary = SummaryToJson(p.main.summary);
-  if (cp_size > 0) {
+  if (settings.plan.cp_size > 0) {
     summary["cp"] = CpSummaryToJson(cp_summary);
-    summary["cp"]["cp_size"] = cp_size;
+    summary["cp"]["cp_size"] = settings.plan.cp_size;
     summary["cp"]["sharding"] = settings.spec.sharding;
   }
   if (p.estimate) {
@@ -345,9 +266,83 @@ absl::Status WriteJson(const Planned& p) {
     for (double ms : p.main.run.plan_ms) total += ms;
     summary["planning_ms_total"] = total;
   }
-  absl::StrAppend(&text, ",\n \"summary\": ", DumpNested(summary, 1), "\n}\n");
-  if (absl::Status s = output.Write(text); !s.ok()) return s;
-  return output.Commit();
+  return summary;
+}
+
+}  // namespace
+
+absl::Status BeginStreamed(const Settings& settings, const DocumentCost& cost,
+                           const KernelModel& kernel_model, StreamedSteps& streamed) {
+  if (settings.format != "json") return absl::OkStatus();
+  auto to_spool = [spool = streamed.spool](std::string_view text) {
+    return WriteSpool(spool, text);
+  };
+  streamed.json.emplace(to_spool, cost, settings.plan.config.max_tokens,
+                        CpHook(settings, kernel_model, streamed.cp_summary));
+  // Pending comes first in the document, and is known now: the run ends in a flush, which leaves
+  // nothing pending (Packer::Flush; WriteJson checks it).
+  return streamed.json->Pending({});
+}
+
+absl::Status AppendStreamedStep(const StepPlan& step, const Settings& settings,
+                                const DocumentCost& cost, const KernelModel& kernel_model,
+                                StreamedSteps& streamed) {
+  if (streamed.json) return streamed.json->Step(step);
+  if (settings.plan.cp_size > 0) {
+    if (absl::Status s =
+            PlanStepCp(step, settings.plan, kernel_model, streamed.cp_summary, nullptr);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return WriteSpool(streamed.spool, StepRow(step, cost, settings.plan.config.max_tokens));
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+absl::Status CheckOutputIsNotAnInput(const Settings& settings) {
+  const std::string& out = settings.out;
+  if (out.empty()) return absl::OkStatus();
+  for (const auto& [flag, input] :
+       {std::pair{"--docs", settings.docs}, std::pair{"--cost", settings.spec.cost},
+        std::pair{"--kernel-profile", settings.spec.kernel_profile}}) {
+    std::error_code ec;
+    if (!input.empty() && input != "-" && std::filesystem::equivalent(out, input, ec) && !ec) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--out %s is the same file as %s %s: refusing to overwrite an input",
+                          QuoteForMessage(out, 256), flag, QuoteForMessage(input, 256)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteJson(const Planned& p) {
+  Output output;
+  if (absl::Status s = output.Open(p.settings.out); !s.ok()) return s;
+  if (p.streamed != nullptr) {  // pending and the steps went to the spool as they were planned
+    if (!p.main.pending.empty()) {
+      return absl::InternalError(absl::StrFormat(
+          "packer %s holds %d documents after its flush (Packer::Flush leaves none pending)",
+          p.main.packer, p.main.pending.size()));
+    }
+    absl::Status s = p.streamed->json->Summary(JsonSummary(p, p.streamed->cp_summary));
+    if (s.ok()) s = CopySpool(*p.streamed, output);
+    return s.ok() ? output.Commit() : s;
+  }
+  CpSummary cp_summary;  // over steady steps, planned while the steps are written
+  PlanJsonWriter writer([&output](std::string_view text) { return output.Write(text); }, p.cost,
+                        p.settings.plan.config.max_tokens,
+                        CpHook(p.settings, p.kernel_model, cp_summary));
+  absl::Status s = writer.Pending(p.main.pending);
+  for (size_t i = 0; s.ok() && i < p.main.run.steps.size(); ++i) {
+    s = writer.Step(p.main.run.steps[i]);
+  }
+  if (s.ok()) s = writer.Summary(JsonSummary(p, cp_summary));
+  return s.ok() ? output.Commit() : s;
 }
 
 absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {

@@ -108,6 +108,7 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
         "cannot create a temporary file for the planned steps: %s", std::strerror(errno)));
   }
   streamed.spool = spool.get();
+  if (absl::Status s = BeginStreamed(settings, cost, kernel_model, streamed); !s.ok()) return s;
   using Clock = std::chrono::steady_clock;
   // Runs `plan` (a Push or the Flush) on lane k, timed, and takes in the steps it makes ready.
   auto take = [&](size_t k, auto plan) -> absl::Status {
@@ -142,10 +143,6 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
         !s.ok()) {
       return s;
     }
-  }
-  if (std::fflush(streamed.spool) != 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
   }
   streamed.arrival_steps = cutter.steps();
   std::vector<Result> results(lanes.size());
