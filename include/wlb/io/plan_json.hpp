@@ -89,11 +89,11 @@ class PlanJsonWriter {
   // Adds keys to a step's JSON before it is written (wlb-plan: each micro-batch's CP shard plan).
   using StepHook = std::function<absl::Status(const StepPlan& step, nlohmann::json& step_json)>;
 
-  PlanJsonWriter(Sink sink, const DocumentCost& cost, int64_t max_tokens = 0, StepHook hook = {})
-      : sink_(std::move(sink)), cost_(cost), max_tokens_(max_tokens), hook_(std::move(hook)) {}
-  PlanJsonWriter(nlohmann::json* tree, const DocumentCost& cost, int64_t max_tokens = 0,
+  PlanJsonWriter(Sink sink, DocumentCost cost, int64_t max_tokens = 0, StepHook hook = {})
+      : sink_(std::move(sink)), cost_(std::move(cost)), max_tokens_(max_tokens), hook_(std::move(hook)) {}
+  PlanJsonWriter(nlohmann::json* tree, DocumentCost cost, int64_t max_tokens = 0,
                  StepHook hook = {})
-      : tree_(tree), cost_(cost), max_tokens_(max_tokens), hook_(std::move(hook)) {}
+      : tree_(tree), cost_(std::move(cost)), max_tokens_(max_tokens), hook_(std::move(hook)) {}
 
   // First: the documents still pending at the end of the run (none after a flush).
   absl::Status Pending(std::span<const Document> pending) {
@@ -158,7 +158,7 @@ class PlanJsonWriter {
 
   Sink sink_;
   nlohmann::json* tree_ = nullptr;
-  const DocumentCost& cost_;
+  DocumentCost cost_;  // by value: a CostModel argument converts to a temporary
   int64_t max_tokens_;
   StepHook hook_;
   Phase phase_ = Phase::kPending;
