@@ -83,11 +83,13 @@ PlanJsonWriter::StepHook CpHook(const Settings& settings, const KernelModel& ker
   };
 }
 
+absl::Status SpoolError() {
+  return absl::UnavailableError(absl::StrFormat(
+      "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
+}
+
 absl::Status WriteSpool(std::FILE* spool, std::string_view text) {
-  if (std::fwrite(text.data(), 1, text.size(), spool) != text.size()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
-  }
+  if (std::fwrite(text.data(), 1, text.size(), spool) != text.size()) return SpoolError();
   return absl::OkStatus();
 }
 
@@ -199,10 +201,7 @@ class Output {
 
 // Copies a streamed run's spooled step text to `output`, 1 MiB at a time.
 absl::Status CopySpool(const StreamedSteps& streamed, Output& output) {
-  if (std::fflush(streamed.spool) != 0) {
-    return absl::UnavailableError(absl::StrFormat(
-        "cannot write the planned steps to a temporary file: %s", std::strerror(errno)));
-  }
+  if (std::fflush(streamed.spool) != 0) return SpoolError();
   std::rewind(streamed.spool);
   std::string buffer(size_t{1} << 20, '\0');
   while (true) {

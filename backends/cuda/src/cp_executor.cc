@@ -254,10 +254,10 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
   }
   if (absl::Status s = FetchKv(t); !s.ok()) return s;
   const int64_t kv_row_bytes = kh * d * 2, q_row_bytes = h * d * 2;
+  const bool split = maps_.schedule == CpSchedule::kSplit;
   for (size_t i = 0; i < ranks_.size(); ++i) {
     RankState& r = ranks_[i];
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
-    const bool split = maps_.schedule == CpSchedule::kSplit;
     const int64_t queries = r.maps->problem.total_q();
     const auto* qr = static_cast<const int32_t*>(r.query_rows.get());
     if (r.attention.has_value()) {
@@ -468,8 +468,8 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
       b.dv = {static_cast<__nv_bfloat16*>(r.dv.get()), total_k, kh, d};
       if (split) {  // the prefixes' rows of q, the merged out, dout and the merged LSE
         const auto* qr = static_cast<const int32_t*>(r.query_rows.get());
-        for (auto [src, dst] : {std::pair{t[i].q.data, r.prefix_q.get()},
-                                std::pair{t[i].out.data, r.prefix_out.get()},
+        // prefix_q holds the forward's gather of the same q (Backward's contract).
+        for (auto [src, dst] : {std::pair{t[i].out.data, r.prefix_out.get()},
                                 std::pair{t[i].dout.data, r.prefix_dout.get()}}) {
           WLB_CUDA_RETURN_IF_ERROR(
               detail::LaunchGatherRows(src, qr, queries, q_row_bytes, dst, r.stream));
