@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, docs, "",
           "distribution named by --distribution. The paper-like case: "
           "../shared/data/doc_lengths_wlbllm_like.json");
 ABSL_FLAG(std::string, distribution, "default",
-          "when --docs is empty: default (embedded WLB-LLM-like histogram) or heavy-tail");
+          "when --docs is empty: default (embedded WLB-LLM-like histogram), heavy-tail, or a "
+          "generated shape: rare-long, bimodal, pile-like, prolong-like");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
 
 namespace wlb::bench {

@@ -149,16 +149,18 @@ absl::StatusOr<Row> RunRow(wlb::Packer& packer, std::vector<std::vector<wlb::Doc
 std::string MarkdownRow(const Row& r) {
   const auto paper = PaperImbalance().find(r.method + "/" + r.config);
   return absl::StrFormat(
-      "| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method, r.config,
-      r.summary.steps, r.summary.imbalance_mean, r.summary.imbalance_p90,
+      "| %s | %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.4g | %s |", r.method,
+      r.config, r.summary.steps, r.summary.imbalance_mean, r.summary.imbalance_p90,
+      r.summary.imbalance_p99, r.summary.imbalance_max,
       r.summary.imbalance_mean - r.summary.lower_bound_mean,
       r.summary.imbalance_mean - r.summary.cap_lower_bound_mean, r.summary.delay.mean,
       r.overhead_ms, paper == PaperImbalance().end() ? "" : absl::StrFormat("%.2f", paper->second));
 }
 
 std::string CsvRow(const Row& r) {
-  return absl::StrFormat("%s,%s,%.6f,%.6f,%.6f,%.6f,%.6f,%.6g", r.method, r.config,
-                         r.summary.imbalance_mean, r.summary.imbalance_p90,
+  return absl::StrFormat("%s,%s,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6g", r.method, r.config,
+                         r.summary.imbalance_mean, r.summary.imbalance_p90, r.summary.imbalance_p99,
+                         r.summary.imbalance_max,
                          r.summary.imbalance_mean - r.summary.lower_bound_mean,
                          r.summary.imbalance_mean - r.summary.cap_lower_bound_mean,
                          r.summary.delay.mean, r.overhead_ms);
@@ -329,9 +331,10 @@ absl::Status Run() {
       source.c_str(), config.micro_batches, config.context, config.max_tokens, spec.cost.c_str(),
       arrivals.size(), solver_arrivals.size(), solver_seconds, absl::GetFlag(FLAGS_solver_gap));
   std::printf(
-      "| method | config | steps | imbalance mean | imbalance p90 | gap to lower bound | "
+      "| method | config | steps | imbalance mean | imbalance p90 | imbalance p99 | worst step | "
+      "gap to lower bound | "
       "gap to cap-aware bound | delay (steps) | overhead (ms/step) | paper 7B-128K |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) std::printf("%s\n", MarkdownRow(r).c_str());
   if (!solver_lines.empty()) {
     std::printf(
@@ -349,7 +352,8 @@ absl::Status Run() {
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
     std::ofstream out(path);
     if (!out) return absl::NotFoundError(absl::StrFormat("cannot write --csv '%s'", path));
-    out << "method,config,imbalance_mean,imbalance_p90,lower_bound_gap,cap_lower_bound_gap,"
+    out << "method,config,imbalance_mean,imbalance_p90,imbalance_p99,imbalance_max,"
+           "lower_bound_gap,cap_lower_bound_gap,"
            "delay_mean,overhead_ms\n";
     for (const Row& r : rows) out << CsvRow(r) << "\n";
     if (!out) return absl::DataLossError(absl::StrFormat("error writing --csv '%s'", path));

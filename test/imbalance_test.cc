@@ -129,6 +129,7 @@ TEST(Summarize, P90IsTheNinthOfTenSortedStepsAndNoCapMeansTheBoundItself) {
   EXPECT_EQ(s.steps, 10);
   auto imbalance = [](double k) { return 2 * k * k / (k * k + 1); };
   EXPECT_DOUBLE_EQ(s.imbalance_p90, imbalance(9));
+  EXPECT_DOUBLE_EQ(s.imbalance_p99, imbalance(10));  // nearest rank: ceil(0.99 x 10) = 10
   EXPECT_DOUBLE_EQ(s.imbalance_max, imbalance(10));
   double mean = 0;
   for (int k = 1; k <= 10; ++k) mean += imbalance(k) / 10;

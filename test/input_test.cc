@@ -34,7 +34,8 @@ TEST(LoadInput, AFileIsCutLikeMakeDocumentsAndSplitIntoSteps) {
 }
 
 TEST(LoadInput, SamplesExactlyTheRequestedFullSteps) {
-  for (const char* distribution : {"default", "heavy-tail"}) {
+  for (const NamedDistribution& named : kDistributions) {
+    const std::string distribution(named.name);
     absl::StatusOr<Input> input =
         LoadInput({.distribution = distribution, .seed = 7, .steps = 12}, 131072, 4);
     ASSERT_TRUE(input.ok()) << input.status();
@@ -66,7 +67,8 @@ TEST(CutSteps, ScalesLengthsToTheWindow) {
 
 TEST(LoadInput, BadInputNamesTheProblem) {
   EXPECT_THAT(LoadInput({.distribution = "zipf"}, 1024, 2).status().message(),
-              HasSubstr("unknown distribution 'zipf' (known: default, heavy-tail)"));
+              HasSubstr("unknown distribution 'zipf' (known: default, heavy-tail, rare-long, "
+                        "bimodal, pile-like, prolong-like)"));
   EXPECT_THAT(LoadInput({.docs = "/nonexistent/lengths.txt"}, 1024, 2).status().message(),
               HasSubstr("cannot open lengths file '/nonexistent/lengths.txt'"));
   const std::string bad = WriteTemp("wlb_input_bad.txt", "5\n-3\n");

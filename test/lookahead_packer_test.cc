@@ -4,6 +4,7 @@
 #include "wlb/pack/lookahead_packer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -14,6 +15,8 @@
 #include "gtest/gtest.h"
 #include "test_util.hpp"
 #include "wlb/core/steps.hpp"
+#include "wlb/cost/cost_model.hpp"
+#include "wlb/io/default_distribution.hpp"
 #include "wlb/io/input.hpp"
 #include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/length_order.hpp"
@@ -176,11 +179,10 @@ int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
       return TokenDelay(RunPacker(**packer, arrivals)->steps).mean;
     };
     const double refine = delay("wlb-refine", {.thresholds = thresholds});
-    const double lookahead =
-        delay("wlb-lookahead", {.thresholds = thresholds,
-                                .lookahead = k,
-                                .delay_budget = budget,
-                                .bound_delay = bound_delay});
+    const double lookahead = delay("wlb-lookahead", {.thresholds = thresholds,
+                                                     .lookahead = k,
+                                                     .delay_budget = budget,
+                                                     .bound_delay = bound_delay});
     if (lookahead > refine + 1e-9) ++over;
     if (expect_each) {
       EXPECT_LE(lookahead, refine + 1e-9)
@@ -268,6 +270,104 @@ TEST(LookaheadPacker, NeverLaterThanWlbRefineAtFullScale) {
     }
   }
   EXPECT_GE(priced_over, 8) << "the streams must be ones where the price alone overspends";
+}
+
+// The chosen step is checked against the step wlb's rule packs from the same holding
+// (LookaheadPacker::PlanChosen): over seeded random streams, costs and attention ranges it is never
+// more than kStepTolerance more unbalanced at either end of the range, and refinement leaves the
+// planned step no worse there than the step checked.
+TEST(LookaheadPacker, ChosenStepNoWorseThanWlbsRuleAtTheRangeEnds) {
+  std::mt19937_64 rng(56);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  int checked = 0, other = 0, worse_than_rule = 0;
+  for (int trial = 0; trial < testing::PropertyIterations(300); ++trial) {
+    Case c = RandomCase(rng, 2 + trial, 600);
+    c.config.micro_batches = std::max<int32_t>(2, c.config.micro_batches);
+    const CostModel cost{.attn_quadratic = 1.0,
+                         .linear_per_token = uniform(0.0, 2.0) * c.config.context,
+                         .per_document = uniform(0.0, 100.0),
+                         .unit = "test"};
+    const AttentionRange range =
+        trial % 4 == 0 ? AttentionRange{}
+                       : AttentionRange{.low = uniform(0.2, 1.0), .high = uniform(1.0, 4.0)};
+    LookaheadPacker packer(c.config, cost, c.thresholds, 4 * c.config.micro_batches,
+                           /*lookahead=*/1 + trial % 2, std::numeric_limits<double>::infinity(),
+                           /*bound_delay=*/trial % 3 != 0, range);
+    auto check = [&](const std::vector<StepPlan>& steps) {
+      const LookaheadPacker::StepCheck& last = packer.last_step_check();
+      if (steps.empty() || !last.checked) return;
+      ++checked;
+      const std::array<double, 2> planned =
+          lookahead::ImbalanceAtRangeEnds(steps.back().micro_batches, cost, range);
+      for (size_t e = 0; e < 2; ++e) {
+        EXPECT_LE(last.chosen[e], last.rule[e] + kStepTolerance) << "trial " << trial;
+        EXPECT_LE(planned[e], last.chosen[e] * (1 + 1e-12) + 1e-12) << "trial " << trial;
+      }
+      other += last.chosen != last.rule;
+      worse_than_rule += last.chosen[0] > last.rule[0] || last.chosen[1] > last.rule[1];
+    };
+    for (const std::vector<Document>& step : c.arrivals) check(*packer.Push(step));
+  }
+  EXPECT_GT(checked, 1000 * testing::PropertyIterations(300) / 300);
+  // The check had choices to make: steps unlike wlb's rule's, some within the tolerance above it.
+  EXPECT_GT(other, checked / 20);
+  EXPECT_GT(worse_than_rule, 0);
+}
+
+// Issue 56's demand on streams of every shape wlb-plan samples (the embedded WLB-LLM-like and
+// heavy-tail ones and the generated rare-long, bimodal, pile-like and prolong-like), planned with
+// the default FLOP cost and scored under truths that weigh attention 1x and 2.5x and under a
+// shipped calibration, and planned with that calibration: wlb-lookahead's mean imbalance is at
+// most wlb's + 0.002, its worst step at most wlb's + 0.02, its mean token delay at most wlb's +
+// 0.002 steps (the generated rare-long streams end up to 0.0013 above: a window of alike
+// outliers leaves one queued that wlb releases, and its wait is not foreseen). The full table:
+// bench/model_error_table (docs/results/packing/lookahead_worst_step.md).
+TEST(LookaheadPacker, MeanAndWorstStepWithinWlbsOnEveryShape) {
+  const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
+  const CostModel flop = *CostModelFromPreset("llama2-7b");
+  const CostModel calibrated = *CostModelFromPreset("h100-flash-llama2-7b-tp8");
+  CostModel flop_attention_x25 = flop;
+  flop_attention_x25.attn_quadratic *= 2.5;
+  flop_attention_x25.attn_linear *= 2.5;
+  struct Truth {
+    const char* name;
+    const CostModel& truth;
+    const CostModel& planned;
+  };
+  const Truth truths[] = {{"flop", flop, flop},
+                          {"flop attention x2.5", flop_attention_x25, flop},
+                          {"calibration, planned with flop", calibrated, flop},
+                          {"calibration", calibrated, calibrated}};
+  for (const NamedDistribution& d : kDistributions) {
+    for (const uint64_t seed : {1, 2}) {
+      const Input input =
+          *LoadInput({.distribution = std::string(d.name), .seed = seed, .steps = 200},
+                     config.context, config.micro_batches);
+      for (const Truth& t : truths) {
+        auto summary = [&](const char* name) {
+          auto packer = MakePacker(name, config, t.planned,
+                                   {.thresholds = DefaultThresholds(config.context, 2)});
+          EXPECT_TRUE(packer.ok()) << packer.status();
+          std::vector<StepPlan> steps = RunPacker(**packer, input.steps)->steps;
+          for (StepPlan& s : steps) {
+            for (MicroBatch& mb : s.micro_batches) {
+              mb.cost = 0.0;
+              for (const Document& doc : mb.documents) mb.cost += t.truth(doc.length);
+            }
+          }
+          return Summarize(steps, t.truth);
+        };
+        const StreamSummary wlb = summary("wlb");
+        const StreamSummary lookahead = summary("wlb-lookahead");
+        SCOPED_TRACE(::testing::Message() << d.name << " seed " << seed << ", " << t.name);
+        EXPECT_LE(lookahead.imbalance_mean, wlb.imbalance_mean + 0.002);
+        EXPECT_LE(lookahead.imbalance_max, wlb.imbalance_max + 0.02);
+        EXPECT_LE(lookahead.delay.mean, wlb.delay.mean + 0.002);
+      }
+    }
+  }
 }
 
 // The tests above compare against wlb-refine, as the issue names it; wlb's delay is the same.

@@ -163,6 +163,7 @@ TEST(SummaryToJson, HoldsEverySummaryField) {
   s.partial_imbalance_max = 3.5;
   s.imbalance_mean = 1.25;
   s.imbalance_p90 = 1.5;
+  s.imbalance_p99 = 1.625;
   s.imbalance_max = 1.75;
   s.lower_bound_mean = 1.0625;
   s.cap_lower_bound_mean = 1.125;
@@ -174,6 +175,7 @@ TEST(SummaryToJson, HoldsEverySummaryField) {
                                {"partial_imbalance_max", 3.5},
                                {"imbalance_mean", 1.25},
                                {"imbalance_p90", 1.5},
+                               {"imbalance_p99", 1.625},
                                {"imbalance_max", 1.75},
                                {"lower_bound_mean", 1.0625},
                                {"cap_lower_bound_mean", 1.125},

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <random>
 #include <set>
 #include <tuple>
@@ -39,7 +40,9 @@ int Level(const std::vector<int64_t>& thresholds, int64_t length) {
 
 // With S_max = 64 S no step can fill a micro-batch (a step holds < (N + 1) S arrivals plus at
 // most N outliers of S or fewer tokens per level: < 17 S at N = 4), so nothing is carried and every
-// step is exactly: the short arrivals, plus the N oldest of each queue that holds N or more.
+// step is exactly: the short arrivals, plus the N oldest of each queue that holds N or more, plus,
+// while fewer than N pieces were placed (a micro-batch would be left empty), the oldest queued
+// outlier of any level (FillEmptyMicroBatches; the lowest level on equal arrival steps).
 TEST(WlbPacker, OutliersLeaveTheirQueueNAtATimeOldestFirst) {
   std::mt19937_64 rng(404);
   for (int trial = 0; trial < 120; ++trial) {
@@ -57,11 +60,13 @@ TEST(WlbPacker, OutliersLeaveTheirQueueNAtATimeOldestFirst) {
     EXPECT_EQ(packer.name(), "wlb");
     EXPECT_EQ(packer.thresholds(), thresholds);
     std::vector<std::deque<Key>> queues(thresholds.size());
+    std::map<Key, int64_t> arrival;  // arrival step of every piece
     const size_t n = static_cast<size_t>(config.micro_batches);
     std::vector<StepPlan> steps;
     for (size_t p = 0; p < arrivals.size(); ++p) {
       std::set<Key> expected;
       for (const Document& d : arrivals[p]) {
+        arrival[{d.id, d.piece}] = static_cast<int64_t>(p);
         const int level = Level(thresholds, d.length);
         if (level < 0) {
           expected.insert({d.id, d.piece});
@@ -75,6 +80,18 @@ TEST(WlbPacker, OutliersLeaveTheirQueueNAtATimeOldestFirst) {
           expected.insert(q.front());
           q.pop_front();
         }
+      }
+      while (expected.size() < n) {
+        std::deque<Key>* oldest = nullptr;
+        for (auto& q : queues) {
+          if (!q.empty() &&
+              (oldest == nullptr || arrival.at(q.front()) < arrival.at(oldest->front()))) {
+            oldest = &q;
+          }
+        }
+        if (oldest == nullptr) break;
+        expected.insert(oldest->front());
+        oldest->pop_front();
       }
       auto ready = packer.Push(arrivals[p]);
       ASSERT_TRUE(ready.ok());

@@ -607,7 +607,9 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
        "packer is 'wlb-refine'"},
       {"--packer wlb-lookahead --delay-budget -1", "", "--delay-budget must be a finite number"},
       {"--docs - --distribution heavy-tail", "5\n", "--distribution is not used by this run"},
-      {"--distribution zipf", "", "--distribution must be default or heavy-tail, got 'zipf'"},
+      {"--distribution zipf", "",
+       "--distribution must be one of default, heavy-tail, rare-long, bimodal, pile-like, "
+       "prolong-like, got 'zipf'"},
       {"--kernel-profile /nonexistent/k.csv", "", "--kernel-profile is not used by this run"},
   };
   for (const BadCase& c : cases) {
@@ -689,8 +691,8 @@ TEST(WlbPlan, OutNeverDestroysInputsOrPlantedFilesAndStdoutFailuresAreErrors) {
   EXPECT_NE(perms & std::filesystem::perms::others_read, std::filesystem::perms::none);
   // Output that cannot be written is an error (rc 1), never a silent success.
   for (const std::string redirect : {">/dev/full", ">&-"}) {
-    const std::string cmd = std::string(WLB_PLAN_BINARY) + " --steps 2 " + redirect + " 2>" +
-                            dir + "/err";
+    const std::string cmd =
+        std::string(WLB_PLAN_BINARY) + " --steps 2 " + redirect + " 2>" + dir + "/err";
     const int status = std::system(cmd.c_str());
     EXPECT_EQ(WEXITSTATUS(status), 1) << redirect;
     EXPECT_THAT(Slurp(dir + "/err"), HasSubstr("cannot write the output to stdout")) << redirect;

@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, docs, "",
           "lengths file (one integer per line, or a JSON array); '-' reads stdin; empty samples "
           "the embedded distribution named by --distribution");
 ABSL_FLAG(std::string, distribution, "default",
-          "when --docs is empty: default (the embedded WLB-LLM-like histogram) or heavy-tail");
+          "when --docs is empty: default (the embedded WLB-LLM-like histogram), heavy-tail, or a "
+          "generated shape: rare-long, bimodal, pile-like, prolong-like");
 ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the default distribution");
 ABSL_FLAG(int64_t, steps, 0,
           "steps to plan: default distribution samples this many (0 = 100); a file is cut after "
@@ -238,9 +239,10 @@ absl::StatusOr<Settings> SettingsFromFlags() {
     absl::StatusOr<int64_t> tokens =
         StreamTokensForSteps(s.plan.config, s.steps > 0 ? s.steps : 100);
     if (!tokens.ok()) return tokens.status();
-    if (s.distribution != "default" && s.distribution != "heavy-tail") {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--distribution must be default or heavy-tail, got %s", QuoteForMessage(s.distribution)));
+    if (!SampleNamedLengths(s.distribution, 0, s.seed)) {
+      return absl::InvalidArgumentError(absl::StrFormat("--distribution must be one of %s, got %s",
+                                                        DistributionNames(),
+                                                        QuoteForMessage(s.distribution)));
     }
   } else {
     if (Given("seed")) {

@@ -32,17 +32,19 @@ std::string Mega(int64_t tokens) { return absl::StrFormat("%.1fM", tokens / 1e6)
 std::string SummaryRow(const Result& r) {
   const StreamSummary& s = r.summary;
   return absl::StrFormat(
-      "| %-13s | %9.3f | %5.3f | %5.3f | %6.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f |\n",
-      r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_max,
+      "| %-13s | %9.3f | %5.3f | %5.3f | %5.3f | %6.3f | %6.3f | %5.2f | %3.0f | %3.0f | %7.3f "
+      "|\n",
+      r.packer, s.imbalance_mean, s.imbalance_p90, s.imbalance_p99, s.imbalance_max,
       s.imbalance_mean - s.lower_bound_mean, s.imbalance_mean - s.cap_lower_bound_mean,
       s.delay.mean, s.delay.p99, s.delay.max, Median(r.run.plan_ms));
 }
 
 constexpr char kSummaryHeader[] =
-    "| packer        | imbalance |   p90 |   max | gap LB | gap CB | delay |  p99 | max | ms/step "
-    "|\n"
-    "|---------------|-----------|-------|-------|--------|--------|-------|------|-----|---------|"
-    "\n";
+    "| packer        | imbalance |   p90 |   p99 |   max | gap LB | gap CB | delay |  p99 | max | "
+    "ms/step |\n"
+    "|---------------|-----------|-------|-------|-------|--------|--------|-------|------|-----|--"
+    "-"
+    "------|\n";
 
 constexpr char kStepTableHeader[] =
     "\n step | docs |   tokens | tokens per micro-batch (min..max) | imbalance | lower bound | "

@@ -1,4 +1,5 @@
-// The embedded default document-length distribution and a portable seeded sampler.
+// The embedded default document-length distribution, generated shapes, and a portable seeded
+// sampler.
 //
 //   std::vector<int64_t> lengths = wlb::SampleDefaultLengths(/*min_total_tokens=*/1 << 24,
 //                                                            /*seed=*/1);
@@ -13,8 +14,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace wlb {
@@ -102,6 +106,59 @@ inline std::vector<int64_t> SampleHeavyTailLengths(int64_t min_total_tokens, uin
     total += lengths.back();
   }
   return lengths;
+}
+
+// Generated shapes the repository's data does not have, for benches and tests that must hold on
+// streams they were not tuned on (bench/model_error_table). Each is a histogram sampled as
+// SampleLengths samples (portable). They are synthetic, chosen to stress outlier handling at
+// S = 128K, not measured from any corpus:
+//   rare-long     a sea of short documents (64..4K) with 1 in 1,000 at 96K..128K: a lone very
+//                 long document rarely has a partner of its length within a step or two
+//   bimodal       98% short (256..2K), 2% at 24K..56K: about N = 4 outliers above S/4 a step
+//                 (many more makes wlb's queues grow without bound at the default thresholds)
+//   pile-like     a log-spread web/books mix: most documents under 8K, 1.5% from 32K up to 512K
+//                 (longer than S: pieces of at most S), which carry about 40% of the tokens
+//   prolong-like  a long-context training mix: 3% of the documents at 64K..512K (books, code
+//                 repositories, cut into pieces of S) carry about 60% of the tokens
+inline constexpr LengthBin kRareLongHistogram[] = {{64, 4096, 999}, {98304, 131072, 1}};
+inline constexpr LengthBin kBimodalHistogram[] = {{256, 2048, 98}, {24576, 57344, 2}};
+inline constexpr LengthBin kPileLikeHistogram[] = {{16, 512, 400},      {513, 2048, 350},
+                                                   {2049, 8192, 180},   {8193, 32768, 55},
+                                                   {32769, 131072, 12}, {131073, 524288, 3}};
+inline constexpr LengthBin kProlongLikeHistogram[] = {{32, 1024, 450},      {1025, 8192, 450},
+                                                      {8193, 65536, 70},    {65537, 131072, 10},
+                                                      {131073, 262144, 10}, {262145, 524288, 10}};
+
+// The distributions a stream can be sampled from, by name (wlb-plan --distribution).
+struct NamedDistribution {
+  std::string_view name;
+  std::span<const LengthBin> bins;  // empty: the heavy-tail variant of the default
+};
+inline constexpr NamedDistribution kDistributions[] = {
+    {"default", kDefaultLengthHistogram}, {"heavy-tail", {}},
+    {"rare-long", kRareLongHistogram},    {"bimodal", kBimodalHistogram},
+    {"pile-like", kPileLikeHistogram},    {"prolong-like", kProlongLikeHistogram}};
+
+// "default, heavy-tail, ...": the names of kDistributions, for messages and help.
+inline std::string DistributionNames() {
+  std::string names;
+  for (const NamedDistribution& d : kDistributions) {
+    if (!names.empty()) names += ", ";
+    names += d.name;
+  }
+  return names;
+}
+
+// Samples the distribution named `name` until `min_total_tokens`; nullopt for an unknown name.
+inline std::optional<std::vector<int64_t>> SampleNamedLengths(std::string_view name,
+                                                              int64_t min_total_tokens,
+                                                              uint64_t seed) {
+  for (const NamedDistribution& d : kDistributions) {
+    if (d.name != name) continue;
+    if (d.bins.empty()) return SampleHeavyTailLengths(min_total_tokens, seed);
+    return SampleLengths(d.bins, min_total_tokens, seed);
+  }
+  return std::nullopt;
 }
 
 }  // namespace wlb

@@ -38,10 +38,10 @@ namespace wlb {
 // Where the lengths come from.
 struct InputOptions {
   std::string docs;                      // lengths file, "-" = stdin, "" = sample `distribution`
-  std::string distribution = "default";  // "default" (embedded histogram) or "heavy-tail"
+  std::string distribution = "default";  // a name of kDistributions (default_distribution.hpp)
   uint64_t seed = 1;                     // sampling seed
-  int64_t steps = 0;  // file: keep at most this many steps (0 = all); sampled: sample this many
-                      // steps (0 = 100)
+  int64_t steps = 0;    // file: keep at most this many steps (0 = all); sampled: sample this many
+                        // steps (0 = 100)
   bool stream = false;  // file: check and count the lengths, cut no step (CutOptions::stream)
 };
 
@@ -85,15 +85,14 @@ inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t 
     return absl::InvalidArgumentError(absl::StrFormat("tokens to sample must be in [0, %d], got %d",
                                                       kMaxStreamTokens, sample_tokens));
   }
-  if (options.distribution == "default") {
-    out.values = SampleDefaultLengths(sample_tokens, options.seed);
-  } else if (options.distribution == "heavy-tail") {
-    out.values = SampleHeavyTailLengths(sample_tokens, options.seed);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("unknown distribution %s (known: default, heavy-tail)",
-                        QuoteForMessage(options.distribution)));
+  std::optional<std::vector<int64_t>> sampled =
+      SampleNamedLengths(options.distribution, sample_tokens, options.seed);
+  if (!sampled) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown distribution %s (known: %s)",
+                                                      QuoteForMessage(options.distribution),
+                                                      DistributionNames()));
   }
+  out.values = *std::move(sampled);
   out.name =
       absl::StrFormat("the embedded %s distribution (seed %d)", options.distribution, options.seed);
   out.sampled = true;

@@ -72,6 +72,7 @@ inline nlohmann::json SummaryToJson(const StreamSummary& s) {
           {"partial_imbalance_max", s.partial_imbalance_max},
           {"imbalance_mean", s.imbalance_mean},
           {"imbalance_p90", s.imbalance_p90},
+          {"imbalance_p99", s.imbalance_p99},
           {"imbalance_max", s.imbalance_max},
           {"lower_bound_mean", s.lower_bound_mean},
           {"cap_lower_bound_mean", s.cap_lower_bound_mean},

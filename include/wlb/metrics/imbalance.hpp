@@ -171,7 +171,8 @@ struct StreamSummary {
   int64_t partial_steps = 0;
   double imbalance_mean = 1.0;
   double imbalance_p90 = 1.0;
-  double imbalance_max = 1.0;
+  double imbalance_p99 = 1.0;
+  double imbalance_max = 1.0;          // the worst step
   double lower_bound_mean = 1.0;       // LowerBound(), mean over steady steps
   double cap_lower_bound_mean = 1.0;   // CapLowerBound(), mean over steady steps
   double partial_imbalance_max = 1.0;  // over the partial steps
@@ -217,7 +218,12 @@ class StreamSummaryAccumulator {
       std::vector<double> sorted = imbalance_;
       std::sort(sorted.begin(), sorted.end());
       sum.imbalance_max = sorted.back();
-      sum.imbalance_p90 = sorted[static_cast<size_t>(std::ceil(0.9 * sorted.size())) - 1];
+      // Nearest-rank percentiles: the smallest value at least that share of steps reach.
+      auto percentile = [&](double p) {
+        return sorted[static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size()))) - 1];
+      };
+      sum.imbalance_p90 = percentile(0.9);
+      sum.imbalance_p99 = percentile(0.99);
     }
     sum.delay = delay_.Finish();
     return sum;

@@ -27,14 +27,18 @@
 // releases a level, every queued outlier, whichever balances better (a step that must take a long
 // outlier is best filled with the other long ones, so holding outliers for it pays off). The
 // candidate with the lowest summed imbalance wins (lookahead/scoring.hpp) and is packed as
-// wlb-refine packs a step. A delay account (lookahead/delay_account.hpp) follows wlb's rule on
-// the same stream alongside and, while the packer's token delay exceeds 0.9 of wlb's, prices
-// each token trained later than wlb's rule would. Bounded (bound_delay, the default), the winner
-// is also checked by its real packing: the step is planned under the best-scoring candidate that
-// keeps the packer's token delay within a lower bound of wlb-refine's on the same stream, or else
-// under the one that comes closest (PlanWithinWlbDelay; PackerOptions::bound_delay says how often
-// none does). K = 0 considers no alternative and equals wlb-refine exactly; so does N = 1 (one
-// micro-batch is always balanced, so an alternative could only add delay).
+// wlb-refine packs a step. A delay account (lookahead/delay_account.hpp) follows wlb's rule on the
+// same stream alongside and, while the packer's token delay exceeds 0.9 of wlb's, prices each
+// token trained later than wlb's rule would. The winner is
+// then checked by its real packing (PlanChosen): its step may be at most kStepTolerance more
+// unbalanced than the step wlb's rule packs from the same holding, under every cost of the
+// attention range (robust to the cost's error, as refinement is), and bounded (bound_delay, the
+// default) it must keep the packer's token delay within a lower bound of wlb-refine's on the same
+// stream; the step is planned under the best
+// candidate by score that passes both, or else the one that passes the first and comes closest to
+// the second (PackerOptions::bound_delay says how often none does). K = 0 considers no
+// alternative and equals wlb-refine exactly; so does N = 1 (one micro-batch is always balanced, so
+// an alternative could only add delay).
 #pragma once
 
 #include <algorithm>
@@ -66,6 +70,18 @@
 
 namespace wlb {
 
+// How much more unbalanced than wlb's rule's step (imbalance degree, at either end of the
+// attention range) a candidate's step may be (LookaheadPacker::PlanChosen). Measured with
+// bench/model_error_table (7 stream shapes x 3 seeds x 5 truths, 750 steps): 0 blocks the
+// candidates that trade a slightly worse step now for a better next one and left worst steps
+// 0.02-0.035 above wlb's on the WLB-LLM-like data; 0.01 and 0.03 both left every worst step within
+// 0.006 of wlb's (docs/results/packing/lookahead_worst_step.md).
+inline constexpr double kStepTolerance = 0.01;
+// PlanChosen does not pack a candidate (after the best-scoring one) whose sketched step is more
+// than this above the sketch of wlb's rule's step: at N = 64 the step check refused most
+// candidates, and packing each one it refused doubled planning time.
+inline constexpr double kSketchSkip = 0.05;
+
 class LookaheadPacker final : public Packer {
  public:
   // `thresholds` must pass ValidateThresholds; refine_rounds >= 1; lookahead >= 0; delay_budget
@@ -88,6 +104,18 @@ class LookaheadPacker final : public Packer {
 
   std::string_view name() const override { return "wlb-lookahead"; }
   int lookahead() const { return lookahead_; }
+
+  // The check of the last step planned with candidates to choose from (PlanChosen): the
+  // imbalance at the attention range's ends of the chosen candidate's step and of wlb's rule's
+  // from the same holding, both unrefined (the rule's is 1, its least, when the chosen step was
+  // within kStepTolerance of 1 and the rule's was not packed). For tests and logs; `checked` is
+  // false until then.
+  struct StepCheck {
+    bool checked = false;
+    std::array<double, 2> chosen{1.0, 1.0};
+    std::array<double, 2> rule{1.0, 1.0};
+  };
+  const StepCheck& last_step_check() const { return last_check_; }
 
   std::vector<Document> Pending() const override {
     std::vector<Document> pending;
@@ -260,12 +288,13 @@ class LookaheadPacker final : public Packer {
   // Plans the front buffered step: scores every candidate, then packs the best one as
   // wlb-refine packs a step (bounded: the best one that keeps the delay within wlb's).
   StepPlan PlanFront() {
+    last_check_.checked = false;
     std::vector<Document> arrivals = std::move(buffer_.front().arrivals);
     const lookahead::Arrivals arrived = std::move(buffer_.front().sketch);
     buffer_.pop_front();
-    const lookahead::DelayAccount::Standing standing = delay_.BeginStep(
-        arrivals, next_step_, bound_delay_,
-        bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
+    const lookahead::DelayAccount::Standing standing =
+        delay_.BeginStep(arrivals, next_step_, bound_delay_,
+                         bound_delay_ ? lookahead::AccruedDelay(held_, next_step_) : 0.0);
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(std::move(arrivals), held);
     SortLongestFirst(fresh);
@@ -283,12 +312,7 @@ class LookaheadPacker final : public Packer {
           .sketch = sketcher_.MakeSketchBase(held, fresh, arrived, AheadSketches()),
           .price = standing.price,
           .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
-      const size_t best = Best(scoring);
-      if (!bound_delay_) {
-        mbs = Packing().PlanStep(candidates[best], fresh, held);
-      } else {
-        mbs = PlanWithinWlbDelay(scoring, best, standing, held);
-      }
+      mbs = PlanChosen(scoring, Best(scoring), standing, held);
     }
     delay_.Record(mbs, next_step_);
     held_ = std::move(held);
@@ -305,12 +329,15 @@ class LookaheadPacker final : public Packer {
     double price;        // DelayAccount::Standing::price, per N x S tokens
     double step_tokens;  // N x S
 
-    // The candidate's score, or nullopt once it cannot come below `to_beat`.
-    std::optional<double> Score(size_t i, std::optional<double> to_beat) const {
+    // The candidate's score, or nullopt once it cannot come below `to_beat`; `first_step` as
+    // Sketcher::ScoreBySketch's.
+    std::optional<double> Score(size_t i, std::optional<double> to_beat,
+                                double* first_step = nullptr) const {
       const double penalty =
           price * lookahead::TrainedTokens(candidates[i], held, fresh) / step_tokens;
       auto loses = [&](double at_least) { return to_beat && at_least - penalty >= *to_beat; };
-      const std::optional<double> sum = sketcher.ScoreBySketch(candidates[i], held, sketch, loses);
+      const std::optional<double> sum =
+          sketcher.ScoreBySketch(candidates[i], held, sketch, loses, first_step);
       if (!sum) return std::nullopt;
       return *sum - penalty;
     }
@@ -334,81 +361,148 @@ class LookaheadPacker final : public Packer {
     return best.value_or(0);
   }
 
-  // Bounded: packs the step under `best` if its real packing keeps the packer's token delay
-  // within wlb-refine's, else under the first candidate by score that does; when none does,
-  // under the one that comes closest. Within means: the delay committed by the end of the step
-  // (held tokens charged up to the next step) plus what the held tokens add later is at most
-  // the account's fluid wlb's (a lower bound of wlb-refine's, DelayAccount) counted the same
-  // way. With no step buffered, "later" is the drain: the packer's exactly as Flush() drains
-  // (DrainDelay), the fluid's at N x S_max a step, so that the last step of a stream ends within
-  // wlb-refine's delay. With steps buffered it is ContinuationDelay over their arrivals, the same
-  // for both: a backlog costs more while arrivals keep coming, so one that wlb does not have is
-  // not taken on because a drain would clear it. Each candidate is checked by its packing,
-  // unrefined (refinement moves documents between micro-batches, not between steps); the chosen
-  // one is then refined.
-  std::vector<MicroBatch> PlanWithinWlbDelay(const Scoring& scoring, size_t best,
-                                             const lookahead::DelayAccount::Standing& wlb,
-                                             lookahead::Holding& held) const {
+  // Packs the step under the best-scoring candidate that passes two checks on its real packing
+  // (unrefined: refinement moves documents between micro-batches, not between steps; the chosen
+  // one is then refined):
+  //  - No worse a step than wlb's rule (NoWorseStepThan): under every cost of the attention
+  //    range, its imbalance is at most that of the step wlb's rule (candidate 0) packs from the
+  //    same holding. The sketch scores under the planning cost alone, and a candidate that wins
+  //    there by releasing a lone long outlier into a step of short ones (one micro-batch at 2x
+  //    the mean, which wlb's rule would hold until a partner is queued) is a worst step that the
+  //    look-ahead's later steps cannot repay; nor is a choice that wins under one attention
+  //    weight and loses under another in the range. wlb's rule itself always passes.
+  //  - Bounded (bound_delay), within wlb-refine's delay: the delay committed by the end of the
+  //    step (held tokens charged up to the next step) plus what the held tokens add later is at
+  //    most the account's fluid wlb's (a lower bound of wlb-refine's, DelayAccount) counted the
+  //    same way. With no step buffered, "later" is the drain: the packer's exactly as Flush()
+  //    drains (DrainDelay), the fluid's at N x S_max a step, so that the last step of a stream
+  //    ends within wlb-refine's delay. With steps buffered it is ContinuationDelay over their
+  //    arrivals, the same for both: a backlog costs more while arrivals keep coming, so one that
+  //    wlb does not have is not taken on because a drain would clear it.
+  // Candidates are tried by score, `best` first; when none passes both, the step is packed under
+  // the one that passes the first and comes closest to the delay bound.
+  std::vector<MicroBatch> PlanChosen(const Scoring& scoring, size_t best,
+                                     const lookahead::DelayAccount::Standing& wlb,
+                                     lookahead::Holding& held) const {
     const lookahead::StepPacking packing = Packing();
     const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
     absl::InlinedVector<double, kMaxLookahead> ahead;  // the buffered steps' tokens
     for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
-    const double wlb_delay =
-        wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
+    const double wlb_delay = bound_delay_ ? wlb.wlb_committed + lookahead::ContinuationDelay(
+                                                                    wlb.wlb_held, ahead, capacity)
+                                          : std::numeric_limits<double>::infinity();
     auto plan = [&](size_t i, Planned& p) {
       p.held = held;  // a copy into memory kept from earlier steps
-      p.delay = delay_.planned_token_steps();
       p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*refined=*/false);
-      p.delay += lookahead::TrainedDelay(p.mbs, next_step_) +
-                 lookahead::AccruedDelay(p.held, next_step_ + 1);
+      p.imbalance = lookahead::ImbalanceAtRangeEnds(p.mbs, cost_, attention_range_);
+      p.delay = 0.0;
+      if (!bound_delay_) return;
+      p.delay = delay_.planned_token_steps() + lookahead::TrainedDelay(p.mbs, next_step_) +
+                lookahead::AccruedDelay(p.held, next_step_ + 1);
       p.delay += ahead.empty()
                      ? packing.DrainDelay(p.held)
                      : lookahead::ContinuationDelay(
                            static_cast<double>(p.held.queues.held().tokens + p.held.carry.tokens()),
                            ahead, capacity);
     };
-    Planned* closest = &planned_[0];
+    // wlb's rule's plan, made when first needed: a step at most 1 + kStepTolerance unbalanced
+    // passes the step check whatever the rule's is (no step is below 1).
+    Planned& rule = planned_[0];
+    bool rule_planned = false;
+    auto plan_rule = [&] {
+      if (!rule_planned) plan(0, rule);
+      rule_planned = true;
+    };
+    Planned* closest = nullptr;  // passes the step check, nearest the delay bound so far
     Planned* next = &planned_[1];
-    plan(best, *closest);
-    if (closest->delay > wlb_delay) {
-      // The others by score, each scored in full.
+    Planned* chosen = nullptr;
+    auto try_candidate = [&](size_t i) {
+      if (i == 0) {
+        plan_rule();
+        if (rule.delay <= wlb_delay) chosen = &rule;
+        if (closest == nullptr || rule.delay < closest->delay) closest = &rule;
+        return;
+      }
+      plan(i, *next);
+      const bool balanced =
+          next->imbalance[0] <= 1.0 + kStepTolerance && next->imbalance[1] <= 1.0 + kStepTolerance;
+      if (!balanced) {
+        plan_rule();
+        if (!NoWorseStepThan(*next, rule)) return;
+      }
+      if (next->delay <= wlb_delay) {
+        chosen = next;
+      } else if (closest == nullptr || next->delay < closest->delay) {
+        closest = next;
+        next = closest == &planned_[1] ? &planned_[2] : &planned_[1];
+      }
+    };
+    try_candidate(best);
+    if (chosen == nullptr) {
+      // The others by score, each scored in full. One whose sketched step is far more unbalanced
+      // than the sketch of wlb's rule's is not packed: the step check would refuse it (the
+      // sketch is within a few hundredths of the real packing), and packing a candidate costs
+      // more than scoring all of them.
+      double rule_sketch = 0.0;
+      scoring.Score(0, std::nullopt, &rule_sketch);
       std::vector<std::pair<double, size_t>> ranked;
       for (size_t i = 0; i < scoring.candidates.size(); ++i) {
         if (i == best || lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
-        ranked.push_back({*scoring.Score(i, std::nullopt), i});
+        double sketched = 0.0;
+        const double score = *scoring.Score(i, std::nullopt, &sketched);
+        if (i != 0 && sketched > rule_sketch + kSketchSkip) continue;
+        ranked.push_back({score, i});
       }
       std::sort(ranked.begin(), ranked.end());
       for (const auto& [score, i] : ranked) {
-        plan(i, *next);
-        if (next->delay < closest->delay) std::swap(closest, next);
-        if (closest->delay <= wlb_delay) break;
+        try_candidate(i);
+        if (chosen != nullptr) break;
       }
     }
-    next->mbs = {};  // a losing plan's documents are not kept until the next step
-    packing.Refine(closest->mbs);
-    std::swap(held, closest->held);  // the plan keeps the old holding's memory for the next step
-    return std::move(closest->mbs);
+    if (chosen == nullptr) {
+      plan_rule();  // it passes the check: the closest is at worst the rule's plan
+      chosen = closest != nullptr && closest->delay < rule.delay ? closest : &rule;
+    }
+    last_check_ = {.checked = true,
+                   .chosen = chosen->imbalance,
+                   .rule = rule_planned ? rule.imbalance : std::array<double, 2>{1.0, 1.0}};
+    for (Planned& p : planned_) {
+      if (&p != chosen) p.mbs = {};  // a losing plan's documents are not kept until the next step
+    }
+    packing.Refine(chosen->mbs);
+    std::swap(held, chosen->held);  // the plan keeps the old holding's memory for the next step
+    return std::move(chosen->mbs);
   }
 
-  // A step planned under one candidate (PlanWithinWlbDelay).
+  // A step planned under one candidate (PlanChosen).
   struct Planned {
     std::vector<MicroBatch> mbs;
     lookahead::Holding held;
-    double delay = 0.0;  // as PlanWithinWlbDelay counts wlb-refine's
+    std::array<double, 2> imbalance{};  // at the attention range's ends (ImbalanceAtRangeEnds)
+    double delay = 0.0;                 // as PlanChosen counts wlb-refine's (bounded only)
   };
+  // Whether `p`'s step is no more unbalanced than `rule`'s under either end of the attention
+  // range (a relative 1e-12 for rounding: wlb's rule must pass against itself).
+  static bool NoWorseStepThan(const Planned& p, const Planned& rule) {
+    for (size_t e = 0; e < 2; ++e) {
+      if (p.imbalance[e] > rule.imbalance[e] + kStepTolerance) return false;
+    }
+    return true;
+  }
 
   int refine_rounds_;
   int lookahead_;
-  bool bound_delay_;  // plan within wlb-refine's delay (PackerOptions::bound_delay)
+  bool bound_delay_;                // plan within wlb-refine's delay (PackerOptions::bound_delay)
   AttentionRange attention_range_;  // refinement's changes must not worsen these costs
   lookahead::Holding held_;
   std::deque<Buffered> buffer_;  // pushed but not yet planned, oldest first
   lookahead::DelayAccount delay_;
   // Sketches of this packer's steps; its working memory is kept from step to step.
   lookahead::Sketcher sketcher_;
-  // PlanWithinWlbDelay's plans, kept from step to step: copying the holding into them reuses
-  // their memory (two copies a step allocated a dozen times at N = 4).
-  mutable std::array<Planned, 2> planned_;
+  // PlanChosen's plans (wlb's rule's and two others), kept from step to step: copying the
+  // holding into them reuses their memory (copies allocated a dozen times a step at N = 4).
+  mutable std::array<Planned, 3> planned_;
+  mutable StepCheck last_check_;
 };
 
 }  // namespace wlb

@@ -36,15 +36,13 @@ struct PackerOptions {
   double delay_budget = std::numeric_limits<double>::infinity();
   // wlb-lookahead (the default): plan each step only under a candidate whose real packing keeps
   // the packer's token delay within a lower bound of wlb-refine's on the same stream (counted as
-  // it accrues, the held tokens' drain or continuation included; LookaheadPacker::
-  // PlanWithinWlbDelay); when none does, under the one that comes closest. Measured: no run ends
-  // above wlb-refine's mean token delay on heavy-tailed and default streams at S = 128K (32 in
-  // test/lookahead_packer_test.cc, 72 more in docs/guides/packers.md), nor on 300 generated
-  // tiny heavy-tailed streams (S <= 2K, documents up to 3S); 1 of 160 seeded tiny runs does, by
-  // 3.8% (N = 3): there a step can leave the packer holding as many tokens as wlb but in
-  // documents that pack worse. false: the price alone steers delay (above wlb-refine's on 93 of
-  // those 160 and 91 of the 300 runs, and on 36 of the 72 streams at S = 128K), at better
-  // imbalance where it overspends. With one micro-batch either way the packer is wlb-refine.
+  // it accrues, the held tokens' drain or continuation included; LookaheadPacker::PlanChosen);
+  // when none does, under the one that comes closest among those that pass its step check.
+  // Measured
+  // (bench/model_error_table, 7 stream shapes x 3 seeds, 750 steps at S = 128K, N = 4): no run
+  // ends above wlb's mean token delay but the generated rare-long ones (up to +0.0013 steps);
+  // test/lookahead_packer_test.cc holds it on tiny generated streams. false: the price alone
+  // steers delay. With one micro-batch either way the packer is wlb-refine.
   bool bound_delay = true;
   // wlb-refine, wlb-lookahead: the attention weights, relative to the planning cost, under which
   // a refinement change must not make a step worse (AttentionRange, pack/refine.hpp). Unset: the

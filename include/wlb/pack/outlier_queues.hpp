@@ -163,6 +163,22 @@ class OutlierQueues {
     }
     held_ = {};
   }
+  // Releases the oldest queued entry (the earliest arrival step at the front of a level; the
+  // lowest such level on ties), appended to `out`; false when nothing is queued.
+  bool ReleaseOldest(std::vector<Entry>& out) {
+    std::vector<Entry>* oldest = nullptr;
+    for (std::vector<Entry>& q : queues_) {
+      if (!q.empty() &&
+          (oldest == nullptr || q.front().arrival_step < oldest->front().arrival_step)) {
+        oldest = &q;
+      }
+    }
+    if (oldest == nullptr) return false;
+    held_ = held_ - HeldBack{1, oldest->front().length};
+    out.push_back(oldest->front());
+    oldest->erase(oldest->begin());
+    return true;
+  }
   // Releases the entries at `positions` (increasing) of level `level`, appended to `out`; the
   // others keep their order.
   void Release(size_t level, std::span<const size_t> positions, std::vector<Entry>& out) {

@@ -53,8 +53,8 @@ inline constexpr size_t kGroupedCopyMicroBatches = 1024;
 
 inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, LengthOrdered& carry,
                                             std::span<const Document> fresh,
-                                            const PackerConfig& config,
-                                            const DocumentCost& cost, bool fresh_sorted = false) {
+                                            const PackerConfig& config, const DocumentCost& cost,
+                                            bool fresh_sorted = false) {
   SortLongestFirst(released);
   const size_t n = static_cast<size_t>(config.micro_batches);
   std::vector<MicroBatch> mbs(n);
@@ -192,6 +192,40 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
   return mbs;
 }
 
+// Leaves no micro-batch of a step empty while documents are held: each empty micro-batch takes
+// the oldest queued outlier, or else the carry-over's longest document (any held piece fits an
+// empty micro-batch: it is at most S <= S_max tokens). Placement leaves a micro-batch empty only
+// when the step has fewer pieces to place than micro-batches, which happens when the arrivals are
+// mostly queued (small S, or thresholds low for the stream) or held back; an empty micro-batch
+// idles its pipeline stages and DP ranks for the whole step, and a model given a 0-token input
+// raises. A step cut from the stream has at least N pieces, so only a drain or a partial last step
+// can still end with one. `to_document` turns a queue entry into the Document placed.
+template <typename Entry, typename ToDocument>
+void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Entry>& queues,
+                           LengthOrdered& carry, const PackerConfig& config,
+                           const DocumentCost& cost, ToDocument to_document) {
+  std::vector<Entry> taken;
+  for (MicroBatch& mb : mbs) {
+    if (!mb.documents.empty()) continue;
+    std::optional<Document> d;
+    taken.clear();
+    if (queues.ReleaseOldest(taken)) {
+      d = to_document(taken.front());
+    } else {
+      d = carry.TakeFirstAtMost(config.max_tokens);
+    }
+    if (!d) return;  // nothing held
+    mb.documents.push_back(*d);
+    mb.tokens = d->length;
+    mb.cost = cost(d->length);
+  }
+}
+inline void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Document>& queues,
+                                  LengthOrdered& carry, const PackerConfig& config,
+                                  const DocumentCost& cost) {
+  FillEmptyMicroBatches(mbs, queues, carry, config, cost, [](const Document& d) { return d; });
+}
+
 }  // namespace detail
 
 class WlbPacker final : public Packer {
@@ -291,6 +325,7 @@ class WlbPacker final : public Packer {
   StepPlan PackStep(std::vector<Document> released, std::vector<Document> fresh) {
     std::vector<MicroBatch> mbs =
         detail::PackUnderCap(std::move(released), carry_, fresh, config_, cost_);
+    detail::FillEmptyMicroBatches(mbs, queues_, carry_, config_, cost_);
     if (refine_rounds_ > 0) {
       RefineMicroBatches(mbs, config_.max_tokens, cost_, refine_rounds_, attention_range_);
     }

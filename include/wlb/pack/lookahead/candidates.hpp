@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -72,16 +73,6 @@ struct StepPacking {
   int refine_rounds;
   AttentionRange attention_range = {};  // RefineMicroBatches' range
 
-  // Packs a step as wlb-refine does; what fits nowhere stays in `carry`.
-  std::vector<MicroBatch> PackRefined(std::vector<Document> released, detail::LengthOrdered& carry,
-                                      std::span<const Document> fresh,
-                                      bool fresh_sorted = false) const {
-    std::vector<MicroBatch> mbs =
-        detail::PackUnderCap(std::move(released), carry, fresh, config, cost, fresh_sorted);
-    RefineMicroBatches(mbs, config.max_tokens, cost, refine_rounds, attention_range);
-    return mbs;
-  }
-
   // Plans one step from `held` (outliers of this step's arrivals already queued) and `fresh`
   // (longest first) under `c`; leaves in `held` what the step does not take. Unrefined, the
   // micro-batches hold the same documents, not yet moved between them (Refine).
@@ -94,11 +85,12 @@ struct StepPacking {
     const std::span<const Document> hold = fresh.first(static_cast<size_t>(c.hold_longest));
     fresh = fresh.subspan(hold.size());
     std::vector<MicroBatch> mbs =
-        refined ? PackRefined(std::move(released), held.carry, fresh, true)
-                : detail::PackUnderCap(std::move(released), held.carry, fresh, config, cost, true);
+        detail::PackUnderCap(std::move(released), held.carry, fresh, config, cost, true);
     // What was held back on purpose goes first next step, as carry-over does (after what was
     // carried of its length).
     held.carry.Merge({}, {hold.begin(), hold.end()});
+    detail::FillEmptyMicroBatches(mbs, held.queues, held.carry, config, cost);
+    if (refined) Refine(mbs);
     return mbs;
   }
   void Refine(std::vector<MicroBatch>& mbs) const {
@@ -110,8 +102,10 @@ struct StepPacking {
   std::vector<MicroBatch> DrainStep(Holding& held, bool refined = true) const {
     std::vector<Document> released;
     held.queues.ReleaseAll(released);
-    return refined ? PackRefined(std::move(released), held.carry, {})
-                   : detail::PackUnderCap(std::move(released), held.carry, {}, config, cost);
+    std::vector<MicroBatch> mbs =
+        detail::PackUnderCap(std::move(released), held.carry, {}, config, cost);
+    if (refined) Refine(mbs);
+    return mbs;
   }
 
   // The token-steps of delay that draining `held` as Flush() does (every queue released, then
@@ -130,6 +124,33 @@ struct StepPacking {
     }
   }
 };
+
+// The imbalance of planned micro-batches under the costs W_g = g W_a + W_l at both ends of
+// `range` (g = range.low, range.high), W_a and W_l the attention and linear parts of `cost`.
+// Each micro-batch's share of the step is linear-fractional in g, so the step's imbalance is
+// largest at one of the ends.
+inline std::array<double, 2> ImbalanceAtRangeEnds(const std::vector<MicroBatch>& mbs,
+                                                  const DocumentCost& cost, AttentionRange range) {
+  std::array<double, 2> out{1.0, 1.0};
+  const std::array<double, 2> weights{range.low, range.high};
+  const CostModel* poly = cost.polynomial();
+  for (size_t e = 0; e < 2; ++e) {
+    double total = 0.0;
+    double heaviest = 0.0;
+    for (const MicroBatch& mb : mbs) {
+      double w = 0.0;
+      for (const Document& d : mb.documents) {
+        const double attention = poly ? poly->Attention(d.length) : cost.Attention(d.length);
+        const double linear = poly ? poly->Linear(d.length) : cost.Linear(d.length);
+        w += weights[e] * attention + linear;
+      }
+      total += w;
+      heaviest = std::max(heaviest, w);
+    }
+    if (total > 0.0) out[e] = heaviest / (total / static_cast<double>(mbs.size()));
+  }
+  return out;
+}
 
 // Queues the outliers of `arrivals` and returns the rest, in order (in the same memory).
 inline std::vector<Document> Enqueue(std::vector<Document> arrivals, Holding& held) {
@@ -306,10 +327,12 @@ inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<
       }
     }
   }
-  // Release every queued outlier: mid-size ones can balance a long one (two 70K documents in
-  // one micro-batch weigh about as much as one 120K document with 40K of short ones).
+  // Releasing every queued outlier at once is not a candidate: it won on the sketch by pairing
+  // mid-size outliers with a long one, but its real steps were cap-full with more outliers than
+  // micro-batches, and the long ones that did not fit were carried into later steps of short
+  // documents (prolong-like streams: worst steps 0.3-0.8 above wlb's; without it 0.0 above,
+  // docs/results/packing/lookahead_worst_step.md).
   const Candidate all = ReleaseAll(held);
-  out.push_back(all);
   // A level that releases takes the whole level below with it.
   for (size_t l = 1; l < held.queues.levels(); ++l) {
     if (wlb.release[l].empty() || !wlb.release[l - 1].empty() || held.queues.queue(l - 1).empty()) {

@@ -289,9 +289,12 @@ class Sketcher {
   // first, so holding back the h longest arrivals moves `sketch.longest[0, h)` to the carry.
   // `loses(bound)` says whether a score of at least `bound` cannot win; scoring stops (nullopt)
   // as soon as ScoreLowerBound() loses, so the candidate is not followed further.
+  // `first_step`, when given, receives the estimate of the candidate's own step (if scoring gets
+  // that far).
   template <typename Loses>
   std::optional<double> ScoreBySketch(const Candidate& c, const Holding& base,
-                                      const SketchBase& sketch, const Loses& loses) const {
+                                      const SketchBase& sketch, const Loses& loses,
+                                      double* first_step = nullptr) const {
     if (loses(ScoreLowerBound(kMinImbalance, sketch.ahead.size()))) return std::nullopt;
     // Lengths are gathered in scratch memory and merged, longest first, with the sketches'
     // sorted ones (the floating-point sums add up in the order AddSketch would).
@@ -325,6 +328,7 @@ class Sketcher {
     }
     MergeLengths(sketch.step.lengths, m.extra, step.lengths);
     double score = EstimateStep(step, carry);
+    if (first_step != nullptr) *first_step = score;
     const size_t n = static_cast<size_t>(config_.micro_batches);
     for (size_t s = 0; s < sketch.ahead.size(); ++s) {
       if (loses(ScoreLowerBound(score, sketch.ahead.size() - s))) return std::nullopt;
