@@ -203,10 +203,12 @@ TEST(Packer, PushAcceptsExactlyWhatAStateCanHoldSoItsOwnCheckpointAlwaysRestores
       EXPECT_THAT(rejected.status().message(), HasSubstr("outside"));
     }
     // At the limits: accepted, and the packer's own checkpoint loads back into a fresh packer.
-    const std::vector<Document> edge = {
-        {.id = kMaxStateCounter, .length = 9},
-        {.id = 7, .length = 8, .piece = static_cast<int32_t>(kMaxPieces), .offset = kMaxStreamTokens},
-        {.id = 8, .length = 2}};
+    const std::vector<Document> edge = {{.id = kMaxStateCounter, .length = 9},
+                                        {.id = 7,
+                                         .length = 8,
+                                         .piece = static_cast<int32_t>(kMaxPieces),
+                                         .offset = kMaxStreamTokens},
+                                        {.id = 8, .length = 2}};
     ASSERT_TRUE(packer->Push(edge).ok());
     const std::string saved = packer->SaveState();
     auto fresh = *MakePacker(name, config, Quadratic(), {.thresholds = {6}});
@@ -455,16 +457,17 @@ TEST(LookaheadPacker, EvenReleasesBalanceAHeavyTailAtLargeNAtLessDelay) {
   const auto steps = *SplitIntoSteps(*MakeDocuments(lengths, config.context), 64 * 131072);
   const CostModel cost = *CostModelFromPreset("llama2-7b");
   auto run = [&](const char* name, bool bound_delay) {
-    auto packer = *MakePacker(name, config, cost,
-                              {.thresholds = {32768, 65536}, .bound_delay = bound_delay});
+    auto packer =
+        *MakePacker(name, config, cost, {.thresholds = {32768, 65536}, .bound_delay = bound_delay});
     return Summarize(RunPacker(*packer, steps)->steps, cost);
   };
   const StreamSummary refine = run("wlb-refine", false);
   for (const bool bound_delay : {false, true}) {
     const StreamSummary lookahead = run("wlb-lookahead", bound_delay);
-    EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - (bound_delay ? 0.07 : 0.08))
+    // Since the step check (issue 56) both plan 1.0687 (the price alone was 1.058).
+    EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.065)
         << lookahead.imbalance_mean << " vs " << refine.imbalance_mean;
-    EXPECT_LT(lookahead.imbalance_mean, bound_delay ? 1.075 : 1.065);
+    EXPECT_LT(lookahead.imbalance_mean, 1.072);
     EXPECT_LT(lookahead.delay.mean, refine.delay.mean)
         << lookahead.delay.mean << " vs " << refine.delay.mean;
   }
