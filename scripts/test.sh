@@ -49,8 +49,10 @@ fi
 if [ "$pytest_status" -ne 0 ]; then exit "$pytest_status"; fi
 
 echo "== clang++ with ASan + UBSan, planning library tests and fuzz corpora" >&2
+# Line tables are all ASan's and UBSan's reports need (file:line in every frame); full -g debug
+# info made each unity batch of the tests 37% dearer to compile (docs/guides/testing.md).
 cmake -S . -B build-clang-asan "${library_only[@]}" -DWLB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_CXX_COMPILER=clang++
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DCMAKE_CXX_COMPILER=clang++
 cmake --build build-clang-asan --parallel "$jobs"
 # The slow property tests run a quarter of their seeded inputs here (WLB_PROPERTY_SCALE,
 # test/test_util.hpp): all of them ran in the release build above.

@@ -6,11 +6,14 @@
 //   wlb_cuda_cp_bench [--tokens=131072] [--cp=4] [--micro_batches=8] [--heads=32]
 //       [--kv_heads=8] [--head_dim=128] [--warmup=2] [--iters=5] [--seed=1]
 //       [--profile=PATH] [--packed_profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
-//       [--schedule=split|whole]
+//       [--schedule=whole|split] [--exchange=all-gather|row-exact|rule] [--kv_one_collective=0|1]
 //
-// --schedule (cp_maps.h, CpSchedule): split (the executor's default: each segment's square causal
-// diagonal plus its maskless key prefix, merged by log-sum-exp) or whole (one bottom-right causal
-// call per rank); run both in one device session to compare them.
+// The defaults are the executor's (CpExecutorOptions: the paths that ran on a GPU). --schedule
+// (cp_maps.h, CpSchedule): whole (one bottom-right causal call per rank) or split (each segment's
+// square causal diagonal plus its maskless key prefix, merged by log-sum-exp); run both in one
+// device session to compare them. --exchange: the all-gather, the row-exact all-to-all-v, or the
+// one the planner's rule picks (ChooseCpExchange over the default link). --kv_one_collective=1
+// moves K and V (dK and dV) in one collective each way instead of one per tensor.
 // --packed_profile (wlb_cuda_kernel_profiler --packed_micro_batches=N) adds its packed-call fit
 // to the model (wlb::WithPackedCallProfile): adaptive then ranks the candidate plans by each
 // rank's predicted forward + backward as one packed call; the strategies' plans and the
@@ -20,8 +23,7 @@
 // slowest rank, so a strategy's cost for a micro-batch is its max-rank fwd+bwd time. Per rank
 // and strategy the median over --iters is used. The model (--profile CSV, else the analytic
 // default) predicts forward ms per rank; its error is reported against measured forward ms.
-// Each plan runs with the exchange the executor picks (ChooseCpExchange over the default
-// link); the K/V bytes its forward moved per rank, as the communicator counted them, are
+// The K/V bytes each plan's forward moved per rank, as the communicator counted them, are
 // printed beside the planner's prediction (the bench fails if they differ) and the all-gather's.
 // Output is line-buffered and every JSON line flushed, so a run killed by `timeout` keeps every
 // micro-batch it finished; with --kernel=cudnn the last line says how many cuDNN graphs were
@@ -66,9 +68,10 @@ double Median(std::vector<double> v) {
 
 absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig& config,
                              Communicator& comm, const PackedCpTensors& t, int warmup, int iters,
-                             CpSchedule schedule) {
+                             CpExecutorOptions options) {
+  options.isolate_ranks = true;
   absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =
-      CpPackedRunner::Create(plan, config, comm, {.isolate_ranks = true, .schedule = schedule});
+      CpPackedRunner::Create(plan, config, comm, options);
   if (!run.ok()) return run.status();
   if (absl::Status s = (*run)->Run(t, true); !s.ok()) return s;
   Measured m;
@@ -112,23 +115,40 @@ int main(int argc, char** argv) {
   bench::Flags flags(argc, argv);
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
-  std::string profile, packed_profile, json, schedule_name = "split";
+  CpExecutorOptions options;
+  std::string profile, packed_profile, json,
+      schedule_name = CpScheduleName(options.schedule),
+      exchange_name = wlb::ExchangeKindName(*options.exchange);
+  int64_t kv_one_collective = options.kv_one_collective ? 1 : 0;
   AttentionKernel kernel = AttentionKernel::kFlash;
-  const bool ok =
-      flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) && flags.Int("cp", &cp) &&
-      flags.Int("micro_batches", &mbs) && flags.Int("heads", &heads) &&
-      flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) &&
-      flags.Int("warmup", &warmup) && flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
-      flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
-      flags.Str("json", &json) && flags.Str("schedule", &schedule_name) && flags.AllUsed();
+  const bool ok = flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) &&
+                  flags.Int("cp", &cp) && flags.Int("micro_batches", &mbs) &&
+                  flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
+                  flags.Int("head_dim", &dim) && flags.Int("warmup", &warmup) &&
+                  flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
+                  flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
+                  flags.Str("json", &json) && flags.Str("schedule", &schedule_name) &&
+                  flags.Str("exchange", &exchange_name) &&
+                  flags.Int("kv_one_collective", &kv_one_collective) && flags.AllUsed();
   std::optional<CpSchedule> schedule;
   for (CpSchedule s : {CpSchedule::kSplit, CpSchedule::kWhole}) {
     if (schedule_name == CpScheduleName(s)) schedule = s;
   }
-  if (!ok || !schedule || tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
+  bool exchange_ok = exchange_name == "rule";
+  options.exchange = std::nullopt;
+  for (wlb::ExchangeKind x : {wlb::ExchangeKind::kAllGather, wlb::ExchangeKind::kRowExact}) {
+    if (exchange_name == wlb::ExchangeKindName(x)) {
+      options.exchange = x;
+      exchange_ok = true;
+    }
+  }
+  if (!ok || !schedule || !exchange_ok || (kv_one_collective != 0 && kv_one_collective != 1) ||
+      tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
   }
+  options.schedule = *schedule;
+  options.kv_one_collective = kv_one_collective == 1;
   wlb::KernelShape shape;
   shape.heads = heads;
   shape.head_dim = dim;
@@ -161,9 +181,10 @@ int main(int argc, char** argv) {
   const PackedCpTensors t{q.get(), k.get(), v.get(), dout.get(),
                           out.get(), dq.get(), dk.get(), dv.get()};
   std::printf(
-      "%s | %s kernel, %s schedule | %ld tokens, C=%ld, heads %ld/%ld, head_dim %ld, "
-      "model %s%s\n",
+      "%s | %s kernel, %s schedule, exchange %s, K/V %s | %ld tokens, C=%ld, heads %ld/%ld, "
+      "head_dim %ld, model %s%s\n",
       bench::DeviceName().c_str(), AttentionKernelName(kernel), CpScheduleName(*schedule),
+      exchange_name.c_str(), kv_one_collective ? "in one collective" : "one collective each",
       long(tokens), long(cp), long(heads), long(kv_heads), long(dim),
       profile.empty() ? "analytic default" : profile.c_str(),
       packed_profile.empty()
@@ -197,8 +218,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
         return 1;
       }
-      absl::StatusOr<Measured> r =
-          Run(*plan, config, **comm, t, int(warmup), int(iters), *schedule);
+      absl::StatusOr<Measured> r = Run(*plan, config, **comm, t, int(warmup), int(iters), options);
       if (!r.ok()) {
         std::fprintf(stderr, "micro-batch %ld %s: %s\n", long(i), name.c_str(),
                      r.status().ToString().c_str());
@@ -260,10 +280,11 @@ int main(int argc, char** argv) {
             "\"%s\","
             "\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s],"
             "\"predicted_fwd_ms\":[%s],\"exchange\":\"%s\",\"max_sent_bytes\":%d,"
-            "\"max_received_bytes\":%d,\"allgather_bytes\":%d}\n",
+            "\"max_received_bytes\":%d,\"allgather_bytes\":%d,\"kv_one_collective\":%s}\n",
             AttentionKernelName(kernel), CpScheduleName(*schedule), cp, i, mb.tokens, name,
             r->max_ms, r->imbalance, list(fwd), list(bwd), list(pred),
-            wlb::ExchangeKindName(r->exchange), max_sent, max_received, gather);
+            wlb::ExchangeKindName(r->exchange), max_sent, max_received, gather,
+            options.kv_one_collective ? "true" : "false");
         js.flush();
       }
     }

@@ -300,6 +300,16 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
   return absl::OkStatus();
 }
 
+absl::Status CpExecutor::KvCollectives(
+    std::initializer_list<CommTensor> kv,
+    absl::FunctionRef<absl::Status(absl::Span<const CommTensor>)> collective) const {
+  if (options_.kv_one_collective) return collective(kv);
+  for (const CommTensor& t : kv) {
+    if (absl::Status s = collective({t}); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
   const int64_t kv_elems = int64_t{config_.num_kv_heads} * config_.head_dim;
   const int64_t kv_row_bytes = kv_elems * 2;
@@ -313,7 +323,9 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
       recv_v.push_back(ranks_[i].source_v.get());
     }
     const size_t count = size_t(maps_.rank_capacity * kv_elems);
-    return comm_->AllGather({{send_k, recv_k}, {send_v, recv_v}}, count, CommDataType::kBf16);
+    return KvCollectives({{send_k, recv_k}, {send_v, recv_v}}, [&](auto tensors) {
+      return comm_->AllGather(tensors, count, CommDataType::kBf16);
+    });
   }
   // Row-exact: pack the rows every other rank needs, copy the own rows to the head of the
   // source rows, receive the others' behind them.
@@ -337,9 +349,9 @@ absl::Status CpExecutor::FetchKv(absl::Span<const CpForwardTensors> t) {
     recv_k.push_back(static_cast<char*>(r.source_k.get()) + own);
     recv_v.push_back(static_cast<char*>(r.source_v.get()) + own);
   }
-  // K and V in one collective: one latency, as ChooseExchange prices it.
-  return comm_->AllToAllV({{send_k, recv_k}, {send_v, recv_v}}, send_elems_, recv_elems_,
-                          CommDataType::kBf16);
+  return KvCollectives({{send_k, recv_k}, {send_v, recv_v}}, [&](auto tensors) {
+    return comm_->AllToAllV(tensors, send_elems_, recv_elems_, CommDataType::kBf16);
+  });
 }
 
 absl::Status CpExecutor::SumKeyGradients(RankState& r, int64_t first, int64_t last) {
@@ -370,8 +382,9 @@ absl::Status CpExecutor::SendKvGradients() {
       recv_v.push_back(r.recv_dv.get());
     }
     // fp32 over the wire: the sum of C partials is rounded to bf16 once, at the end.
-    return comm_->ReduceScatterSum({{send_k, recv_k}, {send_v, recv_v}}, capacity_elems,
-                                   CommDataType::kFloat32);
+    return KvCollectives({{send_k, recv_k}, {send_v, recv_v}}, [&](auto tensors) {
+      return comm_->ReduceScatterSum(tensors, capacity_elems, CommDataType::kFloat32);
+    });
   }
   // Row-exact: the received rows' gradients go back to their owners (the reverse all-to-all-v:
   // each rank sends what it received), arriving in send_rows order.
@@ -382,8 +395,9 @@ absl::Status CpExecutor::SendKvGradients() {
     recv_k.push_back(r.back_dk.get());
     recv_v.push_back(r.back_dv.get());
   }
-  return comm_->AllToAllV({{send_k, recv_k}, {send_v, recv_v}}, recv_elems_, send_elems_,
-                          CommDataType::kFloat32);
+  return KvCollectives({{send_k, recv_k}, {send_v, recv_v}}, [&](auto tensors) {
+    return comm_->AllToAllV(tensors, recv_elems_, send_elems_, CommDataType::kFloat32);
+  });
 }
 
 absl::Status CpExecutor::AddReturnedKvGradients(RankState& r) {

@@ -140,18 +140,20 @@ void MakeFixture(int64_t tokens, int head_dim, uint64_t seed, Fixture& f,
   f.ref_dv = Download(*f.dv);
 }
 
-// Runs `plan` through CP on `comm` (by `exchange`, or the rule's choice, and `schedule`) and
-// checks it against
-// the fixture's single-device result, and the bytes the communicator moved against the planner's
-// rows: forward K and V (bf16) one way, backward dK and dV (fp32) the other.
+// Runs `plan` through CP on `comm` (by `exchange`, or the rule's choice, `schedule`, and K and V
+// in one collective or one each) and checks it against the fixture's single-device result, and
+// the bytes the communicator moved against the planner's rows: forward K and V (bf16) one way,
+// backward dK and dV (fp32) the other. The defaults are the paths awaiting their first GPU run,
+// not the executor's defaults (CpExecutorOptions: what ran), which the whole-schedule cases run.
 void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
              std::optional<ExchangeKind> exchange = std::nullopt,
-             CpSchedule schedule = CpSchedule::kSplit) {
+             CpSchedule schedule = CpSchedule::kSplit, bool kv_one_collective = true) {
   for (Dev* d : {f.out.get(), f.dq.get(), f.dk.get(), f.dv.get()}) {
     ASSERT_CUDA(cudaMemset(d->p, 0xff, d->n * 2));  // NaN: unwritten rows show
   }
-  absl::StatusOr<std::unique_ptr<CpPackedRunner>> run =
-      CpPackedRunner::Create(plan, f.config, comm, {.exchange = exchange, .schedule = schedule});
+  absl::StatusOr<std::unique_ptr<CpPackedRunner>> run = CpPackedRunner::Create(
+      plan, f.config, comm,
+      {.exchange = exchange, .schedule = schedule, .kv_one_collective = kv_one_collective});
   ASSERT_TRUE(run.ok()) << run.status();
   const ExchangeKind ran = (*run)->executor().maps().exchange;
   comm.ResetTraffic();
@@ -159,8 +161,9 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
                     f.out->get(), f.dq->get(), f.dk->get(), f.dv->get()};
   ASSERT_TRUE((*run)->Run(t, /*backward=*/true).ok());
   const std::string where = absl::StrFormat(
-      "%d tokens, %d documents, C %d, %s, %s, %s", plan.tokens, f.mb.documents.size(), plan.cp_size,
-      ShardStrategyName(plan.strategy), ExchangeKindName(ran), CpScheduleName(schedule));
+      "%d tokens, %d documents, C %d, %s, %s, %s, K/V %s", plan.tokens, f.mb.documents.size(),
+      plan.cp_size, ShardStrategyName(plan.strategy), ExchangeKindName(ran),
+      CpScheduleName(schedule), kv_one_collective ? "in one collective" : "one collective each");
   for (auto [dev, ref, rel, mx, name] :
        {std::tuple{f.out.get(), &f.ref_out, kOutRelL2, kOutMax, "out"},
         std::tuple{f.dq.get(), &f.ref_dq, kGradRelL2, kGradMax, "dq"},
@@ -183,6 +186,8 @@ void CheckCp(Fixture& f, const ShardPlan& plan, Communicator& comm,
         << "rank " << r << ", " << where;
     EXPECT_EQ(got.received_bytes, in * row_bytes + out * 2 * row_bytes)
         << "rank " << r << ", " << where;
+    // K/V forward and dK/dV backward: one collective each way, or one per tensor.
+    EXPECT_EQ(got.collectives, kv_one_collective ? 2 : 4) << "rank " << r << ", " << where;
   }
 }
 
@@ -202,7 +207,7 @@ void CheckEveryStrategy(Fixture& f, bool both_exchanges, bool whole_too = false)
       }
       for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
         CheckCp(f, *plan, **comm, x);
-        if (whole_too) CheckCp(f, *plan, **comm, x, CpSchedule::kWhole);
+        if (whole_too) CheckCp(f, *plan, **comm, x, CpSchedule::kWhole, false);
       }
     }
   }
@@ -264,7 +269,7 @@ TEST_F(CpGpuTest, ReferenceKernelUnalignedRows) {
     const ShardPlan plan = *PlanShards(f.mb, 4, s, KernelModel::Default());
     for (ExchangeKind x : {ExchangeKind::kRowExact, ExchangeKind::kAllGather}) {
       for (CpSchedule schedule : {CpSchedule::kSplit, CpSchedule::kWhole}) {
-        CheckCp(f, plan, **comm, x, schedule);
+        CheckCp(f, plan, **comm, x, schedule, schedule == CpSchedule::kSplit);
       }
     }
   }

@@ -7,7 +7,7 @@
 // row-exact all-to-all-v of exactly the rows needed; ChooseCpExchange picks it over
 // CpExecutorOptions::comm, as the planner prices it), gathers each rank's segment keys into the
 // varlen layout (index maps uploaded once by Create, applied with Thrust on the device) and runs
-// VarlenAttention. Under the split schedule (the default; cp_maps.h, CpSchedule) each segment's
+// VarlenAttention. Under the split schedule (selectable; cp_maps.h, CpSchedule) each segment's
 // diagonal block runs on the rank's own rows on a second stream while the exchange is in flight,
 // and the prefixes run once it lands; the two merge by log-sum-exp. Backward runs the varlen
 // backward of each part (with the merged out and LSE), sums every rank's dK/dV rows into its
@@ -26,10 +26,12 @@
 #ifndef WLB_CUDA_CP_EXECUTOR_H_
 #define WLB_CUDA_CP_EXECUTOR_H_
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -65,13 +67,20 @@ struct CpExecutorOptions {
   // emulated ranks sharing one GPU (LocalCommunicator) get their own kernel time. The split
   // schedule's overlap does not happen then: RankTimes compares kernel time only.
   bool isolate_ranks = false;
-  // The link the exchange is chosen for (ChooseCpExchange: the planner's rule).
+  // The defaults are the paths that ran on a GPU (docs/guides/cuda.md, "What ran where"); the
+  // others are selectable and become defaults once a GPU run passes and times them.
+  //
+  // The link the planner's rule prices the exchanges for (ChooseCpExchange).
   CommModel comm;
-  // Run this exchange instead of the one the rule picks (tests and benches compare both).
-  std::optional<ExchangeKind> exchange;
-  // kSplit overlaps the exchange with the diagonal blocks; kWhole (one call after the exchange)
-  // is the baseline the benches compare it with.
-  CpSchedule schedule = CpSchedule::kSplit;
+  // The exchange to run; std::nullopt runs the one the rule picks for `comm` (the row-exact
+  // all-to-all-v unless the all-gather moves no more rows).
+  std::optional<ExchangeKind> exchange = ExchangeKind::kAllGather;
+  // kWhole: one bottom-right causal call per rank after the exchange. kSplit overlaps the
+  // exchange with the diagonal blocks (cp_maps.h).
+  CpSchedule schedule = CpSchedule::kWhole;
+  // Move K and V (and dK and dV) in one collective each way (one NCCL group, one barrier pair,
+  // as ChooseExchange prices it) instead of one collective per tensor.
+  bool kv_one_collective = false;
 };
 
 class CpExecutor {
@@ -111,6 +120,11 @@ class CpExecutor {
  private:
   struct RankState;
   CpExecutor() = default;
+  // Runs `collective` over K and V (or dK and dV) together, or over each alone
+  // (CpExecutorOptions::kv_one_collective).
+  absl::Status KvCollectives(
+      std::initializer_list<CommTensor> kv,
+      absl::FunctionRef<absl::Status(absl::Span<const CommTensor>)> collective) const;
   // K/V of every rank's source rows (cp_maps.h) by the maps' exchange.
   absl::Status FetchKv(absl::Span<const CpForwardTensors> t);
   // Sums a rank's dK/dV contributions (the problem's dk/dv, then the diagonal's) into its source
