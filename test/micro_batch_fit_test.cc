@@ -287,7 +287,7 @@ TEST(ParseMicroBatchCsv, EveryBadFileIsOneErrorNamingTheLineAndValue) {
   const std::string header = "step,ms,lengths\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"# nothing\n\n", "m.csv: empty micro-batch measurement (no header line"},
-      {header, "m.csv: micro-batch measurement has a header (line 1) but no rows"},
+      {header, "m.csv: micro-batch measurement has a header but no rows (the header is line 1)"},
       {"# c\nstep,lengths\n0,5\n", "m.csv:2: a micro-batch measurement header needs"},
       {"ms,lengths2\n1,5\n", "needs a 'lengths' column"},
       {"ms,forward_ms,backward_ms,lengths\n1,1,1,5\n", "(not both forms)"},

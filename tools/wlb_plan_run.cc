@@ -128,7 +128,8 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
     }
     return absl::OkStatus();
   };
-  StepCutter cutter(input->lengths, config.context, config.micro_batches);
+  StepCutter cutter(input->lengths, config.context, config.micro_batches,
+                    input->empty_positions);
   std::vector<Document> arrivals;
   while ((settings.steps == 0 || cutter.steps() < settings.steps) && cutter.Next(arrivals)) {
     for (size_t k = 0; k < lanes.size(); ++k) {
@@ -316,19 +317,14 @@ int Main(int argc, char** argv) {
   if (status.ok()) settings = SettingsFromFlags();
   if (status.ok()) status = settings.status();
   if (status.ok() && !settings->list.empty()) {
-    std::fputs(RegistryNames(settings->list).c_str(), stdout);
-    return 0;
-  }
-  if (status.ok() && !settings->fit_cost.empty()) {
+    status = WriteStdout(RegistryNames(settings->list));
+  } else if (status.ok() && !settings->fit_cost.empty()) {
     absl::StatusOr<std::string> report = FitCostReport(settings->fit_cost, settings->spec.cost);
-    if (report.ok()) {
-      std::fputs(report->c_str(), stdout);
-      return 0;
-    }
-    status = report.status();
+    status = report.ok() ? WriteStdout(*report) : report.status();
+  } else {
+    if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
+    if (status.ok()) status = Run(*settings);
   }
-  if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
-  if (status.ok()) status = Run(*settings);
   if (!status.ok()) {
     std::string message(status.message());
     std::replace(message.begin(), message.end(), '\n', ' ');  // always one line

@@ -194,7 +194,8 @@ inline absl::StatusOr<CsvTable> ParseCsv(absl::string_view text, absl::string_vi
   }
   if (table.rows.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %s has a header (line %d) but no rows", source, what, table.header_line));
+        "%s: %s has a header but no rows (the header is line %d)", source, what,
+        table.header_line));
   }
   return table;
 }
