@@ -403,11 +403,13 @@ TEST(RefineMicroBatches, RobustRefinementHoldsForWeightsNearTheDoubleRange) {
     double max = 0.0, total = 0.0;
     for (const MicroBatch& mb : mbs) {
       double c = 0.0;
-      for (const Document& d : mb.documents) c += cost.Attention(d.length) + cost.Linear(d.length) / g;
+      for (const Document& d : mb.documents) {
+        c += cost.Attention(d.length) + cost.Linear(d.length) / g;
+      }
       max = std::max(max, c);
       total += c;
     }
-    return max * static_cast<double>(mbs.size()) / total;
+    return total > 0.0 ? max * static_cast<double>(mbs.size()) / total : 1.0;
   };
   int refined = 0;
   for (int trial = 0; trial < 200; ++trial) {
