@@ -50,7 +50,8 @@ TEST(ParseCsv, EveryBadTableIsOneErrorNamingTheLineAndValue) {
       {"", "t.csv: empty table (no header line"},
       {"\xEF\xBB\xBF\n# c\n", "t.csv: empty table"},
       {"a,b\n", "t.csv: table has a header but no rows (the header is line 1)"},
-      {"ms,lengths,ms\n1,2,3\n", "t.csv:1: the table header names column 'ms' twice (columns 1 and 3)"},
+      {"ms,lengths,ms\n1,2,3\n",
+       "t.csv:1: the table header names column 'ms' twice (columns 1 and 3)"},
       {"# c\na, b ,\"b\"\n1,2,3\n", "t.csv:2: the table header names column 'b' twice"},
       {"a,b\n1,2\"3\n", "t.csv:2: stray quote in cell '2\\\"3'"},
       {"a,b\n1,\"2\n", "t.csv:2: unterminated quote"},
@@ -80,7 +81,8 @@ std::vector<Reader> Readers() {
   return {
       {"micro-batch measurements", "step,ms,lengths\n0,1.5,4096;12\n1,2,300\n2,0.5,7;8;9\n",
        [&](const std::string& t) {
-         return str(ParseMicroBatchCsv(t, "m.csv"), [](std::string* out, const MicroBatchSample& s) {
+         return str(ParseMicroBatchCsv(t, "m.csv"), [](std::string* out,
+                                                       const MicroBatchSample& s) {
            absl::StrAppend(out, absl::StrJoin(s.lengths, ";"), "@", s.ms, "#", s.step.value_or(-1));
          });
        }},
@@ -147,8 +149,7 @@ TEST(CsvReaders, ShareTheRowReadersRulesProperty) {
         }
         absl::StatusOr<std::string> got = reader.parse(text);
         ASSERT_FALSE(got.ok()) << text;
-        EXPECT_THAT(got.status().message(),
-                    HasSubstr("names column '" + header[col] + "' twice"));
+        EXPECT_THAT(got.status().message(), HasSubstr("names column '" + header[col] + "' twice"));
       }
     }
     // An unterminated quote is refused by every reader.

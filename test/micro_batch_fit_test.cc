@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wlb/io/micro_batch_csv.hpp"
@@ -115,10 +116,10 @@ TEST(FitMicroBatchCost, HeldOutHalvesFollowTheStatedRule) {
     const int64_t d = 1000 + 997 * i;
     const double scale = (i / 2) % 2 == 0 ? 1.0 : 2.0;  // by step i / 2
     // One document or two of the same total (each half then tells the four terms apart).
-    rows.push_back({.lengths = i % 3 == 0 ? std::vector<int64_t>{d}
-                                          : std::vector<int64_t>{d / 3, d - d / 3},
-                    .ms = scale * 1e-4 * d,
-                    .step = i / 2});
+    rows.push_back(
+        {.lengths = i % 3 == 0 ? std::vector<int64_t>{d} : std::vector<int64_t>{d / 3, d - d / 3},
+         .ms = scale * 1e-4 * d,
+         .step = i / 2});
   }
   absl::StatusOr<MicroBatchFit> by_step = FitMicroBatchCost(rows);
   ASSERT_TRUE(by_step.ok()) << by_step.status();
@@ -348,6 +349,23 @@ TEST(ResolveCostModel, TakesMicroBatchCsvsByTheirHeaderAndKeepsSingleDocumentPro
   absl::StatusOr<ProfileFit> single = ResolveCostModel(profile);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_THAT(single->model.description, HasSubstr("rms rel. error"));
+  // A UTF-8 byte-order mark changes nothing (it used to hide the first column: here the step
+  // column, so the held-out split fell back to position parity).
+  const std::string good = kGoodCsv;
+  const std::string bom = WriteTemp("bom.csv", "\xEF\xBB\xBF" + good.substr(good.find('\n') + 1));
+  absl::StatusOr<ProfileFit> with_bom = ResolveCostModel(bom);
+  ASSERT_TRUE(with_bom.ok()) << with_bom.status();
+  EXPECT_THAT(with_bom->model.description, HasSubstr("held out by step parity"));
+  EXPECT_DOUBLE_EQ(with_bom->model.attn_quadratic, fit->model.attn_quadratic);
+  // A time column named twice is ambiguous: refused, not "first wins".
+  const std::string twice = WriteTemp("twice.csv", "step,ms,lengths,ms\n0,1,5,2\n");
+  EXPECT_THAT(ResolveCostModel(twice).status().message(),
+              HasSubstr("names column 'ms' twice (columns 2 and 4)"));
+  // Measurements that cannot identify the terms are refused through --cost, as by the fit.
+  std::string alike = "step,ms,lengths\n";
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&alike, i, ",", 1.0 + 0.01 * i, ",300;40;7\n");
+  EXPECT_THAT(ResolveCostModel(WriteTemp("alike.csv", alike)).status().message(),
+              HasSubstr("micro-batch fit: the 12 micro-batches cannot tell apart the terms"));
   // A bad row is the CSV's error, through --cost too.
   const std::string bad = WriteTemp("bad.csv", "step,ms,lengths\n0,1,5\n1,0,6\n");
   EXPECT_THAT(ResolveCostModel(bad).status().message(), HasSubstr(":3: ms '0' is not a time"));

@@ -395,8 +395,10 @@ TEST(RefineMicroBatches, RobustRefinementNeverWorseUnderTheFamily) {
 
 // The rule holds for weights up to the double range (HIGH = 1e300 .. DBL_MAX is a valid range):
 // costs under W_g overflow there, so the check must not compare infinities. Imbalance is
-// compared under W_g / g = W_a + W_l / g, which does not overflow. Attention is made heavy
-// (1e10 per d^2) so that (g - 1) x a micro-batch's attention overflows at every weight tried.
+// compared under W_g / g = W_a + W_l / g, which does not overflow. The costs are scaled by 1e10
+// so that (g - 1) x a micro-batch's attention overflows at every HIGH tried (the check then
+// passed any change: refinement was exact, and ExactRefinementCanBeWorseUnderTheFamily's steps
+// ended worse at these weights).
 TEST(RefineMicroBatches, RobustRefinementHoldsForWeightsNearTheDoubleRange) {
   std::mt19937_64 rng(59);
   const auto imbalance = [](const std::vector<MicroBatch>& mbs, const CostModel& cost, double g) {
@@ -412,14 +414,18 @@ TEST(RefineMicroBatches, RobustRefinementHoldsForWeightsNearTheDoubleRange) {
     return total > 0.0 ? max * static_cast<double>(mbs.size()) / total : 1.0;
   };
   int refined = 0;
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 400; ++trial) {
     RobustCase c = RandomRobustCase(rng);
-    c.cost.attn_quadratic = 1e10;
-    c.cost.linear_per_token *= 1e12;
-    c.cost.per_document *= 1e12;
+    for (double* k : {&c.cost.attn_quadratic, &c.cost.attn_linear, &c.cost.linear_per_token,
+                      &c.cost.per_document}) {
+      *k *= 1e10;
+    }
     c.mbs = RandomMicroBatches(rng, c.cost, static_cast<int>(c.mbs.size()), c.cap, 10, 128,
                                rng() % 2 == 0);
-    c.range.high = std::array{1e300, 1e305, std::numeric_limits<double>::max()}[trial % 3];
+    // LOW = 1: the check at LOW is the plain one, so only HIGH's (overflowing) check can hold
+    // refinement back.
+    c.range = {.low = 1.0,
+               .high = std::array{1e300, 1e305, std::numeric_limits<double>::max()}[trial % 3]};
     ASSERT_TRUE(ValidateAttentionRange(c.range).ok());
     const std::vector<MicroBatch> before = c.mbs;
     refined += RefineMicroBatches(c.mbs, c.cap, c.cost, 64, c.range) > 0;

@@ -281,6 +281,20 @@ TEST(WlbPlan, EveryOutputStreamChecksItsWrites) {
   }
 }
 
+// --fit-cost refuses measurements that cannot identify the fit's terms (every micro-batch one
+// document: documents and calls move together), naming them, rc 1.
+TEST(WlbPlan, FitCostRefusesMeasurementsThatCannotTellTheTermsApart) {
+  std::string csv = "step,ms,lengths\n";
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&csv, i, ",", 1 + i, ",", 1000 * (i + 1), "\n");
+  const std::string path = ::testing::TempDir() + "/wlb_cli_single_docs.csv";
+  std::ofstream(path) << csv;
+  for (const std::string args : {"--fit-cost " + path, "--steps 2 --cost " + path}) {
+    Result r = RunPlan(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_THAT(r.err, HasSubstr("cannot tell apart the terms c (documents), per call")) << args;
+  }
+}
+
 // A valid --out file name as long as the name limit allows (NAME_MAX, 255 on common file
 // systems) is written: the temporary beside it must not exceed the limit with its suffix.
 TEST(WlbPlan, LongOutFileNamesWork) {

@@ -128,8 +128,7 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
     }
     return absl::OkStatus();
   };
-  StepCutter cutter(input->lengths, config.context, config.micro_batches,
-                    input->empty_positions);
+  StepCutter cutter(input->lengths, config.context, config.micro_batches, input->empty_positions);
   std::vector<Document> arrivals;
   while ((settings.steps == 0 || cutter.steps() < settings.steps) && cutter.Next(arrivals)) {
     for (size_t k = 0; k < lanes.size(); ++k) {

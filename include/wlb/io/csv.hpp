@@ -55,13 +55,9 @@ struct CsvTable {
     return -1;
   }
   // "source:line" of a row, for messages.
-  std::string Where(const CsvRow& row) const {
-    return absl::StrFormat("%s:%d", source, row.line);
-  }
+  std::string Where(const CsvRow& row) const { return absl::StrFormat("%s:%d", source, row.line); }
   // The header as written (joined), quoted for a message.
-  std::string HeaderForMessage() const {
-    return QuoteForMessage(absl::StrJoin(header, ","), 200);
-  }
+  std::string HeaderForMessage() const { return QuoteForMessage(absl::StrJoin(header, ","), 200); }
 };
 
 namespace detail {
@@ -82,9 +78,8 @@ inline bool IsSkippedCsvLine(absl::string_view line) {
 
 // Splits one line into trimmed cells at `delimiter`, honouring double quotes; an error names
 // `where` and the line.
-inline absl::StatusOr<std::vector<std::string>> SplitCsvLine(absl::string_view line,
-                                                            char delimiter,
-                                                            absl::string_view where) {
+inline absl::StatusOr<std::vector<std::string>> SplitCsvLine(absl::string_view line, char delimiter,
+                                                             absl::string_view where) {
   std::vector<std::string> cells;
   size_t i = 0;
   const auto is_space = [&](char c) { return c != delimiter && absl::ascii_isspace(c); };
@@ -183,19 +178,19 @@ inline absl::StatusOr<CsvTable> ParseCsv(absl::string_view text, absl::string_vi
     absl::StatusOr<std::vector<std::string>> cells = detail::SplitCsvLine(line, delimiter, where);
     if (!cells.ok()) return cells.status();
     if (cells->size() != table.header.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: %d fields, the header has %d", where, cells->size(), table.header.size()));
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %d fields, the header has %d", where,
+                                                        cells->size(), table.header.size()));
     }
     table.rows.push_back({.line = number, .cells = *std::move(cells)});
   }
   if (table.header_line == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: empty %s (no header line; only blank and '#' lines)", source, what));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: empty %s (no header line; only blank and '#' lines)", source, what));
   }
   if (table.rows.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %s has a header but no rows (the header is line %d)", source, what,
-        table.header_line));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s has a header but no rows (the header is line %d)", source, what,
+                        table.header_line));
   }
   return table;
 }

@@ -74,7 +74,8 @@ struct Input {
 inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
   Lengths out;
   if (!options.docs.empty()) {
-    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs, &out.empty, &out.empty_positions);
+    absl::StatusOr<std::vector<int64_t>> read =
+        ReadLengthsFile(options.docs, &out.empty, &out.empty_positions);
     if (!read.ok()) return read.status();
     if (read->empty()) {
       return absl::InvalidArgumentError(
@@ -127,11 +128,10 @@ class StepCutter {
     const int64_t index = offset_ / tokens_per_step_;
     while (doc_ < lengths_.size() && offset_ / tokens_per_step_ == index) {
       const int64_t length = std::min(context_, lengths_[doc_] - within_);
-      step.push_back(Document{
-          .id = source_id_(static_cast<int64_t>(doc_)),
-          .length = length,
-          .piece = piece_,
-          .offset = within_});
+      step.push_back(Document{.id = source_id_(static_cast<int64_t>(doc_)),
+                              .length = length,
+                              .piece = piece_,
+                              .offset = within_});
       offset_ += length;
       within_ += length;
       ++piece_;

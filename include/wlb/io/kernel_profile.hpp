@@ -54,9 +54,9 @@ absl::StatusOr<CsvTable> ProfileTable(absl::string_view text, absl::string_view 
   for (size_t c = 0; c < N; ++c) {
     cols[c] = table->Column(columns[c]);
     if (c < required && cols[c] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: header %s must name the columns %s", source, table->header_line,
-                          table->HeaderForMessage(), names));
+      return absl::InvalidArgumentError(absl::StrFormat("%s:%d: header %s must name the columns %s",
+                                                        source, table->header_line,
+                                                        table->HeaderForMessage(), names));
     }
   }
   return table;
@@ -94,11 +94,10 @@ inline absl::StatusOr<std::vector<KernelProfilePoint>> ParseKernelProfilePoints(
           "own queries)",
           where, QuoteForMessage(kv_text), p.q_len, kMaxContext));
     }
-    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) ||
-        !(p.ms <= kMaxProfileMs)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: %s %s is not a number in [%g, %g]", where, ms_column,
-                          QuoteForMessage(ms_text), kMinProfileMs, kMaxProfileMs));
+    if (!absl::SimpleAtod(ms_text, &p.ms) || !(p.ms >= kMinProfileMs) || !(p.ms <= kMaxProfileMs)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %s %s is not a number in [%g, %g]",
+                                                        where, ms_column, QuoteForMessage(ms_text),
+                                                        kMinProfileMs, kMaxProfileMs));
     }
     points.push_back(p);
   }
@@ -177,9 +176,9 @@ inline absl::StatusOr<std::vector<PackedCallPoint>> ParsePackedCallProfile(
       if (c < 0) continue;
       const absl::string_view t = row.cells[c];
       if (!absl::SimpleAtod(t, out) || !(*out >= kMinProfileMs) || !(*out <= kMaxProfileMs)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: %s %s is not a number in [%g, %g]", where, name,
-                            QuoteForMessage(t), kMinProfileMs, kMaxProfileMs));
+        return absl::InvalidArgumentError(absl::StrFormat("%s: %s %s is not a number in [%g, %g]",
+                                                          where, name, QuoteForMessage(t),
+                                                          kMinProfileMs, kMaxProfileMs));
       }
     }
     points.push_back(std::move(p));

@@ -169,6 +169,19 @@ class SourceIdMap {
   size_t next_ = 0;
 };
 
+// Appends the non-zero lengths of `chunk` (sequences `first_position`, ... of a source) to `kept`
+// and, when given, the positions of the empty ones (they hold no token to plan) to `skipped`.
+inline void AppendNonEmpty(std::span<const int64_t> chunk, int64_t first_position,
+                           std::vector<int64_t>& kept, std::vector<int64_t>* skipped) {
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    if (chunk[i] != 0) {
+      kept.push_back(chunk[i]);
+    } else if (skipped != nullptr) {
+      skipped->push_back(first_position + static_cast<int64_t>(i));
+    }
+  }
+}
+
 // Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
 // the checks on the file itself). A path ending in ".idx" is a Megatron-LM index: its sequence
 // lengths (megatron_index.hpp), read chunk by chunk from a regular file (any number of sequences
@@ -183,13 +196,7 @@ inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(
   if (empty_positions != nullptr) empty_positions->clear();
   const auto drop_empty = [&](std::vector<int64_t>& lengths, int64_t first_position,
                               std::span<const int64_t> chunk) {
-    for (size_t i = 0; i < chunk.size(); ++i) {
-      if (chunk[i] != 0) {
-        lengths.push_back(chunk[i]);
-      } else if (empty_positions != nullptr) {  // empty sequences hold no token to plan
-        empty_positions->push_back(first_position + static_cast<int64_t>(i));
-      }
-    }
+    AppendNonEmpty(chunk, first_position, lengths, empty_positions);
   };
   if (path.size() > 4 && path.ends_with(".idx")) {
     std::error_code ec;

@@ -5,7 +5,8 @@
 //   absl::StatusOr<wlb::MicroBatchFit> fit = wlb::FitMicroBatchCost(*rows);
 //
 // The format: a CSV table as wlb/io/csv.hpp reads it (a UTF-8 BOM dropped, '#' and blank lines
-// skipped, the first other line the header; a column named twice is refused). It needs a `lengths` column (the micro-batch's document lengths,
+// skipped, the first other line the header; a column named twice is refused). It needs a `lengths`
+// column (the micro-batch's document lengths,
 // ';'-separated) and either an `ms` column or both `forward_ms` and `backward_ms` (their sum is the
 // micro-batch's time). An optional `step` column (integers >= 0) gives each row's step, which the
 // held-out split follows. Every other column is ignored, so the layer bench's measurements.csv
@@ -23,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -92,9 +93,8 @@ inline absl::StatusOr<std::vector<MicroBatchSample>> ParseMicroBatchCsv(absl::st
       double v = 0.0;
       if (!absl::SimpleAtod(cell, &v) || !(v >= kMinProfileMs) || !(v <= kMaxProfileMs)) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("%s: %s %s is not a time in [%g, %g] ms", s.where,
-                            table->header[col], QuoteForMessage(cell), kMinProfileMs,
-                            kMaxProfileMs));
+            absl::StrFormat("%s: %s %s is not a time in [%g, %g] ms", s.where, table->header[col],
+                            QuoteForMessage(cell), kMinProfileMs, kMaxProfileMs));
       }
       total += v;
     }

@@ -7,10 +7,10 @@
 // `--cost` also takes a micro-batch measurement CSV (one row per measured micro-batch, header
 // with a `lengths` column: wlb/io/micro_batch_csv.hpp), fitted by FitMicroBatchCost.
 //
-// A profile is a CSV (or TSV) table as wlb/io/csv.hpp reads it. The length column is the first of L, seq_len,
-// ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc, latency(ms),
-// latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are kept (one GPU,
-// no parallelism). Rows with the same length are averaged.
+// A profile is a CSV (or TSV) table as wlb/io/csv.hpp reads it. The length column is the first of
+// L, seq_len, ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc,
+// latency(ms), latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are
+// kept (one GPU, no parallelism). Rows with the same length are averaged.
 #pragma once
 
 #include <cmath>
@@ -65,8 +65,7 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     bool keep = true;
     for (int col : filter_cols) {
       int64_t degree = 0;
-      if (col >= 0 &&
-          (!absl::SimpleAtoi(cells[col], &degree) || degree != 1)) {
+      if (col >= 0 && (!absl::SimpleAtoi(cells[col], &degree) || degree != 1)) {
         keep = false;
       }
     }
