@@ -12,11 +12,15 @@ import numpy as np
 
 
 def describe(value: Any) -> str:
-    """The value and its type, for messages: ``2.5 (numpy.float32)``, ``True (bool)``."""
+    """The value and its type, for messages: ``2.5 (numpy.float32)``, ``True (bool)``; a long
+    value is cut to 80 characters."""
     kind = type(value)
     module = kind.__module__
     name = kind.__name__ if module in ("builtins", None) else f"{module}.{kind.__name__}"
-    return f"{value!r} ({name})"
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return f"{shown} ({name})"
 
 
 def is_integer(value: Any) -> bool:
