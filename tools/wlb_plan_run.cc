@@ -1,5 +1,7 @@
 // wlb-plan's run: resolve the plan's models, read the input, plan (and tune, estimate), then hand
 // the result to the writers of wlb_plan_output.cc. Main() is the whole program.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -294,6 +296,12 @@ absl::Status PlanStepCp(const StepPlan& step, const PlanSettings& settings,
 }
 
 int Main(int argc, char** argv) {
+  // A standard descriptor closed by the caller (`>&-`) is given /dev/null opened read-only: the
+  // next file opened (a spool, --out's temporary) would otherwise take its number and receive
+  // the output, and a write to stdout would succeed unseen; now it fails (EBADF) and exits 1.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
   ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "plans balanced micro-batches for a document stream; see docs/guides/cli.md for the flags");

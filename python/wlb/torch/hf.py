@@ -185,6 +185,7 @@ def cp_attention_forward(module: Any, query: "torch.Tensor", key: "torch.Tensor"
         if not (dist.is_available() and dist.is_initialized()):
             raise ValueError(problem)  # no other rank to agree with
         _attention_module(params, None)(query, key, value, _problem=problem)  # raises everywhere
+        raise ValueError(problem)  # not reached: the agreement raises it on every rank
     attention = _attention_module(params, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (t, heads, D)
     padding = q.shape[0] if plan[params.cp_rank].tokens == 0 and q.shape[0] == 1 else 0
