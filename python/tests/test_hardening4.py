@@ -20,17 +20,18 @@ import wlb  # noqa: E402
 from cp_workers import spawn  # noqa: E402
 from wlb._checks import describe, integer, real  # noqa: E402
 from wlb.formats import ArrowTokens  # noqa: E402
-from wlb.torch import (OnlineCalibration, PackedCollate, PackedPieces,  # noqa: E402
-                       cp_varlen_args)
+from wlb.torch import (CPAttention, OnlineCalibration, PackedCollate,  # noqa: E402
+                       PackedSeqParams, cp_varlen_args)
 from wlb.torch import hf as wlb_hf  # noqa: E402
 
 # ---- numbers at the boundary --------------------------------------------------------------------
 
 _PLAN = wlb.plan_shards([5, 5], 2, "per-doc")
 _HF_BATCH = PackedCollate(format="hf")([(0, 0, np.arange(5)), (1, 0, np.arange(5))])
+_CU = torch.tensor([0, 4], dtype=torch.int32)
 
 # name -> (call(value), a value every accepted form of which must pass, the argument's name in
-# the message, "int" or "real").
+# the message, "int", "real" or "real or None").
 NUMBER_ENTRIES = {
     "OnlineCalibration refit_every": (lambda v: OnlineCalibration(refit_every=v), 3,
                                       "refit_every", "int"),
@@ -46,6 +47,13 @@ NUMBER_ENTRIES = {
     "cp_inputs rank": (lambda v: wlb_hf.cp_inputs(_HF_BATCH, _PLAN, v), 1, "rank", "int"),
     "cp_inputs ignore_index": (lambda v: wlb_hf.cp_inputs(_HF_BATCH, _PLAN, 0, ignore_index=v),
                                -100, "ignore_index", "int"),
+    "PackedSeqParams cp_rank": (lambda v: PackedSeqParams(_CU, _CU, 4, 4, cp_size=2, cp_rank=v),
+                                1, "cp_rank", "int"),
+    "PackedSeqParams cp_size": (lambda v: PackedSeqParams(_CU, _CU, 4, 4, cp_size=v), 2,
+                                "cp_size", "int"),
+    "PackedSeqParams max_seqlen_q": (lambda v: PackedSeqParams(_CU, _CU, v, 4), 4,
+                                     "max_seqlen_q", "int"),
+    "CPAttention scale": (lambda v: CPAttention(_PLAN, scale=v), 0.125, "scale", "real or None"),
 }
 
 
@@ -60,7 +68,11 @@ def test_numpy_scalars_are_numbers_and_bools_or_floats_are_not(name):
     call, good, argument, kind = NUMBER_ENTRIES[name]
     for form in _accepted_forms(good, kind):
         call(form)  # accepted: a numpy scalar is a number
-    refused = [True, False, np.bool_(True), "3", None, float("nan")]
+    refused = [True, False, np.bool_(True), "3", float("nan")]
+    if kind == "real or None":
+        call(None)
+    else:
+        refused.append(None)
     if kind == "int":
         refused += [1.5, float(good), np.float64(good)]
     else:
