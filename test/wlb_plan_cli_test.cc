@@ -73,6 +73,18 @@ TEST(WlbPlan, HelpListsItsOwnFlagsByGroupAndThePackers) {
 
 // The help lists every plan setting wlb-plan offers (kPlanSettings) with its default, and every
 // name of the packer and CP strategy registries: none is written into a help text by hand.
+// --helpfull lists every wlb-plan flag (the plan settings too, which are not Abseil flags) and
+// then Abseil's own: Abseil's listing alone had none of the plan settings.
+TEST(WlbPlan, HelpfullListsItsOwnFlagsToo) {
+  const Result r = RunPlan("--helpfull");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StartsWith(r.out, RunPlan("--help").out));
+  for (const char* flag : {"--docs", "--fit-cost", "--attention-range", "--packer", "--flagfile",
+                           "--fromenv"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag)) << flag;
+  }
+}
+
 TEST(WlbPlan, HelpListsEveryPlanSettingAndRegistryName) {
   const std::string help = RunPlan("--help").out;
   for (const PlanSetting& row : kPlanSettings) {

@@ -69,6 +69,9 @@ absl::StatusOr<std::string> FitCostReport(const std::string& path, const std::st
 // wlb-plan --help: its own flags by group, and the packers with their summaries.
 std::string HelpText();
 
+// wlb-plan --helpfull: HelpText() and then Abseil's own flags.
+std::string HelpFullText();
+
 // The whole program: parse, validate, read, plan, write. Returns the exit status.
 int Main(int argc, char** argv);
 

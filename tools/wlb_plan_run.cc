@@ -310,9 +310,12 @@ int Main(int argc, char** argv) {
     std::string name = a.substr(
         a.find_first_not_of('-') == std::string::npos ? a.size() : a.find_first_not_of('-'));
     name = name.substr(0, name.find('='));
-    if (a.size() > 1 && a[0] == '-' && (name == "help" || name == "helpshort")) {
-      std::fputs(HelpText().c_str(), stdout);  // wlb-plan's own flags, grouped, and the packers
-      return 1;                                // as Abseil's --help (and --helpfull) exit
+    if (a.size() > 1 && a[0] == '-' &&
+        (name == "help" || name == "helpshort" || name == "helpfull")) {
+      // wlb-plan's own flags, grouped, and the packers (--helpfull: then Abseil's flags); rc 1
+      // as Abseil's --help exits.
+      std::fputs((name == "helpfull" ? HelpFullText() : HelpText()).c_str(), stdout);
+      return 1;
     }
     if (a.size() > 1 && a[0] == '-' &&
         std::find(std::begin(kHelpFlags), std::end(kHelpFlags), name) != std::end(kHelpFlags)) {
