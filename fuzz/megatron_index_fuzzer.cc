@@ -1,11 +1,15 @@
 // Fuzzes the Megatron-LM index reader: any bytes give either a short error or an index whose
 // fields agree with each other (lengths >= 0, pointers contiguous from 0 at the dtype's size,
-// document indices rising from 0 to the sequence count).
+// document indices rising from 0 to the sequence count). Its lengths cut into steps as wlb-plan
+// cuts them (empty sequences skipped) give pieces whose ids name the index's sequences: every
+// piece lies inside sequence `id`, and each non-empty sequence is planned whole.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "fuzz_check.hpp"
+#include "wlb/io/input.hpp"
 #include "wlb/io/megatron_index.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -34,5 +38,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t d = 1; d < index->document_indices.size(); ++d) {
     WLB_FUZZ_CHECK(index->document_indices[d] >= index->document_indices[d - 1]);
   }
+  int64_t tokens = 0;
+  for (int64_t l : index->sequence_lengths) tokens += l;  // each < 2^32: no overflow
+  if (tokens > (int64_t{1} << 22)) return 0;              // pieces in memory: keep them few
+  wlb::Lengths kept;
+  wlb::AppendNonEmpty(index->sequence_lengths, 0, kept.values, &kept.empty_positions);
+  absl::StatusOr<wlb::Input> input = wlb::CutSteps(std::move(kept), 64, 2);
+  if (!input.ok()) return 0;  // e.g. more pieces than the limit
+  std::vector<int64_t> planned(n, 0);
+  for (const wlb::Document& d : input->pieces) {
+    WLB_FUZZ_CHECK(d.id >= 0 && d.id < static_cast<int64_t>(n));
+    WLB_FUZZ_CHECK(d.offset + d.length <= index->sequence_lengths[static_cast<size_t>(d.id)]);
+    planned[static_cast<size_t>(d.id)] += d.length;
+  }
+  WLB_FUZZ_CHECK(planned == index->sequence_lengths);
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wlb/io/input.hpp"
 #include "wlb/io/lengths.hpp"
 
 namespace wlb {
@@ -268,6 +270,57 @@ TEST(MegatronLengthReaderTest, ReadsMoreThan2Pow24Sequences) {
   EXPECT_EQ(*lengths, std::vector<int64_t>{7});
   EXPECT_EQ(empty, static_cast<int64_t>(n) - 1);
   std::filesystem::remove(path);
+}
+
+// A plan's document ids name the index's sequences whatever empty sequences (Megatron writes
+// them) lie before them: every piece of every step, cut whole, cut for the first steps only, or
+// cut one step at a time as wlb-plan streams an index, has id i such that sequence i of the
+// index holds the piece's tokens, and every non-empty sequence is planned (seeded random
+// indexes, empty runs at the start, middle and end).
+TEST(MegatronIndexTest, DocumentIdsNameTheIndexSequenceAcrossEmptySequences) {
+  std::mt19937_64 rng(59);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int32_t> lengths(1 + rng() % 60);
+    for (int32_t& n : lengths) n = rng() % 4 == 0 ? 0 : 1 + static_cast<int32_t>(rng() % 9000);
+    if (trial % 3 == 0) lengths.front() = 0;
+    lengths.back() = trial % 2 == 0 ? 0 : lengths.back();
+    lengths.push_back(1 + static_cast<int32_t>(rng() % 9000));  // something to plan
+    if (trial % 4 == 0) lengths.insert(lengths.end(), 3, 0);
+    const std::filesystem::path path = std::filesystem::path(::testing::TempDir()) /
+                                       ("wlb_ids_" + std::to_string(::getpid()) + ".idx");
+    std::ofstream(path, std::ios::binary)
+        << IndexBytes(lengths, {0, static_cast<int64_t>(lengths.size())});
+    const auto check = [&](const std::vector<Document>& pieces, bool all, const char* mode) {
+      std::vector<int64_t> planned(lengths.size(), 0);
+      for (const Document& d : pieces) {
+        ASSERT_GE(d.id, 0) << mode;
+        ASSERT_LT(d.id, static_cast<int64_t>(lengths.size())) << mode;
+        EXPECT_LE(d.offset + d.length, lengths[static_cast<size_t>(d.id)]) << mode << " " << d.id;
+        planned[static_cast<size_t>(d.id)] += d.length;
+      }
+      for (size_t i = 0; i < lengths.size() && all; ++i) {
+        EXPECT_EQ(planned[i], lengths[i]) << mode << ": sequence " << i;
+      }
+    };
+    const int64_t context = 4096;
+    absl::StatusOr<Input> whole = LoadInput({.docs = path.string()}, context, 2);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    check(whole->pieces, true, "whole");
+    absl::StatusOr<Input> first = LoadInput({.docs = path.string(), .steps = 2}, context, 2);
+    ASSERT_TRUE(first.ok()) << first.status();
+    check(first->pieces, false, "first steps");
+    for (size_t i = 0; i < std::min(first->pieces.size(), whole->pieces.size()); ++i) {
+      EXPECT_EQ(first->pieces[i].id, whole->pieces[i].id);
+    }
+    absl::StatusOr<Input> streamed = LoadInput({.docs = path.string(), .stream = true}, context, 2);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    EXPECT_EQ(streamed->empty, static_cast<int64_t>(std::count(lengths.begin(), lengths.end(), 0)));
+    StepCutter cutter(streamed->lengths, context, 2, streamed->empty_positions);
+    std::vector<Document> step, pieces;
+    while (cutter.Next(step)) pieces.insert(pieces.end(), step.begin(), step.end());
+    check(pieces, true, "streamed");
+    std::filesystem::remove(path);
+  }
 }
 
 }  // namespace megatron_index_test

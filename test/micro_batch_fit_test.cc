@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wlb/io/micro_batch_csv.hpp"
@@ -94,7 +95,11 @@ TEST(FitMicroBatchCost, NoiseFreeCurvesAreRecoveredExactlyAndTermsStayNonNegativ
   }
   // Times that fall with the work (no non-negative curve fits well): coefficients stay >= 0.
   std::vector<MicroBatchSample> falling;
-  for (int i = 1; i <= 12; ++i) falling.push_back({.lengths = {1000 * i}, .ms = 20.0 / i});
+  for (int i = 1; i <= 12; ++i) {  // one or two documents: the design identifies the terms
+    falling.push_back({.lengths = i % 3 == 0 ? std::vector<int64_t>{1000 * i}
+                                             : std::vector<int64_t>{600 * i, 400 * i},
+                       .ms = 20.0 / i});
+  }
   absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(falling);
   ASSERT_TRUE(fit.ok()) << fit.status();
   EXPECT_GE(fit->model.attn_quadratic, 0.0);
@@ -110,7 +115,11 @@ TEST(FitMicroBatchCost, HeldOutHalvesFollowTheStatedRule) {
   for (int i = 0; i < 16; ++i) {
     const int64_t d = 1000 + 997 * i;
     const double scale = (i / 2) % 2 == 0 ? 1.0 : 2.0;  // by step i / 2
-    rows.push_back({.lengths = {d}, .ms = scale * 1e-4 * d, .step = i / 2});
+    // One document or two of the same total (each half then tells the four terms apart).
+    rows.push_back(
+        {.lengths = i % 3 == 0 ? std::vector<int64_t>{d} : std::vector<int64_t>{d / 3, d - d / 3},
+         .ms = scale * 1e-4 * d,
+         .step = i / 2});
   }
   absl::StatusOr<MicroBatchFit> by_step = FitMicroBatchCost(rows);
   ASSERT_TRUE(by_step.ok()) << by_step.status();
@@ -165,6 +174,56 @@ TEST(FitMicroBatchCost, BadSamplesNameTheSampleAndValue) {
               HasSubstr("held-out check (by position parity), odd half: 3 micro-batches"));
 }
 
+// Measurements whose design cannot identify the four terms are refused, naming the terms that
+// cannot be told apart, whether all of them or only one held-out half is deficient; the same
+// measurements plus rows that break the dependence fit. Seeded random designs of each kind.
+TEST(FitMicroBatchCost, RefusesMeasurementsThatCannotTellTheTermsApart) {
+  std::mt19937_64 rng(59);
+  std::uniform_int_distribution<int64_t> len(16, 100000);
+  std::uniform_real_distribution<double> ms(0.5, 50.0);
+  const auto refused = [](const std::vector<MicroBatchSample>& rows) {
+    absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(rows);
+    EXPECT_FALSE(fit.ok()) << fit->model.description;
+    return std::string(fit.status().message());
+  };
+  for (int trial = 0; trial < 20; ++trial) {
+    const int n = 8 + trial;
+    // Every micro-batch the same lengths (times differ: noise): nothing can be told apart.
+    std::vector<int64_t> same = {len(rng), len(rng), len(rng)};
+    std::vector<MicroBatchSample> alike, single, fixed_count;
+    for (int i = 0; i < n; ++i) {
+      alike.push_back({.lengths = same, .ms = ms(rng)});
+      single.push_back({.lengths = {len(rng)}, .ms = ms(rng)});
+      fixed_count.push_back({.lengths = {len(rng), len(rng)}, .ms = ms(rng)});
+    }
+    EXPECT_THAT(refused(alike),
+                HasSubstr("micro-batch fit: the " + std::to_string(n) +
+                          " micro-batches cannot tell apart the terms a (sum of d^2), b (sum of "
+                          "d), c (documents), per call (the measurement design has rank 1 of 4"));
+    // One document each (or always two): documents and calls move together.
+    for (const auto* rows : {&single, &fixed_count}) {
+      const std::string message = refused(*rows);
+      EXPECT_THAT(message, HasSubstr("cannot tell apart the terms c (documents), per call (the "
+                                     "measurement design has rank 3 of 4"));
+      EXPECT_THAT(message, HasSubstr("measure micro-batches that vary the number of documents"));
+    }
+    // Only the odd half deficient: that half's fit is refused, not a 0% held-out error.
+    std::vector<MicroBatchSample> half = Synthetic(rng, 2 * n, 2e-9, 1e-4, 0.01, 0.1, 0.01,
+                                                   /*steps=*/false);
+    for (size_t i = 1; i < half.size(); i += 2) half[i].lengths = same;
+    EXPECT_THAT(refused(half), HasSubstr("held-out check (by position parity), odd half: the"));
+    // Adding micro-batches of other document counts identifies the terms.
+    for (int k = 1; k <= 4; ++k) {
+      std::vector<int64_t> lengths(static_cast<size_t>(k) + 2, len(rng));
+      for (int64_t& d : lengths) d = len(rng);
+      single.push_back({.lengths = lengths, .ms = ms(rng)});
+      single.push_back({.lengths = {len(rng), len(rng), len(rng), len(rng)}, .ms = ms(rng)});
+    }
+    absl::StatusOr<MicroBatchFit> fit = FitMicroBatchCost(single);
+    EXPECT_TRUE(fit.ok()) << fit.status();
+  }
+}
+
 TEST(CostModelErrors, AFlopModelGetsItsBestScaleFittedOnEachHalf) {
   std::mt19937_64 rng(11);
   const CostModel flop = *CostModelFromPreset("llama2-7b");
@@ -200,7 +259,7 @@ constexpr const char* kGoodCsv =
     "\n"
     "a,1,1.5,2.5,300\n"
     "a,2,1.0,2.0,100;50;50\n"
-    "a,3,4.0,8.0,4000\n"
+    "a,3,4.0,8.0,3000;1000\n"
     "a,4,1.0,2.0,10;20\n"
     "a,5,1.5,2.5,600\n"
     "a,6,1.0,2.0,100;9\n"
@@ -228,8 +287,8 @@ TEST(ParseMicroBatchCsv, ReadsLengthsSummedTimesAndSteps) {
 TEST(ParseMicroBatchCsv, EveryBadFileIsOneErrorNamingTheLineAndValue) {
   const std::string header = "step,ms,lengths\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"# nothing\n\n", "m.csv: no header line"},
-      {header, "m.csv: no measurement rows after the header (line 1)"},
+      {"# nothing\n\n", "m.csv: empty micro-batch measurement (no header line"},
+      {header, "m.csv: micro-batch measurement has a header but no rows (the header is line 1)"},
       {"# c\nstep,lengths\n0,5\n", "m.csv:2: a micro-batch measurement header needs"},
       {"ms,lengths2\n1,5\n", "needs a 'lengths' column"},
       {"ms,forward_ms,backward_ms,lengths\n1,1,1,5\n", "(not both forms)"},
@@ -290,6 +349,23 @@ TEST(ResolveCostModel, TakesMicroBatchCsvsByTheirHeaderAndKeepsSingleDocumentPro
   absl::StatusOr<ProfileFit> single = ResolveCostModel(profile);
   ASSERT_TRUE(single.ok()) << single.status();
   EXPECT_THAT(single->model.description, HasSubstr("rms rel. error"));
+  // A UTF-8 byte-order mark changes nothing (it used to hide the first column: here the step
+  // column, so the held-out split fell back to position parity).
+  const std::string good = kGoodCsv;
+  const std::string bom = WriteTemp("bom.csv", "\xEF\xBB\xBF" + good.substr(good.find('\n') + 1));
+  absl::StatusOr<ProfileFit> with_bom = ResolveCostModel(bom);
+  ASSERT_TRUE(with_bom.ok()) << with_bom.status();
+  EXPECT_THAT(with_bom->model.description, HasSubstr("held out by step parity"));
+  EXPECT_DOUBLE_EQ(with_bom->model.attn_quadratic, fit->model.attn_quadratic);
+  // A time column named twice is ambiguous: refused, not "first wins".
+  const std::string twice = WriteTemp("twice.csv", "step,ms,lengths,ms\n0,1,5,2\n");
+  EXPECT_THAT(ResolveCostModel(twice).status().message(),
+              HasSubstr("names column 'ms' twice (columns 2 and 4)"));
+  // Measurements that cannot identify the terms are refused through --cost, as by the fit.
+  std::string alike = "step,ms,lengths\n";
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&alike, i, ",", 1.0 + 0.01 * i, ",300;40;7\n");
+  EXPECT_THAT(ResolveCostModel(WriteTemp("alike.csv", alike)).status().message(),
+              HasSubstr("micro-batch fit: the 12 micro-batches cannot tell apart the terms"));
   // A bad row is the CSV's error, through --cost too.
   const std::string bad = WriteTemp("bad.csv", "step,ms,lengths\n0,1,5\n1,0,6\n");
   EXPECT_THAT(ResolveCostModel(bad).status().message(), HasSubstr(":3: ms '0' is not a time"));

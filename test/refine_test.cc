@@ -3,8 +3,10 @@
 #include "wlb/pack/refine.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -389,6 +391,52 @@ TEST(RefineMicroBatches, RobustRefinementNeverWorseUnderTheFamily) {
     }
   }
   EXPECT_GT(refined, 100) << "the rule must still let most steps be refined";
+}
+
+// The rule holds for weights up to the double range (HIGH = 1e300 .. DBL_MAX is a valid range):
+// costs under W_g overflow there, so the check must not compare infinities. Imbalance is
+// compared under W_g / g = W_a + W_l / g, which does not overflow. The costs are scaled by 1e10
+// so that (g - 1) x a micro-batch's attention overflows at every HIGH tried (the check then
+// passed any change: refinement was exact, and ExactRefinementCanBeWorseUnderTheFamily's steps
+// ended worse at these weights).
+TEST(RefineMicroBatches, RobustRefinementHoldsForWeightsNearTheDoubleRange) {
+  std::mt19937_64 rng(59);
+  const auto imbalance = [](const std::vector<MicroBatch>& mbs, const CostModel& cost, double g) {
+    double max = 0.0, total = 0.0;
+    for (const MicroBatch& mb : mbs) {
+      double c = 0.0;
+      for (const Document& d : mb.documents) {
+        c += cost.Attention(d.length) + cost.Linear(d.length) / g;
+      }
+      max = std::max(max, c);
+      total += c;
+    }
+    return total > 0.0 ? max * static_cast<double>(mbs.size()) / total : 1.0;
+  };
+  int refined = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    RobustCase c = RandomRobustCase(rng);
+    for (double* k : {&c.cost.attn_quadratic, &c.cost.attn_linear, &c.cost.linear_per_token,
+                      &c.cost.per_document}) {
+      *k *= 1e10;
+    }
+    c.mbs = RandomMicroBatches(rng, c.cost, static_cast<int>(c.mbs.size()), c.cap, 10, 128,
+                               rng() % 2 == 0);
+    // LOW = 1: the check at LOW is the plain one, so only HIGH's (overflowing) check can hold
+    // refinement back.
+    c.range = {.low = 1.0,
+               .high = std::array{1e300, 1e305, std::numeric_limits<double>::max()}[trial % 3]};
+    ASSERT_TRUE(ValidateAttentionRange(c.range).ok());
+    const std::vector<MicroBatch> before = c.mbs;
+    refined += RefineMicroBatches(c.mbs, c.cap, c.cost, 64, c.range) > 0;
+    EXPECT_EQ(AllDocuments(c.mbs), AllDocuments(before)) << "trial " << trial;
+    for (const double g : {c.range.high, c.range.high / 7, 1e200, 1e150}) {
+      ASSERT_LE(imbalance(c.mbs, c.cost, g), imbalance(before, c.cost, g) * (1 + 1e-12))
+          << "trial " << trial << ": worse at attention weight " << g << " of [" << c.range.low
+          << ", " << c.range.high << "]";
+    }
+  }
+  EXPECT_GT(refined, 0) << "changes that keep the attention part balanced still pass";
 }
 
 // Why the rule is needed: refined with the planning cost taken as exact, some of the same steps

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -72,6 +73,18 @@ TEST(WlbPlan, HelpListsItsOwnFlagsByGroupAndThePackers) {
 
 // The help lists every plan setting wlb-plan offers (kPlanSettings) with its default, and every
 // name of the packer and CP strategy registries: none is written into a help text by hand.
+// --helpfull lists every wlb-plan flag (the plan settings too, which are not Abseil flags) and
+// then Abseil's own: Abseil's listing alone had none of the plan settings.
+TEST(WlbPlan, HelpfullListsItsOwnFlagsToo) {
+  const Result r = RunPlan("--helpfull");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StartsWith(r.out, RunPlan("--help").out));
+  for (const char* flag : {"--docs", "--fit-cost", "--attention-range", "--packer", "--flagfile",
+                           "--fromenv"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag)) << flag;
+  }
+}
+
 TEST(WlbPlan, HelpListsEveryPlanSettingAndRegistryName) {
   const std::string help = RunPlan("--help").out;
   for (const PlanSetting& row : kPlanSettings) {
@@ -231,6 +244,89 @@ TEST(WlbPlan, ReportsTheEmptySequencesItSkipped) {
   EXPECT_FALSE(nlohmann::json::parse(none.out)["summary"].contains("empty_sequences_skipped"));
   Result table = RunPlan("--docs " + full + " --context 32 --micro-batches 2");
   EXPECT_THAT(table.out, ::testing::Not(HasSubstr("empty sequences")));
+}
+
+// A plan's document ids name the index's sequences, empty ones counted: the trainer fetches
+// sequence `id` of the index. Streamed (the default for an index) and planned whole (--estimate
+// needs every step at once), every piece inside its sequence and every sequence planned whole.
+TEST(WlbPlan, IndexDocumentIdsNameTheIndexSequences) {
+  const std::vector<uint32_t> lengths = {0, 5, 0, 0, 19, 8, 0, 40, 70, 0};
+  const std::string idx = WriteMegatronIndex(lengths, "wlb_cli_ids");
+  for (const std::string extra : {"", " --estimate 1,1,2,1"}) {
+    Result r = RunPlan("--docs " + idx + " --context 32 --micro-batches 2 --format json" + extra);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::map<int64_t, int64_t> planned;  // id -> tokens
+    const nlohmann::json plan = nlohmann::json::parse(r.out);
+    for (const auto& step : plan["steps"]) {
+      for (const auto& mb : step["micro_batches"]) {
+        for (const auto& d : mb["documents"]) {
+          const int64_t id = d["id"];
+          ASSERT_GE(id, 0);
+          ASSERT_LT(id, static_cast<int64_t>(lengths.size()));
+          EXPECT_LE(d["offset"].get<int64_t>() + d["length"].get<int64_t>(), lengths[id]) << id;
+          planned[id] += d["length"].get<int64_t>();
+        }
+      }
+    }
+    EXPECT_EQ(planned, (std::map<int64_t, int64_t>{{1, 5}, {4, 19}, {5, 8}, {7, 40}, {8, 70}}))
+        << extra;
+  }
+}
+
+// Every command that writes to stdout (a plan as a table or JSON, a streamed index, --list,
+// --fit-cost) fails with rc 1 when stdout cannot be written, never a silent rc 0.
+TEST(WlbPlan, EveryOutputStreamChecksItsWrites) {
+  const std::string idx = WriteMegatronIndex({5, 19, 8, 40}, "wlb_cli_writes");
+  const std::string csv =
+      std::string(WLB_SOURCE_DIR) + "/docs/results/gpu/h100_layer_550m_64k_measurements.csv";
+  const std::string err = ::testing::TempDir() + "/wlb_cli_writes_err";
+  for (const std::string& args : std::vector<std::string>{
+           "--steps 2", "--steps 2 --format json", "--docs " + idx + " --context 32",
+           "--list packers", "--list costs", "--fit-cost " + csv}) {
+    ASSERT_EQ(RunPlan(args).exit_code, 0) << args;
+    for (const std::string redirect : {">/dev/full", ">&-"}) {
+      const std::string cmd =
+          std::string(WLB_PLAN_BINARY) + " " + args + " " + redirect + " 2>" + err;
+      const int status = std::system(cmd.c_str());
+      EXPECT_EQ(WEXITSTATUS(status), 1) << args << " " << redirect;
+      EXPECT_THAT(Slurp(err), HasSubstr("cannot write the output to stdout")) << args << redirect;
+    }
+  }
+}
+
+// --fit-cost refuses measurements that cannot identify the fit's terms (every micro-batch one
+// document: documents and calls move together), naming them, rc 1.
+TEST(WlbPlan, FitCostRefusesMeasurementsThatCannotTellTheTermsApart) {
+  std::string csv = "step,ms,lengths\n";
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&csv, i, ",", 1 + i, ",", 1000 * (i + 1), "\n");
+  const std::string path = ::testing::TempDir() + "/wlb_cli_single_docs.csv";
+  std::ofstream(path) << csv;
+  for (const std::string& args :
+       std::vector<std::string>{"--fit-cost " + path, "--steps 2 --cost " + path}) {
+    Result r = RunPlan(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_THAT(r.err, HasSubstr("cannot tell apart the terms c (documents), per call")) << args;
+  }
+}
+
+// A valid --out file name as long as the name limit allows (NAME_MAX, 255 on common file
+// systems) is written: the temporary beside it must not exceed the limit with its suffix.
+TEST(WlbPlan, LongOutFileNamesWork) {
+  const std::string dir = ::testing::TempDir() + "/wlb_cli_long";
+  std::filesystem::create_directories(dir);
+  for (const size_t n : {size_t{200}, size_t{245}, size_t{250}, size_t{255}}) {
+    const std::string out = dir + "/" + std::string(n - 5, 'p') + ".json";
+    Result r = RunPlan("--steps 2 --format json --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << n << ": " << r.err;
+    EXPECT_FALSE(nlohmann::json::parse(Slurp(out))["steps"].empty()) << n;
+    // Written twice: the second run's temporary (cut name) replaces the first file.
+    ASSERT_EQ(RunPlan("--steps 3 --format json --timing=false --out " + out).exit_code, 0) << n;
+    EXPECT_EQ(Slurp(out), RunPlan("--steps 3 --format json --timing=false").out) << n;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().string().find(".wlb-"), std::string::npos) << "temporary left behind";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A Megatron index is planned as a stream (each step cut, planned and written as it comes, the

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,12 +58,19 @@ absl::StatusOr<Settings> SettingsFromFlags();
 // (test/golden_plans.py checks its cases cover them).
 std::string RegistryNames(const std::string& registry);
 
+// Writes `text` to stdout and flushes it, as the plan output does (Output): a full disk, a closed
+// stdout or a broken pipe is an error, never rc 0.
+absl::Status WriteStdout(std::string_view text);
+
 // wlb-plan --fit-cost: the micro-batch fit of the measurement CSV `path`, its coefficients and
 // errors beside the FLOP preset `flop_preset`'s at its best time scale (a markdown table).
 absl::StatusOr<std::string> FitCostReport(const std::string& path, const std::string& flop_preset);
 
 // wlb-plan --help: its own flags by group, and the packers with their summaries.
 std::string HelpText();
+
+// wlb-plan --helpfull: HelpText() and then Abseil's own flags.
+std::string HelpFullText();
 
 // The whole program: parse, validate, read, plan, write. Returns the exit status.
 int Main(int argc, char** argv);

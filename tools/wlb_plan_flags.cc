@@ -2,6 +2,7 @@
 // wlb::PlanSpec, checked by its Validate(); the rest are the program's own) and --help.
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -336,6 +338,22 @@ std::string HelpText() {
         absl::StrAppendFormat(&text, "    %-17s %s\n", p.name, p.summary);
       }
     }
+  }
+  return text;
+}
+
+std::string HelpFullText() {
+  std::string text = HelpText();
+  // Abseil's own flags (--flagfile, --fromenv, ...): Abseil's --helpfull would list them but none
+  // of the plan settings, which are wlb-plan's flags without being Abseil flags.
+  std::map<std::string, const absl::CommandLineFlag*> absl_flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::StrContains(flag->Filename(), "absl/")) absl_flags[std::string(name)] = flag;
+  }
+  absl::StrAppend(&text, "\nAbseil's flags:\n");
+  for (const auto& [name, flag] : absl_flags) {
+    absl::StrAppendFormat(&text, "  --%s (%s); default: %s;\n", name, flag->Help(),
+                          flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue());
   }
   return text;
 }

@@ -120,6 +120,20 @@ bool WriteAll(int fd, std::string_view text) {
 // destructor removes an uncommitted temporary). A symlink at `path` is followed: its target is
 // what gets written or replaced, the link stays. Every write failure (a full disk, a closed stdout,
 // a broken pipe) is an error, never a silent success.
+// The mkstemp template of the temporary beside `path`: its name plus ".wlb-XXXXXX", the name cut
+// so that the whole stays within the directory's name limit (NAME_MAX, usually 255 bytes): a
+// valid file name of up to that limit must not fail for its temporary's suffix. mkstemp makes the
+// cut name unique.
+std::string TemporaryName(const std::filesystem::path& path) {
+  constexpr std::string_view kSuffix = ".wlb-XXXXXX";
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  const long limit = ::pathconf(dir.c_str(), _PC_NAME_MAX);  // NOLINT(runtime/int): POSIX type
+  const size_t name_max = limit > 0 ? static_cast<size_t>(limit) : 255;
+  std::string name = path.filename().string();
+  if (name.size() + kSuffix.size() > name_max) name.resize(name_max - kSuffix.size());
+  return (path.parent_path() / (name + std::string(kSuffix))).string();
+}
+
 class Output {
  public:
   Output() = default;
@@ -150,7 +164,7 @@ class Output {
       real_ = std::filesystem::weakly_canonical(path, ec);
       if (ec) return CannotWrite(path, "cannot resolve the symlink: " + ec.message());
     }
-    std::string tmp = real_.string() + ".wlb-XXXXXX";
+    std::string tmp = TemporaryName(real_);
     fd_ = ::mkstemp(tmp.data());
     if (fd_ < 0) {
       return CannotWrite(path,
@@ -430,6 +444,13 @@ absl::Status WriteTable(const Planned& p, const CpSummary& cp_summary) {
 }  // namespace wlb::cli
 
 namespace wlb::cli {
+
+absl::Status WriteStdout(std::string_view text) {
+  Output output;
+  if (absl::Status s = output.Open(""); !s.ok()) return s;
+  if (absl::Status s = output.Write(text); !s.ok()) return s;
+  return output.Commit();
+}
 
 absl::StatusOr<std::string> FitCostReport(const std::string& path, const std::string& flop_preset) {
   absl::StatusOr<std::vector<MicroBatchSample>> rows = ReadMicroBatchCsv(path);

@@ -1,5 +1,7 @@
 // wlb-plan's run: resolve the plan's models, read the input, plan (and tune, estimate), then hand
 // the result to the writers of wlb_plan_output.cc. Main() is the whole program.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -128,7 +130,7 @@ absl::Status RunStreamed(const Settings& settings, const DocumentCost& cost,
     }
     return absl::OkStatus();
   };
-  StepCutter cutter(input->lengths, config.context, config.micro_batches);
+  StepCutter cutter(input->lengths, config.context, config.micro_batches, input->empty_positions);
   std::vector<Document> arrivals;
   while ((settings.steps == 0 || cutter.steps() < settings.steps) && cutter.Next(arrivals)) {
     for (size_t k = 0; k < lanes.size(); ++k) {
@@ -294,6 +296,12 @@ absl::Status PlanStepCp(const StepPlan& step, const PlanSettings& settings,
 }
 
 int Main(int argc, char** argv) {
+  // A standard descriptor closed by the caller (`>&-`) is given /dev/null opened read-only: the
+  // next file opened (a spool, --out's temporary) would otherwise take its number and receive
+  // the output, and a write to stdout would succeed unseen; now it fails (EBADF) and exits 1.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
   ShowOwnFlagsInHelp();
   absl::SetProgramUsageMessage(
       "plans balanced micro-batches for a document stream; see docs/guides/cli.md for the flags");
@@ -302,9 +310,12 @@ int Main(int argc, char** argv) {
     std::string name = a.substr(
         a.find_first_not_of('-') == std::string::npos ? a.size() : a.find_first_not_of('-'));
     name = name.substr(0, name.find('='));
-    if (a.size() > 1 && a[0] == '-' && (name == "help" || name == "helpshort")) {
-      std::fputs(HelpText().c_str(), stdout);  // wlb-plan's own flags, grouped, and the packers
-      return 1;                                // as Abseil's --help (and --helpfull) exit
+    if (a.size() > 1 && a[0] == '-' &&
+        (name == "help" || name == "helpshort" || name == "helpfull")) {
+      // wlb-plan's own flags, grouped, and the packers (--helpfull: then Abseil's flags); rc 1
+      // as Abseil's --help exits.
+      std::fputs((name == "helpfull" ? HelpFullText() : HelpText()).c_str(), stdout);
+      return 1;
     }
     if (a.size() > 1 && a[0] == '-' &&
         std::find(std::begin(kHelpFlags), std::end(kHelpFlags), name) != std::end(kHelpFlags)) {
@@ -316,19 +327,14 @@ int Main(int argc, char** argv) {
   if (status.ok()) settings = SettingsFromFlags();
   if (status.ok()) status = settings.status();
   if (status.ok() && !settings->list.empty()) {
-    std::fputs(RegistryNames(settings->list).c_str(), stdout);
-    return 0;
-  }
-  if (status.ok() && !settings->fit_cost.empty()) {
+    status = WriteStdout(RegistryNames(settings->list));
+  } else if (status.ok() && !settings->fit_cost.empty()) {
     absl::StatusOr<std::string> report = FitCostReport(settings->fit_cost, settings->spec.cost);
-    if (report.ok()) {
-      std::fputs(report->c_str(), stdout);
-      return 0;
-    }
-    status = report.status();
+    status = report.ok() ? WriteStdout(*report) : report.status();
+  } else {
+    if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
+    if (status.ok()) status = Run(*settings);
   }
-  if (status.ok()) status = CheckOutputIsNotAnInput(*settings);
-  if (status.ok()) status = Run(*settings);
   if (!status.ok()) {
     std::string message(status.message());
     std::replace(message.begin(), message.end(), '\n', ' ');  // always one line

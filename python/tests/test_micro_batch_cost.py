@@ -89,8 +89,9 @@ def test_bad_input_names_the_row_and_value():
         wlb.fit_micro_batch_cost(lengths, ms[:7])
     with pytest.raises(ValueError, match=r"row 1: step -1 is not in"):
         wlb.fit_micro_batch_cost(lengths, ms, step=[0, -1, 2, 3, 4, 5, 6, 7])
+    varied = [np.arange(1, k + 2) * 100 for k in range(8)]  # 1..8 documents: identifiable
     with pytest.raises(ValueError, match=r"odd half: 0 micro-batches"):
-        wlb.fit_micro_batch_cost(lengths, ms, step=[2] * 8)
+        wlb.fit_micro_batch_cost(varied, ms, step=[2] * 8)
     with pytest.raises(ValueError, match=r"needs measurements, got none"):
         wlb.fit_micro_batch_cost([], [])
 

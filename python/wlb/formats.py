@@ -185,20 +185,42 @@ def _files(source: Any) -> Optional[list]:
     if not isinstance(source, (str, os.PathLike)):
         return None
     path = os.fspath(source)
-    if any(c in path for c in "*?["):
+    # An existing path is taken as written, even when its name holds '[', '?' or '*' (as a glob
+    # it would match nothing, or another file); only a path that does not exist is a glob.
+    if not os.path.exists(path) and any(c in path for c in "*?["):
         found = sorted(glob.glob(path))
         if not found:
             raise FileNotFoundError(f"no file matches {path!r}")
         return found
     if os.path.isdir(path):
-        state = os.path.join(path, "state.json")
-        if not os.path.isfile(state):
-            raise ValueError(f"{path!r} is a folder without state.json (not a datasets "
-                             "save_to_disk folder); give its files or a glob")
-        with open(state) as f:
-            files = [os.path.join(path, d["filename"]) for d in json.load(f)["_data_files"]]
-        return files
+        return _save_to_disk_files(path)
     return [path]
+
+
+def _save_to_disk_files(path: str) -> list:
+    """The data files a ``datasets`` ``save_to_disk`` folder's state.json lists, each checked
+    (ValueError naming the folder and what is missing, never a raw KeyError)."""
+    state = os.path.join(path, "state.json")
+    if not os.path.isfile(state):
+        raise ValueError(f"{path!r} is a folder without state.json (not a datasets "
+                         "save_to_disk folder); give its files or a glob")
+    try:
+        with open(state) as f:
+            listed = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{state!r} is not readable JSON: {e}") from e
+    entries = listed.get("_data_files") if isinstance(listed, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{state!r} has no '_data_files' list of the folder's files (is it a "
+                         "datasets save_to_disk folder?); give its files or a glob")
+    files = []
+    for entry in entries:
+        name = entry.get("filename") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name or os.path.isabs(name):
+            raise ValueError(f"{state!r}: '_data_files' entry {entry!r} has no relative "
+                             "'filename'")
+        files.append(os.path.join(path, name))
+    return files
 
 
 def _read_file(path: str):

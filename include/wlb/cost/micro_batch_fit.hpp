@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/cost_fit.hpp"
 #include "wlb/cost/cost_model.hpp"
@@ -143,6 +144,36 @@ inline absl::Status ValidateSample(const MicroBatchSample& s, size_t i) {
   return absl::OkStatus();
 }
 
+// The fit's terms, as messages name them.
+inline constexpr const char* kMicroBatchTermNames[kMicroBatchFitTerms] = {
+    "a (sum of d^2)", "b (sum of d)", "c (documents)", "per call"};
+
+// Refuses a design whose columns (unit norm, one row per micro-batch) do not identify the four
+// terms: then infinitely many fits match the measurements equally well, and the solver's pick is
+// arbitrary (a "0.0%" held-out error proves nothing). The error names the terms that cannot be
+// told apart (those of the design's null space) and what to measure. The rank is the number of
+// singular values above kRankTolerance times the largest: measured times carry noise far above
+// it, so only exact (or rounding-level) dependence is refused.
+inline absl::Status CheckMicroBatchDesign(const Eigen::MatrixXd& a, const char* what) {
+  constexpr double kRankTolerance = 1e-9;
+  const Eigen::JacobiSVD<Eigen::MatrixXd> svd(a, Eigen::ComputeFullV);
+  const Eigen::VectorXd& sigma = svd.singularValues();
+  Eigen::Index rank = 0;
+  while (rank < sigma.size() && sigma(rank) > kRankTolerance * sigma(0)) ++rank;
+  if (rank == kMicroBatchFitTerms) return absl::OkStatus();
+  std::vector<std::string> confounded;
+  const Eigen::MatrixXd null = svd.matrixV().rightCols(kMicroBatchFitTerms - rank);
+  for (int j = 0; j < kMicroBatchFitTerms; ++j) {
+    if (null.row(j).norm() > 1e-6) confounded.push_back(kMicroBatchTermNames[j]);
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: the %d micro-batches cannot tell apart the terms %s (the measurement design has rank "
+      "%d of %d, so the split between them would be arbitrary): measure micro-batches that vary "
+      "the number of documents, the total tokens and the spread of lengths independently, e.g. "
+      "one long document, several short ones, and a mix, at more than one total size",
+      what, a.rows(), absl::StrJoin(confounded, ", "), rank, kMicroBatchFitTerms));
+}
+
 // The fit on `rows` (indices into `samples`, already validated), or an error prefixed `what`.
 inline absl::StatusOr<MicroBatchFit> FitMicroBatchRows(std::span<const MicroBatchSample> samples,
                                                        const std::vector<size_t>& rows,
@@ -168,6 +199,9 @@ inline absl::StatusOr<MicroBatchFit> FitMicroBatchRows(std::span<const MicroBatc
   // orders of magnitude, and a positive column scale leaves the non-negative optimum unchanged.
   Eigen::VectorXd norms = a.colwise().norm().transpose();
   for (Eigen::Index j = 0; j < a.cols(); ++j) a.col(j) /= norms(j);
+  if (absl::Status identifiable = CheckMicroBatchDesign(a, what); !identifiable.ok()) {
+    return identifiable;
+  }
   const std::optional<Eigen::VectorXd> x = NonNegativeLeastSquares(a, Eigen::VectorXd::Ones(n));
   if (!x) {
     return absl::InvalidArgumentError(
@@ -238,7 +272,9 @@ inline std::string HalfName(const MicroBatchSplit& split, int k) {
 // InvalidArgument naming the sample and value: a sample without documents, a length outside
 // [1, kMaxContext], a time that is NaN or outside [kMinProfileMs, kMaxProfileMs] (zero and
 // negative included), a negative step, steps given for some samples only; fewer samples than
-// kMicroBatchFitTerms, or than that in either held-out half.
+// kMicroBatchFitTerms, or than that in either held-out half; measurements (all, or either
+// held-out half) that cannot tell the terms apart (CheckMicroBatchDesign: every micro-batch
+// alike, or every one a single document, ...), naming the terms.
 inline absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchSample> samples) {
   absl::StatusOr<detail::MicroBatchSplit> split = detail::SplitMicroBatches(samples);
   if (!split.ok()) return split.status();

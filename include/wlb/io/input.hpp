@@ -51,6 +51,7 @@ struct Lengths {
   std::vector<int64_t> values;
   bool sampled = false;
   int64_t empty = 0;  // empty sequences the source held (a Megatron index's), skipped
+  std::vector<int64_t> empty_positions;  // their positions in the source (rising)
 };
 
 // A stream cut into steps.
@@ -59,6 +60,9 @@ struct Input {
   std::vector<int64_t> lengths;  // the documents, as loaded (and scaled)
   int64_t tokens = 0;            // their tokens
   int64_t empty = 0;             // empty sequences skipped when the source was read
+  // Their positions in the source (rising): a document's id is its source position (a piece of
+  // lengths[k] has id SourceIdMap(empty_positions)(k)), so a plan names the sequence to fetch.
+  std::vector<int64_t> empty_positions;
   // The loader's pieces of <= S tokens: all of them, or with max_steps those of the steps kept.
   std::vector<Document> pieces;
   std::vector<std::vector<Document>> steps;  // arrivals per step
@@ -70,7 +74,8 @@ struct Input {
 inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t sample_tokens) {
   Lengths out;
   if (!options.docs.empty()) {
-    absl::StatusOr<std::vector<int64_t>> read = ReadLengthsFile(options.docs, &out.empty);
+    absl::StatusOr<std::vector<int64_t>> read =
+        ReadLengthsFile(options.docs, &out.empty, &out.empty_positions);
     if (!read.ok()) return read.status();
     if (read->empty()) {
       return absl::InvalidArgumentError(
@@ -106,8 +111,14 @@ inline absl::StatusOr<Lengths> LoadLengths(const InputOptions& options, int64_t 
 // limits.
 class StepCutter {
  public:
-  StepCutter(std::span<const int64_t> lengths, int64_t context, int32_t micro_batches)
-      : lengths_(lengths), context_(context), tokens_per_step_(context * micro_batches) {}
+  // `skipped`: the source positions of sequences left out of `lengths` (Input::empty_positions),
+  // so that ids name source positions.
+  StepCutter(std::span<const int64_t> lengths, int64_t context, int32_t micro_batches,
+             std::span<const int64_t> skipped = {})
+      : lengths_(lengths),
+        context_(context),
+        tokens_per_step_(context * micro_batches),
+        source_id_(skipped) {}
 
   // The next step's arrivals replace `step`'s contents; false (and `step` empty) at the end.
   bool Next(std::vector<Document>& step) {
@@ -116,8 +127,10 @@ class StepCutter {
     const int64_t index = offset_ / tokens_per_step_;
     while (doc_ < lengths_.size() && offset_ / tokens_per_step_ == index) {
       const int64_t length = std::min(context_, lengths_[doc_] - within_);
-      step.push_back(Document{
-          .id = static_cast<int64_t>(doc_), .length = length, .piece = piece_, .offset = within_});
+      step.push_back(Document{.id = source_id_(static_cast<int64_t>(doc_)),
+                              .length = length,
+                              .piece = piece_,
+                              .offset = within_});
       offset_ += length;
       within_ += length;
       ++piece_;
@@ -142,6 +155,7 @@ class StepCutter {
   int32_t piece_ = 0;   // its index within that document
   int64_t offset_ = 0;  // its first token within the stream
   int64_t steps_ = 0;
+  SourceIdMap source_id_;
 };
 
 // Checks that every length is in [1, kMaxStreamTokens] and splits at S = `context` into at most
@@ -204,6 +218,7 @@ inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t 
   input.name = lengths.name;
   input.lengths = std::move(lengths.values);
   input.empty = lengths.empty;
+  input.empty_positions = std::move(lengths.empty_positions);
   if (static_cast<int64_t>(input.lengths.size()) > kMaxDocuments) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%d documents, over the limit of %d", input.lengths.size(), kMaxDocuments));
@@ -222,6 +237,8 @@ inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t 
     absl::StatusOr<std::vector<Document>> pieces = MakeDocuments(input.lengths, context);
     if (!pieces.ok()) return pieces.status();
     input.pieces = *std::move(pieces);
+    SourceIdMap source_id(input.empty_positions);
+    for (Document& piece : input.pieces) piece.id = source_id(piece.id);
     absl::StatusOr<std::vector<std::vector<Document>>> steps =
         SplitIntoSteps(input.pieces, context * micro_batches);  // <= 2^36: S and N are checked
     if (!steps.ok()) return steps.status();
@@ -234,7 +251,7 @@ inline absl::StatusOr<Input> CutSteps(Lengths lengths, int64_t context, int32_t 
   if (!tokens.ok()) return tokens.status();
   input.tokens = *tokens;
   if (options.stream) return input;
-  StepCutter cutter(input.lengths, context, micro_batches);
+  StepCutter cutter(input.lengths, context, micro_batches, input.empty_positions);
   std::vector<Document> step;
   while (static_cast<int64_t>(input.steps.size()) < options.max_steps && cutter.Next(step)) {
     input.pieces.insert(input.pieces.end(), step.begin(), step.end());

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -149,21 +150,62 @@ inline absl::StatusOr<std::vector<int64_t>> ParseLengths(absl::string_view text,
   return lengths;
 }
 
+// Maps the position of a kept length (ReadLengthsFile) to the source's sequence index, given the
+// rising source positions of the sequences skipped: positions must be asked in rising order
+// (constant time each, amortised).
+class SourceIdMap {
+ public:
+  explicit SourceIdMap(std::span<const int64_t> skipped) : skipped_(skipped) {}
+  int64_t operator()(int64_t kept) {
+    // skipped_[next_] lies before the kept sequence when it is at most kept + (skips so far).
+    while (next_ < skipped_.size() && skipped_[next_] <= kept + static_cast<int64_t>(next_)) {
+      ++next_;
+    }
+    return kept + static_cast<int64_t>(next_);
+  }
+
+ private:
+  std::span<const int64_t> skipped_;
+  size_t next_ = 0;
+};
+
+// Appends the non-zero lengths of `chunk` (sequences `first_position`, ... of a source) to `kept`
+// and, when given, the positions of the empty ones (they hold no token to plan) to `skipped`.
+inline void AppendNonEmpty(std::span<const int64_t> chunk, int64_t first_position,
+                           std::vector<int64_t>& kept, std::vector<int64_t>* skipped) {
+  for (size_t i = 0; i < chunk.size(); ++i) {
+    if (chunk[i] != 0) {
+      kept.push_back(chunk[i]);
+    } else if (skipped != nullptr) {
+      skipped->push_back(first_position + static_cast<int64_t>(i));
+    }
+  }
+}
+
 // Reads lengths from a file, or from standard input when `path` is "-" (see ReadInputFile for
 // the checks on the file itself). A path ending in ".idx" is a Megatron-LM index: its sequence
 // lengths (megatron_index.hpp), read chunk by chunk from a regular file (any number of sequences
 // up to kMaxDocuments, held as the int64 lengths only), its empty sequences dropped and counted
-// in `*empty` (when given).
-inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& path,
-                                                            int64_t* empty = nullptr) {
+// in `*empty` (when given), their positions in the index (rising) stored in `*empty_positions`
+// (when given): the k-th length returned is sequence SourceIdMap(positions)(k) of the index, the
+// id a plan must name for a trainer to fetch its tokens.
+inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(
+    const std::string& path, int64_t* empty = nullptr,
+    std::vector<int64_t>* empty_positions = nullptr) {
   if (empty != nullptr) *empty = 0;
+  if (empty_positions != nullptr) empty_positions->clear();
+  const auto drop_empty = [&](std::vector<int64_t>& lengths, int64_t first_position,
+                              std::span<const int64_t> chunk) {
+    AppendNonEmpty(chunk, first_position, lengths, empty_positions);
+  };
   if (path.size() > 4 && path.ends_with(".idx")) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(path, ec)) {  // a pipe or device: read it whole
       absl::StatusOr<MegatronIndex> index = ReadMegatronIndex(path);
       if (!index.ok()) return index.status();
-      std::vector<int64_t> lengths = std::move(index->sequence_lengths);
-      std::erase(lengths, 0);  // empty sequences (Megatron writes them) hold no token to plan
+      std::vector<int64_t> lengths;
+      lengths.reserve(index->sequence_lengths.size());
+      drop_empty(lengths, 0, index->sequence_lengths);
       if (empty != nullptr) *empty = index->empty_sequences;
       return lengths;
     }
@@ -172,12 +214,12 @@ inline absl::StatusOr<std::vector<int64_t>> ReadLengthsFile(const std::string& p
     std::vector<int64_t> lengths;
     lengths.reserve(static_cast<size_t>(reader->header().sequences));
     std::vector<int64_t> chunk;
+    int64_t position = 0;
     while (true) {
       if (absl::Status s = reader->Next(size_t{1} << 20, chunk); !s.ok()) return s;
       if (chunk.empty()) break;
-      for (int64_t l : chunk) {
-        if (l != 0) lengths.push_back(l);  // empty sequences hold no token to plan
-      }
+      drop_empty(lengths, position, chunk);
+      position += static_cast<int64_t>(chunk.size());
     }
     lengths.shrink_to_fit();
     if (empty != nullptr) *empty = reader->empty_sequences();

@@ -4,8 +4,9 @@
 //       wlb::ReadMicroBatchCsv("docs/results/gpu/h100_layer_7b_128k_measurements.csv");
 //   absl::StatusOr<wlb::MicroBatchFit> fit = wlb::FitMicroBatchCost(*rows);
 //
-// The format: lines starting with '#' and blank lines are skipped; the first other line is the
-// header (comma-separated names). It needs a `lengths` column (the micro-batch's document lengths,
+// The format: a CSV table as wlb/io/csv.hpp reads it (a UTF-8 BOM dropped, '#' and blank lines
+// skipped, the first other line the header; a column named twice is refused). It needs a `lengths`
+// column (the micro-batch's document lengths,
 // ';'-separated) and either an `ms` column or both `forward_ms` and `backward_ms` (their sum is the
 // micro-batch's time). An optional `step` column (integers >= 0) gives each row's step, which the
 // held-out split follows. Every other column is ignored, so the layer bench's measurements.csv
@@ -23,100 +24,55 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "wlb/core/limits.hpp"
 #include "wlb/cost/micro_batch_fit.hpp"
+#include "wlb/io/csv.hpp"
 #include "wlb/io/read_file.hpp"
 
 namespace wlb {
 
-namespace detail {
-
-// The header's cells, or nullopt when the text has no line other than '#' and blank ones;
-// `line_number` gets the header's line (1-based).
-inline std::optional<std::vector<std::string>> MicroBatchCsvHeader(absl::string_view text,
-                                                                   size_t* line_number) {
-  size_t number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++number;
-    const absl::string_view stripped = absl::StripAsciiWhitespace(line);
-    if (stripped.empty() || absl::StartsWith(stripped, "#")) continue;
-    std::vector<std::string> header;
-    for (absl::string_view h : absl::StrSplit(stripped, ',')) {
-      header.push_back(std::string(absl::StripAsciiWhitespace(h)));
-    }
-    if (line_number != nullptr) *line_number = number;
-    return header;
-  }
-  return std::nullopt;
-}
-
-}  // namespace detail
-
 // Whether profile text is a micro-batch measurement CSV: its header has a `lengths` column.
 inline bool IsMicroBatchCsv(absl::string_view text) {
-  const std::optional<std::vector<std::string>> header = detail::MicroBatchCsvHeader(text, nullptr);
-  if (!header) return false;
-  for (const std::string& h : *header) {
-    if (h == "lengths") return true;
-  }
-  return false;
+  const std::optional<std::vector<std::string>> header = CsvHeader(text);
+  return header && absl::c_linear_search(*header, "lengths");
 }
 
 // Parses measurement CSV text (`source` names it in messages, with the line number of a bad row:
-// "file.csv:12: ..."). Errors name the line and value: no header, a header without `lengths` or
-// without a time (`ms`, or `forward_ms` and `backward_ms`; both forms at once is ambiguous), a row
-// whose field count differs from the header's, an empty lengths cell, a length that is not an
-// integer in [1, kMaxContext], a time that is not a number (NaN included), a non-integer or
-// negative step, no rows. Times are checked by FitMicroBatchCost (and here: not in
-// [kMinProfileMs, kMaxProfileMs] is an error naming the line).
+// "file.csv:12: ..."). The table's rules (BOM, comments, quoting, a column named twice, field
+// counts, no rows) are ParseCsv's (wlb/io/csv.hpp). Errors name the line and value: a header
+// without `lengths` or without a time (`ms`, or `forward_ms` and `backward_ms`; both forms at
+// once is ambiguous), an empty lengths cell, a length that is not an integer in [1, kMaxContext],
+// a time that is not a number (NaN included), a non-integer or negative step. Times are checked
+// by FitMicroBatchCost (and here: not in [kMinProfileMs, kMaxProfileMs] is an error naming the
+// line).
 inline absl::StatusOr<std::vector<MicroBatchSample>> ParseMicroBatchCsv(absl::string_view text,
                                                                         absl::string_view source) {
-  size_t header_line = 0;
-  const std::optional<std::vector<std::string>> header =
-      detail::MicroBatchCsvHeader(text, &header_line);
-  if (!header) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: no header line (only blank and '#' lines)", source));
-  }
-  auto column = [&](absl::string_view name) -> int {
-    for (size_t i = 0; i < header->size(); ++i) {
-      if ((*header)[i] == name) return static_cast<int>(i);
-    }
-    return -1;
-  };
-  const int lengths_col = column("lengths"), ms_col = column("ms"), step_col = column("step");
-  const int fwd_col = column("forward_ms"), bwd_col = column("backward_ms");
+  absl::StatusOr<CsvTable> table = ParseCsv(text, source, "micro-batch measurement");
+  if (!table.ok()) return table.status();
+  const int lengths_col = table->Column("lengths"), ms_col = table->Column("ms");
+  const int step_col = table->Column("step");
+  const int fwd_col = table->Column("forward_ms"), bwd_col = table->Column("backward_ms");
   const bool split_times = fwd_col >= 0 && bwd_col >= 0;
   if (lengths_col < 0 || (ms_col < 0 && !split_times) || (ms_col >= 0 && split_times)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s:%d: a micro-batch measurement header needs a 'lengths' column and either 'ms' or "
         "both 'forward_ms' and 'backward_ms' (not both forms), got %s",
-        source, header_line, QuoteForMessage(absl::StrJoin(*header, ","), 200)));
+        source, table->header_line, table->HeaderForMessage()));
   }
   std::vector<MicroBatchSample> rows;
-  size_t number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++number;
-    const absl::string_view stripped = absl::StripAsciiWhitespace(line);
-    if (number <= header_line || stripped.empty() || absl::StartsWith(stripped, "#")) continue;
-    const std::vector<absl::string_view> cells = absl::StrSplit(stripped, ',');
-    if (cells.size() != header->size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %d fields, the header has %d", source, number, cells.size(), header->size()));
-    }
+  for (const CsvRow& row : table->rows) {
     MicroBatchSample s;
-    s.where = absl::StrFormat("%s:%d", source, number);
-    const absl::string_view lengths = absl::StripAsciiWhitespace(cells[lengths_col]);
+    s.where = table->Where(row);
+    const absl::string_view lengths = row.cells[lengths_col];
     if (lengths.empty()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: empty lengths (a measured micro-batch holds documents)", s.where));
@@ -133,18 +89,18 @@ inline absl::StatusOr<std::vector<MicroBatchSample>> ParseMicroBatchCsv(absl::st
     }
     double total = 0.0;
     for (int col : split_times ? std::vector<int>{fwd_col, bwd_col} : std::vector<int>{ms_col}) {
-      const absl::string_view cell = absl::StripAsciiWhitespace(cells[col]);
+      const absl::string_view cell = row.cells[col];
       double v = 0.0;
       if (!absl::SimpleAtod(cell, &v) || !(v >= kMinProfileMs) || !(v <= kMaxProfileMs)) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("%s: %s %s is not a time in [%g, %g] ms", s.where, (*header)[col],
+            absl::StrFormat("%s: %s %s is not a time in [%g, %g] ms", s.where, table->header[col],
                             QuoteForMessage(cell), kMinProfileMs, kMaxProfileMs));
       }
       total += v;
     }
     s.ms = total;
     if (step_col >= 0) {
-      const absl::string_view cell = absl::StripAsciiWhitespace(cells[step_col]);
+      const absl::string_view cell = row.cells[step_col];
       int64_t step = 0;
       if (!absl::SimpleAtoi(cell, &step) || step < 0 || step > kMaxStateCounter) {
         return absl::InvalidArgumentError(
@@ -154,10 +110,6 @@ inline absl::StatusOr<std::vector<MicroBatchSample>> ParseMicroBatchCsv(absl::st
       s.step = step;
     }
     rows.push_back(std::move(s));
-  }
-  if (rows.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: no measurement rows after the header (line %d)", source, header_line));
   }
   return rows;
 }

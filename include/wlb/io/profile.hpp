@@ -7,10 +7,10 @@
 // `--cost` also takes a micro-batch measurement CSV (one row per measured micro-batch, header
 // with a `lengths` column: wlb/io/micro_batch_csv.hpp), fitted by FitMicroBatchCost.
 //
-// A profile is a CSV (or TSV) with a header. The length column is the first of L, seq_len,
-// ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc, latency(ms),
-// latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are kept (one GPU,
-// no parallelism). Rows with the same length are averaged.
+// A profile is a CSV (or TSV) table as wlb/io/csv.hpp reads it. The length column is the first of
+// L, seq_len, ctx_length, length, q_len; the latency column (ms) the first of duration_per_doc,
+// latency(ms), latency_ms, ms. When cp or tp columns exist, only rows with cp = 1 and tp = 1 are
+// kept (one GPU, no parallelism). Rows with the same length are averaged.
 #pragma once
 
 #include <cmath>
@@ -32,6 +32,7 @@
 #include "wlb/cost/cost_fit.hpp"
 #include "wlb/cost/cost_model.hpp"
 #include "wlb/cost/micro_batch_fit.hpp"
+#include "wlb/io/csv.hpp"
 #include "wlb/io/micro_batch_csv.hpp"
 #include "wlb/io/read_file.hpp"
 
@@ -40,26 +41,11 @@ namespace wlb {
 // Parses profile text (`source` names it in messages).
 inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_view text,
                                                                  absl::string_view source) {
-  // Blank lines are skipped; messages give the line's number in the text (1-based).
-  std::vector<std::pair<size_t, absl::string_view>> lines;
-  size_t number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++number;
-    if (!absl::StripAsciiWhitespace(line).empty()) lines.emplace_back(number, line);
-  }
-  if (lines.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: empty profile", source));
-  }
-  const char delimiter = lines[0].second.find('\t') != absl::string_view::npos ? '\t' : ',';
-  std::vector<std::string> header;
-  for (absl::string_view h : absl::StrSplit(lines[0].second, delimiter)) {
-    header.push_back(std::string(absl::StripAsciiWhitespace(h)));
-  }
+  absl::StatusOr<CsvTable> table = ParseCsv(text, source, "profile", /*allow_tabs=*/true);
+  if (!table.ok()) return table.status();
   auto find_column = [&](std::initializer_list<absl::string_view> names) -> int {
     for (absl::string_view name : names) {
-      for (size_t i = 0; i < header.size(); ++i) {
-        if (header[i] == name) return static_cast<int>(i);
-      }
+      if (const int col = table->Column(name); col >= 0) return col;
     }
     return -1;
   };
@@ -69,30 +55,25 @@ inline absl::StatusOr<std::vector<ProfilePoint>> ParseProfileCsv(absl::string_vi
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: header %s needs a length column (L, seq_len, ctx_length, length, q_len) and a "
         "latency column (duration_per_doc, latency(ms), latency_ms, ms)",
-        source, QuoteForMessage(lines[0].second, 200)));
+        source, table->HeaderForMessage()));
   }
   const int filter_cols[] = {find_column({"cp"}), find_column({"tp"})};
   std::map<int64_t, std::pair<double, int>> by_length;  // length -> (sum ms, rows)
-  for (size_t li = 1; li < lines.size(); ++li) {
-    const auto& [line_number, line] = lines[li];
-    std::vector<absl::string_view> cells = absl::StrSplit(line, delimiter);
-    if (cells.size() != header.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s:%d: %d fields, the header has %d", source, line_number, cells.size(), header.size()));
-    }
+  for (const CsvRow& row : table->rows) {
+    const size_t line_number = row.line;
+    const std::vector<std::string>& cells = row.cells;
     bool keep = true;
     for (int col : filter_cols) {
       int64_t degree = 0;
-      if (col >= 0 &&
-          (!absl::SimpleAtoi(absl::StripAsciiWhitespace(cells[col]), &degree) || degree != 1)) {
+      if (col >= 0 && (!absl::SimpleAtoi(cells[col], &degree) || degree != 1)) {
         keep = false;
       }
     }
     if (!keep) continue;
     int64_t length = 0;
     double ms = 0.0;
-    absl::string_view length_text = absl::StripAsciiWhitespace(cells[length_col]);
-    absl::string_view ms_text = absl::StripAsciiWhitespace(cells[ms_col]);
+    const absl::string_view length_text = cells[length_col];
+    const absl::string_view ms_text = cells[ms_col];
     if (!absl::SimpleAtoi(length_text, &length) || length <= 0 || length > kMaxContext) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s:%d: length %s is not an integer in [1, %d]", source, line_number,

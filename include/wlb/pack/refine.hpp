@@ -228,7 +228,19 @@ inline int RefineMicroBatches(std::vector<MicroBatch>& mbs, int64_t max_tokens,
                 light.cost + a.cost - wb + (g - 1.0) * (attention_sum[l] + da);
             const double heavy_after =
                 heavy.cost - a.cost + wb + (g - 1.0) * (attention_sum[h] - da);
-            if (light_after > heavy_g || heavy_after > heavy_g) return;
+            if (std::isfinite(heavy_g) && std::isfinite(light_after) &&
+                std::isfinite(heavy_after)) {
+              if (light_after > heavy_g || heavy_after > heavy_g) return;
+              continue;
+            }
+            // A weight near the double range (HIGH up to DBL_MAX is valid) overflows the costs
+            // to inf, where inf > inf would pass anything: compare the differences instead, whose
+            // products with g - 1 overflow only to an infinity of the right sign.
+            if (light.cost + a.cost - wb - heavy.cost >
+                    (g - 1.0) * (attention_sum[h] - attention_sum[l] - da) ||
+                wb - a.cost > (g - 1.0) * da) {
+              return;
+            }
           }
         }
         if (pair_max < best || (best_a >= 0 && pair_max == best &&

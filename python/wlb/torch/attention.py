@@ -33,9 +33,9 @@ import bisect
 import functools
 import inspect
 import math
-import numbers
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .._checks import describe, is_real
 from ._common import require_torch, torch
 
 # Query rows per block in the math path: bounds its score buffer to block x keys x heads.
@@ -335,11 +335,12 @@ def check_scale(scale: Any) -> Optional[float]:
     the value unless it is a finite real number > 0 (a bool is not a number here)."""
     if scale is None:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
-    value = float(scale)
+    try:
+        value = float(scale) if is_real(scale) else math.nan
+    except OverflowError:  # an int beyond the double range
+        value = math.inf
     if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+        raise ValueError(f"scale must be a finite number > 0 or None, got {describe(scale)}")
     return value
 
 

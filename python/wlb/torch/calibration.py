@@ -68,12 +68,14 @@ import numpy as np
 
 import wlb
 
+from .._checks import describe, integer, real
 from ._common import require_torch, torch
 
 _STATE_VERSION = 1
 _CONFIG = ("refit_every", "window", "delay", "min_samples")
 _COST_FIELDS = ("attn_quadratic", "attn_linear", "linear_per_token", "per_document")
 _MAX_STEP = 2**62  # far beyond any run; keeps state integers in a checked range
+_MAX_LENGTH = 2**24  # the fit's limit on a document's length (kMaxContext)
 
 # A measurement as the state holds it: [step, [lengths...], ms].
 Sample = List[Any]
@@ -89,16 +91,28 @@ def _lengths_of(lengths: Any) -> List[int]:
                          f"{array.dtype} with shape {array.shape}")
     if array.size == 0:
         return []
-    if int(array.min()) < 1:
-        raise ValueError(f"a measured micro-batch has a document of length {int(array.min())}; "
-                         "lengths must be >= 1")
+    # Checked as Python ints before any conversion: a uint64 above 2^63 must not wrap negative.
+    for bad in (int(array.min()), int(array.max())):
+        if not 1 <= bad <= _MAX_LENGTH:
+            raise ValueError(f"a measured micro-batch has a document of length {bad} "
+                             f"({array.dtype}); lengths must be in [1, {_MAX_LENGTH}]")
     return array.astype(np.int64).tolist()
 
 
 def _check_ms(ms: Any) -> float:
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
-        raise ValueError(f"a measured time must be a finite number of ms > 0, got {ms!r}")
-    return float(ms)
+    return real("a measured time (a finite number of ms > 0)", ms, 0.0, low_open=True)
+
+
+def _check_group(group: Any) -> Any:
+    """None, "world" or a torch.distributed process group; anything else is refused now, not at
+    the first refit's gather."""
+    if group is None or (isinstance(group, str) and group == "world"):
+        return group
+    import torch.distributed as dist  # only where a group is given
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be None, 'world' or a torch.distributed process group, got "
+                        f"{describe(group)}")
+    return group
 
 
 class OnlineCalibration:
@@ -112,14 +126,12 @@ class OnlineCalibration:
     def __init__(self, *, refit_every: int = 10, window: int = 50, delay: int = 0,
                  min_samples: int = 16, device: Any = "cpu", group: Any = None):
         require_torch()
-        for name, value, low in (("refit_every", refit_every, 1), ("window", window, 2),
-                                 ("delay", delay, 0), ("min_samples", min_samples, 8)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 2**31:
-                raise ValueError(f"{name} must be an integer in [{low}, 2^31], got {value!r}")
         self.refit_every, self.window, self.delay, self.min_samples = (
-            refit_every, window, delay, min_samples)
+            integer(name, value, low, 2**31)
+            for name, value, low in (("refit_every", refit_every, 1), ("window", window, 2),
+                                     ("delay", delay, 0), ("min_samples", min_samples, 8)))
         self.device = torch.device(device)
-        self.group = group
+        self.group = _check_group(group)
         self._reset()
 
     def _reset(self) -> None:

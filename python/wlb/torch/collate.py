@@ -31,6 +31,7 @@ import numpy as np
 
 from wlb.formats import as_int64
 
+from .._checks import integer
 from ._common import require_torch, torch
 from .packed import PackedSeqParams
 
@@ -73,7 +74,8 @@ class PackedCollate:
         require_torch()
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-        self.ignore_index = ignore_index
+        # Written into int64 labels: a float or bool would be cast silently (1.5 and True -> 1).
+        self.ignore_index = integer("ignore_index", ignore_index, -2**63, 2**63 - 1)
         self.format = format
 
     def __call__(self, pieces: List[Tuple[int, int, np.ndarray]]) -> Dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import wlb
 
+from .._checks import integer
 from ._common import require_torch, torch
 from .packed import PackedSeqParams
 
@@ -59,8 +60,7 @@ def cp_varlen_args(plan: wlb.ShardPlan, rank: int, device: Any = "cpu",
     ``max_seqlen_kv``, and the CP fields (``cp_size``, ``cp_rank``, ``cp_group``: ``group``,
     ``shard_plan``: ``plan``)."""
     require_torch()
-    if not isinstance(rank, int) or not 0 <= rank < plan.cp_size:
-        raise ValueError(f"rank must be in [0, cp_size = {plan.cp_size}), got {rank!r}")
+    rank = integer("rank", rank, 0, plan.cp_size - 1)
     r = plan[rank]
     return PackedSeqParams(cu_seqlens_q=torch.from_numpy(r.cu_seqlens_q).to(device),
                            cu_seqlens_kv=torch.from_numpy(r.cu_seqlens_k).to(device),

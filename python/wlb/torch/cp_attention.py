@@ -558,10 +558,12 @@ def plan_digest(plan: wlb.ShardPlan) -> str:
     return h.hexdigest()
 
 
-def _fingerprint(q, k, v, plan, group, world: int, rank: int, scale, backend, digest):
-    """(this rank's fingerprint, its local error or None, error kind, chosen backend, scale)."""
+def _fingerprint(q, k, v, plan, group, world: int, rank: int, scale, backend, digest,
+                 caller_problem: Optional[str] = None):
+    """(this rank's fingerprint, its local error or None, error kind, chosen backend, scale);
+    ``caller_problem``: a check the caller made that failed (it is this rank's error)."""
     record: Dict[str, Any] = {}
-    problem, kind, chosen = None, "value", None
+    problem, kind, chosen = caller_problem, "value", None
     if not isinstance(plan, wlb.ShardPlan):
         problem = f"plan must be a wlb.ShardPlan, got {type(plan).__name__}"
         return record, problem, "type", None, scale
@@ -681,7 +683,7 @@ def _signature(q, k, v, plan, group, rank: int, world: int, scale, backend, dige
 
 
 def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
-           cache: Optional[Dict[Any, Any]] = None):
+           cache: Optional[Dict[Any, Any]] = None, caller_problem: Optional[str] = None):
     """Every rank's checks and fingerprints, compared on every rank before any collective moves
     a row: returns (backend, scale) when all ranks passed and agree, else raises the same error
     on every rank. ``agree=False`` checks this rank alone (no exchange). ``cache``: CPAttention's
@@ -697,9 +699,10 @@ def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
     world = dist.get_world_size(group)
     digest = lambda p: _digest_of(p, cache)
     if not agree:
-        return _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, False)
+        return _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, False,
+                            caller_problem)
     shared, mine = _signature(q, k, v, plan, group, rank, world, scale, backend, digest)
-    known = _AGREED.get(mine) if mine is not None else None
+    known = _AGREED.get(mine) if mine is not None and caller_problem is None else None
     h = int.from_bytes(hashlib.blake2b(repr(shared).encode(), digest_size=8).digest(), "little")
     lo, hi = h & 0x7FFFFFFF, (h >> 31) & 0x7FFFFFFF
     flags = torch.tensor([lo, hi, -lo, -hi, 0 if known is not None else 1], dtype=torch.int64,
@@ -709,17 +712,18 @@ def _agree(q, k, v, plan, group, rank: int, scale, backend, agree: bool,
     if not unknown and max_lo == -min_lo and max_hi == -min_hi:
         _AGREED.move_to_end(mine)
         return known[0], known[1]
-    chosen, scale_ = _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, True)
+    chosen, scale_ = _agree_fully(q, k, v, plan, group, rank, world, scale, backend, digest, True,
+                                  caller_problem)
     if mine is not None:
         _remember(_AGREED, mine, (chosen, scale_, group), _AGREED_ENTRIES)
     return chosen, scale_
 
 
 def _agree_fully(q, k, v, plan, group, rank: int, world: int, scale, backend, digest,
-                 agree: bool):
+                 agree: bool, caller_problem: Optional[str] = None):
     """The whole agreement: this rank's checks and fingerprint, all-gathered and compared."""
     record, problem, kind, chosen, scale = _fingerprint(q, k, v, plan, group, world, rank, scale,
-                                                        backend, digest)
+                                                        backend, digest, caller_problem)
     if not agree:
         if problem is not None:
             raise (TypeError if kind == "type" else ValueError)(
@@ -741,7 +745,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
                  backend: Optional[str] = None, agree_on_errors: bool = True,
                  timings: Optional[Dict[str, float]] = None,
                  _rank_plans: Optional[Dict[Any, _RankPlan]] = None,
-                 overlap: Optional[bool] = None
+                 overlap: Optional[bool] = None, _problem: Optional[str] = None
                  ) -> Tuple["torch.Tensor", "torch.Tensor"]:
     """This rank's attention output (T_q, H_q, D) and log-sum-exp (H_q, T_q) under ``plan``.
 
@@ -756,7 +760,8 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     key selection) and "attention_s" (this rank's varlen attention) keys (CUDA is synchronised
     for it). Differentiable in q, k, v. ``_rank_plans``: CPAttention's cache of this rank's index
     tensors and exchange (and the plan's digest), so that calling it for every layer builds them
-    once.
+    once. ``_problem``: a check of the caller's that failed on this rank (wlb.torch.hf's): it
+    joins the agreement, so every rank raises it.
     ``overlap``: run attention over the keys this rank holds while the exchange (row-exact or
     all-gather) is in flight and merge the fetched keys' part by log-sum-exp, backward likewise
     (None: on the "math" backend, under every mask and exchange; True: also on "varlen" under
@@ -781,7 +786,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     if rank < 0:
         raise ValueError("cp_attention: this process is not a member of the given group")
     chosen, scale = _agree(q, k, v, plan, group, rank, scale, backend, agree_on_errors,
-                           _rank_plans)
+                           _rank_plans, _problem)
     row_bytes = 2 * k.shape[1] * k.shape[2] * k.element_size()  # K and V of one token
     if _rank_plans is None:
         rp = _rank_plan(plan, rank, q.device, row_bytes)
@@ -850,10 +855,10 @@ class CPAttention(torch.nn.Module if torch is not None else object):
         # reused by every later one (one module serves every layer of a micro-batch).
         self._rank_plans: Dict[Any, _RankPlan] = {}
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, _problem: Optional[str] = None):
         out, _ = cp_attention(q, k, v, self.plan, self.group, scale=self.scale,
                               backend=self.backend, agree_on_errors=self.agree_on_errors,
-                              _rank_plans=self._rank_plans)
+                              _rank_plans=self._rank_plans, _problem=_problem)
         return out
 
     def comm_volume(self, kv_heads: int, head_dim: int, element_size: int,

@@ -34,6 +34,7 @@ import numpy as np
 
 import wlb
 
+from .._checks import integer
 from ._common import require_torch, torch
 from .cp import cp_slice, cp_varlen_args
 from .cp_attention import CPAttention
@@ -105,8 +106,8 @@ def cp_inputs(batch: Dict[str, Any], plan: wlb.ShardPlan, rank: int, group: Any 
     if plan.tokens != int(lengths.sum()):
         raise ValueError(f"the plan covers {plan.tokens} tokens but the micro-batch has "
                          f"{int(lengths.sum())}")
-    if not isinstance(rank, int) or not 0 <= rank < plan.cp_size:
-        raise ValueError(f"rank must be in [0, cp_size = {plan.cp_size}), got {rank!r}")
+    rank = _check_cp_rank(rank, plan, group)
+    ignore_index = integer("ignore_index", ignore_index, -2**63, 2**63 - 1)
     labels = batch["labels"][0]
     targets = torch.nn.functional.pad(labels[1:], (0, 1), value=ignore_index)
     if num_items_in_batch is None:
@@ -128,6 +129,21 @@ def cp_inputs(batch: Dict[str, Any], plan: wlb.ShardPlan, rank: int, group: Any 
     return inputs
 
 
+def _check_cp_rank(rank: Any, plan: wlb.ShardPlan, group: Any) -> int:
+    """``rank`` as an int in [0, cp_size); under an initialised torch.distributed it must be this
+    process's rank in ``group`` (the default group when None): another rank's shard would run
+    silently, with a wrong loss, wherever the shard sizes happen to match."""
+    rank = integer("rank", rank, 0, plan.cp_size - 1)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        own = dist.get_rank(group)
+        if own != rank:
+            where = "the default group" if group is None else "the given group"
+            raise ValueError(f"rank {rank} is not this process's rank in {where} ({own}); give "
+                             "cp_inputs dist.get_rank(group) for the group it is passed")
+    return rank
+
+
 def _attention_module(params: PackedSeqParams, scale: Optional[float]) -> CPAttention:
     """One CPAttention per (record, scale), so its index tensors are built once per micro-batch
     and reused by every layer."""
@@ -147,20 +163,29 @@ def cp_attention_forward(module: Any, query: "torch.Tensor", key: "torch.Tensor"
         raise ValueError(f"attn_implementation {NAME!r} needs packed_seq_params from "
                          "wlb.torch.hf.cp_inputs (a PackedSeqParams with a shard_plan) in the "
                          f"model's keyword arguments, got {type(params).__name__}")
-    if dropout:
-        raise ValueError(f"wlb's CP attention has no attention dropout, got dropout {dropout}")
-    if query.dim() != 4 or query.shape[0] != 1:
-        raise ValueError(f"wlb's CP attention takes one packed sequence (batch size 1), got "
-                         f"query shape {tuple(query.shape)}")
     plan = params.shard_plan
+    # Checks that can fail on one rank alone go into the ranks' agreement (cp_attention's), so
+    # that every rank raises the same error instead of the others hanging in a collective.
+    problem = None
     window = kwargs.get("sliding_window")
     if window is None:
         window = getattr(module, "sliding_window", None)
     want = f"window:{int(window)}" if window else "causal"
-    if plan.mask != want:
-        raise ValueError(f"layer {getattr(module, 'layer_idx', '?')} attends under {want!r} but "
-                         f"the shard plan's mask is {plan.mask!r} (plan with layer_mix={want!r}; "
-                         "wlb.torch.hf.plan_shards(batch, cp, model=model) does)")
+    if dropout:
+        problem = f"wlb's CP attention has no attention dropout, got dropout {dropout}"
+    elif query.dim() != 4 or query.shape[0] != 1:
+        problem = (f"wlb's CP attention takes one packed sequence (batch size 1), got query "
+                   f"shape {tuple(query.shape)}")
+    elif plan.mask != want:
+        problem = (f"layer {getattr(module, 'layer_idx', '?')} attends under {want!r} but the "
+                   f"shard plan's mask is {plan.mask!r} (plan with layer_mix={want!r}; "
+                   "wlb.torch.hf.plan_shards(batch, cp, model=model) does)")
+    if problem is not None:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(problem)  # no other rank to agree with
+        _attention_module(params, None)(query, key, value, _problem=problem)  # raises everywhere
+        raise ValueError(problem)  # not reached: the agreement raises it on every rank
     attention = _attention_module(params, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (t, heads, D)
     padding = q.shape[0] if plan[params.cp_rank].tokens == 0 and q.shape[0] == 1 else 0

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Dict, NamedTuple, Optional
 
+from .._checks import integer
 from ._common import require_torch, torch
 
 
@@ -56,7 +57,11 @@ class PackedSeqParams:
             if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.numel() < 1:
                 raise ValueError(f"{name} must be a 1-D tensor of prefix sums from 0, got "
                                  f"{type(t).__name__} {tuple(getattr(t, 'shape', ()))}")
-        if not 0 <= self.cp_rank < self.cp_size:
+        for name in ("max_seqlen_q", "max_seqlen_kv"):
+            setattr(self, name, integer(name, getattr(self, name), 0))
+        self.cp_size = integer("cp_size", self.cp_size, 1)
+        self.cp_rank = integer("cp_rank", self.cp_rank, 0)
+        if not self.cp_rank < self.cp_size:
             raise ValueError(f"cp_rank {self.cp_rank} is not in [0, cp_size = {self.cp_size})")
 
     @property
