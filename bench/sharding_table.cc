@@ -17,11 +17,11 @@
 // in ms, its attention alone, K/V bytes received over all ranks by that exchange, and what an
 // all-gather of every rank's padded buffer moves, per layer, means over micro-batches.
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
-#include <random>
 #include <iterator>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -280,8 +280,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     std::vector<wlb::MicroBatch> mbs;
   };
   std::vector<Stream> streams;
-  std::vector<std::pair<std::string, std::string>> sources = {{"default", ""},
-                                                              {"heavy-tail", ""}};
+  std::vector<std::pair<std::string, std::string>> sources = {{"default", ""}, {"heavy-tail", ""}};
   if (!shared.input.docs.empty()) sources.push_back({"", shared.input.docs});
   for (const auto& [distribution, docs] : sources) {
     wlb::InputOptions in = shared.input;
@@ -326,9 +325,9 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
           const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c);
           for (size_t k = 0; k < count; ++k) {
             absl::StatusOr<wlb::ShardPlan> plan =
-                k < strategies ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model,
-                                                 options)
-                               : PeerChunkDispatch(mb, c, peer_chunks[k - strategies]);
+                k < strategies
+                    ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model, options)
+                    : PeerChunkDispatch(mb, c, peer_chunks[k - strategies]);
             if (!plan.ok()) return plan.status();
             const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
             const wlb::CpBalance b = wlb::MeasureCpBalance(*plan, score);
@@ -343,8 +342,8 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             row.pair_imbalance += b.pair_imbalance;
             row.worst_pair_imbalance = std::max(row.worst_pair_imbalance, b.pair_imbalance);
             row.worst_tokens = std::max(row.worst_tokens, static_cast<double>(most) / mean_tokens);
-            row.worst_buffer = std::max(
-                row.worst_buffer, static_cast<double>(plan->rank_capacity) / mean_tokens);
+            row.worst_buffer =
+                std::max(row.worst_buffer, static_cast<double>(plan->rank_capacity) / mean_tokens);
           }
           double best = INFINITY, best_capped = INFINITY;
           for (size_t k = 0; k < count; ++k) {
@@ -371,8 +370,8 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
               "%.0f | %s |\n",
               st.name.c_str(), c, gbps, row_name(k).c_str(), row.max_ms / n, row.mean_vs_best / n,
               row.worst_vs_best, row.worst_vs_capped, row.pair_imbalance / n,
-              row.worst_pair_imbalance, row.worst_tokens, row.worst_buffer,
-              row.received / n / 1e6, picks.c_str());
+              row.worst_pair_imbalance, row.worst_tokens, row.worst_buffer, row.received / n / 1e6,
+              picks.c_str());
         }
       }
     }

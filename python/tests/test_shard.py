@@ -79,11 +79,18 @@ def test_index_arrays_cover_every_token_once():
         plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix)
         assert plan.requested == strategy
         assert (plan.mask is None) == (mix != "causal")  # a mix of two masks: pick one
-        # adaptive picks among ordered per-sequence, per-document and hybrid (shard_plan.hpp)
-        adaptive = ["per-seq-ordered", "per-doc", "hybrid"]
-        # doc-degree keeps its greedy plan or one of these when predicted faster
-        allowed = {"adaptive": adaptive, "doc-degree": ["doc-degree"] + adaptive}
+        # adaptive's candidates (adaptive.hpp); doc-degree keeps its greedy plan or per-doc,
+        # hybrid or per-seq-ordered when predicted faster
+        adaptive = ["per-seq-ordered", "per-doc", "hybrid", "doc-degree", "per-seq",
+                    "balanced-chunks"]
+        allowed = {"adaptive": adaptive,
+                   "doc-degree": ["doc-degree", "per-seq-ordered", "per-doc", "hybrid"]}
         assert plan.strategy in allowed.get(strategy, [strategy])
+        if strategy in ("adaptive", "doc-degree", "balanced-chunks"):
+            # the memory cap (wlb::CpRankTokenCap)
+            total, mean = int(np.sum(lengths)), int(np.sum(lengths)) // cp
+            cap = max(2 * -(-total // (2 * cp)), mean + mean // 100)
+            assert plan.rank_capacity <= cap
         for mask in ("causal", mix.split("x")[0]):
             check_plan(plan.for_mask(mask), lengths)
 

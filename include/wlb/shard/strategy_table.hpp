@@ -42,7 +42,7 @@ absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r);            //
 absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r);              // hybrid.hpp
 absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r);   // te_zigzag.hpp
 absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r);      // doc_degree.hpp
-absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r);  // balanced_chunks.hpp
+absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r);      // balanced_chunks.hpp
 
 }  // namespace detail
 

@@ -53,12 +53,12 @@
 #include "wlb/shard/per_seq_order.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
+#include "wlb/shard/strategies/balanced_chunks.hpp"
 #include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
 #include "wlb/shard/strategies/per_doc.hpp"
 #include "wlb/shard/strategies/per_seq.hpp"
 #include "wlb/shard/strategies/per_seq_ordered.hpp"
-#include "wlb/shard/strategies/balanced_chunks.hpp"
 
 namespace wlb {
 
@@ -112,7 +112,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   // Candidates in tie order.
   constexpr ShardStrategy kCandidates[] = {
       ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
-      ShardStrategy("doc-degree"), ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
+      ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
                    &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms};
   absl::StatusOr<ShardPlan> plans[] = {

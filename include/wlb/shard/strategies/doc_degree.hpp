@@ -56,7 +56,8 @@ inline void SpillShards(int64_t length, int64_t cap, const std::vector<int64_t>&
   std::vector<int> by_room(tokens.size());
   for (size_t r = 0; r < tokens.size(); ++r) by_room[r] = static_cast<int>(r);
   std::sort(by_room.begin(), by_room.end(), [&](int a, int b) {
-    const int64_t ra = cap - tokens[static_cast<size_t>(a)], rb = cap - tokens[static_cast<size_t>(b)];
+    const int64_t ra = cap - tokens[static_cast<size_t>(a)],
+                  rb = cap - tokens[static_cast<size_t>(b)];
     return ra != rb ? ra > rb : a < b;
   });
   size_t used = 0;
