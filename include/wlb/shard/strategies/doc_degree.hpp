@@ -207,10 +207,25 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
             da[static_cast<size_t>(sh.rank) * kinds + k] +=
                 MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
           }
-          ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
-            dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
-            ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
-          });
+          if (!mask.causal()) {
+            ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+              dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
+              ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
+            });
+            continue;
+          }
+          // Causal zig-zag, ForEachDocExchange's sums in closed form: member m holds early shard
+          // m and late shard n-1-m, so it needs [0, end of its late shard) less its own rows;
+          // every other member needs all of its early shard, and the m members with later late
+          // shards (0 .. m-1) all of its late one.
+          for (int m = 0; m < g; ++m) {
+            const DocShard& early = shards[2 * static_cast<size_t>(m)];
+            const DocShard& late = shards[2 * static_cast<size_t>(m) + 1];
+            const int64_t se = early.q_end - early.q_begin, sl = late.q_end - late.q_begin;
+            const size_t y = static_cast<size_t>(m) * kinds + k;
+            dr[y] += static_cast<double>(late.q_end - se - sl);
+            ds[y] += static_cast<double>((g - 1) * se + m * sl);
+          }
         }
       }
       for (int first = 0; first + g <= cp_size; first += g) {
