@@ -16,10 +16,17 @@
 // received) K/V rows x 16 KiB / --cp_link_gbps per rank and a collective's latency): slowest rank
 // in ms, its attention alone, K/V bytes received over all ranks by that exchange, and what an
 // all-gather of every rank's padded buffer moves, per layer, means over micro-batches.
+// --balance (issue 57): every registered strategy and a peer's chunk dispatch on the embedded
+// default and heavy-tail streams, --docs when given, and a synthetic one-long-document set, at
+// S = 128K, C = 2, 4, 8 and 450 / 25 GB/s: slowest rank (attention under --kernel_profile +
+// the exchange), against the fastest plan per micro-batch, pair imbalance, tokens and buffer of
+// the fullest rank, K/V received (docs/results/cp/balance.md).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +37,8 @@
 #include "absl/strings/str_format.h"
 #include "bench_plan_flags.hpp"
 #include "wlb/cost/kernel_model.hpp"
+#include "wlb/io/default_distribution.hpp"
+#include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/wlb.hpp"
@@ -40,6 +49,16 @@ ABSL_FLAG(int64_t, steps, 50, "steps of input per context window (>= 1)");
 ABSL_FLAG(std::string, csv, "",
           "also write S,C,strategy,pair_imbalance_mean,model_imbalance_mean,max_rank_ms_mean");
 ABSL_FLAG(bool, exchange_only, false, "print only the exchange table (S = 128K, C = 2, 4, 8)");
+ABSL_FLAG(bool, balance, false,
+          "print only the balance table: every strategy on the embedded default and heavy-tail "
+          "streams, --docs when given, and a synthetic one-long-document set, at S = 128K, "
+          "C = 2, 4, 8 and links of 450 and 25 GB/s");
+ABSL_FLAG(std::string, kernel_profile, "",
+          "balance table: score every plan with this kernel profile CSV (forward ms) instead of "
+          "wlb::KernelModel::Default(), e.g. docs/results/gpu/h100_kernel_profile_flash.csv");
+ABSL_FLAG(bool, plan_with_default_model, false,
+          "balance table: plan with wlb::KernelModel::Default() (uncalibrated) while scoring with "
+          "--kernel_profile");
 
 namespace {
 
@@ -149,6 +168,228 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
   return absl::OkStatus();
 }
 
+// One long document per micro-batch (16K..112K tokens) and short ones (64..2048) filling it to
+// exactly 128K: the case where a rank holding the long document's tail cannot also hold many
+// short documents without running over the memory cap.
+std::vector<wlb::MicroBatch> OneLongDocument(int64_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<wlb::MicroBatch> out;
+  int64_t id = 0;
+  for (int64_t m = 0; m < count; ++m) {
+    wlb::MicroBatch mb;
+    int64_t length = 16384 + static_cast<int64_t>(rng() % 98305);
+    while (mb.tokens < 131072) {
+      length = std::min(length, 131072 - mb.tokens);
+      mb.documents.push_back(wlb::Document{.id = id++, .length = length});
+      mb.tokens += length;
+      length = 64 + static_cast<int64_t>(rng() % 1985);
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+// A peer's plan for comparison, not a wlb strategy: MagiAttention's default dispatch as its
+// paper and code describe it (read, not copied): the packed micro-batch cut into chunks of
+// `chunk` tokens, each weighed by its causal (query, key) pairs, dealt largest first to the rank
+// with the least weight among those holding fewer than ceil(chunks / C) chunks (equal tokens per
+// rank); a rank's adjacent chunks of one document form one segment.
+absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int cp_size,
+                                                 int64_t chunk) {
+  std::vector<int64_t> starts(mb.documents.size() + 1, 0);
+  for (size_t i = 0; i < mb.documents.size(); ++i) {
+    starts[i + 1] = starts[i] + mb.documents[i].length;
+  }
+  const int64_t total = starts.back();
+  const int64_t chunks = (total + chunk - 1) / chunk;
+  // Pairs of chunk j: every document piece in [j chunk, (j + 1) chunk).
+  std::vector<std::pair<int64_t, int64_t>> order;  // (-pairs, chunk)
+  for (int64_t j = 0, d = 0; j < chunks; ++j) {
+    const int64_t lo = j * chunk, hi = std::min(total, lo + chunk);
+    int64_t pairs = 0;
+    while (starts[d + 1] <= lo) ++d;
+    for (int64_t i = d; i < static_cast<int64_t>(mb.documents.size()) && starts[i] < hi; ++i) {
+      pairs += wlb::CausalPairs(std::max(lo, starts[i]) - starts[i],
+                                std::min(hi, starts[i + 1]) - starts[i]);
+    }
+    order.push_back({-pairs, j});
+  }
+  std::sort(order.begin(), order.end());
+  const int64_t limit = (chunks + cp_size - 1) / cp_size;
+  std::vector<double> load(static_cast<size_t>(cp_size), 0.0);
+  std::vector<int64_t> count(static_cast<size_t>(cp_size), 0);
+  std::vector<int> owner(static_cast<size_t>(chunks), 0);
+  for (const auto& [neg, j] : order) {
+    int best = -1;
+    for (int r = 0; r < cp_size; ++r) {
+      if (count[r] < limit && (best < 0 || load[r] < load[best])) best = r;
+    }
+    owner[j] = best;
+    load[best] += static_cast<double>(-neg);
+    ++count[best];
+  }
+  wlb::detail::PlanBuilder b(mb, starts, cp_size, static_cast<size_t>(chunks) * 2);
+  for (size_t i = 0; i < mb.documents.size(); ++i) {
+    // Runs of the document's tokens whose chunks share an owner.
+    int64_t begin = starts[i];
+    while (begin < starts[i + 1]) {
+      const int r = owner[begin / chunk];
+      int64_t end = std::min(starts[i + 1], (begin / chunk + 1) * chunk);
+      while (end < starts[i + 1] && owner[end / chunk] == r) {
+        end = std::min(starts[i + 1], (end / chunk + 1) * chunk);
+      }
+      b.Add(r, static_cast<int64_t>(i), begin - starts[i], end - starts[i]);
+      begin = end;
+    }
+  }
+  return b.Finish(wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq"), cp_size, -1);
+}
+
+// Per strategy over a set of micro-batches (see BalanceTable).
+struct BalanceRow {
+  double max_ms = 0, received = 0, pair_imbalance = 0;
+  double worst_vs_best = 0, worst_vs_wlb = 0, worst_vs_capped = 0, mean_vs_best = 0;
+  double worst_pair_imbalance = 0, worst_tokens = 0, worst_buffer = 0;
+  int64_t picks[wlb::kShardStrategyCount] = {};  // the strategy each plan records
+};
+
+// The balance table (--balance): per stream, C and link, every strategy's slowest rank
+// (PredictCp: attention under the scoring model + the exchange ChooseExchange picks), against
+// the fastest plan any strategy gives that micro-batch and the fastest within the memory cap.
+absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
+                          const wlb::CostModel& cost) {
+  wlb::KernelModel score = wlb::KernelModel::Default();
+  std::string model_name = "wlb::KernelModel::Default()";
+  if (const std::string path = absl::GetFlag(FLAGS_kernel_profile); !path.empty()) {
+    absl::StatusOr<wlb::KernelModel> table = wlb::ReadKernelProfileCsv(path);
+    if (!table.ok()) return table.status();
+    score = *table;
+    model_name = path;
+  }
+  const bool default_plan = absl::GetFlag(FLAGS_plan_with_default_model);
+  const wlb::KernelModel plan_model = default_plan ? wlb::KernelModel::Default() : score;
+  std::printf(
+      "CP shard strategies at S = 128K, per layer forward, 16 KiB K/V per token; slowest rank = "
+      "attention (%s) + the exchange wlb::ChooseExchange picks over the link + 10 us per "
+      "collective; planned with %s. Per micro-batch: a strategy's slowest rank over the fastest "
+      "plan of all rows (x best), of the wlb strategies only (x best wlb) and of the rows within "
+      "the memory cap of 1.01 x T / C (x capped); tokens and buffer (rank_capacity) of the fullest "
+      "rank over T / C. Means and "
+      "worst over micro-batches.\n\n",
+      model_name.c_str(), default_plan ? "wlb::KernelModel::Default()" : "the same model");
+  std::printf(
+      "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
+      "| "
+      "x capped worst "
+      "| pair imbalance mean / worst | tokens worst | buffer worst | received MB (mean) | plans |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  struct Stream {
+    std::string name;
+    std::vector<wlb::MicroBatch> mbs;
+  };
+  std::vector<Stream> streams;
+  std::vector<std::pair<std::string, std::string>> sources = {{"default", ""}, {"heavy-tail", ""}};
+  if (!shared.input.docs.empty()) sources.push_back({"", shared.input.docs});
+  for (const auto& [distribution, docs] : sources) {
+    wlb::InputOptions in = shared.input;
+    in.docs = docs;
+    if (!distribution.empty()) in.distribution = distribution;
+    absl::StatusOr<wlb::Lengths> base =
+        wlb::LoadLengths(in, (steps + 2) * shared.spec.micro_batches * int64_t{131072});
+    if (!base.ok()) return base.status();
+    absl::StatusOr<wlb::PackRun> run = PackSteps(shared.spec, *base, 131072, steps, cost);
+    if (!run.ok()) return run.status();
+    Stream st{.name = base->name};
+    for (const wlb::StepPlan& step : run->steps) {
+      for (const wlb::MicroBatch& mb : step.micro_batches) {
+        if (!mb.documents.empty()) st.mbs.push_back(mb);
+      }
+    }
+    streams.push_back(std::move(st));
+  }
+  streams.push_back({"one long document + short ones (synthetic)",
+                     OneLongDocument(steps * shared.spec.micro_batches, shared.input.seed)});
+  // Rows: the registry's strategies, then the peer's dispatch at each chunk size.
+  const std::vector<int64_t> peer_chunks = {512, 2048};
+  const size_t strategies = wlb::kShardStrategyCount;
+  const size_t count = strategies + peer_chunks.size();
+  auto row_name = [&](size_t k) {
+    return k < strategies
+               ? std::string(wlb::ShardStrategyName(wlb::ShardStrategy::All()[k]))
+               : absl::StrFormat("peer: chunk dispatch (%d)", peer_chunks[k - strategies]);
+  };
+  for (const Stream& st : streams) {
+    for (int c : {2, 4, 8}) {
+      for (double gbps : {450.0, 25.0}) {
+        std::fprintf(stderr, "sharding_table --balance: %s, C = %d, %g GB/s\n", st.name.c_str(), c,
+                     gbps);
+        wlb::CpPlanOptions options = shared.cp;
+        options.comm.link_gbps = gbps;
+        std::vector<BalanceRow> rows(count);
+        std::vector<double> ms(count);
+        std::vector<char> capped(count);
+        for (const wlb::MicroBatch& mb : st.mbs) {
+          const double mean_tokens = static_cast<double>(mb.tokens) / c;
+          const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c);
+          for (size_t k = 0; k < count; ++k) {
+            absl::StatusOr<wlb::ShardPlan> plan =
+                k < strategies
+                    ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model, options)
+                    : PeerChunkDispatch(mb, c, peer_chunks[k - strategies]);
+            if (!plan.ok()) return plan.status();
+            const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
+            const wlb::CpBalance b = wlb::MeasureCpBalance(*plan, score);
+            int64_t most = 0;
+            for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
+            BalanceRow& row = rows[k];
+            ms[k] = p.max_ms;
+            if (k < strategies) ++row.picks[plan->strategy.row()];
+            capped[k] = plan->rank_capacity <= cap;
+            row.max_ms += p.max_ms;
+            row.received += p.exchanged_bytes;
+            row.pair_imbalance += b.pair_imbalance;
+            row.worst_pair_imbalance = std::max(row.worst_pair_imbalance, b.pair_imbalance);
+            row.worst_tokens = std::max(row.worst_tokens, static_cast<double>(most) / mean_tokens);
+            row.worst_buffer =
+                std::max(row.worst_buffer, static_cast<double>(plan->rank_capacity) / mean_tokens);
+          }
+          double best = INFINITY, best_wlb = INFINITY, best_capped = INFINITY;
+          for (size_t k = 0; k < count; ++k) {
+            best = std::min(best, ms[k]);
+            if (k < strategies) best_wlb = std::min(best_wlb, ms[k]);
+            if (capped[k]) best_capped = std::min(best_capped, ms[k]);
+          }
+          for (size_t k = 0; k < count; ++k) {
+            rows[k].mean_vs_best += ms[k] / best;
+            rows[k].worst_vs_best = std::max(rows[k].worst_vs_best, ms[k] / best);
+            rows[k].worst_vs_wlb = std::max(rows[k].worst_vs_wlb, ms[k] / best_wlb);
+            rows[k].worst_vs_capped = std::max(rows[k].worst_vs_capped, ms[k] / best_capped);
+          }
+        }
+        const double n = static_cast<double>(std::max<size_t>(1, st.mbs.size()));
+        for (size_t k = 0; k < count; ++k) {
+          const BalanceRow& row = rows[k];
+          std::string picks;  // "12 doc-degree, 3 per-seq-ordered": what the plans recorded
+          for (wlb::ShardStrategy p : wlb::ShardStrategy::All()) {
+            if (k >= strategies || row.picks[p.row()] == 0) continue;
+            picks += absl::StrFormat("%s%d %s", picks.empty() ? "" : ", ", row.picks[p.row()],
+                                     wlb::ShardStrategyName(p));
+          }
+          std::printf(
+              "| %s | %d | %g | %s | %.3f | %.4f / %.4f | %.4f | %.4f | %.3f / %.3f | %.4f | %.4f "
+              "| "
+              "%.0f | %s |\n",
+              st.name.c_str(), c, gbps, row_name(k).c_str(), row.max_ms / n, row.mean_vs_best / n,
+              row.worst_vs_best, row.worst_vs_wlb, row.worst_vs_capped, row.pair_imbalance / n,
+              row.worst_pair_imbalance, row.worst_tokens, row.worst_buffer, row.received / n / 1e6,
+              picks.c_str());
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   absl::StatusOr<wlb::bench::BenchPlan> shared = wlb::bench::PlanFromFlags();
   if (!shared.ok()) return shared.status();
@@ -166,6 +407,7 @@ absl::Status Run() {
   const wlb::CostModel cost = *wlb::CostModelFromPreset("llama2-7b");
   const wlb::KernelModel kernel = wlb::KernelModel::Default();
 
+  if (absl::GetFlag(FLAGS_balance)) return BalanceTable(*shared, steps, cost);
   if (absl::GetFlag(FLAGS_exchange_only)) return ExchangeTable(*shared, *base, steps, cost, kernel);
   std::printf(
       "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "

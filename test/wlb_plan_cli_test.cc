@@ -673,8 +673,8 @@ TEST(WlbPlan, BadInputExitsNonZeroWithOneLineNamingTheProblem) {
       {"--cost llama2-7b-swa4k --profile-cost table", "", "--profile-cost is not used by this run"},
       {"--cost llama2-7b-swa4k --estimate 8,2,4,1", "", "--cost must be a FLOP preset"},
       {"--cp 2 --sharding per-doc --cp-link-gbps 100", "",
-       "--cp-link-gbps is not used by this run: it applies to --cp with --sharding adaptive or "
-       "doc-degree"},
+       "--cp-link-gbps is not used by this run: it applies to --cp with --sharding adaptive, "
+       "doc-degree or balanced-chunks"},
       {"--cp-link-gbps 100", "", "--cp-link-gbps is not used by this run"},
       {"--cp 2 --sharding doc-degree --cp-link-gbps 0", "", "must be in (0, 1e6] GB/s, got 0"},
       {"--cp 2 --sharding doc-degree --cp-link-gbps nan", "", "got nan"},

@@ -155,7 +155,8 @@ void BindShards(nb::module_& m) {
       .def_prop_ro(
           "strategy",
           [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
-          "The strategy used (adaptive resolves to per-seq-ordered, per-doc or hybrid; "
+          "The strategy used (adaptive resolves to the fastest predicted plan within the memory "
+          "cap: per-seq-ordered, per-doc, hybrid, doc-degree, per-seq or balanced-chunks; "
           "doc-degree to doc-degree or the per-doc, hybrid or per-seq-ordered plan it predicted "
           "faster).",
           nb::rv_policy::automatic)

@@ -207,8 +207,10 @@ def masked_cases(world, seed):
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_cp_attention_under_window_and_chunk_masks_equals_single_process(world):
     cases = masked_cases(world, seed=100 + world)
-    if world == 8:  # every strategy and both masks, a third of the sizes: the test stays short
-        cases = cases[::3] + cases[-2:]
+    if world == 8:  # every strategy and both masks, a third of the sizes (all of doc-degree's,
+        # whose greedy plan must run): the test stays short
+        cases = [c for k, c in enumerate(cases[:-2])
+                 if k % 3 == 0 or c["strategy"] == "doc-degree"] + cases[-2:]
     results = spawn(world, run_cases, cases)
     overlapped = check_against_reference(world, cases, results)
     assert {("row-exact", "window"), ("row-exact", "chunk"),

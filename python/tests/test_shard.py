@@ -79,11 +79,18 @@ def test_index_arrays_cover_every_token_once():
         plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix)
         assert plan.requested == strategy
         assert (plan.mask is None) == (mix != "causal")  # a mix of two masks: pick one
-        # adaptive picks among ordered per-sequence, per-document and hybrid (shard_plan.hpp)
-        adaptive = ["per-seq-ordered", "per-doc", "hybrid"]
-        # doc-degree keeps its greedy plan or one of these when predicted faster
-        allowed = {"adaptive": adaptive, "doc-degree": ["doc-degree"] + adaptive}
+        # adaptive's candidates (adaptive.hpp); doc-degree keeps its greedy plan or per-doc,
+        # hybrid or per-seq-ordered when predicted faster
+        adaptive = ["per-seq-ordered", "per-doc", "hybrid", "doc-degree", "per-seq",
+                    "balanced-chunks"]
+        allowed = {"adaptive": adaptive,
+                   "doc-degree": ["doc-degree", "per-seq-ordered", "per-doc", "hybrid"]}
         assert plan.strategy in allowed.get(strategy, [strategy])
+        if strategy in ("adaptive", "doc-degree", "balanced-chunks"):
+            # the memory cap (wlb::CpRankTokenCap)
+            total, mean = int(np.sum(lengths)), int(np.sum(lengths)) // cp
+            cap = max(2 * -(-total // (2 * cp)), mean + mean // 100)
+            assert plan.rank_capacity <= cap
         for mask in ("causal", mix.split("x")[0]):
             check_plan(plan.for_mask(mask), lengths)
 
@@ -101,7 +108,8 @@ def test_worked_example():
 
 
 def test_doc_degree_exchange_and_link():
-    lengths = [60000] + [300 + 37 * i for i in range(40)]
+    # the long document fits the memory cap whole (12000 <= 13347 tokens at C = 4)
+    lengths = [12000] + [300 + 37 * i for i in range(40)]
     fast = wlb.plan_shards(lengths, 4, "doc-degree")
     per_doc = wlb.plan_shards(lengths, 4, "per-doc")
     check_plan(fast, lengths)
@@ -115,14 +123,16 @@ def test_doc_degree_exchange_and_link():
                for r in slow.ranks)
     # With a tile-1 kernel model and a fast link without collective latency even a 40-token
     # document is sharded over ranks; the default 10 us per collective outweighs its attention,
-    # so the greedy step (which prices the executor's collective) keeps it whole.
+    # so the greedy step (which prices the executor's collective) keeps it whole (the memory cap,
+    # 40 tokens a rank here, lets every document stay whole).
     pairs = wlb.KernelModel.analytic(tile_q=1, tile_k=1, q_half=0.0, segment_overhead_ms=0.0)
-    small = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5,
+    tiny = [40] + [20] * 6
+    small = wlb.plan_shards(tiny, 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5,
                             cp_latency_us=0.0)
-    check_plan(small, [40, 3, 3])
+    check_plan(small, tiny)
     assert sum(int(np.sum(r.doc_index == 0)) for r in small.ranks) > 1
-    whole = wlb.plan_shards([40, 3, 3], 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
-    check_plan(whole, [40, 3, 3])
+    whole = wlb.plan_shards(tiny, 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
+    check_plan(whole, tiny)
     assert whole.cp_prediction["exchanged_bytes"] == 0
     # Local layers need fewer keys: less to exchange for the same plan.
     windowed = wlb.plan_shards(lengths, 4, "per-doc", layer_mix="window:1024x5,causal")

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -56,20 +57,28 @@ template <typename Fn>
 void ForEachDocExchange(std::span<const DocShard> shards, const AttentionMask& mask, Fn&& fn) {
   if (mask.causal()) {
     // Every key range starts at 0, so a rank's need is the one interval [0, its largest q_end):
-    // the general path's result and call order, without its interval list.
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const int r = shards[i].rank;
-      bool first = true;
-      for (size_t j = 0; j < i; ++j) first = first && shards[j].rank != r;
-      if (!first) continue;
-      int64_t hi = 0;
+    // the general path's result and call order, without its interval list. Ranks in order of
+    // their first shard, with their largest q_end (on the stack for the usual few shards).
+    constexpr size_t kInline = 64;
+    std::pair<int, int64_t> inline_ranks[kInline];
+    std::vector<std::pair<int, int64_t>> heap_ranks;
+    std::pair<int, int64_t>* ranks = inline_ranks;
+    if (shards.size() > kInline) {
+      heap_ranks.resize(shards.size());
+      ranks = heap_ranks.data();
+    }
+    size_t distinct = 0;
+    for (const DocShard& s : shards) {
+      size_t k = 0;
+      while (k < distinct && ranks[k].first != s.rank) ++k;
+      if (k == distinct) ranks[distinct++] = {s.rank, s.q_end};
+      ranks[k].second = std::max(ranks[k].second, s.q_end);
+    }
+    for (size_t k = 0; k < distinct; ++k) {
+      const auto [r, hi] = ranks[k];
       for (const DocShard& s : shards) {
-        if (s.rank == r) hi = std::max(hi, s.q_end);
-      }
-      for (const DocShard& s : shards) {
-        if (s.rank == r) continue;
-        const int64_t rows =
-            std::max<int64_t>(0, std::min(hi, s.q_end) - std::max<int64_t>(0, s.q_begin));
+        if (s.rank == r || s.q_begin >= hi) continue;
+        const int64_t rows = std::min(hi, s.q_end) - std::max<int64_t>(0, s.q_begin);
         if (rows > 0) fn(r, s.rank, rows);
       }
     }
@@ -168,24 +177,45 @@ inline ExchangeChoice ChooseExchange(std::span<const RankExchange> x, int64_t ra
 
 namespace detail {
 
-// The plan's segments grouped by document, as DocShards.
-inline std::vector<std::vector<DocShard>> ShardsByDocument(const ShardPlan& plan) {
-  std::vector<std::vector<DocShard>> by_doc;
+// The plan's segments grouped by document, as DocShards: document i's are
+// shards[offsets[i], offsets[i + 1]) (one flat array: a vector per document costs more to
+// allocate than the exchange costs to count).
+struct ShardsOfDocuments {
+  std::vector<DocShard> shards;
+  std::vector<size_t> offsets;
+  std::span<const DocShard> of(size_t i) const {
+    return std::span<const DocShard>(shards).subspan(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+  size_t documents() const { return offsets.size() - 1; }
+};
+
+inline ShardsOfDocuments ShardsByDocument(const ShardPlan& plan) {
+  ShardsOfDocuments by_doc;
+  size_t docs = 0, total = 0;
   for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) docs = std::max(docs, static_cast<size_t>(s.doc_index) + 1);
+    total += r.segments.size();
+  }
+  by_doc.offsets.assign(docs + 1, 0);
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) ++by_doc.offsets[static_cast<size_t>(s.doc_index) + 1];
+  }
+  for (size_t i = 0; i < docs; ++i) by_doc.offsets[i + 1] += by_doc.offsets[i];
+  by_doc.shards.resize(total);
+  std::vector<size_t> next(by_doc.offsets.begin(), by_doc.offsets.end() - 1);
+  for (const RankShard& r : plan.ranks) {  // rank order within a document, as before
     for (const Segment& s : r.segments) {
-      const size_t i = static_cast<size_t>(s.doc_index);
-      if (i >= by_doc.size()) by_doc.resize(i + 1);
-      by_doc[i].push_back({r.rank, s.q_begin, s.q_end});
+      by_doc.shards[next[static_cast<size_t>(s.doc_index)]++] = {r.rank, s.q_begin, s.q_end};
     }
   }
   return by_doc;
 }
 
-inline std::vector<RankExchange> ExchangeOf(const std::vector<std::vector<DocShard>>& by_doc,
-                                            size_t ranks, const AttentionMask& mask) {
+inline std::vector<RankExchange> ExchangeOf(const ShardsOfDocuments& by_doc, size_t ranks,
+                                            const AttentionMask& mask) {
   std::vector<RankExchange> x(ranks);
-  for (const std::vector<DocShard>& shards : by_doc) {
-    ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+  for (size_t i = 0; i < by_doc.documents(); ++i) {
+    ForEachDocExchange(by_doc.of(i), mask, [&](int to, int from, int64_t rows) {
       x[static_cast<size_t>(to)].recv_rows += rows;
       x[static_cast<size_t>(from)].send_rows += rows;
     });
@@ -231,7 +261,7 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   p.rank_ms.assign(ranks, 0.0);
   p.rank_exchange_ms.assign(ranks, 0.0);
   p.rank_pairs.assign(ranks, 0);
-  const std::vector<std::vector<DocShard>> by_doc = detail::ShardsByDocument(plan);
+  const detail::ShardsOfDocuments by_doc = detail::ShardsByDocument(plan);
   const double row_ms = options.comm.RowMs(model);
   const int64_t row_bytes_int = options.comm.RowBytes(model);
   const double row_bytes = static_cast<double>(row_bytes_int);

@@ -36,13 +36,15 @@
 //    there); segments keep their positions in the micro-batch as given (q_pos, k_pos), so the
 //    data loader lays tokens out as before and only the chunk boundaries move. Never predicted
 //    worse than per-seq: the micro-batch order is one of the candidates.
-//  - adaptive: plans per-seq-ordered, per-doc and hybrid and uses the one predicted
-//    fastest with its K/V exchange: PredictCp under CpPlanOptions (each layer kind's slowest
-//    rank of attention + the exchange the CP executors run, ChooseExchange: row-exact or the
-//    all-gather fallback, bytes over the link plus a latency per collective); with a packed-call
-//    fit in the KernelModel, the slowest rank of its CallMs + its exchange once per pass (forward,
-//    and backward's dK/dV when the fit has backward). Ties, in this order: per-seq-ordered,
-//    then per-doc, then hybrid. The plan records the strategy used. The default link (450
+//  - adaptive (the default): plans per-seq-ordered, per-doc, hybrid, doc-degree's greedy plan,
+//    per-seq and balanced-chunks and uses the one predicted fastest with its K/V exchange among
+//    those within the memory cap (CpRankTokenCap: no rank above 1.01 x T / C tokens; hybrid,
+//    whose whole documents follow cost, is often over it): PredictCp under CpPlanOptions (each
+//    layer kind's slowest rank of attention + the exchange the CP executors run, ChooseExchange:
+//    row-exact or the all-gather fallback, bytes over the link plus a latency per collective);
+//    with a packed-call fit in the KernelModel, the slowest rank of its CallMs + its exchange
+//    once per pass (forward, and backward's dK/dV when the fit has backward). Ties keep the
+//    earlier candidate in that order. The plan records the strategy used. The default link (450
 //    GB/s, 10 us) steers long micro-batches towards plans that keep documents whole, and on tiny
 //    micro-batches the exchange is of the order of attention or above and decides the pick (see
 //    strategies/adaptive.hpp). The paper's adaptive (per-sequence in the given order against
@@ -61,7 +63,8 @@
 //    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
 //    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
 //    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
-//    per g. Documents are placed most expensive first, each with the (g, group) that gives the
+//    per g. Documents are placed most expensive first, each with the (g, group) that keeps every
+//    member within the memory cap (CpRankTokenCap) and gives the
 //    lowest predicted slowest rank of the plan built so far as the executors would run it: a
 //    rank's time is attention (KernelModel under CpPlanOptions::mix, see MaskedSegmentMs) plus,
 //    per layer kind, the exchange ChooseExchange picks for that plan: row-exact, the K/V rows the
@@ -69,16 +72,23 @@
 //    over the link, plus CommModel::latency_us on every rank once any rank moves rows; or the
 //    all-gather fallback, (C - 1) x rank_capacity rows plus the latency on every rank (exact for
 //    one mask; with several, see strategies/doc_degree.hpp) (ties: the lower slowest member, then
-//    less added time, smaller g, lower group). The greedy plan is
-//    then compared with per-doc's, hybrid's, per-seq-ordered's and (for a mix with
-//    non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which prices
-//    every plan with the exchange the executor runs (ChooseExchange: row-exact, or the all-gather
-//    when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties keep the
-//    greedy plan), recording the strategy used (doc-degree for a greedy plan) as adaptive
+//    less added time, smaller g, lower group); a document no placement fits is cut into
+//    contiguous pieces over the ranks with the most room (SpillShards). The greedy plan is
+//    then compared with per-doc's, hybrid's (when within the cap), per-seq-ordered's and (for a mix
+//    with non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which
+//    prices every plan with the exchange the executor runs (ChooseExchange: row-exact, or the
+//    all-gather when it moves no more rows, plus CommModel::latency_us); the fastest is kept (ties
+//    keep the greedy plan), recording the strategy used (doc-degree for a greedy plan) as adaptive
 //    does. So it is never predicted slower than
 //    any of them, and mask-aware planning never loses to its mask-blind self. Greedy plans'
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
 //    rank_capacity is the largest rank's tokens.
+//  - balanced-chunks: documents of at most ceil(T / 8C) tokens (rounded up to the query tile)
+//    whole, longer ones in near-equal contiguous chunks of at most that; costliest first, each
+//    to the rank whose attention + received K/V rows x CommModel::RowMs is least after taking it
+//    among those with room under the memory cap (spilled over the roomiest ranks when none has
+//    room); a rank's adjacent chunks of one document are one segment (see
+//    strategies/balanced_chunks.hpp).
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.

@@ -3,6 +3,7 @@
 // strategy, is a row of kShardStrategyTable (strategy_table.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -57,6 +58,17 @@ struct ShardPlan {
   int64_t padding_tokens() const { return cp_size * rank_capacity - tokens; }
   friend bool operator==(const ShardPlan&, const ShardPlan&) = default;
 };
+
+// The memory cap of the memory-balanced strategies (adaptive, doc-degree): the most tokens one
+// rank may hold, 1% over the mean T / C (rounded down), and never below 2 ceil(T / 2C), what
+// per-seq's and per-doc's equal chunks give a rank. Every rank buffer is sized to the largest
+// rank (rank_capacity), so a plan within the cap allocates at most 1.01 x T / C rows per rank on
+// micro-batches of more than 200 C tokens.
+inline int64_t CpRankTokenCap(int64_t tokens, int cp_size) {
+  const int64_t c = std::max(1, cp_size);
+  const int64_t mean = tokens / c;
+  return std::max(2 * ((tokens + 2 * c - 1) / (2 * c)), mean + mean / 100);
+}
 
 // (query, key) pairs that queries [q_begin, q_end) attend under a causal mask: query i sees i+1
 // keys.

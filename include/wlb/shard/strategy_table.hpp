@@ -42,6 +42,7 @@ absl::StatusOr<ShardPlan> PlanAdaptive(const ShardPlanRequest& r);            //
 absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r);              // hybrid.hpp
 absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r);   // te_zigzag.hpp
 absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r);      // doc_degree.hpp
+absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r);      // balanced_chunks.hpp
 
 }  // namespace detail
 
@@ -87,8 +88,8 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      false,
      &detail::PlanPerDocument},
     {"adaptive",
-     "per micro-batch the fastest predicted of per-seq-ordered, per-doc and hybrid, K/V exchange "
-     "over the link included",
+     "per micro-batch the fastest predicted plan within the memory cap (1.01 x T / C tokens per "
+     "rank), K/V exchange over the link included",
      {.kernel_model = true, .cp_link = true, .layer_mix = true},
      "",
      false,
@@ -111,6 +112,13 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      "doc_degree",
      true,
      &detail::PlanDocumentDegree},
+    {"balanced-chunks",
+     "documents whole or in equal chunks, dealt by predicted time with K/V locality under the "
+     "memory cap",
+     {.kernel_model = true, .cp_link = true},
+     "balanced_chunks",
+     true,
+     &detail::PlanBalancedChunks},
 };
 
 // Number of strategies (rows of kShardStrategyTable).

@@ -1,5 +1,7 @@
-// adaptive: per micro-batch, the fastest predicted of per-seq-ordered, per-doc and hybrid (see
-// shard_plan.hpp), K/V exchange included.
+// adaptive (the default): per micro-batch the fastest predicted plan within the memory cap
+// (CpRankTokenCap: no rank holds more than 1.01 x T / C tokens) of per-seq-ordered, per-doc,
+// hybrid, doc-degree's greedy plan, per-seq and te-zigzag (see shard_plan.hpp), K/V exchange
+// included.
 //
 //   absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, /*cp_size=*/4, KernelModel::Default(),
 //                                                     CpPlanOptions{.comm = {.link_gbps = 25}});
@@ -18,7 +20,15 @@
 //    the K/V rows, backward sends their dK/dV back to the owners (the all-gather's reduce-scatter
 //    moves as much as its gather), each one collective with its latency. The fit itself prices
 //    causal attention; the mix enters through the exchange only.
-// Ties keep the earlier candidate of per-seq-ordered, per-doc, hybrid.
+// A candidate over the memory cap (hybrid, whose whole documents follow cost, not tokens) is
+// priced and reported but not chosen. Ties keep the earlier candidate in the order above.
+//
+// Why doc-degree's greedy plan is a candidate (issue 57): keeping documents whole or zig-zagged
+// over small groups saves most of the K/V exchange, and under the cap its plans are memory
+// balanced; without it adaptive traded balance for traffic and trailed the best peer's plans
+// by 5-10% at C = 4-8. Why per-seq and te-zigzag: they are cheap to build and sometimes move
+// fewer rows than the ordered or padding-free cuts, so the default is never slower than a
+// memory-balanced strategy.
 //
 // What the default CommModel (450 GB/s per direction, 10 us per collective) does: on long
 // micro-batches (128K at C = 2..8, a 16 KiB K/V row) the exchange adds a few ms per layer to
@@ -27,9 +37,7 @@
 // attention itself or larger, so there the exchange decides the pick (a plan moving no rows
 // pays no latency). A slow link (--cp-link-gbps 25) makes the exchange dominate at every size;
 // a very fast one (1e6 GB/s, latency 0) gives back the kernel-time-only ranking but for near
-// ties. Measured old against new: docs/results/cp/adaptive_exchange.md. Cost: building and
-// predicting every candidate makes adaptive's planning about 3x what ranking by summed kernel
-// time took (still below doc-degree's).
+// ties. Measured: docs/results/cp/balance.md.
 #pragma once
 
 #include <algorithm>
@@ -45,6 +53,8 @@
 #include "wlb/shard/per_seq_order.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
+#include "wlb/shard/strategies/balanced_chunks.hpp"
+#include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
 #include "wlb/shard/strategies/per_doc.hpp"
 #include "wlb/shard/strategies/per_seq.hpp"
@@ -61,6 +71,8 @@ struct AdaptiveChoice {
   double per_seq_ordered_max_ms = 0.0;
   double per_doc_max_ms = 0.0;
   double hybrid_max_ms = 0.0;
+  double doc_degree_max_ms = 0.0;  // doc-degree's greedy plan (GreedyDocumentDegree)
+  double balanced_chunks_max_ms = 0.0;
   bool packed_calls = false;  // the maxima are the packed-call fit's CallMs + exchange per pass
 };
 
@@ -90,33 +102,40 @@ inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel
 }
 
 // ChooseAdaptive on a checked request (r.requested is what the plans record). With
-// `chosen_plan` (planning) it gets the chosen candidate's plan and the per-seq plan, which is
-// only reported, is neither built nor priced (per_seq_max_ms stays 0).
+// `chosen_plan` (planning) it gets the chosen candidate's plan, and candidates over the memory
+// cap are not priced (their *_max_ms stay 0).
 inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanRequest& r,
                                                             ShardPlan* chosen_plan) {
   AdaptiveChoice c;
   c.packed_calls = r.model.has_packed_calls();
   OrderResult ordered = SearchPerSequenceOrder(r.mb, r.cp_size, r.model);
-  // Candidates in tie order; per-seq (the paper's, micro-batch order) is reported, not chosen.
-  constexpr ShardStrategy kCandidates[] = {ShardStrategy("per-seq-ordered"),
-                                           ShardStrategy("per-doc"), ShardStrategy("hybrid")};
-  double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms};
-  absl::StatusOr<ShardPlan> plans[] = {PlanPerSequenceOrdered(r, std::move(ordered.order)),
-                                       PlanPerDocument(r), PlanHybrid(r)};
+  // Candidates in tie order.
+  constexpr ShardStrategy kCandidates[] = {
+      ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
+      ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
+  double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
+                   &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms};
+  absl::StatusOr<ShardPlan> plans[] = {
+      PlanPerSequenceOrdered(r, std::move(ordered.order)),
+      PlanPerDocument(r),
+      PlanHybrid(r),
+      GreedyDocumentDegree(r.mb, r.starts, r.cp_size, r.requested, r.model, r.options),
+      PlanPerSequence(r),
+      PlanBalancedChunks(r)};
+  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
   auto price = [&](const ShardPlan& plan) {
     return c.packed_calls ? MaxRankCallWithExchangeMs(plan, r.model, r.options)
                           : PredictCp(plan, r.model, r.options).max_ms;
   };
-  if (chosen_plan == nullptr) {
-    absl::StatusOr<ShardPlan> per_seq = PlanPerSequence(r);
-    if (!per_seq.ok()) return per_seq.status();
-    c.per_seq_max_ms = price(*per_seq);
-  }
   size_t best = 0;
   for (size_t k = 0; k < std::size(kCandidates); ++k) {
     if (!plans[k].ok()) return plans[k].status();
+    // per-seq-ordered (k = 0) is always within the cap; a plan over it is never chosen, so it is
+    // priced only to be reported.
+    const bool within = plans[k]->rank_capacity <= cap;
+    if (!within && chosen_plan != nullptr) continue;
     *out[k] = price(*plans[k]);
-    if (*out[k] < *out[best]) best = k;
+    if (within && *out[k] < *out[best]) best = k;
   }
   c.chosen = kCandidates[best];
   if (chosen_plan != nullptr) *chosen_plan = *std::move(plans[best]);

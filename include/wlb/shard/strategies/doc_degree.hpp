@@ -47,6 +47,37 @@
 namespace wlb {
 namespace detail {
 
+// A document that no whole or zig-zag placement fits under the memory cap: cut into contiguous
+// pieces over the ranks with the most free tokens (fewest pieces), the earliest (cheapest) piece
+// on the slowest of them (`time`: each rank's time so far), so the latest lands on the fastest.
+// Always fits: the cap leaves at least the micro-batch's tokens over all ranks.
+inline void SpillShards(int64_t length, int64_t cap, const std::vector<int64_t>& tokens,
+                        const std::vector<double>& time, std::vector<DocShard>& shards) {
+  std::vector<int> by_room(tokens.size());
+  for (size_t r = 0; r < tokens.size(); ++r) by_room[r] = static_cast<int>(r);
+  std::sort(by_room.begin(), by_room.end(), [&](int a, int b) {
+    const int64_t ra = cap - tokens[static_cast<size_t>(a)],
+                  rb = cap - tokens[static_cast<size_t>(b)];
+    return ra != rb ? ra > rb : a < b;
+  });
+  size_t used = 0;
+  for (int64_t covered = 0; covered < length && used < by_room.size(); ++used) {
+    covered += std::max<int64_t>(0, cap - tokens[static_cast<size_t>(by_room[used])]);
+  }
+  by_room.resize(used);
+  std::sort(by_room.begin(), by_room.end(), [&](int a, int b) {
+    const double ta = time[static_cast<size_t>(a)], tb = time[static_cast<size_t>(b)];
+    return ta != tb ? ta > tb : a < b;
+  });
+  int64_t begin = 0;
+  for (const int r : by_room) {
+    const int64_t take =
+        std::min(length - begin, std::max<int64_t>(0, cap - tokens[static_cast<size_t>(r)]));
+    if (take > 0) shards.push_back({r, begin, begin + take});
+    begin += take;
+  }
+}
+
 // doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked.
 inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
                                                       const std::vector<int64_t>& starts,
@@ -87,11 +118,13 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   struct Placement {
-    int degree = 1;
+    int degree = 1;  // 0: spilled (its shards in spilled[i])
     int first_rank = 0;
     int64_t pointer = 0;
   };
   std::vector<Placement> placed(docs);
+  std::vector<std::vector<DocShard>> spilled(docs);
+  const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
   std::vector<int64_t> pointer(degrees.size(), 0);
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
   // row_ms), attention alone, and the time as priced now (with the latency of moving kinds).
@@ -174,14 +207,34 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
             da[static_cast<size_t>(sh.rank) * kinds + k] +=
                 MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
           }
-          ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
-            dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
-            ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
-          });
+          if (!mask.causal()) {
+            ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+              dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
+              ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
+            });
+            continue;
+          }
+          // Causal zig-zag, ForEachDocExchange's sums in closed form: member m holds early shard
+          // m and late shard n-1-m, so it needs [0, end of its late shard) less its own rows;
+          // every other member needs all of its early shard, and the m members with later late
+          // shards (0 .. m-1) all of its late one.
+          for (int m = 0; m < g; ++m) {
+            const DocShard& early = shards[2 * static_cast<size_t>(m)];
+            const DocShard& late = shards[2 * static_cast<size_t>(m) + 1];
+            const int64_t se = early.q_end - early.q_begin, sl = late.q_end - late.q_begin;
+            const size_t y = static_cast<size_t>(m) * kinds + k;
+            dr[y] += static_cast<double>(late.q_end - se - sl);
+            ds[y] += static_cast<double>((g - 1) * se + m * sl);
+          }
         }
       }
       for (int first = 0; first + g <= cp_size; first += g) {
         const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
+        bool fits = true;  // every member stays within the memory cap
+        for (int m = 0; m < g; ++m) {
+          fits = fits && tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)] <= cap;
+        }
+        if (!fits) continue;
         // The exchange ChooseExchange picks per layer kind for the plan with this placement.
         int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
         for (int m = 0; m < g; ++m) {
@@ -235,28 +288,33 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
         }
       }
     }
-    // Apply the best placement.
-    const int g = std::get<3>(best);
-    const int first = std::get<4>(best);
-    placed[i] = {g, first, pointer[best_degree]};
-    const int64_t n = 2 * static_cast<int64_t>(g);
-    for (size_t k = 0; k < kinds; ++k) {
-      const AttentionMask& mask = mix.layers[k].first;
-      if (g == 1) {
-        attention[static_cast<size_t>(first) * kinds + k] +=
-            MaskedSegmentMs(model, mask, 0, length);
-        if (k == 0) tokens[static_cast<size_t>(first)] += length;
-        continue;
-      }
-      shards.clear();
-      for (int m = 0; m < g; ++m) {
+    // Apply the best placement, or spill the document when no whole or zig-zag placement fits
+    // the cap.
+    shards.clear();
+    if (std::get<0>(best) == INFINITY) {
+      SpillShards(length, cap, tokens, before, shards);
+      placed[i] = {0, 0, 0};
+      spilled[i] = shards;
+    } else {
+      const int g = std::get<3>(best);
+      const int first = std::get<4>(best);
+      placed[i] = {g, first, pointer[best_degree]};
+      const int64_t n = 2 * static_cast<int64_t>(g);
+      if (g == 1) shards.push_back({first, 0, length});
+      for (int m = 0; g > 1 && m < g; ++m) {
         for (const int64_t j : {int64_t{m}, n - 1 - m}) {
           const auto [b, e] = PerDocumentShard(length, n, pointer[best_degree], j);
           shards.push_back({first + m, b, e});
-          attention[static_cast<size_t>(first + m) * kinds + k] +=
-              MaskedSegmentMs(model, mask, b, e);
-          if (k == 0) tokens[static_cast<size_t>(first + m)] += e - b;
         }
+      }
+      if (g > 1) pointer[best_degree] = (pointer[best_degree] + length % n) % n;
+    }
+    for (const DocShard& sh : shards) tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
+    for (size_t k = 0; k < kinds; ++k) {
+      const AttentionMask& mask = mix.layers[k].first;
+      for (const DocShard& sh : shards) {
+        attention[static_cast<size_t>(sh.rank) * kinds + k] +=
+            MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
       }
       ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
         received[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
@@ -264,13 +322,18 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
         moving[k] = 1;
       });
     }
-    if (g > 1) pointer[best_degree] = (pointer[best_degree] + length % n) % n;
   }
   PlanBuilder b(mb, starts, cp_size, docs * 2);
   for (int half = 0; half < 3; ++half) {  // early shards, late shards, whole documents
     for (size_t i = 0; i < docs; ++i) {
       const Placement& p = placed[i];
       const int64_t length = mb.documents[i].length;
+      if (p.degree == 0) {  // spilled: its pieces in order
+        for (const DocShard& sh : spilled[i]) {
+          if (half == 2) b.Add(sh.rank, static_cast<int64_t>(i), sh.q_begin, sh.q_end);
+        }
+        continue;
+      }
       if (p.degree == 1) {
         if (half == 2) b.Add(p.first_rank, static_cast<int64_t>(i), 0, length);
         continue;
@@ -298,8 +361,10 @@ inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r) {
   if (!greedy.ok()) return greedy.status();
   double best_ms = PredictCp(*greedy, model, options).max_ms;
   ShardPlan chosen = *std::move(greedy);
+  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
   auto consider = [&](absl::StatusOr<ShardPlan> plan) -> absl::Status {
     if (!plan.ok()) return plan.status();
+    if (plan->rank_capacity > cap) return absl::OkStatus();  // over the memory cap
     if (const double ms = PredictCp(*plan, model, options).max_ms; ms < best_ms) {
       best_ms = ms;
       chosen = *std::move(plan);
