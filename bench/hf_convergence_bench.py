@@ -61,16 +61,17 @@ def make_model(seed: int, args):
 
 
 @torch.no_grad()
-def held_out_loss(model, held, context: int) -> float:
-    """Mean per-token loss over the held-out files, cut into pieces of at most S tokens."""
+def held_out_loss(model, held, context: int, args_eval_pieces: int) -> float:
+    """Mean per-token loss over the held-out files, cut into pieces of at most S tokens (the
+    first ``args_eval_pieces`` of them, in file order: the same set for every run)."""
     model.eval()
     collate = PackedCollate(format="hf")
     pieces = [(i, o, doc[o:o + context]) for i, doc in enumerate(held)
-              for o in range(0, doc.size, context)]
+              for o in range(0, doc.size, context)][:args_eval_pieces]
     total, count = 0.0, 0
     for start in range(0, len(pieces), 4):
         batch = collate(pieces[start:start + 4])
-        n = int((batch["labels"] != -100).sum()) - 0
+        n = int((batch["labels"][:, 1:] != -100).sum())
         out = model(**batch)
         total += float(out.loss) * n
         count += n
@@ -105,7 +106,7 @@ def run(packer: str, seed: int, train, held, args) -> dict:
             for b in batches:
                 out = model(**b, num_items_in_batch=items)
                 out.loss.backward()
-                loss += float(out.loss)
+                loss += float(out.loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
@@ -118,7 +119,7 @@ def run(packer: str, seed: int, train, held, args) -> dict:
     return {"packer": packer, "seed": seed, "steps": steps, "epochs_started": epoch,
             "empty_micro_batches_skipped": empty,
             "train_loss_last20": statistics.fmean(losses[-20:]),
-            "held_out_loss": held_out_loss(model, held, args.context),
+            "held_out_loss": held_out_loss(model, held, args.context, args.eval_pieces),
             "seconds": round(time.perf_counter() - begin, 1)}
 
 
@@ -129,10 +130,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--pp", type=int, default=4)
-    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--eval-pieces", type=int, default=96)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     train, held, version = corpus(args.package)

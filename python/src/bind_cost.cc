@@ -92,7 +92,7 @@ void BindCost(nb::module_& m) {
       .def_ro("per_document", &wlb::CostModel::per_document)
       .def_ro("dense_quadratic", &wlb::CostModel::dense_quadratic)
       .def_prop_ro(
-          "attention",
+          "attention_family",
           [](const wlb::CostModel& c) { return std::string(wlb::AttentionFamilyName(c.family())); },
           "The attention family: 'dense' when dense_quadratic > 0, else 'per-document'.")
       .def(

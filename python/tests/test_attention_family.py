@@ -18,7 +18,7 @@ def test_shape_families_and_the_micro_batch_cost():
     dense = wlb.CostModel.from_shape(hidden=64, ffn=96, heads=4, kv_heads=2, layers=3,
                                      attention="dense")
     assert wlb.CostModel.attention_families() == ["per-document", "dense"]
-    assert per_doc.attention == "per-document" and dense.attention == "dense"
+    assert per_doc.attention_family == "per-document" and dense.attention_family == "dense"
     assert dense.dense_quadratic == 3 * 4 * 64 and dense.attn_quadratic == 0 == dense.attn_linear
     assert dense.linear_per_token == per_doc.linear_per_token  # projections and MLP alike
     rng = np.random.default_rng(0)
@@ -54,7 +54,7 @@ def test_dense_fit_recovers_a_dense_cost_that_the_per_document_fit_cannot(seed):
     a, b, c, p = (float(x) for x in rng.uniform(0.2, 2.0, size=4) * [1e-6, 1e-3, 1e-2, 0.5])
     lengths, ms, steps = synthetic(rng, 48, a, b, c, p, dense=True)
     fit = wlb.fit_micro_batch_cost(lengths, ms, step=steps, attention="dense")
-    assert fit.model.attention == "dense" and fit.model.attn_quadratic == 0
+    assert fit.model.attention_family == "dense" and fit.model.attn_quadratic == 0
     assert fit.model.dense_quadratic == pytest.approx(a, rel=1e-6)
     assert fit.model.linear_per_token == pytest.approx(b, rel=1e-6)
     assert fit.held_out.max_relative < 1e-6
@@ -135,7 +135,7 @@ def test_family_from_the_attention_implementation():
         model = tiny_llama(attention)
         assert wlb_hf.attention_family(model) == family
         cost = wlb_hf.packing_cost(model)
-        assert cost.attention == family
+        assert cost.attention_family == family
         expected = wlb.CostModel.from_shape(hidden=32, ffn=48, heads=4, kv_heads=2, layers=2,
                                             attention=family)
         assert cost.micro_batch([5, 17]) == expected.micro_batch([5, 17])
@@ -146,7 +146,7 @@ def test_family_from_the_attention_implementation():
     config._attn_implementation = "my_kernel"
     with pytest.raises(ValueError, match="attn_implementation 'my_kernel': wlb does not know"):
         wlb_hf.attention_family(config)
-    assert wlb_hf.packing_cost(config, attention="dense").attention == "dense"
+    assert wlb_hf.packing_cost(config, attention="dense").attention_family == "dense"
 
 
 def test_calibration_measures_hf_and_varlen_batches():
