@@ -160,20 +160,22 @@ def test_resume_from_a_checkpoint_without_the_loader_state_is_refused(tmp_path):
 
 
 @pytest.mark.xfail(reason="issue 58 item 1: the packers can leave a micro-batch empty before an "
-                          "epoch's last step (the lead's fix in the C++ packers)", strict=False)
+                          "epoch's last step (wlb-lookahead does on these streams; the lead's fix "
+                          "in the C++ packers)", strict=False)
 @pytest.mark.parametrize("packer", ["wlb", "wlb-refine", "wlb-lookahead", "original"])
 def test_no_empty_micro_batch_before_the_last_step(packer):
-    for seed in range(12):
+    """What a Hugging Face model needs (it cannot run 0 tokens): every step but an epoch's last
+    has PP non-empty micro-batches. Heavy-tailed streams (100 to 264K tokens, log-uniform) at
+    S = 2K-8K, where issue 58 saw empty micro-batches mid-epoch."""
+    for seed in range(6):
         rng = np.random.default_rng(seed)
-        context = int(rng.integers(16, 256))
-        lengths = np.concatenate([rng.integers(1, context // 2, size=int(rng.integers(20, 200))),
-                                  rng.integers(context, 4 * context, size=int(rng.integers(0, 6)))])
-        rng.shuffle(lengths)
-        pp = int(rng.integers(1, 5))
+        context = int(rng.choice([2048, 4096, 8192]))
+        lengths = np.exp(rng.uniform(np.log(100), np.log(264000), size=300)).astype(np.int64)
+        pp = 4
         sampler = PackedBatchSampler(lengths, pp=pp, dp=1, rank=0, context=context, packer=packer,
                                      seed=seed)
         batches = list(sampler)
         steps = [batches[k:k + pp] for k in range(0, len(batches), pp)]
         for index, step in enumerate(steps[:-1]):
-            assert all(step), (f"seed {seed}, S = {context}, PP = {pp}: step {index} of "
-                               f"{len(steps)} has an empty micro-batch")
+            assert all(step), (f"seed {seed}, S = {context}: step {index} of {len(steps)} has an "
+                               "empty micro-batch")
