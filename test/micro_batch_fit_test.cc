@@ -387,13 +387,14 @@ TEST(FitMicroBatchCost, DenseFamilyRecoversATokensSquaredCurveThatThePerDocument
     ASSERT_TRUE(per_document.ok()) << per_document.status();
     EXPECT_EQ(per_document->model.dense_quadratic, 0.0);
     EXPECT_GT(per_document->held_out.mean_relative, 1e-3) << trial;
-    // A fixed model is scored with its dense term: the dense fit's model (per_call left out)
-    // beats the per-document fit's on these rows.
-    absl::StatusOr<ModelErrors> mine = CostModelErrors(dense->model, rows, /*fit_scale=*/true);
-    absl::StatusOr<ModelErrors> theirs =
-        CostModelErrors(per_document->model, rows, /*fit_scale=*/true);
-    ASSERT_TRUE(mine.ok() && theirs.ok());
-    EXPECT_LT(mine->in_sample.mean_relative, theirs->in_sample.mean_relative) << trial;
+    // A fixed model is scored with its dense term: on the times less per_call (which W leaves
+    // out) the dense fit's model is exact.
+    std::vector<MicroBatchSample> without_call = rows;
+    for (MicroBatchSample& s : without_call) s.ms -= per_call;
+    absl::StatusOr<ModelErrors> errors =
+        CostModelErrors(dense->model, without_call, /*fit_scale=*/false);
+    ASSERT_TRUE(errors.ok()) << errors.status();
+    EXPECT_LT(errors->in_sample.max_relative, 1e-6) << trial;
   }
 }
 
@@ -410,8 +411,8 @@ TEST(CostModel, MicroBatchCostAndThePackingFormOfADenseCost) {
   EXPECT_EQ(dense->linear_per_token, per_document->linear_per_token);
   EXPECT_EQ(per_document->family(), AttentionFamily::kPerDocument);
   std::mt19937_64 rng(9);
-  std::uniform_int_distribution<int64_t> length(1, 4000), docs(1, 6);
-  const int64_t cap = 16000;
+  std::uniform_int_distribution<int64_t> length(1, 4000), docs(1, 4);
+  const int64_t cap = 16000;  // >= any micro-batch drawn here (4 x 4000)
   const CostModel packing = dense->ForPacking(cap);
   EXPECT_EQ(packing.dense_quadratic, 0.0);
   for (int trial = 0; trial < 100; ++trial) {

@@ -100,7 +100,8 @@ void BindCost(nb::module_& m) {
           [](const wlb::CostModel& c, nb::handle lengths) {
             return c.MicroBatch(ToInt64(lengths, "lengths"));
           },
-          "lengths"_a, "The cost of one micro-batch of these document lengths (dense term included).")
+          "lengths"_a,
+          "The cost of one micro-batch of these document lengths (dense term included).")
       .def_ro("unit", &wlb::CostModel::unit)
       .def_ro("description", &wlb::CostModel::description)
       .def(

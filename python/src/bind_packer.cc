@@ -164,11 +164,10 @@ void BindPacker(nb::module_& m) {
             for (const auto& [key, text] : pairs) {
               if (key != "packer") settings[key] = wlb::FindPlanSetting(key)->show(spec);
             }
-            new (self)
-                PyPacker{.packer = std::move(packer),
-                         .cost = std::move(balanced),
-                         .options = plan.options,
-                         .settings = std::move(settings)};
+            new (self) PyPacker{.packer = std::move(packer),
+                                .cost = std::move(balanced),
+                                .options = plan.options,
+                                .settings = std::move(settings)};
           },
           "name"_a = "wlb", "kwargs"_a, PackerDoc())
       .def_prop_ro(

@@ -87,8 +87,9 @@ inline absl::StatusOr<AttentionFamily> FindAttentionFamily(std::string_view name
     if (f.name == name) return f.family;
     known.emplace_back(f.name);
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown attention family %s (known: %s)", QuoteForMessage(name), absl::StrJoin(known, ", ")));
+  return absl::InvalidArgumentError(absl::StrFormat("unknown attention family %s (known: %s)",
+                                                    QuoteForMessage(name),
+                                                    absl::StrJoin(known, ", ")));
 }
 
 inline std::string_view AttentionFamilyName(AttentionFamily family) {
@@ -185,9 +186,9 @@ inline absl::StatusOr<CostModel> CostModelFromShape(
   }
   m.linear_per_token = layers * (2.0 * h * (h + 2.0 * kv) + 2.0 * h * h + 6.0 * h * s.ffn);
   m.unit = "flop";
-  m.description = absl::StrFormat(
-      "%s forward FLOPs (hidden %d, ffn %d, heads %d/%d, layers %d%s)", s.name, s.hidden, s.ffn,
-      s.heads, s.kv_heads, s.layers, family == AttentionFamily::kDense ? ", dense attention" : "");
+  m.description = absl::StrFormat("%s forward FLOPs (hidden %d, ffn %d, heads %d/%d, layers %d%s)",
+                                  s.name, s.hidden, s.ffn, s.heads, s.kv_heads, s.layers,
+                                  family == AttentionFamily::kDense ? ", dense attention" : "");
   return m;
 }
 

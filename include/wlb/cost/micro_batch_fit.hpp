@@ -8,13 +8,14 @@
 //
 // The fit: ms = a * sum d^2 + b * sum d + c * documents + per_call over each micro-batch's
 // document lengths d (the per-document attention family; under the dense family, a * T^2 with T
-// = sum d, the micro-batch's tokens: CostModel's dense_quadratic), every coefficient >= 0 (exact non-negative least squares over the four
-// terms, NonNegativeLeastSquares of cost_fit.hpp), minimising the squared relative error so
-// short and long micro-batches count alike. `model` is W(d) = a d^2 + b d + c (a in the attention
-// part, b and c in the linear part): what a packer balances; per_call is the same for every
-// micro-batch of a step, so it shifts costs without changing which packing is balanced. A sum of
-// single-document times (FitCostModel) overcounts a packed call: a short document alone pays a
-// launch and an idle GPU that it does not pay inside a micro-batch.
+// = sum d, the micro-batch's tokens: CostModel's dense_quadratic), every coefficient >= 0 (exact
+// non-negative least squares over the four terms, NonNegativeLeastSquares of cost_fit.hpp),
+// minimising the squared relative error so short and long micro-batches count alike. `model` is
+// W(d) = a d^2 + b d + c (a in the attention part, b and c in the linear part): what a packer
+// balances; per_call is the same for every micro-batch of a step, so it shifts costs without
+// changing which packing is balanced. A sum of single-document times (FitCostModel) overcounts a
+// packed call: a short document alone pays a launch and an idle GPU that it does not pay inside a
+// micro-batch.
 //
 // Held-out error (the rule): the samples are split in two halves, by step parity when every
 // sample has a step (even steps / odd steps), else by position (samples 0, 2, 4, ... / 1, 3, 5,
