@@ -159,6 +159,41 @@ def test_resume_from_a_checkpoint_without_the_loader_state_is_refused(tmp_path):
         again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
 
 
+def test_online_calibration_is_measured_ended_and_checkpointed(tmp_path):
+    """With a calibration: every non-empty micro-batch is measured, every optimizer step ends a
+    calibration step, fits come, and a resume loads the calibration saved at the checkpoint, so
+    the steps planned with the checkpoint's fit are the uninterrupted run's."""
+    from wlb.torch import OnlineCalibration
+    docs = corpus(seed=8, documents=80)
+
+    def run(path, resume=None):
+        calibration = OnlineCalibration(refit_every=4, window=8, min_samples=8)
+        sampler = PackedBatchSampler([len(d) for d in docs], pp=PP, dp=1, rank=0,
+                                     context=CONTEXT, seed=5, calibration=calibration)
+        args = transformers.TrainingArguments(
+            output_dir=str(path), max_steps=16, gradient_accumulation_steps=PP,
+            per_device_train_batch_size=1, save_strategy="steps", save_steps=8, report_to=[],
+            use_cpu=True, seed=0, disable_tqdm=True)
+        collate = RecordingCollate()
+        trainer = wlb_hf.WlbTrainer(model=tiny_model(), args=args, train_dataset=docs,
+                                    sampler=sampler, data_collator=collate)
+        trainer.train(resume_from_checkpoint=resume)
+        return calibration, collate.seen
+
+    calibration, seen = run(tmp_path)
+    assert calibration.steps_ended == 16
+    # The refit after step 4 has steps 0-2's 6 measurements (read a step late), fewer than
+    # min_samples; the later ones fit.
+    assert calibration.refits == 4 and calibration.refits_skipped == 1, calibration.last_error
+    assert calibration.fits() and calibration.last_fit.samples >= 8
+    resumed, seen2 = run(tmp_path, resume=str(tmp_path / "checkpoint-8"))
+    assert resumed.steps_ended == 16
+    # Steps 9-12 are planned with the fit made at the end of step 8, in the checkpoint.
+    assert seen2[:4 * PP] == seen[8 * PP:12 * PP]
+    state = torch.load(tmp_path / "checkpoint-8" / "wlb_loader_rank0.pt", weights_only=False)
+    assert state["calibration"]["steps_ended"] == 8
+
+
 @pytest.mark.xfail(reason="issue 58 item 1: the packers can leave a micro-batch empty before an "
                           "epoch's last step (wlb-lookahead does on these streams; the lead's fix "
                           "in the C++ packers)", strict=False)

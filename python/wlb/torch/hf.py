@@ -23,7 +23,9 @@ or of what you pass, so that ``out.loss`` summed over the CP ranks is the micro-
 token-weighted mean) and ``packed_seq_params``: this rank's ``PackedSeqParams`` with the
 ``shard_plan``, which the attention function reads. Under a sliding-window model (Mistral's
 ``sliding_window``, Qwen2's sliding layers) the plan's mask must be ``"window:W"`` with the
-model's W (``plan_shards`` picks it from the model config when given ``model=``).
+model's W (``plan_shards`` picks it from the model config when given ``model=``). At cp = 1
+no process group is needed (``cp_inputs(mb, plan_shards(mb, 1), 0)``: one rank, no exchange).
+
 Cost. What a packed micro-batch costs depends on the model's attention implementation:
 FlashAttention's varlen kernels and ``"wlb_cp"`` attend within each document (cost
 sum a*d^2: the per-document family, where wlb's balance pays off), while ``sdpa`` and ``eager``

@@ -27,6 +27,12 @@ What the Trainer cannot do for a sampler that plans as it goes, and ``WlbTrainer
   ``train(resume_from_checkpoint=...)`` names, so a resumed run continues right after the last
   micro-batch trained, as the uninterrupted run. The Trainer's own batch skipping is turned
   off (``ignore_data_skip``): it would count batches from the start of the first epoch.
+- Online calibration. With ``PackedBatchSampler(calibration=OnlineCalibration(...))`` each
+  micro-batch's forward + backward is measured (``calibration.measure``), every optimizer step
+  ends with ``calibration.end_step()``, and the calibration's own state (which the loader's copy
+  may lack, see ``wlb.torch.calibration``) is saved in the checkpoint and loaded before the
+  loader's. With dataloader workers give the calibration ``delay >= ceil(num_workers x
+  prefetch_factor / PP)``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from .sampler import PackedBatchSampler
 
 try:
     from torchdata.stateful_dataloader import StatefulDataLoader
-    from transformers import Trainer
+    from transformers import Trainer, TrainerCallback
 except ImportError as e:  # pragma: no cover - the hf extra installs both
     raise ImportError("wlb.torch.hf.WlbTrainer needs transformers, accelerate and torchdata "
                       "(pip install 'wlb[hf]')") from e
@@ -78,8 +84,21 @@ class _EpochLoader:
         return {"loader": self.loader.state_dict(), "ended": self._ended}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if set(state) != {"loader", "ended"}:
+            raise ValueError(f"a WlbTrainer loader state has the keys ['ended', 'loader'], got "
+                             f"{sorted(state)}")
         self.loader.load_state_dict(state["loader"])
         self._ended = bool(state["ended"])
+
+
+class _EndStep(TrainerCallback):
+    """Ends the calibration's step after each optimizer step (before a checkpoint is saved)."""
+
+    def __init__(self, calibration):
+        self.calibration = calibration
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.calibration.end_step()
 
 
 class WlbTrainer(Trainer):
@@ -108,6 +127,8 @@ class WlbTrainer(Trainer):
             raise ValueError("WlbTrainer needs the train_dataset the sampler's lengths describe")
         a.ignore_data_skip = True  # the loader's own state resumes (module docstring)
         self.sampler = sampler
+        if sampler.calibration is not None:
+            self.add_callback(_EndStep(sampler.calibration))
         self._wlb_loader: Optional[_EpochLoader] = None
         self._wlb_resumed_from: Optional[str] = None
 
@@ -126,7 +147,10 @@ class WlbTrainer(Trainer):
     def training_step(self, model: Any, inputs: Dict[str, Any],
                       num_items_in_batch: Any = None) -> "torch.Tensor":
         if inputs["input_ids"].numel() > 0:
-            return super().training_step(model, inputs, num_items_in_batch)
+            if self.sampler.calibration is None:
+                return super().training_step(model, inputs, num_items_in_batch)
+            with self.sampler.calibration.measure(inputs):
+                return super().training_step(model, inputs, num_items_in_batch)
         # An empty micro-batch: no forward (a model cannot run 0 tokens); under DDP a zero that
         # touches every parameter, so this rank joins the gradient reduction too.
         loss = torch.zeros((), device=self.args.device)
@@ -146,7 +170,10 @@ class WlbTrainer(Trainer):
                                   f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self._wlb_loader is not None:
             os.makedirs(checkpoint, exist_ok=True)
-            torch.save(self._wlb_loader.state_dict(), self._loader_state_path(checkpoint))
+            state = self._wlb_loader.state_dict()
+            if self.sampler.calibration is not None:  # all measurements (waits on CUDA)
+                state["calibration"] = self.sampler.calibration.state_dict()
+            torch.save(state, self._loader_state_path(checkpoint))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
@@ -159,4 +186,10 @@ class WlbTrainer(Trainer):
                              "it was not saved by a WlbTrainer of this rank, so the sampler "
                              "cannot resume where it stopped")
         # The state holds numpy arrays and plain containers, written by this class.
-        self.get_train_dataloader().load_state_dict(torch.load(path, weights_only=False))
+        state = torch.load(path, weights_only=False)
+        if self.sampler.calibration is not None:
+            if "calibration" not in state:
+                raise ValueError(f"checkpoint {resume_from_checkpoint} was saved without an "
+                                 "OnlineCalibration, but the sampler has one")
+            self.sampler.calibration.load_state_dict(state.pop("calibration"))  # before the loader
+        self.get_train_dataloader().load_state_dict(state)
