@@ -433,5 +433,88 @@ TEST(CalibratedPresets, RefittingTheCommittedMeasurementsGivesTheShippedNumbers)
   }
 }
 
+// The dense family: ms = a T^2 + b T + c documents + per_call, T = sum d (issue 58).
+TEST(FitMicroBatchCost, DenseFamilyRecoversATokensSquaredCurveThatThePerDocumentFitCannot) {
+  std::mt19937_64 rng(58);
+  std::uniform_real_distribution<double> coef(0.3, 3.0);
+  std::uniform_int_distribution<int64_t> length(1, 20000), docs(1, 8);
+  for (int trial = 0; trial < 12; ++trial) {
+    const double a = coef(rng) * 1e-9, b = coef(rng) * 1e-4, c = coef(rng) * 0.01,
+                 per_call = coef(rng) * 0.1;
+    std::vector<MicroBatchSample> rows;
+    for (int i = 0; i < 40; ++i) {
+      MicroBatchSample s{.step = i / 4};
+      for (int64_t k = docs(rng); k > 0; --k) s.lengths.push_back(length(rng));
+      double t = 0;
+      for (int64_t d : s.lengths) t += static_cast<double>(d);
+      s.ms = a * t * t + b * t + c * static_cast<double>(s.lengths.size()) + per_call;
+      rows.push_back(std::move(s));
+    }
+    absl::StatusOr<MicroBatchFit> dense = FitMicroBatchCost(rows, AttentionFamily::kDense);
+    ASSERT_TRUE(dense.ok()) << dense.status();
+    EXPECT_EQ(dense->model.family(), AttentionFamily::kDense);
+    EXPECT_EQ(dense->model.attn_quadratic, 0.0);
+    EXPECT_NEAR(dense->model.dense_quadratic, a, 1e-6 * a) << trial;
+    EXPECT_NEAR(dense->model.linear_per_token, b, 1e-6 * b) << trial;
+    EXPECT_LT(dense->held_out.max_relative, 1e-8) << trial;
+    EXPECT_THAT(dense->model.description, HasSubstr("T^2 per micro-batch"));
+    EXPECT_NEAR(PredictMicroBatchMs(*dense, rows[3].lengths), rows[3].ms, 1e-6 * rows[3].ms);
+    absl::StatusOr<MicroBatchFit> per_document = FitMicroBatchCost(rows);
+    ASSERT_TRUE(per_document.ok()) << per_document.status();
+    EXPECT_EQ(per_document->model.dense_quadratic, 0.0);
+    EXPECT_GT(per_document->held_out.mean_relative, 1e-3) << trial;
+    // A fixed model is scored with its dense term: on the times less per_call (which W leaves
+    // out) the dense fit's model is exact.
+    std::vector<MicroBatchSample> without_call = rows;
+    for (MicroBatchSample& s : without_call) s.ms -= per_call;
+    absl::StatusOr<ModelErrors> errors =
+        CostModelErrors(dense->model, without_call, /*fit_scale=*/false);
+    ASSERT_TRUE(errors.ok()) << errors.status();
+    EXPECT_LT(errors->in_sample.max_relative, 1e-6) << trial;
+  }
+}
+
+TEST(CostModel, MicroBatchCostAndThePackingFormOfADenseCost) {
+  absl::StatusOr<CostModel> dense = CostModelFromShape(
+      {.name = "t", .hidden = 64, .ffn = 96, .heads = 4, .kv_heads = 2, .layers = 3},
+      AttentionFamily::kDense);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  absl::StatusOr<CostModel> per_document = CostModelFromShape(
+      {.name = "t", .hidden = 64, .ffn = 96, .heads = 4, .kv_heads = 2, .layers = 3});
+  ASSERT_TRUE(per_document.ok());
+  EXPECT_EQ(dense->dense_quadratic, 3 * 4 * 64);
+  EXPECT_EQ(dense->attn_quadratic, 0.0);
+  EXPECT_EQ(dense->linear_per_token, per_document->linear_per_token);
+  EXPECT_EQ(per_document->family(), AttentionFamily::kPerDocument);
+  std::mt19937_64 rng(9);
+  std::uniform_int_distribution<int64_t> length(1, 4000), docs(1, 4);
+  const int64_t cap = 16000;  // >= any micro-batch drawn here (4 x 4000)
+  const CostModel packing = dense->ForPacking(cap);
+  EXPECT_EQ(packing.dense_quadratic, 0.0);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::vector<int64_t> lengths;
+    double t = 0, sum = 0;
+    for (int64_t k = docs(rng); k > 0; --k) {
+      lengths.push_back(length(rng));
+      t += static_cast<double>(lengths.back());
+      sum += (*dense)(lengths.back());
+    }
+    EXPECT_DOUBLE_EQ(dense->MicroBatch(lengths), sum + dense->dense_quadratic * t * t);
+    EXPECT_DOUBLE_EQ(per_document->MicroBatch(lengths), [&] {
+      double w = 0;
+      for (int64_t d : lengths) w += (*per_document)(d);
+      return w;
+    }());
+    // The packing form bounds the micro-batch's cost from above (T <= cap), equal at T = cap.
+    EXPECT_GE(packing.MicroBatch(lengths), dense->MicroBatch(lengths) * (1 - 1e-12));
+  }
+  const std::vector<int64_t> full = {cap / 2, cap / 2};
+  EXPECT_DOUBLE_EQ(packing.MicroBatch(full), dense->MicroBatch(full));
+  EXPECT_EQ(FindAttentionFamily("dense").value(), AttentionFamily::kDense);
+  EXPECT_EQ(FindAttentionFamily("per-document").value(), AttentionFamily::kPerDocument);
+  EXPECT_THAT(FindAttentionFamily("sdpa").status().message(),
+              HasSubstr("unknown attention family 'sdpa' (known: per-document, dense)"));
+}
+
 }  // namespace micro_batch_fit_test
 }  // namespace wlb

@@ -7,23 +7,27 @@ void BindCost(nb::module_& m) {
   // ---- cost models --------------------------------------------------------------------------
   nb::class_<wlb::CostModel>(m, "CostModel",
                              "W(d) = attn_quadratic*d^2 + attn_linear*d + linear_per_token*d + "
-                             "per_document: the work of one document of d tokens.")
+                             "per_document: the work of one document of d tokens; plus "
+                             "dense_quadratic*T^2 per micro-batch of T tokens under a dense "
+                             "attention (sdpa / eager over a packed mask).")
       .def(
           "__init__",
           [](wlb::CostModel* self, double attn_quadratic, double attn_linear,
              double linear_per_token, double per_document, std::string unit,
-             std::string description) {
+             std::string description, double dense_quadratic) {
             wlb::CostModel c{.attn_quadratic = attn_quadratic,
                              .attn_linear = attn_linear,
                              .linear_per_token = linear_per_token,
                              .per_document = per_document,
+                             .dense_quadratic = dense_quadratic,
                              .unit = std::move(unit),
                              .description = std::move(description)};
             CheckCostModel(c);
             new (self) wlb::CostModel(std::move(c));
           },
           "attn_quadratic"_a = 0.0, "attn_linear"_a = 0.0, "linear_per_token"_a = 0.0,
-          "per_document"_a = 0.0, "unit"_a = "flop", "description"_a = "")
+          "per_document"_a = 0.0, "unit"_a = "flop", "description"_a = "",
+          "dense_quadratic"_a = 0.0)
       .def_static(
           "from_preset",
           [](const std::string& name) { return Unwrap(wlb::CostModelFromPreset(name)); }, "name"_a,
@@ -35,16 +39,28 @@ void BindCost(nb::module_& m) {
       .def_static(
           "from_shape",
           [](int64_t hidden, int64_t ffn, int64_t heads, int64_t kv_heads, int64_t layers,
-             std::string name) {
+             std::string name, const std::string& attention) {
             return Unwrap(wlb::CostModelFromShape({.name = std::move(name),
                                                    .hidden = hidden,
                                                    .ffn = ffn,
                                                    .heads = heads,
                                                    .kv_heads = kv_heads,
-                                                   .layers = layers}));
+                                                   .layers = layers},
+                                                  Unwrap(wlb::FindAttentionFamily(attention))));
           },
           "hidden"_a, "ffn"_a, "heads"_a, "kv_heads"_a, "layers"_a, "name"_a = "custom",
-          "Forward-FLOP model of a LLaMA-style shape.")
+          "attention"_a = "per-document",
+          "Forward-FLOP model of a LLaMA-style shape under an attention family "
+          "(CostModel.attention_families()): 'per-document' (varlen kernels) or 'dense' (sdpa / "
+          "eager over a packed mask).")
+      .def_static(
+          "attention_families",
+          [] {
+            std::vector<std::string> names;
+            for (const auto& f : wlb::kAttentionFamilies) names.emplace_back(f.name);
+            return names;
+          },
+          "The attention families a cost can follow: 'per-document', 'dense'.")
       .def_static(
           "fit",
           [](nb::handle lengths, nb::handle latencies) {
@@ -74,6 +90,18 @@ void BindCost(nb::module_& m) {
       .def_ro("attn_linear", &wlb::CostModel::attn_linear)
       .def_ro("linear_per_token", &wlb::CostModel::linear_per_token)
       .def_ro("per_document", &wlb::CostModel::per_document)
+      .def_ro("dense_quadratic", &wlb::CostModel::dense_quadratic)
+      .def_prop_ro(
+          "attention_family",
+          [](const wlb::CostModel& c) { return std::string(wlb::AttentionFamilyName(c.family())); },
+          "The attention family: 'dense' when dense_quadratic > 0, else 'per-document'.")
+      .def(
+          "micro_batch",
+          [](const wlb::CostModel& c, nb::handle lengths) {
+            return c.MicroBatch(ToInt64(lengths, "lengths"));
+          },
+          "lengths"_a,
+          "The cost of one micro-batch of these document lengths (dense term included).")
       .def_ro("unit", &wlb::CostModel::unit)
       .def_ro("description", &wlb::CostModel::description)
       .def(
@@ -130,7 +158,7 @@ void BindCost(nb::module_& m) {
       });
   m.def(
       "fit_micro_batch_cost",
-      [](nb::handle lengths, nb::handle ms, nb::handle step) {
+      [](nb::handle lengths, nb::handle ms, nb::handle step, const std::string& attention) {
         RejectBytesAndText(lengths, "lengths");
         std::vector<wlb::MicroBatchSample> samples;
         for (nb::handle row : lengths) {
@@ -153,16 +181,18 @@ void BindCost(nb::module_& m) {
           }
           for (size_t i = 0; i < steps.size(); ++i) samples[i].step = steps[i];
         }
-        return Unwrap(wlb::FitMicroBatchCost(samples));
+        return Unwrap(wlb::FitMicroBatchCost(samples, Unwrap(wlb::FindAttentionFamily(attention))));
       },
-      "lengths"_a, "ms"_a, nb::kw_only(), "step"_a = nb::none(),
+      "lengths"_a, "ms"_a, nb::kw_only(), "step"_a = nb::none(), "attention"_a = "per-document",
       nb::sig("def fit_micro_batch_cost(lengths: typing.Sequence[numpy.typing.ArrayLike], ms: "
-              "numpy.typing.ArrayLike, *, step: numpy.typing.ArrayLike | None = None) -> "
-              "MicroBatchFit"),
+              "numpy.typing.ArrayLike, *, step: numpy.typing.ArrayLike | None = None, "
+              "attention: str = 'per-document') -> MicroBatchFit"),
       "Fits ms = a*sum(d^2) + b*sum(d) + c*documents + per_call (all >= 0, relative error) to "
       "measured micro-batches: lengths[i] is micro-batch i's document lengths, ms[i] its "
       "measured time (e.g. forward + backward). Held-out error: fits on half the rows predict "
       "the other half and back, halves by step parity when step is given, else by row parity. "
+      "attention='dense' fits a*T^2 (T = sum(d), the micro-batch's tokens: dense_quadratic) "
+      "instead of a*sum(d^2). "
       "ValueError naming the row and value for bad input.");
   m.def(
       "read_micro_batch_measurements",

@@ -156,17 +156,18 @@ void BindPacker(nb::module_& m) {
             const wlb::PlanSettings plan = Unwrap(spec.Validate());
             wlb::DocumentCost doc_cost =
                 cost_model.has_value() ? wlb::DocumentCost(*cost_model) : Unwrap(spec.MakeCost());
-            std::unique_ptr<wlb::Packer> packer =
-                Unwrap(wlb::MakePacker(plan.packer, plan.config, doc_cost, plan.options));
+            std::unique_ptr<wlb::Packer> packer = Unwrap(
+                wlb::MakePacker(plan.packer, plan.config, std::move(doc_cost), plan.options));
+            // What the packer balances (a dense cost in its per-document form, MakePacker).
+            auto balanced = std::make_shared<const wlb::DocumentCost>(packer->cost());
             std::map<std::string, std::string> settings;
             for (const auto& [key, text] : pairs) {
               if (key != "packer") settings[key] = wlb::FindPlanSetting(key)->show(spec);
             }
-            new (self)
-                PyPacker{.packer = std::move(packer),
-                         .cost = std::make_shared<const wlb::DocumentCost>(std::move(doc_cost)),
-                         .options = plan.options,
-                         .settings = std::move(settings)};
+            new (self) PyPacker{.packer = std::move(packer),
+                                .cost = std::move(balanced),
+                                .options = plan.options,
+                                .settings = std::move(settings)};
           },
           "name"_a = "wlb", "kwargs"_a, PackerDoc())
       .def_prop_ro(

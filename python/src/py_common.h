@@ -478,7 +478,8 @@ inline void CheckCostModel(const wlb::CostModel& m) {
   for (auto [name, v] :
        {std::pair{"attn_quadratic", m.attn_quadratic}, std::pair{"attn_linear", m.attn_linear},
         std::pair{"linear_per_token", m.linear_per_token},
-        std::pair{"per_document", m.per_document}}) {
+        std::pair{"per_document", m.per_document},
+        std::pair{"dense_quadratic", m.dense_quadratic}}) {
     if (!(v >= 0.0) || !std::isfinite(v)) {
       Raise(absl::InvalidArgumentError(
           absl::StrFormat("cost model: %s must be >= 0 and finite, got %g", name, v)));

@@ -616,10 +616,11 @@ def test_backend_selection_and_comm_volume():
         comm_volume(exact, 2, 8, 2, rank=4)
 
 
-def test_cp_attention_needs_a_process_group():
-    plan = wlb.plan_shards(np.array([4]), 1, "per-doc")
-    q = torch.zeros(4, 1, 2, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="initialised torch.distributed"):
+def test_cp_attention_needs_a_process_group_above_cp_1():
+    plan = wlb.plan_shards(np.array([4, 6]), 2, "per-doc")  # cp = 1 runs without one
+    q = torch.zeros(plan[0].tokens, 1, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="initialised torch.distributed process group for a "
+                                           "plan of cp_size 2"):
         cp_attention(q, q, q, plan)
 
 

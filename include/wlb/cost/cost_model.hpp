@@ -19,10 +19,18 @@
 //                                            QK^T and 2*hd for PV per pair and query head]
 // Embeddings and the LM head are left out: they are linear in tokens and the same for any packing
 // of a step, so they shift costs but do not change which packing is balanced.
+//
+// Attention families (AttentionFamilies): "per-document" kernels (FlashAttention varlen, wlb's CP
+// attention) attend within each document, so a micro-batch costs the sum of W(d) over its
+// documents. "dense" ones (PyTorch sdpa / eager over a packed mask, padded layouts) compute the
+// whole T x T score matrix of a micro-batch of T tokens and mask it: the attention costs
+// dense_quadratic * T^2 per micro-batch, whatever its documents (from a shape: 4h FLOPs per
+// (query, key) pair and layer, T^2 pairs: nothing is skipped below the diagonal).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,15 +66,74 @@ inline const std::vector<TransformerShape>& TransformerPresets() {
   return presets;
 }
 
-// W(d) = attn_quadratic*d^2 + attn_linear*d + linear_per_token*d + per_document, all >= 0.
-// `unit` says what a cost counts ("flop" or "ms").
+// How a micro-batch's attention is computed (file comment): one registry row per family.
+enum class AttentionFamily { kPerDocument, kDense };
+struct AttentionFamilyInfo {
+  AttentionFamily family;
+  std::string_view name;
+  std::string_view description;
+};
+inline constexpr AttentionFamilyInfo kAttentionFamilies[] = {
+    {AttentionFamily::kPerDocument, "per-document",
+     "attention within each document (FlashAttention varlen, wlb_cp): sum of a*d^2"},
+    {AttentionFamily::kDense, "dense",
+     "the packed micro-batch's whole T x T scores, masked (sdpa, eager): a*T^2"},
+};
+
+// The family named `name`; an unknown name is an error listing the known ones.
+inline absl::StatusOr<AttentionFamily> FindAttentionFamily(std::string_view name) {
+  std::vector<std::string> known;
+  for (const AttentionFamilyInfo& f : kAttentionFamilies) {
+    if (f.name == name) return f.family;
+    known.emplace_back(f.name);
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("unknown attention family %s (known: %s)",
+                                                    QuoteForMessage(name),
+                                                    absl::StrJoin(known, ", ")));
+}
+
+inline std::string_view AttentionFamilyName(AttentionFamily family) {
+  for (const AttentionFamilyInfo& f : kAttentionFamilies) {
+    if (f.family == family) return f.name;
+  }
+  return "?";
+}
+
+// W(d) = attn_quadratic*d^2 + attn_linear*d + linear_per_token*d + per_document per document, and
+// dense_quadratic*T^2 per micro-batch of T tokens (the dense family), all >= 0. `unit` says what
+// a cost counts ("flop" or "ms").
 struct CostModel {
   double attn_quadratic = 0.0;
   double attn_linear = 0.0;
   double linear_per_token = 0.0;
   double per_document = 0.0;
+  double dense_quadratic = 0.0;
   std::string unit = "flop";
   std::string description;
+
+  AttentionFamily family() const {
+    return dense_quadratic > 0.0 ? AttentionFamily::kDense : AttentionFamily::kPerDocument;
+  }
+  // The cost of a micro-batch of these documents: sum of W(d) plus the dense term.
+  double MicroBatch(std::span<const int64_t> lengths) const {
+    double cost = 0.0, tokens = 0.0;
+    for (int64_t d : lengths) {
+      cost += (*this)(d);
+      tokens += static_cast<double>(d);
+    }
+    return cost + dense_quadratic * tokens * tokens;
+  }
+  // What a packer balances under a micro-batch cap of `max_tokens`: packers add W(d) per
+  // document, and the dense term of a micro-batch of T <= max_tokens tokens is at most
+  // dense_quadratic * max_tokens * T (equal when full), so it is charged as that many units a
+  // token. It rises with T alone, so balancing it is balancing tokens, which also minimises the
+  // largest dense_quadratic * T^2.
+  CostModel ForPacking(int64_t max_tokens) const {
+    CostModel m = *this;
+    m.linear_per_token += dense_quadratic * static_cast<double>(max_tokens);
+    m.dense_quadratic = 0.0;
+    return m;
+  }
 
   // The attention part W_a(d).
   double Attention(int64_t d) const {
@@ -103,19 +170,25 @@ inline absl::Status ValidateShape(const TransformerShape& s) {
   return absl::OkStatus();
 }
 
-// Forward-FLOP cost model of a shape (formula in the file comment).
-inline absl::StatusOr<CostModel> CostModelFromShape(const TransformerShape& s) {
+// Forward-FLOP cost model of a shape (formulas in the file comment) under an attention family.
+inline absl::StatusOr<CostModel> CostModelFromShape(
+    const TransformerShape& s, AttentionFamily family = AttentionFamily::kPerDocument) {
   if (absl::Status st = ValidateShape(s); !st.ok()) return st;
   const double h = static_cast<double>(s.hidden);
   const double kv = static_cast<double>(s.kv_heads * (s.hidden / s.heads));
   const double layers = static_cast<double>(s.layers);
   CostModel m;
-  m.attn_quadratic = layers * 2.0 * h;  // 4h * d(d+1)/2 = 2h d^2 + 2h d
-  m.attn_linear = layers * 2.0 * h;
+  if (family == AttentionFamily::kDense) {
+    m.dense_quadratic = layers * 4.0 * h;  // every (query, key) pair of the micro-batch
+  } else {
+    m.attn_quadratic = layers * 2.0 * h;  // 4h * d(d+1)/2 = 2h d^2 + 2h d
+    m.attn_linear = layers * 2.0 * h;
+  }
   m.linear_per_token = layers * (2.0 * h * (h + 2.0 * kv) + 2.0 * h * h + 6.0 * h * s.ffn);
   m.unit = "flop";
-  m.description = absl::StrFormat("%s forward FLOPs (hidden %d, ffn %d, heads %d/%d, layers %d)",
-                                  s.name, s.hidden, s.ffn, s.heads, s.kv_heads, s.layers);
+  m.description = absl::StrFormat("%s forward FLOPs (hidden %d, ffn %d, heads %d/%d, layers %d%s)",
+                                  s.name, s.hidden, s.ffn, s.heads, s.kv_heads, s.layers,
+                                  family == AttentionFamily::kDense ? ", dense attention" : "");
   return m;
 }
 

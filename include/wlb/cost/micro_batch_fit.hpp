@@ -7,13 +7,15 @@
 //   double held_out = fit->held_out.mean_relative;                      // e.g. 0.009
 //
 // The fit: ms = a * sum d^2 + b * sum d + c * documents + per_call over each micro-batch's
-// document lengths d, every coefficient >= 0 (exact non-negative least squares over the four
-// terms, NonNegativeLeastSquares of cost_fit.hpp), minimising the squared relative error so
-// short and long micro-batches count alike. `model` is W(d) = a d^2 + b d + c (a in the attention
-// part, b and c in the linear part): what a packer balances; per_call is the same for every
-// micro-batch of a step, so it shifts costs without changing which packing is balanced. A sum of
-// single-document times (FitCostModel) overcounts a packed call: a short document alone pays a
-// launch and an idle GPU that it does not pay inside a micro-batch.
+// document lengths d (the per-document attention family; under the dense family, a * T^2 with T
+// = sum d, the micro-batch's tokens: CostModel's dense_quadratic), every coefficient >= 0 (exact
+// non-negative least squares over the four terms, NonNegativeLeastSquares of cost_fit.hpp),
+// minimising the squared relative error so short and long micro-batches count alike. `model` is
+// W(d) = a d^2 + b d + c (a in the attention part, b and c in the linear part): what a packer
+// balances; per_call is the same for every micro-batch of a step, so it shifts costs without
+// changing which packing is balanced. A sum of single-document times (FitCostModel) overcounts a
+// packed call: a short document alone pays a launch and an idle GPU that it does not pay inside a
+// micro-batch.
 //
 // Held-out error (the rule): the samples are split in two halves, by step parity when every
 // sample has a step (even steps / odd steps), else by position (samples 0, 2, 4, ... / 1, 3, 5,
@@ -109,9 +111,7 @@ struct MicroBatchFit {
 
 // The fit's prediction of one micro-batch: sum of W(d) over its documents, plus per_call_ms.
 inline double PredictMicroBatchMs(const MicroBatchFit& fit, std::span<const int64_t> lengths) {
-  double ms = fit.per_call_ms;
-  for (int64_t d : lengths) ms += fit.model(d);
-  return ms;
+  return fit.per_call_ms + fit.model.MicroBatch(lengths);
 }
 
 namespace detail {
@@ -177,7 +177,8 @@ inline absl::Status CheckMicroBatchDesign(const Eigen::MatrixXd& a, const char* 
 // The fit on `rows` (indices into `samples`, already validated), or an error prefixed `what`.
 inline absl::StatusOr<MicroBatchFit> FitMicroBatchRows(std::span<const MicroBatchSample> samples,
                                                        const std::vector<size_t>& rows,
-                                                       const char* what) {
+                                                       const char* what, AttentionFamily family) {
+  const bool dense = family == AttentionFamily::kDense;
   const Eigen::Index n = static_cast<Eigen::Index>(rows.size());
   if (n < kMicroBatchFitTerms) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -193,7 +194,7 @@ inline absl::StatusOr<MicroBatchFit> FitMicroBatchRows(std::span<const MicroBatc
       d1 += static_cast<double>(d);
     }
     const double w = 1.0 / s.ms;  // relative-error weighting
-    a.row(i) << d2 * w, d1 * w, static_cast<double>(s.lengths.size()) * w, w;
+    a.row(i) << (dense ? d1 * d1 : d2) * w, d1 * w, static_cast<double>(s.lengths.size()) * w, w;
   }
   // Columns scaled to unit norm (the solution is rescaled after): sum d^2 and 1 differ by ten
   // orders of magnitude, and a positive column scale leaves the non-negative optimum unchanged.
@@ -209,7 +210,7 @@ inline absl::StatusOr<MicroBatchFit> FitMicroBatchRows(std::span<const MicroBatc
   }
   const Eigen::VectorXd c = x->cwiseQuotient(norms);
   MicroBatchFit fit;
-  fit.model.attn_quadratic = c(0);
+  (dense ? fit.model.dense_quadratic : fit.model.attn_quadratic) = c(0);
   fit.model.linear_per_token = c(1);
   fit.model.per_document = c(2);
   fit.model.unit = "ms";
@@ -268,18 +269,21 @@ inline std::string HalfName(const MicroBatchSplit& split, int k) {
 
 }  // namespace detail
 
-// Fits the micro-batch cost (file comment) and measures its in-sample and held-out errors.
+// Fits the micro-batch cost (file comment) of an attention family and measures its in-sample and
+// held-out errors.
 // InvalidArgument naming the sample and value: a sample without documents, a length outside
 // [1, kMaxContext], a time that is NaN or outside [kMinProfileMs, kMaxProfileMs] (zero and
 // negative included), a negative step, steps given for some samples only; fewer samples than
 // kMicroBatchFitTerms, or than that in either held-out half; measurements (all, or either
 // held-out half) that cannot tell the terms apart (CheckMicroBatchDesign: every micro-batch
 // alike, or every one a single document, ...), naming the terms.
-inline absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatchSample> samples) {
+inline absl::StatusOr<MicroBatchFit> FitMicroBatchCost(
+    std::span<const MicroBatchSample> samples,
+    AttentionFamily family = AttentionFamily::kPerDocument) {
   absl::StatusOr<detail::MicroBatchSplit> split = detail::SplitMicroBatches(samples);
   if (!split.ok()) return split.status();
   absl::StatusOr<MicroBatchFit> fit =
-      detail::FitMicroBatchRows(samples, split->all, "micro-batch fit");
+      detail::FitMicroBatchRows(samples, split->all, "micro-batch fit", family);
   if (!fit.ok()) return fit.status();
   absl::StatusOr<PredictionError> in_sample = detail::FitErrorOn(*fit, samples, split->all);
   if (!in_sample.ok()) return in_sample.status();
@@ -289,7 +293,7 @@ inline absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatc
   for (int k : {0, 1}) {  // both halves fitted first: each must hold enough samples
     const std::string what = detail::HalfName(*split, k);
     absl::StatusOr<MicroBatchFit> part =
-        detail::FitMicroBatchRows(samples, split->half[k], what.c_str());
+        detail::FitMicroBatchRows(samples, split->half[k], what.c_str(), family);
     if (!part.ok()) return part.status();
     parts.push_back(*std::move(part));
   }
@@ -303,10 +307,12 @@ inline absl::StatusOr<MicroBatchFit> FitMicroBatchCost(std::span<const MicroBatc
   }
   held.mean_relative /= static_cast<double>(held.points);
   fit->held_out = held;
+  const bool dense = family == AttentionFamily::kDense;
   fit->model.description = absl::StrFormat(
-      "fitted to %d measured micro-batches: %.6g*d^2 + %.6g*d + %.6g ms per document, %.6g ms "
+      "fitted to %d measured micro-batches: %.6g*%s + %.6g*d + %.6g ms per document, %.6g ms "
       "per call (in sample mean %.1f%%, max %.1f%%; held out %s mean %.1f%%, max %.1f%%)",
-      fit->samples, fit->model.attn_quadratic, fit->model.linear_per_token, fit->model.per_document,
+      fit->samples, dense ? fit->model.dense_quadratic : fit->model.attn_quadratic,
+      dense ? "T^2 per micro-batch" : "d^2", fit->model.linear_per_token, fit->model.per_document,
       fit->per_call_ms, 100 * fit->in_sample.mean_relative, 100 * fit->in_sample.max_relative,
       fit->held_out_rule, 100 * held.mean_relative, 100 * held.max_relative);
   return fit;
@@ -329,7 +335,7 @@ inline absl::StatusOr<ModelErrors> CostModelErrors(const CostModel& model,
   if (!split.ok()) return split.status();
   std::vector<double> predicted(samples.size()), measured(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
-    for (int64_t d : samples[i].lengths) predicted[i] += model(d);
+    predicted[i] = model.MicroBatch(samples[i].lengths);
     measured[i] = samples[i].ms;
   }
   ModelErrors out;

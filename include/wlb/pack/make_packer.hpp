@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -223,12 +224,20 @@ inline absl::Status UnknownPacker(std::string_view name) {
       "unknown packer %s (known: %s)", QuoteForMessage(name), absl::StrJoin(kPackerNames, ", ")));
 }
 
-// Validates everything and builds the named packer; errors name the bad value.
+// Validates everything and builds the named packer; errors name the bad value. A cost of the
+// dense attention family plans with its per-document form at the cap (CostModel::ForPacking).
 inline absl::StatusOr<std::unique_ptr<Packer>> MakePacker(std::string_view name,
                                                           const PackerConfig& config,
                                                           DocumentCost cost,
                                                           const PackerOptions& options) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  if (const CostModel* p = cost.polynomial(); p != nullptr && p->dense_quadratic != 0.0) {
+    if (!(p->dense_quadratic > 0.0) || !std::isfinite(p->dense_quadratic)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cost model dense_quadratic must be >= 0 and finite, got %g", p->dense_quadratic));
+    }
+    cost = p->ForPacking(config.max_tokens);
+  }
   if (absl::Status s = ValidateCost(cost); !s.ok()) return s;
   const PackerInfo* info = FindPacker(name);
   if (info == nullptr) return UnknownPacker(name);

@@ -10,11 +10,18 @@ fit was made:
     sampler = PackedBatchSampler(lengths, pp=4, dp=1, rank=0, context=S, packer="wlb-lookahead",
                                  calibration=calibration)
     for i, mb in enumerate(StatefulDataLoader(pieces, batch_sampler=sampler, ...)):
-        with calibration.measure(mb["lengths"]):        # this micro-batch's document lengths
+        with calibration.measure(mb):                   # this micro-batch (its document lengths)
             model(mb).backward()
         if (i + 1) % 4 == 0:                              # the step's PP micro-batches are done
             optimizer.step()
             calibration.end_step()
+
+``measure`` and ``record`` take a micro-batch's document lengths or the batch itself: a
+``PackedCollate`` batch (its ``lengths``) or a ``PackedCollate(format="hf")`` one (the lengths
+from its ``cu_seq_lens_q``). ``attention`` is the fit's attention family
+(``wlb.CostModel.attention_families()``): ``"per-document"`` (a * sum d^2: varlen kernels) or
+``"dense"`` (a * T^2 of the micro-batch's T tokens: sdpa / eager over a packed mask;
+``wlb.torch.hf.attention_family(model)`` says which a transformers model runs).
 
 Timing. On a CUDA device a measurement is a pair of CUDA events on the current stream, read one
 step late: ``end_step()`` of step T reads the events of step T - 1 (waiting on the last of them,
@@ -72,8 +79,9 @@ from .._checks import describe, integer, real
 from ._common import require_torch, torch
 
 _STATE_VERSION = 1
-_CONFIG = ("refit_every", "window", "delay", "min_samples")
-_COST_FIELDS = ("attn_quadratic", "attn_linear", "linear_per_token", "per_document")
+_CONFIG = ("refit_every", "window", "delay", "min_samples", "attention")
+_COST_FIELDS = ("attn_quadratic", "attn_linear", "linear_per_token", "per_document",
+                "dense_quadratic")
 _MAX_STEP = 2**62  # far beyond any run; keeps state integers in a checked range
 _MAX_LENGTH = 2**24  # the fit's limit on a document's length (kMaxContext)
 
@@ -82,7 +90,19 @@ Sample = List[Any]
 
 
 def _lengths_of(lengths: Any) -> List[int]:
-    """A micro-batch's document lengths as ints ([] for an empty micro-batch: not measured)."""
+    """A micro-batch's document lengths as ints ([] for an empty micro-batch: not measured), from
+    the lengths or a PackedCollate batch (varlen: its "lengths"; hf: its "cu_seq_lens_q")."""
+    if isinstance(lengths, dict):
+        if "lengths" in lengths:
+            lengths = lengths["lengths"]
+        elif "cu_seq_lens_q" in lengths:
+            cu = lengths["cu_seq_lens_q"]
+            cu = cu.detach().cpu().numpy() if torch is not None and isinstance(
+                cu, torch.Tensor) else np.asarray(cu)
+            lengths = np.diff(cu.astype(np.int64))
+        else:
+            raise ValueError(f"a measured batch must be a PackedCollate batch (with 'lengths' or "
+                             f"'cu_seq_lens_q'), got keys {sorted(map(str, lengths))}")
     if torch is not None and isinstance(lengths, torch.Tensor):
         lengths = lengths.detach().cpu().numpy()
     array = np.asarray(lengths)
@@ -121,11 +141,17 @@ class OnlineCalibration:
     fitted (>= 2: the held-out check splits them by step parity); ``delay``: steps between a fit
     and the first step planned with it (>= 0); ``min_samples``: fewest measurements fitted (>= 8:
     four fit terms, checked on each half); ``device``: where the timed work runs (CUDA: events,
-    else ``time.perf_counter``); ``group``: see the module docstring."""
+    else ``time.perf_counter``); ``group``: see the module docstring; ``attention``: the fit's
+    attention family (module docstring)."""
 
     def __init__(self, *, refit_every: int = 10, window: int = 50, delay: int = 0,
-                 min_samples: int = 16, device: Any = "cpu", group: Any = None):
+                 min_samples: int = 16, device: Any = "cpu", group: Any = None,
+                 attention: str = "per-document"):
         require_torch()
+        if attention not in wlb.CostModel.attention_families():
+            raise ValueError(f"attention must be one of {wlb.CostModel.attention_families()}, "
+                             f"got {attention!r}")
+        self.attention = attention
         self.refit_every, self.window, self.delay, self.min_samples = (
             integer(name, value, low, 2**31)
             for name, value, low in (("refit_every", refit_every, 1), ("window", window, 2),
@@ -232,7 +258,8 @@ class OnlineCalibration:
         try:
             fit = wlb.fit_micro_batch_cost([np.asarray(s[1], dtype=np.int64) for s in self._window],
                                            [s[2] for s in self._window],
-                                           step=[s[0] for s in self._window])
+                                           step=[s[0] for s in self._window],
+                                           attention=self.attention)
         except ValueError as error:  # the measurements cannot be fitted: keep the last cost
             self.refits_skipped += 1
             self.last_error = str(error)
@@ -369,6 +396,8 @@ def parse_fit(field: str, fit: Any) -> Dict[str, Any]:
     """A fit record (``cost_for()``) checked field by field: ValueError naming ``field``."""
     keys = {"from_step", "unit", "description", "per_call_ms", "held_out_mean_relative",
             "samples", *_COST_FIELDS}
+    if isinstance(fit, dict) and "dense_quadratic" not in fit:
+        fit = dict(fit, dense_quadratic=0.0)  # saved before the dense family: per-document
     if not isinstance(fit, dict) or set(fit) != keys:
         raise _field_error(field, fit, f"a dict with keys {sorted(keys)}")
     out = dict(fit)
@@ -399,8 +428,11 @@ def _parse_state(state: Any, config: Dict[str, int]) -> Tuple[Any, ...]:
     extra = sorted(set(state) - known)
     if extra:
         raise ValueError(f"calibration state has an unknown entry '{extra[0]}'")
-    if state["config"] != config:
-        saved = state["config"] if isinstance(state["config"], dict) else {}
+    saved = state["config"]
+    if isinstance(saved, dict) and "attention" not in saved:
+        saved = dict(saved, attention="per-document")  # saved before the dense family
+    if saved != config:
+        saved = saved if isinstance(saved, dict) else {}
         name = next((k for k in _CONFIG if saved.get(k) != config[k]), "config")
         raise ValueError(f"calibration state 'config' was saved with {name} = {saved.get(name)!r}; "
                          f"this calibration has {name} = {config.get(name)!r}")

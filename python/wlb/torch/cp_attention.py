@@ -775,13 +775,18 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     sequential path's backward adds "backward_exchange_s" (the gradients' exchange, blocking).
     """
     require_torch()
-    if not dist.is_available() or not dist.is_initialized():  # no other rank to agree with
+    if group is None and (not dist.is_available() or not dist.is_initialized()):
+        # No process group: one rank, nothing to exchange or agree on (cp_size 1 only).
         if not isinstance(plan, wlb.ShardPlan):
             raise TypeError(f"plan must be a wlb.ShardPlan, got {type(plan).__name__}")
         if plan.mask is None:
             raise ValueError(f"cp_attention: the plan's layer mix {plan.layer_mix} has several "
                              f"masks; pass plan.for_mask(mask) for this layer's")
-        raise RuntimeError("cp_attention needs an initialised torch.distributed process group")
+        if plan.cp_size != 1:
+            raise RuntimeError(f"cp_attention needs an initialised torch.distributed process "
+                               f"group for a plan of cp_size {plan.cp_size} (cp_size 1 runs "
+                               f"without one)")
+        return _one_rank(q, k, v, plan, scale, backend, timings)
     rank = dist.get_rank(group)
     if rank < 0:
         raise ValueError("cp_attention: this process is not a member of the given group")
@@ -805,6 +810,29 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     window = {"window": rp.window} if rp.window else {}  # causal calls stay as they were
     out, lse = varlen_causal_attention(q, k_keys, v_keys, rp.cu_q, rp.cu_k, rp.max_q, rp.max_k,
                                        scale=scale, backend=chosen, **window)
+    clock.lap("attention_s")
+    return out, lse
+
+
+def _one_rank(q, k, v, plan: wlb.ShardPlan, scale, backend, timings):
+    """cp_attention of a cp_size-1 plan in a process without a group: this rank's checks, then
+    its kernel segments over its own rows (every key row is one of them)."""
+    problem = _check_inputs(q, k, v, plan, 0)
+    if problem is not None:
+        raise (TypeError if "must be a torch.Tensor" in problem else ValueError)(
+            f"cp_attention: {problem}")
+    scale = check_scale(scale)
+    window = int(plan.kernel_window)
+    chosen = select_backend(q.device, q.dtype, backend, window)
+    r = plan[0]
+    clock = _Clock(timings, q.device)
+    rows = torch.from_numpy(np.asarray(r.key_rows, dtype=np.int64)).to(q.device)
+    k_keys, v_keys = k.index_select(0, rows), v.index_select(0, rows)
+    clock.lap("gather_s")
+    out, lse = varlen_causal_attention(
+        q, k_keys, v_keys, torch.from_numpy(r.cu_seqlens_q).to(q.device),
+        torch.from_numpy(r.cu_seqlens_k).to(q.device), int(r.max_seqlen_q), int(r.max_seqlen_k),
+        scale=scale, backend=chosen, **({"window": window} if window else {}))
     clock.lap("attention_s")
     return out, lse
 

@@ -23,7 +23,21 @@ or of what you pass, so that ``out.loss`` summed over the CP ranks is the micro-
 token-weighted mean) and ``packed_seq_params``: this rank's ``PackedSeqParams`` with the
 ``shard_plan``, which the attention function reads. Under a sliding-window model (Mistral's
 ``sliding_window``, Qwen2's sliding layers) the plan's mask must be ``"window:W"`` with the
-model's W (``plan_shards`` picks it from the model config when given ``model=``).
+model's W (``plan_shards`` picks it from the model config when given ``model=``). At cp = 1
+no process group is needed (``cp_inputs(mb, plan_shards(mb, 1), 0)``: one rank, no exchange).
+
+Cost. What a packed micro-batch costs depends on the model's attention implementation:
+FlashAttention's varlen kernels and ``"wlb_cp"`` attend within each document (cost
+sum a*d^2: the per-document family, where wlb's balance pays off), while ``sdpa`` and ``eager``
+compute the whole T x T score matrix of a micro-batch of T tokens and mask it (cost a*T^2: the
+dense family; balancing it is balancing tokens, which any full packing already does).
+``attention_family(model)`` names the family and ``packing_cost(model)`` is the model's own
+forward-FLOP cost under it (``wlb.CostModel.from_shape``), for ``PackedBatchSampler(cost=...)``;
+``OnlineCalibration(attention=attention_family(model))`` fits measured times in the same family.
+
+Training with ``transformers.Trainer``: ``WlbTrainer`` (``wlb.torch.hf_trainer``) builds the
+loader from a ``PackedBatchSampler``, moves it from epoch to epoch, skips empty micro-batches and
+checkpoints the loader with the Trainer's checkpoints.
 """
 
 from __future__ import annotations
@@ -42,6 +56,11 @@ from .packed import PackedSeqParams
 
 NAME = "wlb_cp"
 
+# attn_implementation -> attention family (wlb.CostModel.attention_families()). FlashAttention and
+# flex attention skip what a packed mask hides (per tile); sdpa and eager compute all of it.
+_PER_DOCUMENT_PREFIXES = ("flash_attention", "flex_attention", "paged|flash", NAME)
+_DENSE = ("sdpa", "eager", "paged|sdpa", "paged|eager")
+
 
 def register(name: str = NAME) -> str:
     """Registers wlb's CP attention with transformers' ``AttentionInterface`` under ``name``
@@ -53,6 +72,41 @@ def register(name: str = NAME) -> str:
         raise ImportError("wlb.torch.hf needs transformers (pip install 'wlb[hf]')") from e
     AttentionInterface.register(name, cp_attention_forward)
     return name
+
+
+def attention_family(model: Any) -> str:
+    """``"per-document"`` or ``"dense"``: how ``model`` (a transformers model or config) computes
+    a packed micro-batch's attention, from its ``attn_implementation`` (see the module
+    docstring); ValueError for an implementation wlb does not know (give the family yourself)."""
+    config = getattr(model, "config", model)
+    name = getattr(config, "_attn_implementation", None) or "eager"
+    if any(name == p or name.startswith(p) for p in _PER_DOCUMENT_PREFIXES):
+        return "per-document"
+    if name in _DENSE:
+        return "dense"
+    raise ValueError(f"attn_implementation {name!r}: wlb does not know whether it attends per "
+                     "document or over the whole packed micro-batch; build the cost with "
+                     "wlb.CostModel.from_shape(..., attention='per-document' or 'dense')")
+
+
+def packing_cost(model: Any, attention: Optional[str] = None) -> wlb.CostModel:
+    """``model``'s forward-FLOP cost (``wlb.CostModel.from_shape`` of its config's hidden size,
+    intermediate size, heads, K/V heads and layers) under ``attention`` (default
+    ``attention_family(model)``): the ``cost`` to give ``PackedBatchSampler``."""
+    config = getattr(model, "config", model)
+    heads = config.num_attention_heads
+    return wlb.CostModel.from_shape(
+        hidden=config.hidden_size, ffn=config.intermediate_size, heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        layers=config.num_hidden_layers, name=getattr(config, "model_type", "") or "custom",
+        attention=attention if attention is not None else attention_family(config))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WlbTrainer":  # imports transformers' Trainer (and accelerate) on first use
+        from .hf_trainer import WlbTrainer
+        return WlbTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _lengths(batch: Dict[str, Any]) -> np.ndarray:
