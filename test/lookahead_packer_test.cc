@@ -208,7 +208,9 @@ TEST(LookaheadPacker, MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
 // few runs, the price alone on many (more bounded fails this, and so does the price alone falling
 // below 60: then the tests lost their power to tell; the generated streams' price alone likewise).
 TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesRarely) {
-  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 2);
+  // 1 before the step check of issue 56; 4 since (the default and a zero budget, which is exempt
+  // from the check: its price alone steers those runs).
+  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 4);
   EXPECT_GE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
   EXPECT_GE(CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
 }

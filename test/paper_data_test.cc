@@ -47,8 +47,11 @@ TEST(PaperData, WlbTwoLevelsBeatsFixedGreedyAndOriginalByAWideMargin) {
   std::printf("wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
               lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
               refine.delay.mean);
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.01);
-  EXPECT_LE(lookahead.imbalance_mean, 1.025);  // the issue's target, at <= 0.45 steps of delay
+  // 1.0245 before the step check of issue 56 (kStepTolerance), 1.0292 with it: the check buys
+  // worst steps within 0.006 of wlb's on every stream shape of bench/model_error_table for 0.005
+  // of mean here, under the FLOP cost (planned with a calibration it is 0.015-0.019 below wlb).
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.006);
+  EXPECT_LE(lookahead.imbalance_mean, 1.030);
   EXPECT_LE(lookahead.delay.mean, 0.45);
   EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
   EXPECT_EQ(lookahead.partial_steps, 1);  // the short last step of the file, reported apart
@@ -71,9 +74,10 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   std::printf("heavy tail: wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
               lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
               refine.delay.mean);
-  // Bounded (the default): 1.0479 at 0.436 steps, 0.031 below wlb-refine (1.0520 before the
-  // sketch's long-document cut went from S/64 to S/32 at N = 4).
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.03);
+  // Bounded (the default): 1.0584 at 0.449 steps, 0.020 below wlb-refine (1.0479 before the step
+  // check of issue 56; planned with a calibration and scored under it, 0.030-0.048 below,
+  // docs/results/packing/lookahead_worst_step.md).
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.018);
   EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
   EXPECT_GE(lookahead.imbalance_mean, lookahead.cap_lower_bound_mean);
   // With a delay budget of a quarter step, below what any queue costs wlb here (>= 0.25), it
@@ -90,8 +94,8 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
               tight.imbalance_mean, tight.delay.mean, none.imbalance_mean);
   EXPECT_LE(tight.delay.mean, 0.25);
   EXPECT_LT(tight.imbalance_mean, none.imbalance_mean - 0.2);
-  // The delay price alone (bound_delay = false): 1.0458 at 0.450 steps here, also within
-  // wlb-refine's delay on this stream.
+  // The delay price alone (bound_delay = false): 1.0527 at 0.484 steps here since the step check
+  // (1.0458 at 0.450 before), 2.5% above wlb-refine's delay on this stream.
   auto priced =
       *MakePacker("wlb-lookahead", config, cost,
                   {.thresholds = DefaultThresholds(config.context, 2), .bound_delay = false});
@@ -99,8 +103,8 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
       Summarize(RunPacker(*priced, input.steps)->steps, cost, config.max_tokens);
   std::printf("heavy tail, price alone: wlb-lookahead %.4f (delay %.3f)\n",
               price_alone.imbalance_mean, price_alone.delay.mean);
-  EXPECT_LT(price_alone.imbalance_mean, refine.imbalance_mean - 0.03);
-  EXPECT_LE(price_alone.delay.mean, refine.delay.mean);
+  EXPECT_LT(price_alone.imbalance_mean, refine.imbalance_mean - 0.025);
+  EXPECT_LE(price_alone.delay.mean, refine.delay.mean * 1.03);
 }
 
 }  // namespace paper_data_test

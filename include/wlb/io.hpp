@@ -3,6 +3,7 @@
 // through the header that owns them). wlb/wlb.hpp includes one such header per folder.
 #pragma once
 
+#include "wlb/io/csv.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/input.hpp"
 #include "wlb/io/kernel_profile.hpp"

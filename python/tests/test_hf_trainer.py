@@ -194,9 +194,6 @@ def test_online_calibration_is_measured_ended_and_checkpointed(tmp_path):
     assert state["calibration"]["steps_ended"] == 8
 
 
-@pytest.mark.xfail(reason="issue 58 item 1: the packers can leave a micro-batch empty before an "
-                          "epoch's last step (wlb-lookahead does on these streams; the lead's fix "
-                          "in the C++ packers)", strict=False)
 @pytest.mark.parametrize("packer", ["wlb", "wlb-refine", "wlb-lookahead", "original"])
 def test_no_empty_micro_batch_before_the_last_step(packer):
     """What a Hugging Face model needs (it cannot run 0 tokens): every step but an epoch's last

@@ -39,11 +39,11 @@ struct PackerOptions {
   // the packer's token delay within a lower bound of wlb-refine's on the same stream (counted as
   // it accrues, the held tokens' drain or continuation included; LookaheadPacker::PlanChosen);
   // when none does, under the one that comes closest among those that pass its step check.
-  // Measured
-  // (bench/model_error_table, 7 stream shapes x 3 seeds, 750 steps at S = 128K, N = 4): no run
-  // ends above wlb's mean token delay but the generated rare-long ones (up to +0.0013 steps);
-  // test/lookahead_packer_test.cc holds it on tiny generated streams. false: the price alone
-  // steers delay. With one micro-batch either way the packer is wlb-refine.
+  // Measured (bench/model_error_table, 7 stream shapes x 3 seeds x 5 truths, 750 steps at
+  // S = 128K, N = 4): above wlb's mean token delay on 13 of 133 cases, by 0.001 steps but one
+  // saturated bimodal stream (+0.124); tiny heavy-tailed streams and N = 16 at S = 128K: see
+  // test/lookahead_packer_test.cc and docs/guides/packers.md. false: the price alone steers
+  // delay. With one micro-batch either way the packer is wlb-refine.
   bool bound_delay = true;
   // wlb-refine, wlb-lookahead: the attention weights, relative to the planning cost, under which
   // a refinement change must not make a step worse (AttentionRange, pack/refine.hpp). Unset: the
