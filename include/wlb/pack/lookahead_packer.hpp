@@ -447,16 +447,17 @@ class LookaheadPacker final : public Packer {
       // than the sketch of wlb's rule's is not packed: the step check would refuse it (the
       // sketch is within a few hundredths of the real packing), and packing a candidate costs
       // more than scoring all of them.
-      double rule_sketch = 0.0;
-      scoring.Score(0, std::nullopt, &rule_sketch);
+      std::vector<double> sketched(scoring.candidates.size(), 0.0);  // each one's own step
       std::vector<std::pair<double, size_t>> ranked;
       for (size_t i = 0; i < scoring.candidates.size(); ++i) {
-        if (i == best || lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
-        double sketched = 0.0;
-        const double score = *scoring.Score(i, std::nullopt, &sketched);
-        if (i != 0 && sketched > rule_sketch + kSketchSkip) continue;
-        ranked.push_back({score, i});
+        if (lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
+        const double score = *scoring.Score(i, std::nullopt, &sketched[i]);
+        if (i != best) ranked.push_back({score, i});
       }
+      // Candidate 0 (wlb's rule) never repeats an earlier one, so its sketch is set.
+      std::erase_if(ranked, [&](const std::pair<double, size_t>& r) {
+        return r.second != 0 && sketched[r.second] > sketched[0] + kSketchSkip;
+      });
       std::sort(ranked.begin(), ranked.end());
       for (const auto& [score, i] : ranked) {
         try_candidate(i);

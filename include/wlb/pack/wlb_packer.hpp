@@ -199,18 +199,16 @@ inline std::vector<MicroBatch> PackUnderCap(std::vector<Document> released, Leng
 // mostly queued (small S, or thresholds low for the stream) or held back; an empty micro-batch
 // idles its pipeline stages and DP ranks for the whole step, and a model given a 0-token input
 // raises. A step cut from the stream has at least N pieces, so only a drain or a partial last step
-// can still end with one. `to_document` turns a queue entry into the Document placed.
-template <typename Entry, typename ToDocument>
-void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Entry>& queues,
-                           LengthOrdered& carry, const PackerConfig& config,
-                           const DocumentCost& cost, ToDocument to_document) {
-  std::vector<Entry> taken;
+// can still end with one.
+inline void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Document>& queues,
+                                  LengthOrdered& carry, const PackerConfig& config,
+                                  const DocumentCost& cost) {
+  std::vector<Document> taken;
   for (MicroBatch& mb : mbs) {
     if (!mb.documents.empty()) continue;
     std::optional<Document> d;
-    taken.clear();
     if (queues.ReleaseOldest(taken)) {
-      d = to_document(taken.front());
+      d = taken.back();
     } else {
       d = carry.TakeFirstAtMost(config.max_tokens);
     }
@@ -219,11 +217,6 @@ void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Entry>& q
     mb.tokens = d->length;
     mb.cost = cost(d->length);
   }
-}
-inline void FillEmptyMicroBatches(std::vector<MicroBatch>& mbs, OutlierQueues<Document>& queues,
-                                  LengthOrdered& carry, const PackerConfig& config,
-                                  const DocumentCost& cost) {
-  FillEmptyMicroBatches(mbs, queues, carry, config, cost, [](const Document& d) { return d; });
 }
 
 }  // namespace detail
