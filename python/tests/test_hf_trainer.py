@@ -73,7 +73,7 @@ def weights(model):
 
 
 def test_two_epochs_then_resume_trains_as_the_uninterrupted_run(tmp_path):
-    docs = corpus()
+    docs = corpus(documents=16)  # 8 steps an epoch: few steps and checkpoints keep CI fast
     first, second = epoch_batches(docs, 0), epoch_batches(docs, 1)
     assert first != second  # the epochs' orders differ, so set_epoch is observable
     steps = (len(first) + len(second)) // PP
