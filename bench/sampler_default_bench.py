@@ -8,8 +8,8 @@ next N x S tokens, pushed to ``wlb.Packer(P)`` with
 the sampler's default cost (``llama2-7b``), flushed at the epoch's end. Per run: the mean and
 worst step imbalance (max / mean micro-batch cost) over the steady steps (the flush's drain steps
 left out, as wlb-plan's summary does), the worst steady step's slowest micro-batch against the
-epoch's mean micro-batch cost (the worst step in time), the mean token delay in steps (per token, every step), and
-the empty micro-batches before the epoch's last step.
+epoch's mean micro-batch cost (the worst step in time), the mean token delay in steps (per token,
+every step), and the empty micro-batches before the epoch's last step.
 
     build/pyenv/bin/python bench/sampler_default_bench.py --packers wlb,wlb-lookahead
 
