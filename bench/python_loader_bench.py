@@ -83,8 +83,10 @@ def main():
     lengths = np.maximum(1, base * args.context // 131072).astype(np.int64)
     corpus = Corpus(lengths, args.seed)
     pieces = PackedPieces(corpus)
+    # packer="wlb": the packer its committed results were measured with (the default until
+    # wlb-lookahead became it)
     sampler = lambda: PackedBatchSampler(lengths, pp=args.pp, dp=args.dp, rank=0,
-                                         context=args.context, seed=args.seed)
+                                         context=args.context, seed=args.seed, packer="wlb")
     plain = plain_batches(lengths, args.context, args.dp, 0, args.seed)
     print(f"corpus: {len(lengths)} documents, {int(lengths.sum())} tokens; S = {args.context}, "
           f"PP = {args.pp}, DP = {args.dp} (rank 0); {torch.get_num_threads()} torch threads")

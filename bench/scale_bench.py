@@ -11,7 +11,8 @@ pointers, int64 document indices; one document per sequence) by numpy in chunks,
 .bin of the size the index describes (no token is read). Every measurement runs in a fresh
 subprocess, so peak memory is its own:
 
-- sampler: PackedBatchSampler(source.lengths, pp=4, dp=2, rank=0, context=8192); the time from
+- sampler: PackedBatchSampler(source.lengths, pp=4, dp=2, rank=0, context=8192, packer="wlb")
+  (the packer of the committed results; the default until wlb-lookahead); the time from
   constructing the source to the first micro-batch (first_mb_s: the .idx check, the lengths'
   validation and fingerprint, the epoch's shuffled order and the first push), then steps/s over
   the next --steps steps (this rank's PP micro-batches per step; every rank plans every step),
@@ -101,7 +102,8 @@ def run_sampler(prefix: str, steps: int) -> dict:
     source = MegatronTokens(prefix)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sampler = PackedBatchSampler(source.lengths, pp=pp, dp=2, rank=0, context=8192)
+        sampler = PackedBatchSampler(source.lengths, pp=pp, dp=2, rank=0, context=8192,
+                                     packer="wlb")
     built = time.perf_counter()
     it = iter(sampler)
     next(it)
@@ -122,7 +124,8 @@ def run_sampler(prefix: str, steps: int) -> dict:
     resume_start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        resumed = PackedBatchSampler(source.lengths, pp=pp, dp=2, rank=0, context=8192)
+        resumed = PackedBatchSampler(source.lengths, pp=pp, dp=2, rank=0, context=8192,
+                                     packer="wlb")
     resumed.load_state_dict(state)
     got = next(iter(resumed))
     resume_s = time.perf_counter() - resume_start

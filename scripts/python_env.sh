@@ -61,7 +61,9 @@ else
 fi
 "${build_dir}/pyenv/bin/python" - <<'PY'
 import importlib
-for name in ("numpy", "pytest", "torch", "pyarrow", "hypothesis", "wlb"):
+# The integrations the tests need: a missing one fails here instead of skipping its tests.
+for name in ("numpy", "pytest", "torch", "pyarrow", "hypothesis", "transformers", "accelerate",
+             "wlb"):
     module = importlib.import_module(name)
     print(f"python_env: {name} {getattr(module, '__version__', '?')}")
 PY

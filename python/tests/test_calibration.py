@@ -348,7 +348,8 @@ def test_bad_sampler_calibration_entry_is_refused(name, mutate):
 def test_states_with_and_without_calibration_do_not_mix():
     _, state = trained_state()
     lengths, _ = corpus(7)
-    plain = PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT, seed=5)
+    plain = PackedBatchSampler(lengths, pp=2, dp=1, rank=0, context=CONTEXT, seed=5,
+                               packer="wlb")  # the state's packer: only the calibration differs
     with pytest.raises(ValueError, match="with an OnlineCalibration and this sampler has none"):
         plain.load_state_dict(state)
     sampler, _ = make(lengths, "wlb")

@@ -73,7 +73,7 @@ def weights(model):
 
 
 def test_two_epochs_then_resume_trains_as_the_uninterrupted_run(tmp_path):
-    docs = corpus()
+    docs = corpus(documents=16)  # 8 steps an epoch: few steps and checkpoints keep CI fast
     first, second = epoch_batches(docs, 0), epoch_batches(docs, 1)
     assert first != second  # the epochs' orders differ, so set_epoch is observable
     steps = (len(first) + len(second)) // PP
@@ -168,8 +168,10 @@ def test_online_calibration_is_measured_ended_and_checkpointed(tmp_path):
 
     def run(path, resume=None):
         calibration = OnlineCalibration(refit_every=4, window=8, min_samples=8)
+        # wlb's plans: the refit counts below are those of its micro-batches.
         sampler = PackedBatchSampler([len(d) for d in docs], pp=PP, dp=1, rank=0,
-                                     context=CONTEXT, seed=5, calibration=calibration)
+                                     context=CONTEXT, packer="wlb", seed=5,
+                                     calibration=calibration)
         args = transformers.TrainingArguments(
             output_dir=str(path), max_steps=16, gradient_accumulation_steps=PP,
             per_device_train_batch_size=1, save_strategy="steps", save_steps=8, report_to=[],

@@ -133,13 +133,16 @@ class PackedBatchSampler:
     ``rank``: pipeline stages, data-parallel ranks and this rank. ``assign``: ``"model"`` (the
     1F1B step-time model of a (TP, CP, PP, DP) job of preset ``model``) or ``"round_robin"``
     (micro-batch k on rank k % DP, in order). ``calibration``: an ``OnlineCalibration`` whose fits
-    replace ``cost`` as they come (module docstring). Other keyword arguments go to
+    replace ``cost`` as they come (module docstring). ``packer``: any of
+    ``wlb.packer_names()``; the default, ``wlb-lookahead``, is the measured best
+    (docs/results/pytorch/sampler_default.md). Other keyword arguments go to
     ``wlb.Packer`` (``micro_batches`` is PP x DP; ``cost`` defaults to ``model``).
     """
 
     def __init__(self, lengths: Any, *, pp: int, dp: int, rank: int, context: int,
-                 packer: str = "wlb", seed: int = 0, shuffle: bool = True, assign: str = "model",
-                 model: str = "llama2-7b", tp: int = 1, cp: int = 1, gemm_tflops: float = 500.0,
+                 packer: str = "wlb-lookahead", seed: int = 0, shuffle: bool = True,
+                 assign: str = "model", model: str = "llama2-7b", tp: int = 1, cp: int = 1,
+                 gemm_tflops: float = 500.0,
                  calibration: Optional[OnlineCalibration] = None, **packer_args):
         require_torch()
         lengths, empty, first_empty = _checked_lengths(lengths)
