@@ -195,22 +195,24 @@ int CountAboveWlbRefinesDelay(bool bound_delay, bool expect_each) {
 }
 
 // The same demand over the 300 generated streams (S <= 2K, N <= 32, up to 30% outliers reaching
-// 3S). Before the step check (issue 56) none ended above wlb-refine's delay; with it, 20 do, by up
-// to 44%: when the candidates that would keep within the delay make a step more than
-// kStepTolerance worse than wlb's rule, the step is planned under the closest one that does not.
-// A trade of delay for worst steps on these tiny, outlier-heavy streams, measured, not wanted:
-// this test fails if it grows (the price alone: 91).
+// 3S). Before the step check (issue 56) none ended above wlb-refine's delay; with it, 13 did, 14
+// since the delay bound weighs both futures and a candidate carries no more released outliers
+// than wlb's rule (PlanChosen): when the candidates that would keep
+// within the delay make a step more than kStepTolerance worse than wlb's rule, the step is
+// planned under the closest one that does not. A trade of delay for worst steps on these tiny,
+// outlier-heavy streams, measured, not wanted: this test fails if it grows (the price alone: 91).
 TEST(LookaheadPacker, MeanTokenDelayStaysWithinWlbRefinesOnHeavyTails) {
-  EXPECT_LE(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 22);
+  EXPECT_LE(CountAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 14);
 }
 
 // What holds meanwhile on the seeded tiny streams: the default ends above wlb-refine's delay on
 // few runs, the price alone on many (more bounded fails this, and so does the price alone falling
 // below 60: then the tests lost their power to tell; the generated streams' price alone likewise).
 TEST(LookaheadPacker, BoundedDelayEndsAboveWlbRefinesRarely) {
-  // 1 before the step check of issue 56; 4 since (the default and a zero budget, which is exempt
-  // from the check: its price alone steers those runs).
-  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 4);
+  // 1 before the step check of issue 56; 4 with it, 5 since the delay bound weighs both futures
+  // (the default and a zero budget, which is exempt from the check: its price alone steers
+  // those runs).
+  EXPECT_LE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/true, /*expect_each=*/false), 5);
   EXPECT_GE(CountSeededAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
   EXPECT_GE(CountAboveWlbRefinesDelay(/*bound_delay=*/false, /*expect_each=*/false), 60);
 }
@@ -267,10 +269,12 @@ TEST(LookaheadPacker, NeverLaterThanWlbRefineAtFullScale) {
             return TokenDelay(RunPacker(**packer, input.steps)->steps).mean;
           };
           const double refine = delay("wlb-refine", {});
-          // Since the step check (issue 56), 4 of these 32 streams (N = 16) end above wlb-refine's
-          // delay, by at most 3.4%; this fails if any ends 4% above or more than 4 do.
+          // With the step check (issue 56), 4 of these 32 streams (N = 16) ended above
+          // wlb-refine's delay, by at most 3.4%; since the delay bound weighs both futures, 3
+          // do, one (default seed 3, 30 steps) by 6.9%: a stream that ends two steps after the
+          // choices it pays for. This fails if any ends 7% above or more than 3 do.
           const double lookahead = delay("wlb-lookahead", {});
-          EXPECT_LE(lookahead, refine * 1.04)
+          EXPECT_LE(lookahead, refine * 1.07)
               << distribution << ", N = " << n << ", " << steps << " steps, seed " << seed;
           bounded_over += lookahead > refine + 1e-9;
           if (delay("wlb-lookahead", {.bound_delay = false}) > refine + 1e-9) ++priced_over;
@@ -279,7 +283,7 @@ TEST(LookaheadPacker, NeverLaterThanWlbRefineAtFullScale) {
     }
   }
   EXPECT_GE(priced_over, 8) << "the streams must be ones where the price alone overspends";
-  EXPECT_LE(bounded_over, 4);
+  EXPECT_LE(bounded_over, 3);
 }
 
 // The chosen step is checked against the step wlb's rule packs from the same holding
@@ -331,56 +335,79 @@ TEST(LookaheadPacker, ChosenStepNoWorseThanWlbsRuleAtTheRangeEnds) {
 // the default FLOP cost and scored under truths that weigh attention 1x and 2.5x and under a
 // shipped calibration, and planned with that calibration: wlb-lookahead's mean imbalance is at
 // most wlb's + 0.002, its worst step at most wlb's + 0.02, its mean token delay at most wlb's +
-// 0.002 steps (the generated rare-long streams end up to 0.0013 above: a window of alike
-// outliers leaves one queued that wlb releases, and its wait is not foreseen). The full table:
-// bench/model_error_table (docs/results/packing/lookahead_worst_step.md).
+// 0.002 steps (on these 200-step streams default seed 2 ends 0.0005 above; on the bench's 750 none
+// does. A window of alike outliers that leaves a longer one queued, and a level held back while it
+// fills at N a step, are charged their projected wait: DelayAccount::QueueDelay). At N = 4, and
+// at N = 16, where every stream and truth meets it but for worst steps up to 0.04 above wlb's
+// and delays up to 0.01 steps above on the calibration-planned default and bimodal streams. The
+// full table: bench/model_error_table (docs/results/packing/lookahead_worst_step.md).
 TEST(LookaheadPacker, MeanAndWorstStepWithinWlbsOnEveryShape) {
-  const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = 4};
-  const CostModel flop = *CostModelFromPreset("llama2-7b");
-  const CostModel calibrated = *CostModelFromPreset("h100-flash-llama2-7b-tp8");
-  CostModel flop_attention_x25 = flop;
-  flop_attention_x25.attn_quadratic *= 2.5;
-  flop_attention_x25.attn_linear *= 2.5;
-  struct Truth {
-    const char* name;
-    const CostModel& truth;
-    const CostModel& planned;
-  };
-  const Truth truths[] = {{"flop", flop, flop},
-                          {"flop attention x2.5", flop_attention_x25, flop},
-                          {"calibration, planned with flop", calibrated, flop},
-                          {"calibration", calibrated, calibrated}};
-  for (const NamedDistribution& d : kDistributions) {
-    for (const uint64_t seed : {1, 2}) {
-      const Input input =
-          *LoadInput({.distribution = std::string(d.name), .seed = seed, .steps = 200},
-                     config.context, config.micro_batches);
-      for (const Truth& t : truths) {
-        auto summary = [&](const char* name) {
-          auto packer = MakePacker(name, config, t.planned,
-                                   {.thresholds = DefaultThresholds(config.context, 2)});
-          EXPECT_TRUE(packer.ok()) << packer.status();
-          std::vector<StepPlan> steps = RunPacker(**packer, input.steps)->steps;
-          for (StepPlan& s : steps) {
-            for (MicroBatch& mb : s.micro_batches) {
-              mb.cost = 0.0;
-              for (const Document& doc : mb.documents) mb.cost += t.truth(doc.length);
+  for (const int32_t n : {4, 16}) {
+    const PackerConfig config{.context = 131072, .max_tokens = 163840, .micro_batches = n};
+    const CostModel flop = *CostModelFromPreset("llama2-7b");
+    const CostModel calibrated = *CostModelFromPreset("h100-flash-llama2-7b-tp8");
+    CostModel flop_attention_x25 = flop;
+    flop_attention_x25.attn_quadratic *= 2.5;
+    flop_attention_x25.attn_linear *= 2.5;
+    struct Truth {
+      const char* name;
+      const CostModel& truth;
+      const CostModel& planned;
+    };
+    const Truth truths[] = {{"flop", flop, flop},
+                            {"flop attention x2.5", flop_attention_x25, flop},
+                            {"calibration, planned with flop", calibrated, flop},
+                            {"calibration", calibrated, calibrated}};
+    for (const NamedDistribution& d : kDistributions) {
+      for (const uint64_t seed : {1, 2}) {
+        const Input input =
+            *LoadInput({.distribution = std::string(d.name), .seed = seed, .steps = 200},
+                       config.context, config.micro_batches);
+        for (const Truth& t : truths) {
+          auto summary = [&](const char* name) {
+            auto packer = MakePacker(name, config, t.planned,
+                                     {.thresholds = DefaultThresholds(config.context, 2)});
+            EXPECT_TRUE(packer.ok()) << packer.status();
+            std::vector<StepPlan> steps = RunPacker(**packer, input.steps)->steps;
+            for (StepPlan& s : steps) {
+              for (MicroBatch& mb : s.micro_batches) {
+                mb.cost = 0.0;
+                for (const Document& doc : mb.documents) mb.cost += t.truth(doc.length);
+              }
             }
-          }
-          return Summarize(steps, t.truth);
-        };
-        const StreamSummary wlb = summary("wlb");
-        const StreamSummary lookahead = summary("wlb-lookahead");
-        SCOPED_TRACE(::testing::Message() << d.name << " seed " << seed << ", " << t.name);
-        EXPECT_LE(lookahead.imbalance_mean, wlb.imbalance_mean + 0.002);
-        EXPECT_LE(lookahead.imbalance_max, wlb.imbalance_max + 0.02);
-        // bimodal: about N outliers above S/4 arrive a step, so wlb's queue sits at saturation
-        // (its delay 1.2 to 5 steps by seed) and either packer's delay swings by 0.1-0.2 steps
-        // with single choices; left out of the delay demand (known, issue 56's note).
-        if (d.name != "bimodal") EXPECT_LE(lookahead.delay.mean, wlb.delay.mean + 0.002);
+            return Summarize(steps, t.truth);
+          };
+          const StreamSummary wlb = summary("wlb");
+          const StreamSummary lookahead = summary("wlb-lookahead");
+          SCOPED_TRACE(::testing::Message()
+                       << d.name << " seed " << seed << ", " << t.name << ", N = " << n);
+          EXPECT_LE(lookahead.imbalance_mean, wlb.imbalance_mean + 0.002);
+          EXPECT_LE(lookahead.imbalance_max, wlb.imbalance_max + (n == 4 ? 0.02 : 0.04));
+          EXPECT_LE(lookahead.delay.mean, wlb.delay.mean + (n == 4 ? 0.002 : 0.01));
+        }
       }
     }
   }
+}
+
+// The projected wait of queued outliers (DelayAccount::QueueDelay): at N = 2, a level holding
+// three gains one a step; positions 0 and 1 leave at the next step's release (no wait beyond it),
+// position 2 waits for one more arrival (1 step) and for its own release, one step after the
+// first (max(1, 1) = 1); a level with no arrivals yet waits kMaxProjectedWait.
+TEST(LookaheadPacker, ProjectedQueueDelayChargesEachQueuedOutlierItsWait) {
+  OutlierQueues<ArrivedTokens> queues({100, 200}, 1000);
+  for (int64_t length : {110, 120, 130}) ASSERT_TRUE(queues.Enqueue({0, length}));
+  const double rates[] = {1.0, 0.0};
+  EXPECT_DOUBLE_EQ(lookahead::ProjectedQueueDelay(queues, 2, rates), 130.0);
+  // One queued: it needs one more arrival at a rate of a half a step.
+  OutlierQueues<ArrivedTokens> one({100, 200}, 1000);
+  ASSERT_TRUE(one.Enqueue({0, 150}));
+  const double half[] = {0.5, 0.0};
+  EXPECT_DOUBLE_EQ(lookahead::ProjectedQueueDelay(one, 2, half), 2.0 * 150);
+  // Nothing has arrived at level 1: the cap.
+  ASSERT_TRUE(one.Enqueue({0, 250}));
+  EXPECT_DOUBLE_EQ(lookahead::ProjectedQueueDelay(one, 2, half),
+                   2.0 * 150 + lookahead::kMaxProjectedWait * 250);
 }
 
 // The tests above compare against wlb-refine, as the issue names it; wlb's delay is the same.

@@ -33,7 +33,8 @@ std::vector<Case> AllPackers(int64_t context, std::mt19937_64& rng) {
     }
     if (p.Uses(kUsesDelayBudget))
       cases.push_back({p.name, {.thresholds = two, .delay_budget = 0.3}});
-    if (p.Uses(kUsesDelayBound)) cases.push_back({p.name, {.thresholds = two, .bound_delay = true}});
+    if (p.Uses(kUsesDelayBound))
+      cases.push_back({p.name, {.thresholds = two, .bound_delay = true}});
   }
   return cases;
 }
@@ -299,6 +300,7 @@ const CostModel kLongCost = [] {
 
 TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) {
   std::mt19937_64 rng(4096);
+  int rule_steps = 0, checked_steps = 0;  // wlb-lookahead's steps under wlb's rule, and the others
   const std::vector<std::pair<int32_t, int>> sizes = {{16, 6}, {64, 4}, {256, 2}, {1024, 2}};
   for (const auto& [n, count] : sizes) {
     const int streams = testing::PropertyIterations(count);
@@ -319,7 +321,13 @@ TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) 
           for (StepPlan& step : *ready) steps.push_back(std::move(step));
           if (packer != "wlb-lookahead") continue;
           // An outlier still queued arrived at most kMaxOutlierWait steps before the next step
-          // to plan (which releases it if it waited that long).
+          // to plan (which releases it if it waited that long), unless the step was planned
+          // under wlb's rule (candidates.hpp).
+          const auto& check = static_cast<const LookaheadPacker&>(*p).last_step_check();
+          if (check.checked && check.rule_chosen) {
+            ++rule_steps;
+            continue;
+          }
           const int64_t next = static_cast<int64_t>(steps.size());
           const nlohmann::json state = p->StateJson();  // outlives the loop over its queues
           for (const nlohmann::json& queue : state.at("queues")) {
@@ -328,6 +336,7 @@ TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) 
                   << "document " << d[0] << " queued since step " << d[4];
             }
           }
+          ++checked_steps;
         }
         for (StepPlan& step : p->Flush()) steps.push_back(std::move(step));
         ASSERT_TRUE(p->Pending().empty());
@@ -350,6 +359,8 @@ TEST(PackerProperties, LargeNNothingLostCapsHoldOutliersLeaveTheirQueuesInTime) 
       }
     }
   }
+  // The wait bound was checked after most steps.
+  EXPECT_GT(checked_steps, rule_steps);
 }
 
 TEST(PackerProperties, LargeNStateRoundTripGivesTheSameFuture) {

@@ -464,10 +464,13 @@ TEST(LookaheadPacker, EvenReleasesBalanceAHeavyTailAtLargeNAtLessDelay) {
   const StreamSummary refine = run("wlb-refine", false);
   for (const bool bound_delay : {false, true}) {
     const StreamSummary lookahead = run("wlb-lookahead", bound_delay);
-    // Since the step check (issue 56) both plan 1.0687 (the price alone was 1.058).
-    EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.065)
+    // Since the step check (issue 56) the price alone plans 1.0687 (it was 1.058); bounded, 1.0709
+    // at 0.564 steps, and 1.0897 at 0.520 since a candidate may not carry more released
+    // outliers into the next step than wlb's rule (PlanChosen), which brought the worst steps at
+    // N = 16 and 64 down by 0.2-0.3 on average over bench/model_error_table's streams.
+    EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - (bound_delay ? 0.055 : 0.065))
         << lookahead.imbalance_mean << " vs " << refine.imbalance_mean;
-    EXPECT_LT(lookahead.imbalance_mean, 1.072);
+    EXPECT_LT(lookahead.imbalance_mean, bound_delay ? 1.092 : 1.072);
     EXPECT_LT(lookahead.delay.mean, refine.delay.mean)
         << lookahead.delay.mean << " vs " << refine.delay.mean;
   }

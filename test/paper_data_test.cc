@@ -74,10 +74,11 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   std::printf("heavy tail: wlb-lookahead %.4f (delay %.3f), wlb-refine %.4f (delay %.3f)\n",
               lookahead.imbalance_mean, lookahead.delay.mean, refine.imbalance_mean,
               refine.delay.mean);
-  // Bounded (the default): 1.0584 at 0.449 steps, 0.020 below wlb-refine (1.0479 before the step
-  // check of issue 56; planned with a calibration and scored under it, 0.030-0.048 below,
-  // docs/results/packing/lookahead_worst_step.md).
-  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.018);
+  // Bounded (the default): 1.0611 at 0.451 steps, 0.0178 below wlb-refine (1.0479 before the
+  // step check of issue 56, 1.0584 before its delay bound weighed both futures; planned with a
+  // calibration and scored under it, 0.030-0.046 below, docs/results/packing/
+  // lookahead_worst_step.md).
+  EXPECT_LT(lookahead.imbalance_mean, refine.imbalance_mean - 0.017);
   EXPECT_LE(lookahead.delay.mean, refine.delay.mean);
   EXPECT_GE(lookahead.imbalance_mean, lookahead.cap_lower_bound_mean);
   // With a delay budget of a quarter step, below what any queue costs wlb here (>= 0.25), it
@@ -94,8 +95,9 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
               tight.imbalance_mean, tight.delay.mean, none.imbalance_mean);
   EXPECT_LE(tight.delay.mean, 0.25);
   EXPECT_LT(tight.imbalance_mean, none.imbalance_mean - 0.2);
-  // The delay price alone (bound_delay = false): 1.0527 at 0.484 steps here since the step check
-  // (1.0458 at 0.450 before), 2.5% above wlb-refine's delay on this stream.
+  // The delay price alone (bound_delay = false): 1.0522 at 0.490 steps here (1.0458 at 0.450
+  // before the step check, 1.0527 at 0.484 before the catch-up releases and the carry rule of
+  // candidates.hpp and PlanChosen), 3.8% above wlb-refine's delay on this stream.
   auto priced =
       *MakePacker("wlb-lookahead", config, cost,
                   {.thresholds = DefaultThresholds(config.context, 2), .bound_delay = false});
@@ -104,7 +106,7 @@ TEST(PaperData, LookaheadBeatsRefineOnAHeavyTail) {
   std::printf("heavy tail, price alone: wlb-lookahead %.4f (delay %.3f)\n",
               price_alone.imbalance_mean, price_alone.delay.mean);
   EXPECT_LT(price_alone.imbalance_mean, refine.imbalance_mean - 0.025);
-  EXPECT_LE(price_alone.delay.mean, refine.delay.mean * 1.03);
+  EXPECT_LE(price_alone.delay.mean, refine.delay.mean * 1.04);
 }
 
 }  // namespace paper_data_test

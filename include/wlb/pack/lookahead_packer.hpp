@@ -61,6 +61,7 @@
 #include "wlb/core/document.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/cost/document_cost.hpp"
+#include "wlb/metrics/imbalance.hpp"
 #include "wlb/pack/length_order.hpp"
 #include "wlb/pack/lookahead/candidates.hpp"
 #include "wlb/pack/lookahead/delay_account.hpp"
@@ -112,6 +113,7 @@ class LookaheadPacker final : public Packer {
   // false until then.
   struct StepCheck {
     bool checked = false;
+    bool rule_chosen = false;  // the step was planned under wlb's rule
     std::array<double, 2> chosen{1.0, 1.0};
     std::array<double, 2> rule{1.0, 1.0};
   };
@@ -298,8 +300,9 @@ class LookaheadPacker final : public Packer {
     lookahead::Holding held = std::move(held_);
     std::vector<Document> fresh = lookahead::Enqueue(std::move(arrivals), held);
     SortLongestFirst(fresh);
-    const std::vector<lookahead::Candidate> candidates = lookahead::Candidates(
-        held, fresh, static_cast<size_t>(config_.micro_batches), lookahead_, next_step_);
+    const std::vector<lookahead::Candidate> candidates =
+        lookahead::Candidates(held, fresh, static_cast<size_t>(config_.micro_batches),
+                              config_.max_tokens, delay_.wlb_queued(), lookahead_, next_step_);
     std::vector<MicroBatch> mbs;
     if (candidates.size() == 1) {
       mbs = Packing().PlanStep(candidates[0], fresh, held);
@@ -312,7 +315,7 @@ class LookaheadPacker final : public Packer {
           .sketch = sketcher_.MakeSketchBase(held, fresh, arrived, AheadSketches()),
           .price = standing.price,
           .step_tokens = static_cast<double>(config_.micro_batches) * config_.context};
-      mbs = PlanChosen(scoring, Best(scoring), standing, held);
+      mbs = PlanChosen(scoring, Best(scoring, scored_), standing, held);
     }
     delay_.Record(mbs, next_step_);
     held_ = std::move(held);
@@ -343,20 +346,26 @@ class LookaheadPacker final : public Packer {
     }
   };
 
+  // A candidate's score and the sketch of its own step, once scored in full.
+  struct Scored {
+    bool full = false;
+    double score = 0.0;
+    double sketched = 1.0;
+  };
   // The best-scoring candidate (a later one must win by more than 1e-9); a candidate is scored
-  // only as far as it could still win.
-  static size_t Best(const Scoring& scoring) {
+  // only as far as it could still win. `scored` receives what was scored in full.
+  static size_t Best(const Scoring& scoring, std::vector<Scored>& scored) {
+    scored.assign(scoring.candidates.size(), Scored{});
     std::optional<size_t> best;
-    double best_score = 0.0;
     for (size_t i = 0; i < scoring.candidates.size(); ++i) {
       // A repeated candidate scores as its first occurrence, which it would have to beat.
       if (lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
-      const std::optional<double> score =
-          scoring.Score(i, best ? std::optional(best_score - 1e-9) : std::nullopt);
-      if (score && (!best || *score < best_score - 1e-9)) {
-        best = i;
-        best_score = *score;
-      }
+      double sketched = 1.0;
+      const std::optional<double> score = scoring.Score(
+          i, best ? std::optional(scored[*best].score - 1e-9) : std::nullopt, &sketched);
+      if (!score) continue;
+      scored[i] = {.full = true, .score = *score, .sketched = sketched};
+      if (!best || *score < scored[*best].score - 1e-9) best = i;
     }
     return best.value_or(0);
   }
@@ -388,22 +397,48 @@ class LookaheadPacker final : public Packer {
     const double capacity = static_cast<double>(config_.micro_batches) * config_.max_tokens;
     absl::InlinedVector<double, kMaxLookahead> ahead;  // the buffered steps' tokens
     for (const Buffered& step : buffer_) ahead.push_back(step.sketch.tokens);
-    const double wlb_delay = bound_delay_ ? wlb.wlb_committed + lookahead::ContinuationDelay(
-                                                                    wlb.wlb_held, ahead, capacity)
-                                          : std::numeric_limits<double>::infinity();
+    // Bounded: wlb's delay by the end of the stream in the two futures the packer cannot tell
+    // apart, the stream ending after the buffered steps (queued outliers then drain with the
+    // rest) or going on (they wait for their level's next release, DelayAccount::QueueDelay); a
+    // step must keep within both (Planned::excess).
+    double wlb_ends = std::numeric_limits<double>::infinity();
+    double wlb_goes_on = std::numeric_limits<double>::infinity();
+    if (bound_delay_) {
+      wlb_ends = wlb.wlb_committed + lookahead::ContinuationDelay(wlb.wlb_held, ahead, capacity);
+      wlb_goes_on = wlb.wlb_committed + wlb.wlb_queued +
+                    lookahead::ContinuationDelay(wlb.wlb_carried, ahead, capacity);
+    }
+    // Outlier tokens in a carry-over (queued-length documents released but not trained).
+    const int64_t outlier_length = held.queues.levels() > 0 ? held.queues.MinLength(0) : INT64_MAX;
+    auto carried_outliers = [&](const lookahead::Holding& h) {
+      int64_t tokens = 0;
+      h.carry.ForEach([&](const Document& d) {
+        if (d.length >= outlier_length) tokens += d.length;
+      });
+      return tokens;
+    };
+    const int64_t carried_before = carried_outliers(held);
     auto plan = [&](size_t i, Planned& p) {
       p.held = held;  // a copy into memory kept from earlier steps
       p.mbs = packing.PlanStep(scoring.candidates[i], scoring.fresh, p.held, /*refined=*/false);
       p.imbalance = lookahead::ImbalanceAtRangeEnds(p.mbs, cost_, attention_range_);
-      p.delay = 0.0;
+      p.carried_outliers = carried_outliers(p.held);
+      p.excess = -std::numeric_limits<double>::infinity();
       if (!bound_delay_) return;
-      p.delay = delay_.planned_token_steps() + lookahead::TrainedDelay(p.mbs, next_step_) +
-                lookahead::AccruedDelay(p.held, next_step_ + 1);
-      p.delay += ahead.empty()
-                     ? packing.DrainDelay(p.held)
-                     : lookahead::ContinuationDelay(
-                           static_cast<double>(p.held.queues.held().tokens + p.held.carry.tokens()),
-                           ahead, capacity);
+      const double committed = delay_.planned_token_steps() +
+                               lookahead::TrainedDelay(p.mbs, next_step_) +
+                               lookahead::AccruedDelay(p.held, next_step_ + 1);
+      if (ahead.empty()) {
+        p.excess = committed + packing.DrainDelay(p.held) - wlb_ends;
+        return;
+      }
+      const auto carried = static_cast<double>(p.held.carry.tokens());
+      const auto queued = static_cast<double>(p.held.queues.held().tokens);
+      const double ends =
+          committed + lookahead::ContinuationDelay(queued + carried, ahead, capacity);
+      const double goes_on = committed + delay_.QueueDelay(p.held.queues) +
+                             lookahead::ContinuationDelay(carried, ahead, capacity);
+      p.excess = std::max(ends - wlb_ends, goes_on - wlb_goes_on);
     };
     // An explicit delay budget is the caller's word that delay matters more than balance: its
     // price steers, and the step check would refuse the releases it asks for (measured: a
@@ -418,57 +453,89 @@ class LookaheadPacker final : public Packer {
       rule_planned = true;
     };
     Planned* closest = nullptr;  // passes the step check, nearest the delay bound so far
-    Planned* next = &planned_[1];
+    // Passes both checks, but its real step was far off its sketch, and its score corrected by
+    // the difference (the first such).
+    Planned* missketched = nullptr;
+    double corrected = 0.0;
     Planned* chosen = nullptr;
-    auto try_candidate = [&](size_t i) {
+    auto free_slot = [&] {
+      for (size_t k = 1; k < planned_.size(); ++k) {
+        if (&planned_[k] != closest && &planned_[k] != missketched) return &planned_[k];
+      }
+      return &planned_[1];  // unreachable: three slots for two kept plans
+    };
+    auto try_candidate = [&](size_t i, const Scored& scored) {
       if (i == 0) {
         plan_rule();
-        if (rule.delay <= wlb_delay) chosen = &rule;
-        if (closest == nullptr || rule.delay < closest->delay) closest = &rule;
+        if (rule.excess <= 0.0) chosen = &rule;
+        if (closest == nullptr || rule.excess < closest->excess) closest = &rule;
         return;
       }
+      Planned* next = free_slot();
       plan(i, *next);
+      // Outliers released but not trained go first next step, a long one among that step's
+      // short documents (releasing more than a step holds made worst steps 0.9-1.2 above wlb's
+      // at N = 16): no more of them than wlb's rule carries.
+      if (next->carried_outliers > carried_before) {
+        plan_rule();
+        if (next->carried_outliers > rule.carried_outliers) return;
+      }
       const bool balanced =
           next->imbalance[0] <= 1.0 + kStepTolerance && next->imbalance[1] <= 1.0 + kStepTolerance;
       if (!balanced && !budgeted) {
         plan_rule();
         if (!NoWorseStepThan(*next, rule)) return;
       }
-      if (next->delay <= wlb_delay) {
-        chosen = next;
-      } else if (closest == nullptr || next->delay < closest->delay) {
+      if (next->excess <= 0.0) {
+        // A sketch its real step does not bear out (e.g. arrivals held back that come back to
+        // fill a micro-batch left empty) ranks by its score corrected by the difference: the
+        // next by score may be better.
+        const double off = ImbalanceDegree(next->mbs) - scored.sketched;
+        if (off <= kSketchSkip) {
+          chosen = next;
+        } else if (missketched == nullptr) {
+          missketched = next;
+          corrected = scored.score + off;
+        }
+      } else if (closest == nullptr || next->excess < closest->excess) {
         closest = next;
-        next = closest == &planned_[1] ? &planned_[2] : &planned_[1];
       }
     };
-    try_candidate(best);
+    try_candidate(best, scored_[best]);
     if (chosen == nullptr) {
       // The others by score, each scored in full. One whose sketched step is far more unbalanced
       // than the sketch of wlb's rule's is not packed: the step check would refuse it (the
       // sketch is within a few hundredths of the real packing), and packing a candidate costs
       // more than scoring all of them.
-      std::vector<double> sketched(scoring.candidates.size(), 0.0);  // each one's own step
       std::vector<std::pair<double, size_t>> ranked;
       for (size_t i = 0; i < scoring.candidates.size(); ++i) {
         if (lookahead::RepeatsEarlier(scoring.candidates, i)) continue;
-        const double score = *scoring.Score(i, std::nullopt, &sketched[i]);
-        if (i != best) ranked.push_back({score, i});
+        Scored& c = scored_[i];
+        if (!c.full) {
+          double sketched = 1.0;
+          const double score = *scoring.Score(i, std::nullopt, &sketched);
+          c = {.full = true, .score = score, .sketched = sketched};
+        }
+        if (i != best) ranked.push_back({c.score, i});
       }
       // Candidate 0 (wlb's rule) never repeats an earlier one, so its sketch is set.
       std::erase_if(ranked, [&](const std::pair<double, size_t>& r) {
-        return r.second != 0 && sketched[r.second] > sketched[0] + kSketchSkip;
+        return r.second != 0 && scored_[r.second].sketched > scored_[0].sketched + kSketchSkip;
       });
       std::sort(ranked.begin(), ranked.end());
       for (const auto& [score, i] : ranked) {
-        try_candidate(i);
+        if (missketched != nullptr && corrected <= score) break;  // it ranks before this one
+        try_candidate(i, scored_[i]);
         if (chosen != nullptr) break;
       }
     }
+    if (chosen == nullptr) chosen = missketched;
     if (chosen == nullptr) {
       plan_rule();  // it passes the check: the closest is at worst the rule's plan
-      chosen = closest != nullptr && closest->delay < rule.delay ? closest : &rule;
+      chosen = closest != nullptr && closest->excess < rule.excess ? closest : &rule;
     }
     last_check_ = {.checked = true,
+                   .rule_chosen = chosen == &rule,
                    .chosen = chosen->imbalance,
                    .rule = rule_planned ? rule.imbalance : std::array<double, 2>{1.0, 1.0}};
     for (Planned& p : planned_) {
@@ -484,7 +551,10 @@ class LookaheadPacker final : public Packer {
     std::vector<MicroBatch> mbs;
     lookahead::Holding held;
     std::array<double, 2> imbalance{};  // at the attention range's ends (ImbalanceAtRangeEnds)
-    double delay = 0.0;                 // as PlanChosen counts wlb-refine's (bounded only)
+    // Bounded: the delay the step leads to beyond wlb's, the larger over the two futures
+    // PlanChosen weighs (<= 0 keeps within wlb's in both); -infinity unbounded.
+    double excess = 0.0;
+    int64_t carried_outliers = 0;  // tokens of outliers left in the carry-over
   };
   // Whether `p`'s step is no more unbalanced than `rule`'s under either end of the attention
   // range (a relative 1e-12 for rounding: wlb's rule must pass against itself).
@@ -506,7 +576,9 @@ class LookaheadPacker final : public Packer {
   lookahead::Sketcher sketcher_;
   // PlanChosen's plans (wlb's rule's and two others), kept from step to step: copying the
   // holding into them reuses their memory (copies allocated a dozen times a step at N = 4).
-  mutable std::array<Planned, 3> planned_;
+  mutable std::array<Planned, 4> planned_;
+  // Best()'s scores, for PlanChosen's further tries (memory kept from step to step).
+  mutable std::vector<Scored> scored_;
   mutable StepCheck last_check_;
 };
 

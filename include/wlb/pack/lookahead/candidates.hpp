@@ -30,10 +30,11 @@ namespace wlb::lookahead {
 // Even releases (AddEvenReleases) and the overdue rule (ReleaseOverdue) from this N on, with a
 // look-ahead (K >= 1); below it a step has few outliers to pair, and the plans stay those of
 // the small-N packer measured on the paper's data. kMaxOutlierWait: from there on, an outlier
-// queued at step t leaves its queue by step t + kMaxOutlierWait (wlb's rule alone has no such
-// bound: a level holding fewer than N waits for more). Measured: 8 steps forced a few lone
-// outliers out on the default stream at 70B (N = 256 and 1,024: mean imbalance 1.032 -> 1.041
-// and 1.034 -> 1.046); 16 never binds on the streams of docs/RESULTS.md.
+// queued at step t leaves its queue by step t + kMaxOutlierWait unless the step is planned under
+// wlb's rule, which alone has no such bound (a level holding fewer than N waits for more).
+// Measured: 8 steps forced a few lone outliers out on the default stream at 70B (N = 256 and 1,024:
+// mean imbalance 1.032 -> 1.041 and 1.034 -> 1.046); 16 never binds on the streams of
+// docs/RESULTS.md.
 inline constexpr size_t kEvenReleaseFrom = 16;
 inline constexpr int64_t kMaxOutlierWait = 16;
 // Steps a queue level may be held back beyond wlb's release, windows of alike outliers tried
@@ -286,7 +287,9 @@ inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate
 // micro-batch every plan is balanced (imbalance 1), so the alternatives could only add delay:
 // wlb's rule alone there too, which makes the packer wlb-refine at N = 1.
 inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh,
-                                         size_t n, int lookahead, int64_t next_step) {
+                                         size_t n, int64_t max_tokens,
+                                         std::span<const size_t> wlb_queued, int lookahead,
+                                         int64_t next_step) {
   const Candidate wlb{.release = WlbRelease(held, n)};
   std::vector<Candidate> out;
   out.reserve(16);  // about as many as a step makes at two levels
@@ -300,6 +303,19 @@ inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<
       for (size_t i = 0; i < q.size(); ++i) c.release[l].push_back(i);
       out.push_back(c);
       continue;
+    }
+    // Catch up: a level that queues more than wlb's would on the same stream (`wlb_queued`, after
+    // a step held it back) releases up to N more, when two of its outliers fit one micro-batch
+    // (else the extra ones would be carried into later steps). Without it a level held back
+    // while it fills at N a step stays a release behind for good (a saturated bimodal stream
+    // ended 0.12 steps above wlb's delay).
+    if (q.size() > n && l < wlb_queued.size() && q.size() - n > wlb_queued[l] &&
+        2 * held.queues.MaxLength(l) <= max_tokens) {
+      Candidate c = wlb;
+      c.release[l].clear();
+      const size_t release = std::min(q.size() - wlb_queued[l], 2 * n);
+      for (size_t i = 0; i < release; ++i) c.release[l].push_back(i);
+      out.push_back(c);
     }
     // Hold this level back one more step, unless its oldest has waited long enough.
     if (q.front().arrival_step >= next_step - kMaxExtraWait) {
@@ -350,7 +366,15 @@ inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<
     out.push_back(c);
   }
   if (n >= kEvenReleaseFrom) {
-    for (Candidate& c : out) ReleaseOverdue(held, next_step, c);
+    // wlb's rule itself stays as it is, with the overdue ones as a candidate of its own: the step
+    // check measures every candidate against wlb's rule, and a lone overdue outlier released
+    // into a step of short documents is a step 2-5 times the mean (rare-long at N = 16) that
+    // wlb's rule would not plan. So an outlier waits past kMaxOutlierWait only in steps planned
+    // under wlb's rule (which releases its oldest first).
+    Candidate rule = out[0];
+    for (size_t i = 1; i < out.size(); ++i) ReleaseOverdue(held, next_step, out[i]);
+    ReleaseOverdue(held, next_step, rule);
+    if (rule.release != out[0].release) out.push_back(std::move(rule));
   }
   return out;
 }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -27,6 +28,7 @@
 #include "wlb/core/limits.hpp"
 #include "wlb/core/step_plan.hpp"
 #include "wlb/pack/outlier_queues.hpp"
+#include "wlb/pack/packer_state.hpp"
 
 namespace wlb::lookahead {
 
@@ -94,6 +96,35 @@ inline double ContinuationDelay(double held, std::span<const double> ahead, doub
   return delay + m * held - capacity * m * (m + 1.0) / 2.0;
 }
 
+// The token-steps of delay that the outliers `queues` hold after a step add beyond the next step
+// if each level keeps wlb's rule (release its N = `n` oldest once it holds N) and gains
+// `rates[l]` outliers a step: the one at position p (oldest 0) of a level holding q goes out in
+// release k = floor(p / N), which needs (k + 1) N - q more arrivals and k steps more, capped at
+// kMaxProjectedWait steps. Which outliers a step holds back decides how long they wait (a level
+// that releases a window of alike outliers keeps a longer one for its next release, a level held
+// back stays a release behind while it keeps filling): charging only the next step lets either
+// look free when it costs the held outliers' whole wait.
+inline constexpr double kMaxProjectedWait = 64.0;
+template <typename T>
+double ProjectedQueueDelay(const OutlierQueues<T>& queues, size_t n,
+                           std::span<const double> rates) {
+  double delay = 0.0;
+  const auto batch = static_cast<double>(n);
+  for (size_t l = 0; l < queues.levels(); ++l) {
+    const std::vector<T>& q = queues.queue(l);
+    const auto size = static_cast<double>(q.size());
+    for (size_t p = 0; p < q.size(); ++p) {
+      const auto k = static_cast<double>(p / n);
+      const double missing = std::max(0.0, (k + 1.0) * batch - size);
+      const double refill = missing == 0.0   ? 0.0
+                            : rates[l] > 0.0 ? missing / rates[l]
+                                             : kMaxProjectedWait;
+      delay += std::min(kMaxProjectedWait, std::max(k, refill)) * static_cast<double>(q[p].length);
+    }
+  }
+  return delay;
+}
+
 // The token-steps of delay of the documents `planned` for step `step`.
 inline double TrainedDelay(const std::vector<MicroBatch>& planned, int64_t step) {
   double delay = 0.0;
@@ -123,9 +154,12 @@ class DelayAccount {
     // Bounded: wlb's token-steps of delay by the end of the step, the tokens it holds then
     // charged up to the next step ...
     double wlb_committed = 0.0;
-    // ... and the tokens it holds after the step (both as the fluid follows them: at most
-    // wlb-refine's).
+    // ... the tokens it holds after the step, and of them those it carries (not queued), as the
+    // fluid follows them (at most wlb-refine's) ...
     double wlb_held = 0.0;
+    double wlb_carried = 0.0;
+    // ... and what its queued outliers add beyond the next step (QueueDelay).
+    double wlb_queued = 0.0;
   };
   // Says where the packer stands before step `step`, which arrived as `arrivals`, and follows
   // wlb's rule through it (FollowWlb). Bounded (the bound_delay option), delay is counted as it
@@ -144,9 +178,29 @@ class DelayAccount {
     standing.price = Price(accrued, wlb_token_steps_ + WlbHeld(step), kBoundedDelayPrice);
     wlb_token_steps_ += FollowWlb(arrivals, step, /*outliers_divisible=*/true);
     standing.wlb_committed = wlb_token_steps_ + WlbHeld(step + 1);
-    standing.wlb_held = static_cast<double>(wlb_queues_.held().tokens);
-    for (const ArrivedTokens& e : wlb_carry_) standing.wlb_held += static_cast<double>(e.length);
+    for (const ArrivedTokens& e : wlb_carry_) standing.wlb_carried += static_cast<double>(e.length);
+    standing.wlb_held = standing.wlb_carried + static_cast<double>(wlb_queues_.held().tokens);
+    standing.wlb_queued = QueueDelay(wlb_queues_);
     return standing;
+  }
+
+  // What outliers held in `queues` after the step being planned add beyond the next step
+  // (ProjectedQueueDelay), each level gaining outliers at the rate the stream has shown so far.
+  template <typename T>
+  double QueueDelay(const OutlierQueues<T>& queues) const {
+    absl::InlinedVector<double, kMaxOutlierQueues> rates(level_arrivals_.size(), 0.0);
+    for (size_t l = 0; l < rates.size(); ++l) {
+      rates[l] = static_cast<double>(level_arrivals_[l]) /
+                 static_cast<double>(std::max<int64_t>(1, steps_));
+    }
+    return ProjectedQueueDelay(queues, static_cast<size_t>(config_.micro_batches), rates);
+  }
+
+  // The outliers wlb's rule queues at each level after the step BeginStep followed.
+  std::span<const size_t> wlb_queued() const {
+    wlb_queued_.resize(wlb_queues_.levels());
+    for (size_t l = 0; l < wlb_queued_.size(); ++l) wlb_queued_[l] = wlb_queues_.queue(l).size();
+    return wlb_queued_;
   }
 
   // Token-steps of delay of the steps planned so far (Record).
@@ -164,7 +218,9 @@ class DelayAccount {
             {"carry", detail::ArrivedTokensState(wlb_carry_)},
             {"token_steps", token_steps_},
             {"wlb_token_steps", wlb_token_steps_},
-            {"tokens", tokens_}};
+            {"tokens", tokens_},
+            {"steps", steps_},
+            {"level_arrivals", level_arrivals_}};
   }
   // Loads a StateJson(), all or nothing; a malformed one is an error naming what is wrong.
   absl::Status LoadStateJson(const nlohmann::json& j) {
@@ -176,11 +232,31 @@ class DelayAccount {
       const double token_steps = Total(j.at("token_steps"));
       const double wlb_token_steps = Total(j.at("wlb_token_steps"));
       const double tokens = Total(j.at("tokens"));
+      // The rates' history (QueueDelay): a state saved before it was kept starts it afresh.
+      const int64_t steps =
+          j.contains("steps")
+              ? detail::StateInteger(j.at("steps"), 0, kMaxStateCounter, "wlb_delay steps")
+              : 0;
+      std::vector<int64_t> level_arrivals;
+      if (j.contains("level_arrivals")) {
+        const nlohmann::json& counts = j.at("level_arrivals");
+        if (!counts.is_array() || counts.size() > queues.levels()) {
+          throw nlohmann::json::out_of_range::create(
+              401, "wlb_delay level_arrivals must be an array of at most one count per level",
+              &counts);
+        }
+        for (const nlohmann::json& c : counts) {
+          level_arrivals.push_back(
+              detail::StateInteger(c, 0, kMaxStateCounter, "wlb_delay level_arrivals"));
+        }
+      }
       wlb_queues_ = std::move(queues);
       wlb_carry_ = std::move(carry);
       token_steps_ = token_steps;
       wlb_token_steps_ = wlb_token_steps;
       tokens_ = tokens;
+      steps_ = steps;
+      level_arrivals_ = std::move(level_arrivals);
       return absl::OkStatus();
     });
   }
@@ -236,11 +312,15 @@ class DelayAccount {
       if (left > 0) carry.push_back({arrival, left});
     };
     int64_t fresh = 0;
+    level_arrivals_.resize(wlb_queues_.levels(), 0);
     for (const Document& d : arrivals) {
-      if (!wlb_queues_.Enqueue({.arrival_step = d.arrival_step, .length = d.length})) {
+      if (wlb_queues_.Enqueue({.arrival_step = d.arrival_step, .length = d.length})) {
+        ++level_arrivals_[static_cast<size_t>(wlb_queues_.Level(d.length))];
+      } else {
         fresh += d.length;
       }
     }
+    ++steps_;
     std::vector<ArrivedTokens>& released = released_;
     released.clear();
     wlb_queues_.ReleaseFull(static_cast<size_t>(config_.micro_batches), released);
@@ -273,8 +353,12 @@ class DelayAccount {
   double token_steps_ = 0.0;
   double wlb_token_steps_ = 0.0;
   double tokens_ = 0.0;
+  // Steps followed, and the outliers that arrived at each level in them (QueueDelay's rates).
+  int64_t steps_ = 0;
+  std::vector<int64_t> level_arrivals_;
   // FollowWlb's working memory, kept from step to step (not state).
   std::vector<ArrivedTokens> released_, next_carry_;
+  mutable absl::InlinedVector<size_t, kMaxOutlierQueues> wlb_queued_;
 };
 
 }  // namespace wlb::lookahead
