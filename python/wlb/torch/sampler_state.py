@@ -11,7 +11,8 @@ import numpy as np
 
 import wlb
 
-from .calibration import cost_model, parse_fit
+from .calibration import cost_model
+from .calibration_state import parse_fit
 from .epoch_pieces import _COLUMNS, _columns, _Cursor, _EpochPieces, _join, _push
 
 if TYPE_CHECKING:
