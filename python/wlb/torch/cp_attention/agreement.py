@@ -20,7 +20,6 @@ if torch is not None:
     import torch.distributed as dist
 
 
-
 def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
     """Why this rank's tensors do not fit the plan, or None."""
     r = plan[rank]
@@ -46,7 +45,6 @@ def _check_inputs(q, k, v, plan, rank: int) -> Optional[str]:
     if q.device != k.device or q.device != v.device:
         return f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}"
     return None
-
 
 
 _RECORD_BYTES = 2048  # one rank's fingerprint and verdict, UTF-8 JSON padded with NULs

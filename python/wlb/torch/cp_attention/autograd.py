@@ -11,7 +11,6 @@ if torch is not None:
     import torch.distributed as dist
 
 
-
 class _GatherKeys(torch.autograd.Function if torch is not None else object):
     """Forward: fetch the K/V rows (_fetch_rows), select this rank's key rows. Backward: add the
     key gradients per fetched row and send them back to their owners (_return_grads)."""

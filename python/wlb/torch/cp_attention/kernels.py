@@ -10,7 +10,6 @@ from ..attention import math_backward, math_forward
 from .rank_plan import _RankPlan
 
 
-
 class _MathParts:
     """The overlapped path's two attention parts on the "math" backend (any device and float
     dtype): forward -> (out, lse, state), backward from the merged out and lse -> (dq, dk, dv).

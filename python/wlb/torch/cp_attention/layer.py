@@ -21,7 +21,6 @@ if torch is not None:
     import torch.distributed as dist
 
 
-
 def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: wlb.ShardPlan,
                  group: Any = None, *, scale: Optional[float] = None,
                  backend: Optional[str] = None, agree_on_errors: bool = True,
@@ -34,7 +33,7 @@ def cp_attention(q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", plan: 
     ``group``: the CP process group (None: the default group); its size must be
     ``plan.cp_size`` and this process's rank in it selects ``plan[rank]``. ``backend``: None picks
     by device and dtype (``wlb.torch.attention.select_backend``), or "math" / "varlen".
-    The mask is ``plan.mask`` (see the module's docstring); a plan whose layer mix has several
+    The mask is ``plan.mask`` (see the package's docstring); a plan whose layer mix has several
     masks must be narrowed with ``plan.for_mask(mask)`` first. ``backend="varlen"`` applies a
     sliding window through ``varlen_attn``'s ``window_size`` (torch 2.11 on); chunked masks run on
     every backend.
