@@ -53,11 +53,9 @@ echo "== clang++ with ASan + UBSan, planning library tests and fuzz corpora" >&2
 # Line tables are all ASan's and UBSan's reports need (file:line in every frame); full -g debug
 # info made each unity batch of the tests 37% dearer to compile (docs/guides/testing.md). The
 # release tree checked every header alone; here clang++'s warnings check them all in one file.
-# The tests keep unity batches of 8 files here: the precompiled header already shares the
-# library's front end, and larger batches were measured in the g++ tree only.
 cmake -S . -B build-clang-asan "${library_only[@]}" -DWLB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DCMAKE_CXX_COMPILER=clang++ \
-  -DWLB_HEADER_CHECK_EACH=OFF -DWLB_TEST_UNITY_BATCH_SIZE=8
+  -DWLB_HEADER_CHECK_EACH=OFF
 cmake --build build-clang-asan --parallel "$jobs"
 # The slow property tests run a quarter of their seeded inputs here (WLB_PROPERTY_SCALE,
 # test/test_util.hpp): all of them ran in the release build above.
