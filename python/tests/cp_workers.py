@@ -125,7 +125,7 @@ def _fake_flash_ops():
 
 def _fake_varlen_attention(q, k, v, plan, rank, timings):
     """The overlapped path on its varlen part kernels (_VarlenParts), over whatever
-    cp_attention._flash_ops gives (run_cases swaps in _fake_flash_ops)."""
+    cp_attention.kernels._flash_ops gives (run_cases swaps in _fake_flash_ops)."""
     import importlib
 
     cpa = importlib.import_module("wlb.torch.cp_attention")
@@ -154,8 +154,8 @@ def run_cases(rank, world, cases):
             if case.get("fake_varlen"):  # forward and backward over the fake varlen ops
                 import importlib
 
-                cpa = importlib.import_module("wlb.torch.cp_attention")
-                real, cpa._flash_ops = cpa._flash_ops, _fake_flash_ops
+                kernels = importlib.import_module("wlb.torch.cp_attention.kernels")
+                real, kernels._flash_ops = kernels._flash_ops, _fake_flash_ops
             try:
                 if case.get("fake_varlen"):
                     o, lse = _fake_varlen_attention(ql, kl, vl, plan, rank, timings)
@@ -166,7 +166,7 @@ def run_cases(rank, world, cases):
                 (o * cp_slice(d_out, plan, rank)).sum().backward()
             finally:
                 if case.get("fake_varlen"):
-                    cpa._flash_ops = real
+                    kernels._flash_ops = real
             backward = counter.take()
             out.append({"rows": plan[rank].token_indices, "out": o.detach(), "lse": lse,
                         "dq": ql.grad, "dk": kl.grad, "dv": vl.grad, "strategy": plan.strategy,
@@ -182,11 +182,11 @@ def run_module_twice(rank, world, case):
 
     from wlb.torch import CPAttention, cp_attention, cp_slice
 
-    cpa = importlib.import_module("wlb.torch.cp_attention")  # the module, not the function
+    layer_module = importlib.import_module("wlb.torch.cp_attention.layer")  # where it is called
 
     built = []
-    build = cpa._rank_plan
-    cpa._rank_plan = lambda *args: built.append(1) or build(*args)
+    build = layer_module._rank_plan
+    layer_module._rank_plan = lambda *args: built.append(1) or build(*args)
     plan = case_plan(case, world)
     q, k, v, _ = case_tensors(case, plan.tokens)
     ql, kl, vl = (cp_slice(t, plan, rank) for t in (q, k, v))

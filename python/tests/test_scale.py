@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import wlb.torch.epoch_pieces as epoch_pieces  # noqa: E402
 import wlb.torch.sampler as sampler_module  # noqa: E402
 from wlb.torch import PackedBatchSampler  # noqa: E402
 
@@ -97,7 +98,7 @@ def test_at_most_8_bytes_per_document_besides_the_lengths(tmp_path, monkeypatch)
     """Python-heap growth while building the sampler and planning its first steps, over 2^22
     documents (one empty: the worst case holds the non-empty indices and the order, 4 bytes
     each), with the scan chunk made small so that chunk temporaries are a small constant."""
-    monkeypatch.setattr(sampler_module, "_SCAN_CHUNK", 1 << 16)
+    monkeypatch.setattr(epoch_pieces, "_SCAN_CHUNK", 1 << 16)
     n = 1 << 22
     lengths = _memmapped(tmp_path, n, dtype=np.int64)
     lengths[7] = 0
@@ -126,7 +127,7 @@ def test_bad_lengths_name_the_value(bad, message):
 
 
 def test_bad_lengths_past_the_first_chunk_name_the_document(monkeypatch):
-    monkeypatch.setattr(sampler_module, "_SCAN_CHUNK", 8)
+    monkeypatch.setattr(epoch_pieces, "_SCAN_CHUNK", 8)
     lengths = np.ones(50, dtype=np.int64)
     lengths[37] = -1
     with pytest.raises(ValueError, match=r"document 37 has length -1"):
@@ -152,7 +153,7 @@ def test_plans_do_not_depend_on_the_scan_chunk(monkeypatch, chunk):
         return s, out, states
 
     _, reference, _ = run()
-    monkeypatch.setattr(sampler_module, "_SCAN_CHUNK", chunk)
+    monkeypatch.setattr(epoch_pieces, "_SCAN_CHUNK", chunk)
     s, got, states = run()
     assert got == reference
     for k in (0, len(states) // 2, len(states) - 2):

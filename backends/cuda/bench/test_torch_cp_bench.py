@@ -66,7 +66,7 @@ def test_a_wrong_attention_fails_the_check(monkeypatch, capsys):
         return real(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, backend=backend)
 
     monkeypatch.setattr("wlb.torch.varlen_causal_attention", drops_the_first_key)
-    monkeypatch.setattr(sys.modules["wlb.torch.cp_attention"], "varlen_causal_attention",
+    monkeypatch.setattr(sys.modules["wlb.torch.cp_attention.layer"], "varlen_causal_attention",
                         drops_the_first_key)
     assert tcb.main(SMALL[:-4] + ["--micro-batches", "1", "--iters", "1", "--warmup", "0",
                                   "--cp", "2"]) == 1
