@@ -1403,8 +1403,7 @@ TEST(DocumentDegreeExchangeTest, LatencyKeepsDocumentsWhole) {
   const MicroBatch mb = MakeMicroBatch(lengths);
   const KernelModel model = KernelModel::Default();
   const CpPlanOptions options{.comm = {.link_gbps = 1e5, .latency_us = 1e6}};
-  absl::StatusOr<ShardPlan> plan =
-      PlanShards(mb, 4, ShardStrategy("doc-degree"), model, options);
+  absl::StatusOr<ShardPlan> plan = PlanShards(mb, 4, ShardStrategy("doc-degree"), model, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_TRUE(ValidateShardPlan(*plan, mb).ok()) << ValidateShardPlan(*plan, mb);
   for (const RankExchange& x : ExchangedKvRows(*plan)) {
@@ -1588,6 +1587,61 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
       }
     }
   }
+}
+// The ledger balanced-chunks plans with counts, per rank, exactly the causal rows its plan sends
+// and receives (ExchangedKvRows, the independent count), after dealing, spilling and refining.
+TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
+  std::mt19937_64 rng(5705);
+  const KernelModel model = KernelModel::Default();
+  for (int iter = 0; iter < testing::PropertyIterations(300); ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::uniform_int_distribution<int>(1, 16)(rng);
+    const CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
+    const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
+    const ShardPlanRequest request{.mb = mb,
+                                   .starts = starts,
+                                   .cp_size = cp,
+                                   .requested = ShardStrategy("balanced-chunks"),
+                                   .model = model,
+                                   .options = options};
+    const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request);
+    const ShardPlan plan = *detail::PlanBalancedChunks(request);
+    ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
+    const std::vector<RankExchange> x = ExchangedKvRows(plan);
+    for (size_t r = 0; r < x.size(); ++r) {
+      EXPECT_EQ(ledger.sent(r), x[r].send_rows) << "rank " << r;
+      EXPECT_EQ(ledger.received(r), x[r].recv_rows) << "rank " << r;
+      EXPECT_EQ(ledger.tokens(r), plan.ranks[r].tokens) << "rank " << r;
+    }
+  }
+}
+
+// CausalCpSlowerThan never calls a plan slower than PredictCp predicts it, answers for every
+// strategy's plans at the bound's edge (a plan is slower than almost nothing), and does not
+// answer for a mix with a non-causal layer.
+TEST(AdaptiveExchangeTest, CausalSlowerThanIsALowerBound) {
+  std::mt19937_64 rng(5706);
+  const KernelModel model = KernelModel::Default();
+  int slower = 0, checked = 0;
+  for (int iter = 0; iter < testing::PropertyIterations(120); ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
+    for (ShardStrategy s : ShardStrategy::All()) {
+      SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s", iter, cp, ShardStrategyName(s)));
+      const ShardPlan plan = *PlanShards(mb, cp, s, model, options);
+      const double ms = PredictCp(plan, model, options).max_ms;
+      EXPECT_FALSE(CausalCpSlowerThan(plan, model, options, ms));
+      slower += CausalCpSlowerThan(plan, model, options, 0.5 * ms);
+      ++checked;
+      CpPlanOptions windowed = options;
+      windowed.mix = *LayerMix::Parse("window:700x3,causal");
+      EXPECT_FALSE(CausalCpSlowerThan(plan, model, windowed, 0.0));
+    }
+  }
+  // Attention alone exceeds half the prediction on nearly every plan.
+  EXPECT_GT(slower, checked * 9 / 10);
 }
 }  // namespace shard_plan_test
 }  // namespace wlb

@@ -246,8 +246,8 @@ struct CpPrediction {
   double allgather_bytes = 0.0;   // C x (C-1) x rank_capacity rows: what an all-gather of every
                                   // rank's padded buffer moves (received, summed over ranks)
   double allgather_share = 0.0;   // share of the mix's layers whose exchange is the all-gather
-  std::vector<ExchangeKind> exchange;  // per layer kind of the mix, in its order
-  std::vector<double> rank_ms;         // per rank: mix mean of attention + exchange
+  std::vector<ExchangeKind> exchange;    // per layer kind of the mix, in its order
+  std::vector<double> rank_ms;           // per rank: mix mean of attention + exchange
   std::vector<double> rank_exchange_ms;  // per rank: mix mean of its (one-way) exchange alone
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
   // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
@@ -302,6 +302,57 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   const double c = static_cast<double>(plan.cp_size);
   p.allgather_bytes = c * (c - 1.0) * static_cast<double>(plan.rank_capacity) * row_bytes;
   return p;
+}
+
+// Whether PredictCp(plan, model, options).max_ms is known to exceed `ms`, from a lower bound
+// that costs one pass over the segments and stops once it exceeds `ms`; false for a mix with any
+// layer that is not causal. Under a causal mask a rank receives, of every document it holds, keys
+// [0, its largest end) less its own rows, so the row-exact exchange moves at least that many
+// rows, and the all-gather moves a fixed number. Planners use it to skip pricing a plan that
+// cannot win.
+inline bool CausalCpSlowerThan(const ShardPlan& plan, const KernelModel& model,
+                               const CpPlanOptions& options, double ms) {
+  for (const auto& [mask, count] : options.mix.layers) {
+    if (!mask.causal()) return false;
+  }
+  size_t docs = 0;
+  for (const RankShard& r : plan.ranks) {
+    for (const Segment& s : r.segments) docs = std::max(docs, static_cast<size_t>(s.doc_index) + 1);
+  }
+  std::vector<int64_t> hi(docs, 0), own(docs, 0);
+  const double row_ms = options.comm.RowMs(model);
+  const double gather_ms =
+      ChooseExchangeOf(1, static_cast<int64_t>(plan.ranks.size()), plan.rank_capacity,
+                       options.comm.RowBytes(model), options.comm)
+          .allgather_ms;
+  // The bound over the ranks so far never decreases as ranks are added; the margin covers
+  // PredictCp's other order of summation.
+  const double limit = ms * (1.0 + 1e-9);
+  double attention_max = 0.0, row_exact_max = 0.0;
+  bool moves = false;
+  for (const RankShard& r : plan.ranks) {
+    double attention = 0.0;
+    int64_t received = 0;
+    for (const Segment& s : r.segments) {
+      attention += model.SegmentMs(s.q_len(), s.q_end);
+      const size_t i = static_cast<size_t>(s.doc_index);
+      received -= hi[i] - own[i];
+      hi[i] = std::max(hi[i], s.q_end);
+      own[i] += s.q_len();
+      received += hi[i] - own[i];
+    }
+    for (const Segment& s : r.segments) {
+      hi[static_cast<size_t>(s.doc_index)] = own[static_cast<size_t>(s.doc_index)] = 0;
+    }
+    attention_max = std::max(attention_max, attention);
+    row_exact_max = std::max(row_exact_max, attention + static_cast<double>(received) * row_ms);
+    moves = moves || received > 0;
+    const double bound =
+        moves ? std::min(row_exact_max + options.comm.LatencyMs(), attention_max + gather_ms)
+              : attention_max;
+    if (bound > limit) return true;
+  }
+  return false;
 }
 
 namespace detail {

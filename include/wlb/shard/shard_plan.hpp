@@ -84,11 +84,12 @@
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
 //    rank_capacity is the largest rank's tokens.
 //  - balanced-chunks: documents of at most ceil(T / 8C) tokens (rounded up to the query tile)
-//    whole, longer ones in near-equal contiguous chunks of at most that; costliest first, each
-//    to the rank whose attention + received K/V rows x CommModel::RowMs is least after taking it
-//    among those with room under the memory cap (spilled over the roomiest ranks when none has
-//    room); a rank's adjacent chunks of one document are one segment (see
-//    strategies/balanced_chunks.hpp).
+//    whole, longer ones in near-equal contiguous chunks of at most that; each rank priced as
+//    attention + max(K/V rows sent, received) x CommModel::RowMs (causal row-exact); costliest
+//    first, each to the rank among those with room under the memory cap that leaves the slowest
+//    rank fastest (spilled over the roomiest ranks when none has room), then up to two rounds of
+//    the best move or swap between the slowest and fastest rank; a rank's adjacent chunks of one
+//    document are one segment (see strategies/balanced_chunks.hpp).
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.

@@ -127,15 +127,32 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
     return c.packed_calls ? MaxRankCallWithExchangeMs(plan, r.model, r.options)
                           : PredictCp(plan, r.model, r.options).max_ms;
   };
-  size_t best = 0;
-  for (size_t k = 0; k < std::size(kCandidates); ++k) {
+  // Planning prices the usual winners first (balanced-chunks, doc-degree) and skips a candidate
+  // known to be slower than the best so far (CausalCpSlowerThan); the pick is the same.
+  constexpr size_t kPlanningOrder[] = {5, 3, 0, 4, 1, 2};
+  constexpr size_t kReportOrder[] = {0, 1, 2, 3, 4, 5};
+  const bool planning = chosen_plan != nullptr;
+  const bool bounded = planning && !c.packed_calls;
+  size_t best = std::size(kCandidates);
+  double best_ms = 0.0;
+  auto beats = [&](double ms, size_t k) {
+    return best == std::size(kCandidates) || ms < best_ms || (ms == best_ms && k < best);
+  };
+  for (const size_t k : planning ? kPlanningOrder : kReportOrder) {
     if (!plans[k].ok()) return plans[k].status();
     // per-seq-ordered (k = 0) is always within the cap; a plan over it is never chosen, so it is
     // priced only to be reported.
     const bool within = plans[k]->rank_capacity <= cap;
-    if (!within && chosen_plan != nullptr) continue;
+    if (!within && planning) continue;
+    if (bounded && within && best < std::size(kCandidates) &&
+        CausalCpSlowerThan(*plans[k], r.model, r.options, best_ms)) {
+      continue;
+    }
     *out[k] = price(*plans[k]);
-    if (within && *out[k] < *out[best]) best = k;
+    if (within && beats(*out[k], k)) {
+      best = k;
+      best_ms = *out[k];
+    }
   }
   c.chosen = kCandidates[best];
   if (chosen_plan != nullptr) *chosen_plan = *std::move(plans[best]);

@@ -3,24 +3,35 @@
 //
 // A document of at most `unit` tokens stays whole (short documents are never split); a longer one
 // is cut into ceil(d / unit) contiguous chunks of near-equal size, unit = ceil(T / 8C) rounded up
-// to the kernel's query tile (about 8 chunks' worth of tokens per rank). Items go costliest first
-// (SegmentMs of the chunk's queries over its keys [0, end)) to the rank whose time after taking
-// it is least among those with room under CpRankTokenCap: its attention so far plus the item's,
-// plus the K/V rows it would then receive (causal: for each document, its largest end less its
-// own rows) x CommModel::RowMs. Chunks of one document therefore gather where they save rows:
-// an earlier chunk placed on a rank that holds a later one cuts that rank's receive. An item no
-// rank has room for is spilled over the ranks with the most room (SpillShards). A rank's adjacent
-// chunks of one document are one segment. The sending side is not priced here; adaptive ranks
-// this plan with PredictCp like every other candidate.
+// to the kernel's query tile (about 8 chunks' worth of tokens per rank). Each rank is priced as
+// the executors run it: its attention (SegmentMs of every chunk's queries over keys [0, end))
+// plus max(rows sent, rows received) x CommModel::RowMs, the causal row-exact exchange (a rank
+// receives, per document, keys [0, its largest end) less its own rows, and sends its rows below
+// every other holder's largest end). Items go costliest first (longest-processing-time order) to
+// the rank, among those with room under CpRankTokenCap, that leaves the slowest rank fastest,
+// then is fastest itself; an item no rank has room for is spilled over the ranks with the most
+// room (SpillShards). Then up to two rounds of refinement: the best move or swap of items
+// between the slowest and the fastest rank that lowers the slowest time within the cap. A rank's
+// adjacent chunks of one document are one segment. adaptive ranks this plan with PredictCp like
+// every other candidate.
+//
+// Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
+// sends it to every other holder, so a receive-only price piled those chunks on one rank, and
+// dealing alone cannot trade a chunk for a cheaper one once ranks are at the cap; with both,
+// adaptive's plans are at least as fast as a re-implemented MagiAttention dispatch on every
+// balance-table cell at 25 GB/s (docs/results/cp/balance.md).
 //
 // Peers: MagiAttention's dispatch solver deals fixed-size chunks of the packed sequence by area
-// with an equal chunk count per rank (no locality, a chunk may straddle documents); this keeps
-// short documents whole, prices the receive with the link, and bounds memory by tokens.
+// (attention pairs), largest first to the least loaded rank, with an equal chunk count per rank
+// (no locality, a chunk may straddle documents, the exchange not priced); this keeps short
+// documents whole, prices both directions of the exchange with the link, and bounds memory by
+// tokens.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -44,74 +55,396 @@ inline int64_t BalancedChunkUnit(int64_t tokens, int cp_size, const KernelModel&
   return std::max(tile, (unit + tile - 1) / tile * tile);
 }
 
-inline absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r) {
+// balanced-chunks' ledger: where every chunk is, and per rank its attention, tokens and the
+// causal K/V rows it sends and receives (what ChooseExchange's row-exact rule prices).
+class ChunkLedger {
+ public:
+  struct Item {
+    double ms = 0.0;  // SegmentMs of the chunk's queries over keys [0, end)
+    size_t doc = 0;
+    int64_t begin = 0, end = 0;
+    int rank = -1;  // -1 while unplaced
+  };
+
+  ChunkLedger(size_t docs, size_t ranks, double row_ms)
+      : ranks_(ranks),
+        row_ms_(row_ms),
+        attention_(ranks, 0.0),
+        tokens_(ranks, 0),
+        sent_(ranks, 0),
+        received_(ranks, 0),
+        doc_hi_(docs * ranks, 0),
+        doc_lo_(docs, std::numeric_limits<int64_t>::max()),
+        of_doc_(docs),
+        d_sent_(ranks, 0),
+        d_received_(ranks, 0),
+        hi_(ranks, 0),
+        own_(ranks, 0) {}
+
+  // A new unplaced item: queries [begin, end) of document `doc`; its index.
+  size_t Add(size_t doc, int64_t begin, int64_t end, double ms) {
+    of_doc_[doc].push_back(items_.size());
+    items_.push_back({ms, doc, begin, end, -1});
+    return items_.size() - 1;
+  }
+
+  const std::vector<Item>& items() const { return items_; }
+  int64_t tokens(size_t r) const { return tokens_[r]; }
+  int64_t sent(size_t r) const { return sent_[r]; }
+  int64_t received(size_t r) const { return received_[r]; }
+  double Time(size_t r) const {
+    return attention_[r] + static_cast<double>(std::max(sent_[r], received_[r])) * row_ms_;
+  }
+
+  // The slowest rank's time if unplaced item k went to `rank` (the ledger is unchanged).
+  double MaxTimeIfPlaced(size_t k, size_t rank) {
+    const Item& it = items_[k];
+    const double others = rank == slowest_ ? second_ms_ : slowest_ms_;
+    if (of_doc_[it.doc].size() < 2) {  // a whole document moves no rows
+      return std::max(Time(rank) + it.ms, others);
+    }
+    const size_t base = it.doc * ranks_;
+    const int64_t hi = doc_hi_[base + rank];
+    if (it.end > hi && doc_lo_[it.doc] < it.end) {
+      // Other holders would send it rows: every rank's time may change.
+      RowsIfPlaced(k, rank);
+      double worst = 0.0;
+      for (size_t q = 0; q < ranks_; ++q) {
+        const int64_t rows = std::max(sent_[q] + d_sent_[q], received_[q] + d_received_[q]);
+        worst = std::max(
+            worst, attention_[q] + (q == rank ? it.ms : 0.0) + static_cast<double>(rows) * row_ms_);
+      }
+      return worst;
+    }
+    // Only `rank` changes (the usual case: a document's chunks go latest first, so no holder has
+    // rows below this one's end): it receives its largest end's growth less its rows, and sends
+    // its rows below every other holder's largest end.
+    if (below_item_ != k) {
+      below_item_ = k;
+      below_ = 0;
+      for (size_t q = 0; q < ranks_; ++q) below_ += RowsBelow(it, doc_hi_[base + q]);
+    }
+    const int64_t sent = sent_[rank] + below_ - RowsBelow(it, hi);
+    const int64_t received =
+        received_[rank] + std::max<int64_t>(0, it.end - hi) - (it.end - it.begin);
+    return std::max(
+        others, attention_[rank] + it.ms + static_cast<double>(std::max(sent, received)) * row_ms_);
+  }
+
+  // Puts unplaced item k on `rank`.
+  void Place(size_t k, size_t rank) {
+    Item& it = items_[k];
+    if (of_doc_[it.doc].size() > 1) {
+      RowsIfPlaced(k, rank);
+      for (size_t q = 0; q < ranks_; ++q) {
+        sent_[q] += d_sent_[q];
+        received_[q] += d_received_[q];
+      }
+      int64_t& hi = doc_hi_[it.doc * ranks_ + rank];
+      hi = std::max(hi, it.end);
+      doc_lo_[it.doc] = std::min(doc_lo_[it.doc], it.begin);
+    }
+    it.rank = static_cast<int>(rank);
+    attention_[rank] += it.ms;
+    tokens_[rank] += it.end - it.begin;
+    slowest_ms_ = second_ms_ = 0.0;  // the two slowest ranks, for whole documents' prices
+    for (size_t r = 0; r < ranks_; ++r) {
+      const double t = Time(r);
+      if (t > slowest_ms_) {
+        second_ms_ = slowest_ms_;
+        slowest_ms_ = t;
+        slowest_ = r;
+      } else {
+        second_ms_ = std::max(second_ms_, t);
+      }
+    }
+  }
+
+  // Moves and swaps between the slowest rank and the fastest that lower the slowest time within
+  // the token cap, the best one a round, for at most `rounds` rounds. An item's change of rows
+  // is priced once per round (DeltaIfMoved); a pair adds its two items' changes unless they are
+  // of one document, then priced together.
+  void Refine(int64_t cap, int rounds) {
+    if (rounds <= 0 || ranks_ < 2) return;
+    const size_t docs = of_doc_.size();
+    doc_sent_.assign(docs * ranks_, 0);
+    doc_received_.assign(docs * ranks_, 0);
+    for (size_t i = 0; i < docs; ++i) {
+      DocRows(i, &doc_sent_[i * ranks_], &doc_received_[i * ranks_]);
+    }
+    std::vector<size_t> on_s, on_f;
+    std::vector<int64_t> ds_a, dr_a, ds_b, dr_b;  // per listed item, per rank: its change
+    for (int round = 0; round < rounds; ++round) {
+      size_t s = 0, f = 0;
+      for (size_t q = 1; q < ranks_; ++q) {
+        if (Time(q) > Time(s)) s = q;
+        if (Time(q) < Time(f)) f = q;
+      }
+      if (s == f) return;
+      on_s.clear();
+      on_f.clear();
+      for (size_t k = 0; k < items_.size(); ++k) {
+        if (items_[k].rank == static_cast<int>(s)) on_s.push_back(k);
+        if (items_[k].rank == static_cast<int>(f)) on_f.push_back(k);
+      }
+      ds_a.assign(on_s.size() * ranks_, 0);
+      dr_a.assign(on_s.size() * ranks_, 0);
+      ds_b.assign(on_f.size() * ranks_, 0);
+      dr_b.assign(on_f.size() * ranks_, 0);
+      for (size_t x = 0; x < on_s.size(); ++x) {
+        DeltaIfMoved(on_s[x], f, &ds_a[x * ranks_], &dr_a[x * ranks_]);
+      }
+      for (size_t y = 0; y < on_f.size(); ++y) {
+        DeltaIfMoved(on_f[y], s, &ds_b[y * ranks_], &dr_b[y * ranks_]);
+      }
+      const double now = Time(s);
+      double best = now * (1.0 - 1e-9);
+      size_t best_a = items_.size(), best_b = items_.size();
+      auto price = [&](size_t x, size_t y, double d_attention) {
+        double worst = 0.0;
+        for (size_t q = 0; q < ranks_; ++q) {
+          int64_t sent = sent_[q] + ds_a[x * ranks_ + q];
+          int64_t received = received_[q] + dr_a[x * ranks_ + q];
+          if (y < on_f.size()) {
+            sent += ds_b[y * ranks_ + q];
+            received += dr_b[y * ranks_ + q];
+          }
+          const double att = attention_[q] + (q == s ? -d_attention : q == f ? d_attention : 0.0);
+          worst = std::max(worst, att + static_cast<double>(std::max(sent, received)) * row_ms_);
+        }
+        return worst;
+      };
+      for (size_t x = 0; x < on_s.size(); ++x) {
+        const Item& a = items_[on_s[x]];
+        const int64_t la = a.end - a.begin;
+        if (tokens_[f] + la <= cap) {  // move
+          const double m = price(x, on_f.size(), a.ms);
+          if (m < best) best = m, best_a = on_s[x], best_b = items_.size();
+        }
+        for (size_t y = 0; y < on_f.size(); ++y) {  // swap
+          const Item& b = items_[on_f[y]];
+          const int64_t lb = b.end - b.begin;
+          if (b.ms >= a.ms || tokens_[s] - la + lb > cap || tokens_[f] - lb + la > cap) continue;
+          const double m = a.doc == b.doc && of_doc_[a.doc].size() > 1
+                               ? MaxIfSwapped(on_s[x], on_f[y])
+                               : price(x, y, a.ms - b.ms);
+          if (m < best) best = m, best_a = on_s[x], best_b = on_f[y];
+        }
+      }
+      if (best_a == items_.size()) return;
+      Apply(best_a, f);
+      if (best_b < items_.size()) Apply(best_b, s);
+    }
+  }
+
+ private:
+  // Rows of item `it` below a holder's largest end `hi` (what it sends that holder).
+  static int64_t RowsBelow(const Item& it, int64_t hi) {
+    return std::max<int64_t>(0, std::min(hi, it.end) - it.begin);
+  }
+
+  // Adds document `doc`'s rows per rank to sent[0, ranks) and received[0, ranks): a rank needs
+  // keys [0, its largest end) less its own rows, each other rank's rows in that range sent to it.
+  void DocRows(size_t doc, int64_t* sent, int64_t* received) {
+    const std::vector<size_t>& of = of_doc_[doc];
+    if (of.size() < 2) return;
+    std::fill(hi_.begin(), hi_.end(), 0);
+    std::fill(own_.begin(), own_.end(), 0);
+    for (size_t k : of) {
+      const Item& it = items_[k];
+      if (it.rank < 0) continue;
+      hi_[static_cast<size_t>(it.rank)] = std::max(hi_[static_cast<size_t>(it.rank)], it.end);
+      own_[static_cast<size_t>(it.rank)] += it.end - it.begin;
+    }
+    for (size_t r = 0; r < ranks_; ++r) {
+      if (hi_[r] == 0) continue;
+      received[r] += hi_[r] - own_[r];
+      for (size_t k : of) {
+        const Item& it = items_[k];
+        if (it.rank < 0 || static_cast<size_t>(it.rank) == r || it.begin >= hi_[r]) continue;
+        sent[static_cast<size_t>(it.rank)] += std::min(hi_[r], it.end) - it.begin;
+      }
+    }
+  }
+
+  // Per rank, the change of rows sent and received if placed item k went to rank `to`.
+  void DeltaIfMoved(size_t k, size_t to, int64_t* sent, int64_t* received) {
+    const size_t doc = items_[k].doc;
+    if (of_doc_[doc].size() < 2) return;  // a whole document moves no rows
+    const int from = items_[k].rank;
+    items_[k].rank = static_cast<int>(to);
+    DocRows(doc, sent, received);
+    items_[k].rank = from;
+    for (size_t q = 0; q < ranks_; ++q) {
+      sent[q] -= doc_sent_[doc * ranks_ + q];
+      received[q] -= doc_received_[doc * ranks_ + q];
+    }
+  }
+
+  // The slowest rank's time if placed items a and b, of one document, traded ranks.
+  double MaxIfSwapped(size_t a, size_t b) {
+    const int ra = items_[a].rank, rb = items_[b].rank;
+    std::fill(d_sent_.begin(), d_sent_.end(), 0);
+    std::fill(d_received_.begin(), d_received_.end(), 0);
+    items_[a].rank = rb;
+    items_[b].rank = ra;
+    DocRows(items_[a].doc, d_sent_.data(), d_received_.data());
+    items_[a].rank = ra;
+    items_[b].rank = rb;
+    const double d = items_[a].ms - items_[b].ms;
+    const size_t x = items_[a].doc * ranks_;
+    double worst = 0.0;
+    for (size_t q = 0; q < ranks_; ++q) {
+      const int64_t sent = sent_[q] + d_sent_[q] - doc_sent_[x + q];
+      const int64_t received = received_[q] + d_received_[q] - doc_received_[x + q];
+      const double att = attention_[q] + (q == static_cast<size_t>(ra)   ? -d
+                                          : q == static_cast<size_t>(rb) ? d
+                                                                         : 0.0);
+      worst = std::max(worst, att + static_cast<double>(std::max(sent, received)) * row_ms_);
+    }
+    return worst;
+  }
+
+  // Moves placed item k to rank `to`, keeping the stored rows exact.
+  void Apply(size_t k, size_t to) {
+    Item& it = items_[k];
+    const size_t from = static_cast<size_t>(it.rank);
+    attention_[from] -= it.ms;
+    tokens_[from] -= it.end - it.begin;
+    attention_[to] += it.ms;
+    tokens_[to] += it.end - it.begin;
+    it.rank = static_cast<int>(to);
+    const size_t x = it.doc * ranks_;
+    for (size_t q = 0; q < ranks_; ++q) {
+      sent_[q] -= doc_sent_[x + q];
+      received_[q] -= doc_received_[x + q];
+      doc_sent_[x + q] = doc_received_[x + q] = 0;
+    }
+    DocRows(it.doc, &doc_sent_[x], &doc_received_[x]);
+    for (size_t q = 0; q < ranks_; ++q) {
+      sent_[q] += doc_sent_[x + q];
+      received_[q] += doc_received_[x + q];
+      doc_hi_[x + q] = hi_[q];
+    }
+  }
+
+  // d_sent_ and d_received_: how placing unplaced item k on `rank` changes the rows each rank
+  // sends and receives. A rank needs keys [0, its largest end) less its own rows (unplaced rows
+  // count as received), so `rank` gains its largest end's growth less the item's rows; it sends
+  // the item's rows below every other holder's largest end; and when its largest end grows, the
+  // other holders of rows in the new range send them to it.
+  void RowsIfPlaced(size_t k, size_t rank) {
+    const Item& it = items_[k];
+    const size_t base = it.doc * ranks_;
+    std::fill(d_sent_.begin(), d_sent_.end(), 0);
+    std::fill(d_received_.begin(), d_received_.end(), 0);
+    const int64_t hi = doc_hi_[base + rank];
+    d_received_[rank] = std::max<int64_t>(0, it.end - hi) - (it.end - it.begin);
+    for (size_t q = 0; q < ranks_; ++q) {
+      const int64_t h = doc_hi_[base + q];
+      if (q != rank) d_sent_[rank] += RowsBelow(it, h);
+    }
+    if (it.end <= hi) return;
+    for (size_t j : of_doc_[it.doc]) {
+      const Item& p = items_[j];
+      if (p.rank < 0 || static_cast<size_t>(p.rank) == rank) continue;
+      const int64_t rows = std::min(p.end, it.end) - std::max(p.begin, hi);
+      if (rows > 0) d_sent_[static_cast<size_t>(p.rank)] += rows;
+    }
+  }
+
+  std::vector<Item> items_;
+  size_t ranks_;
+  double row_ms_;
+  std::vector<double> attention_;
+  std::vector<int64_t> tokens_, sent_, received_;
+  std::vector<int64_t> doc_hi_;   // per (document, rank): its largest end
+  std::vector<int64_t> doc_lo_;   // per document: the least begin placed
+  size_t below_item_ = SIZE_MAX;  // MaxTimeIfPlaced's item and its rows below the holders' ends
+  int64_t below_ = 0;
+  std::vector<std::vector<size_t>> of_doc_;  // per document: its items
+  size_t slowest_ = 0;
+  double slowest_ms_ = 0.0, second_ms_ = 0.0;
+  std::vector<int64_t> d_sent_, d_received_;      // RowsIfPlaced's
+  std::vector<int64_t> doc_sent_, doc_received_;  // Refine's: per (document, rank) rows
+  std::vector<int64_t> hi_, own_;                 // DocRows' scratch
+};
+
+// balanced-chunks' placement of every item (see the file comment).
+inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(r.cp_size);
   const int64_t unit = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
   const int64_t cap = CpRankTokenCap(mb.tokens, r.cp_size);
-  const double row_ms = r.options.comm.RowMs(r.model);
-  struct Item {
-    double ms;
-    size_t doc;
-    int64_t begin, end;
-  };
-  std::vector<Item> items;
-  items.reserve(static_cast<size_t>(mb.tokens / unit) + docs);
+  ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model));
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
     const int64_t n = (d + unit - 1) / unit;
     for (int64_t j = 0; j < n; ++j) {
       const auto [b, e] = PerDocumentShard(d, n, 0, j);
-      items.push_back({r.model.SegmentMs(e - b, e), i, b, e});
+      ledger.Add(i, b, e, r.model.SegmentMs(e - b, e));
     }
   }
-  std::sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
-    return std::tie(y.ms, x.doc, x.begin) < std::tie(x.ms, y.doc, y.begin);
-  });
-  // Per rank: attention ms, tokens, rows received; per (rank, document): largest end, own rows.
-  std::vector<double> attention(ranks, 0.0), time(ranks, 0.0);
-  std::vector<int64_t> tokens(ranks, 0), received(ranks, 0);
-  std::vector<int64_t> hi(ranks * docs, 0), own(ranks * docs, 0);
-  std::vector<std::vector<DocShard>> held(docs);  // every document's pieces
+  std::vector<size_t> order(ledger.items().size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  {
+    const auto& items = ledger.items();
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return std::tie(items[y].ms, items[x].doc, items[x].begin) <
+             std::tie(items[x].ms, items[y].doc, items[y].begin);
+    });
+  }
+  std::vector<double> time(ranks, 0.0);
+  std::vector<int64_t> tokens(ranks, 0);
   std::vector<DocShard> spill;
-  auto take = [&](size_t rank, size_t doc, int64_t b, int64_t e) {
-    const size_t x = rank * docs + doc;
-    received[rank] -= hi[x] - own[x];
-    hi[x] = std::max(hi[x], e);
-    own[x] += e - b;
-    received[rank] += hi[x] - own[x];
-    tokens[rank] += e - b;
-    attention[rank] += r.model.SegmentMs(e - b, e);
-    time[rank] = attention[rank] + static_cast<double>(received[rank]) * row_ms;
-    held[doc].push_back({static_cast<int>(rank), b, e});
-  };
-  for (const Item& it : items) {
+  // Costliest first, to the rank that leaves the slowest rank fastest, then is fastest itself.
+  for (const size_t k : order) {
+    const ChunkLedger::Item it = ledger.items()[k];
     const int64_t len = it.end - it.begin;
-    size_t best = ranks;
-    double best_t = 0.0;
-    for (size_t k = 0; k < ranks; ++k) {
-      if (tokens[k] + len > cap) continue;
-      const size_t x = k * docs + it.doc;
-      const int64_t recv =
-          received[k] - (hi[x] - own[x]) + (std::max(hi[x], it.end) - own[x] - len);
-      const double t = attention[k] + it.ms + static_cast<double>(recv) * row_ms;
-      if (best == ranks || t < best_t) {
-        best = k;
-        best_t = t;
+    int best = -1;
+    double best_max = 0.0, best_own = 0.0;
+    for (size_t q = 0; q < ranks; ++q) {
+      if (ledger.tokens(q) + len > cap) continue;
+      const double worst = ledger.MaxTimeIfPlaced(k, q);
+      const double own = ledger.Time(q) + it.ms;
+      if (best < 0 || worst < best_max || (worst == best_max && own < best_own)) {
+        best = static_cast<int>(q);
+        best_max = worst;
+        best_own = own;
       }
     }
-    if (best < ranks) {
-      take(best, it.doc, it.begin, it.end);
+    if (best >= 0) {
+      ledger.Place(k, static_cast<size_t>(best));
       continue;
+    }
+    // No rank has room: spread it over the ranks with the most (SpillShards); the item itself is
+    // left unplaced and the plan skips it.
+    for (size_t q = 0; q < ranks; ++q) {
+      tokens[q] = ledger.tokens(q);
+      time[q] = ledger.Time(q);
     }
     spill.clear();
     SpillShards(len, cap, tokens, time, spill);
     for (const DocShard& s : spill) {
-      take(static_cast<size_t>(s.rank), it.doc, it.begin + s.q_begin, it.begin + s.q_end);
+      const int64_t b = it.begin + s.q_begin, e = it.begin + s.q_end;
+      ledger.Place(ledger.Add(it.doc, b, e, r.model.SegmentMs(e - b, e)),
+                   static_cast<size_t>(s.rank));
     }
   }
-  PlanBuilder b(mb, r.starts, r.cp_size, items.size() + ranks);
+  ledger.Refine(cap, /*rounds=*/2);
+  return ledger;
+}
+
+inline absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r) {
+  const MicroBatch& mb = r.mb;
+  const size_t docs = mb.documents.size();
+  const ChunkLedger ledger = PlaceBalancedChunks(r);
+  PlanBuilder b(mb, r.starts, r.cp_size, ledger.items().size() + static_cast<size_t>(r.cp_size));
+  std::vector<std::vector<DocShard>> held(docs);  // every document's pieces
+  for (const ChunkLedger::Item& it : ledger.items()) {
+    if (it.rank >= 0) held[it.doc].push_back({it.rank, it.begin, it.end});
+  }
   for (size_t i = 0; i < docs; ++i) {
     std::vector<DocShard>& pieces = held[i];
     std::sort(pieces.begin(), pieces.end(),
