@@ -15,23 +15,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 jobs="$(nproc)"
+# Each phase's start, in seconds since the script began: the per-phase split of a CI run
+# (docs/guides/testing.md) reads off these lines.
+phase() { echo "== [${SECONDS} s] $*" >&2; }
 library_only=(-G Ninja -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_BENCH=OFF -DWLB_BUILD_EXAMPLES=OFF
               -DWLB_BUILD_SOLVER=OFF)
 
-echo "== Python test environment (build/pyenv)" >&2
+phase "Python test environment (build/pyenv)"
 # PyTorch, pyarrow, hypothesis and nanobind come from python/requirements-test.txt, installed once
 # per machine (scripts/python_env.sh), so the torch and data-format tests run here instead of
 # skipping; nanobind is what the release tree builds the extension with.
 scripts/python_env.sh build --deps-only
 
-echo "== release build (g++) with the Python extension, every test" >&2
+phase "release build (g++) with the Python extension, every test"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DWLB_BUILD_PYTHON=ON \
   -DPython_EXECUTABLE="$PWD/build/pyenv/bin/python" "$@"
 cmake --build build --parallel "$jobs"
 ctest --test-dir build --output-on-failure --parallel "$jobs"
 scripts/skipped_tests.py build
 
-echo "== Python package (pip install . over build/, no second compile), pytest" >&2
+phase "Python package (pip install . over build/, no second compile), pytest"
 # pytest runs over the real installed package (it also runs build/tools/wlb-plan and
 # build/test/packer_state_tool). The CUDA backend's GPU scripts (the device verdicts of
 # gtest_report.py, torch_attention_bench.py's signature handling) are tested here too: they run
@@ -49,7 +52,7 @@ if [ "$pytest_status" -eq 5 ]; then
 fi
 if [ "$pytest_status" -ne 0 ]; then exit "$pytest_status"; fi
 
-echo "== clang++ with ASan + UBSan, planning library tests and fuzz corpora" >&2
+phase "clang++ with ASan + UBSan, planning library tests and fuzz corpora"
 # Line tables are all ASan's and UBSan's reports need (file:line in every frame); full -g debug
 # info made each unity batch of the tests 37% dearer to compile (docs/guides/testing.md). The
 # release tree checked every header alone; here clang++'s warnings check them all in one file.
@@ -61,3 +64,4 @@ cmake --build build-clang-asan --parallel "$jobs"
 # test/test_util.hpp): all of them ran in the release build above.
 WLB_PROPERTY_SCALE=0.25 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-clang-asan --output-on-failure --parallel "$jobs" -E consumer_find_package
+phase "done"
