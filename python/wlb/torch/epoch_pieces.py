@@ -1,6 +1,6 @@
 """An epoch's pieces for ``PackedBatchSampler``, streamed from a cursor: the document lengths'
-chunked checks, the epoch's document order, the pieces cut from it (as ``wlb.make_documents`` and
-``wlb.split_into_steps`` cut them) and one planning push. Every scan over the corpus goes
+chunked checks, the epoch's document order, the pieces cut from it (as ``wlb.make_documents``
+cuts them; steps as in ``_EpochPieces.take``) and one planning push. Every scan over the corpus goes
 ``_SCAN_CHUNK`` documents at a time, so no temporary is the size of the corpus."""
 
 from __future__ import annotations
@@ -152,9 +152,10 @@ class _EpochPieces:
         return cursor
 
     def take(self, cursor: _Cursor, tokens: int) -> Tuple[Dict[str, np.ndarray], _Cursor]:
-        """The pieces from `cursor` whose first token lies before cursor.token + `tokens` (as
-        wlb.split_into_steps assigns a piece to the step of its first token), and the cursor
-        after them."""
+        """The pieces from `cursor` whose first token lies before cursor.token + `tokens` (a piece
+        goes to the step of its first token, as in wlb.split_into_steps; the window starts at
+        `cursor`, the end of the previous step's pieces, not at a multiple of `tokens`), and the
+        cursor after them."""
         limit = cursor.token + tokens
         parts: List[Dict[str, np.ndarray]] = []
         piece, doc, part, token = cursor
@@ -200,8 +201,8 @@ class _EpochPieces:
 def _push(packer: Any, pieces: _EpochPieces, cursor: _Cursor, queued: Dict[str, Any],
           tokens_per_step: int) -> Tuple[List[Any], _Cursor, bool]:
     """One planning push (``_plan``'s, and the state check's replay of it): the queued pieces,
-    then the pieces arriving in the next N x S tokens (a piece arrives in the step its first
-    token lies in, as wlb.split_into_steps); at the end of the epoch, the packer's flush.
+    then the pieces arriving in the next N x S tokens from `cursor` (a piece arrives in the step
+    its first token lies in; see _EpochPieces.take); at the end of the epoch, the packer's flush.
     Returns (ready steps, the cursor after the pieces taken, whether it was the flush)."""
     taken, end = pieces.take(cursor, tokens_per_step)
     arrivals = _join([queued, taken])

@@ -25,7 +25,10 @@ epoch's last tokens do not fill N micro-batches, some are empty: an empty list o
 micro-batch a zero loss that still has a gradient (never NaN) and the ``(sum, count)`` pair for
 the token-weighted mean across ranks. Hugging Face models cannot run 0 tokens: skip their forward
 on an empty micro-batch, or, under DDP, back-propagate ``0 * sum(p.sum() for p in params)``. An epoch is the documents in a seeded random order (``shuffle``),
-arriving N x S tokens per step as ``wlb.split_into_steps`` cuts them; call ``set_epoch(e)`` before
+arriving N x S tokens per step (a piece arrives in the step its first token lies in, as in
+``wlb.split_into_steps``, but each step's N x S tokens are counted from the end of the previous
+step's last piece, not from fixed multiples of N x S, so every step but the last holds at least
+N x S tokens and the two cuts drift apart over an epoch); call ``set_epoch(e)`` before
 each epoch (as with ``DistributedSampler``), or every iteration replays the same order.
 
 Resume. ``state_dict()`` / ``load_state_dict()`` (torchdata's ``StatefulDataLoader`` calls them,
