@@ -132,23 +132,27 @@ struct StepPacking {
 // largest at one of the ends.
 inline std::array<double, 2> ImbalanceAtRangeEnds(const std::vector<MicroBatch>& mbs,
                                                   const DocumentCost& cost, AttentionRange range) {
-  std::array<double, 2> out{1.0, 1.0};
   const std::array<double, 2> weights{range.low, range.high};
   const CostModel* poly = cost.polynomial();
-  for (size_t e = 0; e < 2; ++e) {
-    double total = 0.0;
-    double heaviest = 0.0;
-    for (const MicroBatch& mb : mbs) {
-      double w = 0.0;
-      for (const Document& d : mb.documents) {
-        const double attention = poly ? poly->Attention(d.length) : cost.Attention(d.length);
-        const double linear = poly ? poly->Linear(d.length) : cost.Linear(d.length);
-        w += weights[e] * attention + linear;
-      }
-      total += w;
-      heaviest = std::max(heaviest, w);
+  std::array<double, 2> total{0.0, 0.0};
+  std::array<double, 2> heaviest{0.0, 0.0};
+  for (const MicroBatch& mb : mbs) {
+    // Each document's parts once; the ends weigh the micro-batch's sums.
+    double attention = 0.0;
+    double linear = 0.0;
+    for (const Document& d : mb.documents) {
+      attention += poly ? poly->Attention(d.length) : cost.Attention(d.length);
+      linear += poly ? poly->Linear(d.length) : cost.Linear(d.length);
     }
-    if (total > 0.0) out[e] = heaviest / (total / static_cast<double>(mbs.size()));
+    for (size_t e = 0; e < 2; ++e) {
+      const double w = weights[e] * attention + linear;
+      total[e] += w;
+      heaviest[e] = std::max(heaviest[e], w);
+    }
+  }
+  std::array<double, 2> out{1.0, 1.0};
+  for (size_t e = 0; e < 2; ++e) {
+    if (total[e] > 0.0) out[e] = heaviest[e] / (total[e] / static_cast<double>(mbs.size()));
   }
   return out;
 }
