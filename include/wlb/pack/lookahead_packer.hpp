@@ -302,7 +302,7 @@ class LookaheadPacker final : public Packer {
     SortLongestFirst(fresh);
     const std::vector<lookahead::Candidate> candidates =
         lookahead::Candidates(held, fresh, static_cast<size_t>(config_.micro_batches),
-                              config_.max_tokens, delay_.wlb_queued(), lookahead_, next_step_);
+                              config_.max_tokens, delay_.wlb_queues(), lookahead_, next_step_);
     std::vector<MicroBatch> mbs;
     if (candidates.size() == 1) {
       mbs = Packing().PlanStep(candidates[0], fresh, held);
@@ -462,7 +462,7 @@ class LookaheadPacker final : public Packer {
       for (size_t k = 1; k < planned_.size(); ++k) {
         if (&planned_[k] != closest && &planned_[k] != missketched) return &planned_[k];
       }
-      return &planned_[1];  // unreachable: three slots for two kept plans
+      return &planned_[1];  // unreachable: three slots beside the rule's for two kept plans
     };
     auto try_candidate = [&](size_t i, const Scored& scored) {
       if (i == 0) {
@@ -574,7 +574,7 @@ class LookaheadPacker final : public Packer {
   lookahead::DelayAccount delay_;
   // Sketches of this packer's steps; its working memory is kept from step to step.
   lookahead::Sketcher sketcher_;
-  // PlanChosen's plans (wlb's rule's and two others), kept from step to step: copying the
+  // PlanChosen's plans (wlb's rule's and three others), kept from step to step: copying the
   // holding into them reuses their memory (copies allocated a dozen times a step at N = 4).
   mutable std::array<Planned, 4> planned_;
   // Best()'s scores, for PlanChosen's further tries (memory kept from step to step).

@@ -292,8 +292,8 @@ inline void AddEvenReleases(const Holding& held, size_t n, std::vector<Candidate
 // wlb's rule alone there too, which makes the packer wlb-refine at N = 1.
 inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<Document>& fresh,
                                          size_t n, int64_t max_tokens,
-                                         std::span<const size_t> wlb_queued, int lookahead,
-                                         int64_t next_step) {
+                                         const OutlierQueues<ArrivedTokens>& wlb_queues,
+                                         int lookahead, int64_t next_step) {
   const Candidate wlb{.release = WlbRelease(held, n)};
   std::vector<Candidate> out;
   out.reserve(16);  // about as many as a step makes at two levels
@@ -308,16 +308,16 @@ inline std::vector<Candidate> Candidates(const Holding& held, const std::vector<
       out.push_back(c);
       continue;
     }
-    // Catch up: a level that queues more than wlb's would on the same stream (`wlb_queued`, after
+    // Catch up: a level that queues more than wlb's would on the same stream (`wlb_queues`, after
     // a step held it back) releases up to N more, when two of its outliers fit one micro-batch
     // (else the extra ones would be carried into later steps). Without it a level held back
     // while it fills at N a step stays a release behind for good (a saturated bimodal stream
     // ended 0.12 steps above wlb's delay).
-    if (q.size() > n && l < wlb_queued.size() && q.size() - n > wlb_queued[l] &&
-        2 * held.queues.MaxLength(l) <= max_tokens) {
+    const size_t wlb_queued = l < wlb_queues.levels() ? wlb_queues.queue(l).size() : q.size();
+    if (q.size() > n && q.size() - n > wlb_queued && 2 * held.queues.MaxLength(l) <= max_tokens) {
       Candidate c = wlb;
       c.release[l].clear();
-      const size_t release = std::min(q.size() - wlb_queued[l], 2 * n);
+      const size_t release = std::min(q.size() - wlb_queued, 2 * n);
       for (size_t i = 0; i < release; ++i) c.release[l].push_back(i);
       out.push_back(c);
     }

@@ -196,12 +196,8 @@ class DelayAccount {
     return ProjectedQueueDelay(queues, static_cast<size_t>(config_.micro_batches), rates);
   }
 
-  // The outliers wlb's rule queues at each level after the step BeginStep followed.
-  std::span<const size_t> wlb_queued() const {
-    wlb_queued_.resize(wlb_queues_.levels());
-    for (size_t l = 0; l < wlb_queued_.size(); ++l) wlb_queued_[l] = wlb_queues_.queue(l).size();
-    return wlb_queued_;
-  }
+  // wlb's outlier queues as the account follows them, after the step BeginStep followed.
+  const OutlierQueues<ArrivedTokens>& wlb_queues() const { return wlb_queues_; }
 
   // Token-steps of delay of the steps planned so far (Record).
   double planned_token_steps() const { return token_steps_; }
@@ -358,7 +354,6 @@ class DelayAccount {
   std::vector<int64_t> level_arrivals_;
   // FollowWlb's working memory, kept from step to step (not state).
   std::vector<ArrivedTokens> released_, next_carry_;
-  mutable absl::InlinedVector<size_t, kMaxOutlierQueues> wlb_queued_;
 };
 
 }  // namespace wlb::lookahead
