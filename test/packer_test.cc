@@ -864,6 +864,41 @@ TEST(PackerState, RejectsImpossibleContentWholeAndLeavesThePackerUnchanged) {
               HasSubstr("nests deeper than 64 levels"));
 }
 
+// wlb-lookahead's delay account keeps its projected-wait history (steps followed, outliers
+// arrived per level): each is checked, a bad one refused naming it with the packer unchanged,
+// and a state saved before the fields existed restores (the history starts afresh).
+TEST(PackerState, LookaheadWaitHistoryIsCheckedAndOptional) {
+  const PackerConfig config{.context = 64, .max_tokens = 80, .micro_batches = 2};
+  auto packer = *MakePacker("wlb-lookahead", config, Quadratic(), {.thresholds = {32}});
+  ASSERT_TRUE(packer->Push(Docs({40, 7, 50}, 64)).ok());
+  ASSERT_TRUE(packer->Push(Docs({3, 45}, 64)).ok());
+  const std::string before = packer->SaveState();
+  const nlohmann::json saved = Payload(before);
+  // One step planned (K = 1), whose arrivals held two outliers (40 and 50 >= 32).
+  ASSERT_EQ(saved.at("state").at("wlb_delay").at("steps"), 1);
+  ASSERT_EQ(saved.at("state").at("wlb_delay").at("level_arrivals"), nlohmann::json::array({2}));
+  const std::pair<const char*, nlohmann::json> bad[] = {
+      {"steps", -1},
+      {"steps", 1.5},
+      {"steps", "2"},
+      {"level_arrivals", 3},
+      {"level_arrivals", nlohmann::json::array({-1})},
+      {"level_arrivals", nlohmann::json::array({1, 1})},
+      {"level_arrivals", nlohmann::json::array({0.5})}};
+  for (const auto& [field, value] : bad) {
+    nlohmann::json payload = saved;
+    payload["state"]["wlb_delay"][field] = value;
+    const absl::Status s = packer->RestoreState(Blob(payload));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << field << " " << value;
+    EXPECT_THAT(s.message(), HasSubstr(std::string("wlb_delay ") + field)) << value;
+    EXPECT_EQ(packer->SaveState(), before);
+  }
+  nlohmann::json old = saved;
+  old["state"]["wlb_delay"].erase("steps");
+  old["state"]["wlb_delay"].erase("level_arrivals");
+  EXPECT_TRUE(packer->RestoreState(Blob(old)).ok());
+}
+
 TEST(PackerState, AcceptedBlobsFlushToCompletePlans) {
   // Restored states that the checks accept always flush: every held piece once, under the cap.
   const PackerConfig config{.context = 64, .max_tokens = 80, .micro_batches = 2};
