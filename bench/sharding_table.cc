@@ -56,6 +56,10 @@ ABSL_FLAG(bool, balance, false,
 ABSL_FLAG(std::string, kernel_profile, "",
           "balance table: score every plan with this kernel profile CSV (forward ms) instead of "
           "wlb::KernelModel::Default(), e.g. docs/results/gpu/h100_kernel_profile_flash.csv");
+ABSL_FLAG(std::string, packed_profile, "",
+          "balance table: score (and plan) with the packed-call fit of this packed-call profile "
+          "(e.g. docs/results/gpu/h100_packed_calls_flash.csv) added to --kernel_profile's model: "
+          "a rank's segments as one call, forward + backward, plus its exchange once per pass");
 ABSL_FLAG(bool, plan_with_default_model, false,
           "balance table: plan with wlb::KernelModel::Default() (uncalibrated) while scoring with "
           "--kernel_profile");
@@ -250,6 +254,7 @@ struct BalanceRow {
   double max_ms = 0, received = 0, pair_imbalance = 0;
   double worst_vs_best = 0, worst_vs_wlb = 0, worst_vs_capped = 0, mean_vs_best = 0;
   double worst_pair_imbalance = 0, worst_tokens = 0, worst_buffer = 0;
+  double key_rows = 0, worst_key_rows = 0;  // the fullest rank's gathered key rows over T / C
   int64_t picks[wlb::kShardStrategyCount] = {};  // the strategy each plan records
 };
 
@@ -266,23 +271,35 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     score = *table;
     model_name = path;
   }
+  if (const std::string path = absl::GetFlag(FLAGS_packed_profile); !path.empty()) {
+    absl::StatusOr<wlb::KernelModel> packed = wlb::WithPackedCallProfile(score, path);
+    if (!packed.ok()) return packed.status();
+    score = *packed;
+    model_name += " with the packed-call fit of " + path;
+  }
   const bool default_plan = absl::GetFlag(FLAGS_plan_with_default_model);
   const wlb::KernelModel plan_model = default_plan ? wlb::KernelModel::Default() : score;
   std::printf(
-      "CP shard strategies at S = 128K, per layer forward, 16 KiB K/V per token; slowest rank = "
-      "attention (%s) + the exchange wlb::ChooseExchange picks over the link + 10 us per "
-      "collective; planned with %s. Per micro-batch: a strategy's slowest rank over the fastest "
-      "plan of all rows (x best), of the wlb strategies only (x best wlb) and of the rows within "
-      "the memory cap of 1.01 x T / C (x capped); tokens and buffer (rank_capacity) of the fullest "
-      "rank over T / C. Means and "
-      "worst over micro-batches.\n\n",
-      model_name.c_str(), default_plan ? "wlb::KernelModel::Default()" : "the same model");
+      "CP shard strategies at S = 128K, per layer, 16 KiB K/V per token; slowest rank = "
+      "wlb::AdaptivePriceMs under %s: %s + the exchange wlb::ChooseExchange picks over the link + "
+      "10 us per collective%s; planned with %s. Per micro-batch: a strategy's slowest rank over "
+      "the fastest plan of all rows (x best), of the wlb strategies only (x best wlb) and of the "
+      "rows within the memory cap of 1.01 x T / C (x capped); tokens and buffer (rank_capacity) of "
+      "the fullest rank over T / C; key rows: the most key rows a rank gathers for its varlen "
+      "call (the sum of its segments' key lengths, cu_seqlens_k's last entry) over T / C. Means "
+      "and worst over micro-batches.\n\n",
+      model_name.c_str(),
+      score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
+                               : "attention forward",
+      score.has_packed_calls() ? ", once per pass" : "",
+      default_plan ? "wlb::KernelModel::Default()" : "the same model");
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
       "x capped worst "
-      "| pair imbalance mean / worst | tokens worst | buffer worst | received MB (mean) | plans |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| pair imbalance mean / worst | tokens worst | buffer worst | key rows mean / worst "
+      "| received MB (mean) | plans |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   struct Stream {
     std::string name;
     std::vector<wlb::MicroBatch> mbs;
@@ -342,16 +359,23 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             int64_t most = 0;
             for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
             BalanceRow& row = rows[k];
-            ms[k] = p.max_ms;
+            ms[k] = wlb::AdaptivePriceMs(*plan, score, options);
             if (k < strategies) ++row.picks[plan->strategy.row()];
             capped[k] = plan->rank_capacity <= cap;
-            row.max_ms += p.max_ms;
+            row.max_ms += ms[k];
             row.received += p.exchanged_bytes;
             row.pair_imbalance += b.pair_imbalance;
             row.worst_pair_imbalance = std::max(row.worst_pair_imbalance, b.pair_imbalance);
             row.worst_tokens = std::max(row.worst_tokens, static_cast<double>(most) / mean_tokens);
             row.worst_buffer =
                 std::max(row.worst_buffer, static_cast<double>(plan->rank_capacity) / mean_tokens);
+            int64_t keys = 0;
+            for (const wlb::RankShard& r : plan->ranks) {
+              keys = std::max<int64_t>(keys, r.cu_seqlens_k.back());
+            }
+            row.key_rows += static_cast<double>(keys) / mean_tokens;
+            row.worst_key_rows =
+                std::max(row.worst_key_rows, static_cast<double>(keys) / mean_tokens);
           }
           double best = INFINITY, best_wlb = INFINITY, best_capped = INFINITY;
           for (size_t k = 0; k < count; ++k) {
@@ -377,12 +401,11 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
           }
           std::printf(
               "| %s | %d | %g | %s | %.3f | %.4f / %.4f | %.4f | %.4f | %.3f / %.3f | %.4f | %.4f "
-              "| "
-              "%.0f | %s |\n",
+              "| %.2f / %.2f | %.0f | %s |\n",
               st.name.c_str(), c, gbps, row_name(k).c_str(), row.max_ms / n, row.mean_vs_best / n,
               row.worst_vs_best, row.worst_vs_wlb, row.worst_vs_capped, row.pair_imbalance / n,
-              row.worst_pair_imbalance, row.worst_tokens, row.worst_buffer, row.received / n / 1e6,
-              picks.c_str());
+              row.worst_pair_imbalance, row.worst_tokens, row.worst_buffer, row.key_rows / n,
+              row.worst_key_rows, row.received / n / 1e6, picks.c_str());
         }
       }
     }

@@ -20,6 +20,7 @@
 #include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
+#include "wlb/shard/validate_plan.hpp"
 
 namespace wlb {
 namespace packed_call_test {
@@ -275,8 +276,8 @@ MicroBatch RandomBatch(std::mt19937_64& rng) {
 }
 
 // With a fit, adaptive picks the candidate whose plan has the lowest slowest rank of CallMs + its
-// exchange per pass; the candidate plans are the same as without a fit (the fit changes the pick
-// only).
+// exchange per pass; the candidate plans but balanced-chunks' (which deals by the fit) are the
+// same as without a fit.
 TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
   const KernelModel base = KernelModel::Default();
   // Two fits that disagree: one charges masked tiles in backward (cuDNN-like), one does not.
@@ -310,13 +311,17 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
         ASSERT_TRUE(plan.ok());
         absl::StatusOr<ShardPlan> plain = PlanShards(mb, cp, s, base);
         ASSERT_TRUE(plain.ok());
-        EXPECT_EQ(*plan, *plain) << ShardStrategyName(s);
+        // balanced-chunks deals by the fit (SegmentCallMs); the others plan as without one.
+        if (s != ShardStrategy("balanced-chunks")) {
+          EXPECT_EQ(*plan, *plain) << ShardStrategyName(s);
+        }
         if (plan->rank_capacity > CpRankTokenCap(mb.tokens, cp)) continue;  // never chosen
         // Each rank's CallMs + its exchange (default link) once per pass: forward and backward.
         std::vector<double> exchange = PredictCp(*plan, m).rank_exchange_ms;
         for (double& x : exchange) x *= 2.0;
         const double ms = MaxRankCallMs(*plan, m, exchange);
         EXPECT_DOUBLE_EQ(*reported, ms) << ShardStrategyName(s);
+        EXPECT_DOUBLE_EQ(AdaptivePriceMs(*plan, m, CpPlanOptions{}), ms) << ShardStrategyName(s);
         if (ms < best) {
           best = ms;
           argmin = s;
@@ -338,6 +343,63 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
   }
   // The masked-tile charge must change some pick, or the ranking would not be by CallMs.
   EXPECT_GT(differs, 0);
+}
+
+TEST(PackedCallTest, SegmentCallMsIsWhatOneMoreSegmentAddsToCallMs) {
+  const KernelModel base = KernelModel::Default();
+  const KernelModel m = *base.WithPackedCalls(SomeFit());
+  PackedCallFit forward_only = SomeFit();
+  forward_only.has_backward = false;
+  const KernelModel f = *base.WithPackedCalls(forward_only);
+  EXPECT_EQ(base.passes(), 1);
+  EXPECT_EQ(m.passes(), 2);
+  EXPECT_EQ(f.passes(), 1);
+  std::mt19937_64 rng(21);
+  for (int iter = 0; iter < 100; ++iter) {
+    std::vector<CallSegment> call = RandomCall(rng);
+    const CallSegment s = call.back();
+    // Without a fit: SegmentMs, bit for bit (plans without a fit are unchanged).
+    EXPECT_EQ(base.SegmentCallMs(s.q_len, s.kv_len), base.SegmentMs(s.q_len, s.kv_len));
+    for (const KernelModel* model : {&m, &f}) {
+      const double with = model->CallMs(call);
+      call.pop_back();
+      const double without = model->CallMs(call);
+      call.push_back(s);
+      if (call.size() > 1) {
+        EXPECT_NEAR(model->SegmentCallMs(s.q_len, s.kv_len), with - without, 1e-9 * with);
+      }
+    }
+  }
+  EXPECT_EQ(m.SegmentCallMs(0, 100), 0.0);
+}
+
+TEST(PackedCallTest, BalancedChunksDealsByTheFitAdaptiveRanksBy) {
+  // A fit that charges masked tiles heavily (long segments cost more than their FLOPs say): the
+  // deal by SegmentCallMs balances what AdaptivePriceMs prices, the deal by SegmentMs does not.
+  const KernelModel base = KernelModel::Default();
+  PackedCallFit fit = SomeFit();
+  fit.bwd[1] = 0.05;
+  const KernelModel m = *base.WithPackedCalls(fit);
+  std::mt19937_64 rng(5);
+  double by_fit = 0.0, by_segment_ms = 0.0;
+  int not_worse = 0, batches = 0;
+  for (int iter = 0; iter < 36; ++iter) {
+    const MicroBatch mb = RandomBatch(rng);
+    const int cp = 2 << (iter % 3);
+    absl::StatusOr<ShardPlan> dealt = PlanShards(mb, cp, ShardStrategy("balanced-chunks"), m);
+    absl::StatusOr<ShardPlan> plain = PlanShards(mb, cp, ShardStrategy("balanced-chunks"), base);
+    ASSERT_TRUE(dealt.ok() && plain.ok());
+    ASSERT_TRUE(ValidateShardPlan(*dealt, mb).ok());
+    EXPECT_LE(dealt->rank_capacity, CpRankTokenCap(mb.tokens, cp));
+    const double a = AdaptivePriceMs(*dealt, m, CpPlanOptions{});
+    const double b = AdaptivePriceMs(*plain, m, CpPlanOptions{});
+    by_fit += a;
+    by_segment_ms += b;
+    not_worse += a <= b * (1 + 1e-9);
+    ++batches;
+  }
+  EXPECT_LT(by_fit, by_segment_ms);
+  EXPECT_GE(2 * not_worse, batches);
 }
 
 }  // namespace packed_call_test

@@ -4,6 +4,7 @@
 //   wlb_cuda_cp_model_check --json=docs/results/gpu/h100_cp_bench_cudnn.jsonl
 //       --profile=docs/results/gpu/h100_kernel_profile_cudnn.csv [--heads=32] [--head_dim=128]
 //       [--seed=1] [--packed_profile=PATH] [--max_held_out_gap=PERCENT]
+//       [--write_packed_calls=PATH]
 //
 // Each JSON row (kernel, cp, mb, tokens, strategy, fwd_ms per rank, max_ms) is re-planned here
 // exactly as cp_bench planned it (WlbLikeMicroBatch(tokens, seed + mb), PlanShards with the
@@ -31,6 +32,9 @@
 // micro-batches of the slowest rank's fwd + bwd) under each ranking beside today's ranking (summed
 // single-segment forward) and the oracle, and per (C, strategy) the held-out fit's per-rank error
 // on fwd, bwd and fwd+bwd.
+// With --write_packed_calls=PATH it also writes every measured rank call of the re-planned rows as
+// a packed-call profile (segments, ms, bwd_ms; ReadPackedCallProfile reads it): what other tools
+// (bench/sharding_table --packed_profile) fit and score plans with, without a GPU.
 // Exit status: 0; 1 when no row could be re-planned, or (with --max_held_out_gap) when adaptive
 // under the held-out fit lands more than PERCENT behind the oracle at some C; 2 for bad arguments
 // or files.
@@ -38,6 +42,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
@@ -260,16 +265,54 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
   return status;
 }
 
+// --write_packed_calls: every measured rank call of `rows` (both times measured) as a
+// packed-call profile. Returns the exit status.
+int WritePackedCalls(const std::vector<Row>& rows, const std::string& json,
+                     const std::string& profile, int64_t seed, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) {
+    std::fprintf(stderr, "cp_model_check: cannot write %s\n", path.c_str());
+    return 2;
+  }
+  // File names only, so the file is the same from any working directory (a test compares it).
+  out << "# packed calls: the per-rank fwd/bwd ms of " << std::filesystem::path(json).filename()
+      << " with the segments of its rows re-planned (profile "
+      << std::filesystem::path(profile).filename() << ", seed " << seed
+      << ") by wlb_cuda_cp_model_check --write_packed_calls\n"
+      << "cp,mb,strategy,rank,ms,bwd_ms,segments\n";
+  int64_t calls = 0;
+  for (const Row& r : rows) {
+    for (size_t i = 0; i < r.plan.ranks.size(); ++i) {
+      if (!(r.fwd[i] > 0.0) || !(r.bwd[i] > 0.0)) continue;
+      std::string segments;
+      for (const wlb::CallSegment& c : CallOf(r.plan.ranks[i])) {
+        segments += absl::StrFormat("%s%d:%d", segments.empty() ? "" : " ", c.q_len, c.kv_len);
+      }
+      out << absl::StrFormat("%d,%d,%s,%d,%.6g,%.6g,%s\n", r.cp, r.mb, r.strategy, i, r.fwd[i],
+                             r.bwd[i], segments);
+      ++calls;
+    }
+  }
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "cp_model_check: cannot write %s\n", path.c_str());
+    return 2;
+  }
+  std::printf("wrote %lld packed calls to %s\n", static_cast<long long>(calls), path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   wlb::cuda::bench::Flags flags(argc, argv);
-  std::string json, profile, packed_profile, gap_text;
+  std::string json, profile, packed_profile, gap_text, write_packed_calls;
   int64_t heads = 32, head_dim = 128, seed = 1;
   double max_held_out_gap = -1;  // percent; negative: no check
   if (!(flags.Str("json", &json) && flags.Str("profile", &profile) && flags.Int("heads", &heads) &&
         flags.Int("head_dim", &head_dim) && flags.Int("seed", &seed) &&
         flags.Str("packed_profile", &packed_profile) && flags.Str("max_held_out_gap", &gap_text) &&
+        flags.Str("write_packed_calls", &write_packed_calls) &&
         flags.AllUsed()) ||
       json.empty() || profile.empty() ||
       !(gap_text.empty() || (absl::SimpleAtod(gap_text, &max_held_out_gap) &&
@@ -399,6 +442,11 @@ int main(int argc, char** argv) {
   for (const auto& [cp, p] : picks) {
     std::printf("| %d | %d | %.1f | %.1f | %s | %.1f |\n", cp, micro_batches[cp], p[0], p[1],
                 backward.ok() ? absl::StrFormat("%.1f", p[2]).c_str() : "-", p[3]);
+  }
+  if (!write_packed_calls.empty()) {
+    if (int status = WritePackedCalls(rows, json, profile, seed, write_packed_calls); status != 0) {
+      return status;
+    }
   }
   return PackedCallRanking(rows, cost, tokens_of, *model, profile, packed_profile, seed,
                            max_held_out_gap);

@@ -278,6 +278,22 @@ class KernelModel {
     return ms;
   }
 
+  // What one more segment adds to CallMs: with a packed-call fit, the fit's forward + backward of
+  // the segment less the call's fixed cost; else SegmentMs. Strategies that deal segments by
+  // kernel time (balanced-chunks) deal by it, so they balance what adaptive ranks plans by.
+  double SegmentCallMs(int64_t q_len, int64_t kv_len) const {
+    if (!has_packed_) return SegmentMs(q_len, kv_len);
+    if (q_len <= 0) return 0.0;
+    const CallSegment one[] = {{q_len, kv_len}};
+    std::array<double, kPackedCallFeatureCount> f = PackedCallFeatures(one);
+    f[kPackedCallFeatureCount - 1] = 0.0;  // the call's fixed cost is paid once per rank
+    return Weigh(packed_.fwd, f) + (packed_.has_backward ? Weigh(packed_.bwd, f) : 0.0);
+  }
+
+  // The passes CallMs covers, each moving a plan's K/V exchange once: 2 (forward, and backward
+  // returning dK/dV) with a packed-call fit that has backward, else 1 (forward).
+  int passes() const { return has_packed_ && packed_.has_backward ? 2 : 1; }
+
   const KernelShape& shape() const { return params_.shape; }
   int64_t tile_q() const { return params_.shape.tile_q; }
   int64_t tile_k() const { return params_.shape.tile_k; }

@@ -96,10 +96,21 @@ namespace detail {
 inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel& model,
                                         const CpPlanOptions& options) {
   std::vector<double> exchange = PredictCp(plan, model, options).rank_exchange_ms;
-  const double passes = model.packed_calls().has_backward ? 2.0 : 1.0;
-  for (double& ms : exchange) ms *= passes;
+  for (double& ms : exchange) ms *= model.passes();
   return MaxRankCallMs(plan, model, exchange);
 }
+
+}  // namespace detail
+
+// The price adaptive ranks a plan by (file comment): with a packed-call fit in the model its
+// slowest rank's CallMs + passes x that rank's exchange, else PredictCp's max_ms.
+inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
+                              const CpPlanOptions& options) {
+  return model.has_packed_calls() ? detail::MaxRankCallWithExchangeMs(plan, model, options)
+                                  : PredictCp(plan, model, options).max_ms;
+}
+
+namespace detail {
 
 // ChooseAdaptive on a checked request (r.requested is what the plans record). With
 // `chosen_plan` (planning) it gets the chosen candidate's plan, and candidates over the memory
@@ -123,10 +134,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
       PlanPerSequence(r),
       PlanBalancedChunks(r)};
   const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
-  auto price = [&](const ShardPlan& plan) {
-    return c.packed_calls ? MaxRankCallWithExchangeMs(plan, r.model, r.options)
-                          : PredictCp(plan, r.model, r.options).max_ms;
-  };
+  auto price = [&](const ShardPlan& plan) { return AdaptivePriceMs(plan, r.model, r.options); };
   // Planning prices the usual winners first (balanced-chunks, doc-degree) and skips a candidate
   // known to be slower than the best so far (CausalCpSlowerThan); the pick is the same.
   constexpr size_t kPlanningOrder[] = {5, 3, 0, 4, 1, 2};

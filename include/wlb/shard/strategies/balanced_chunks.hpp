@@ -4,16 +4,18 @@
 // A document of at most `unit` tokens stays whole (short documents are never split); a longer one
 // is cut into ceil(d / unit) contiguous chunks of near-equal size, unit = ceil(T / 8C) rounded up
 // to the kernel's query tile (about 8 chunks' worth of tokens per rank). Each rank is priced as
-// the executors run it: its attention (SegmentMs of every chunk's queries over keys [0, end))
-// plus max(rows sent, rows received) x CommModel::RowMs, the causal row-exact exchange (a rank
-// receives, per document, keys [0, its largest end) less its own rows, and sends its rows below
-// every other holder's largest end). Items go costliest first (longest-processing-time order) to
+// the executors run it: its attention (KernelModel::SegmentCallMs of every chunk's queries over
+// keys [0, end): SegmentMs, or with a packed-call fit the fit's forward + backward of the chunk)
+// plus max(rows sent, rows received) x CommModel::RowMs (x 2 with a backward fit: the exchange
+// once per pass, as adaptive ranks), the causal row-exact exchange (a rank receives, per
+// document, keys [0, its largest end) less its own rows, and sends its rows below every other
+// holder's largest end). Items go costliest first (longest-processing-time order) to
 // the rank, among those with room under CpRankTokenCap, that leaves the slowest rank fastest,
 // then is fastest itself; an item no rank has room for is spilled over the ranks with the most
 // room (SpillShards). Then up to two rounds of refinement: the best move or swap of items
 // between the slowest and the fastest rank that lowers the slowest time within the cap. A rank's
-// adjacent chunks of one document are one segment. adaptive ranks this plan with PredictCp like
-// every other candidate.
+// adjacent chunks of one document are one segment. adaptive ranks this plan like every other
+// candidate.
 //
 // Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
 // sends it to every other holder, so a receive-only price piled those chunks on one rank, and
@@ -60,7 +62,7 @@ inline int64_t BalancedChunkUnit(int64_t tokens, int cp_size, const KernelModel&
 class ChunkLedger {
  public:
   struct Item {
-    double ms = 0.0;  // SegmentMs of the chunk's queries over keys [0, end)
+    double ms = 0.0;  // SegmentCallMs of the chunk's queries over keys [0, end)
     size_t doc = 0;
     int64_t begin = 0, end = 0;
     int rank = -1;  // -1 while unplaced
@@ -377,13 +379,15 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r) {
   const size_t ranks = static_cast<size_t>(r.cp_size);
   const int64_t unit = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
   const int64_t cap = CpRankTokenCap(mb.tokens, r.cp_size);
-  ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model));
+  // With a packed-call fit, adaptive prices a rank's call forward + backward and its exchange once
+  // per pass; the deal weighs the same.
+  ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model) * r.model.passes());
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
     const int64_t n = (d + unit - 1) / unit;
     for (int64_t j = 0; j < n; ++j) {
       const auto [b, e] = PerDocumentShard(d, n, 0, j);
-      ledger.Add(i, b, e, r.model.SegmentMs(e - b, e));
+      ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
   }
   std::vector<size_t> order(ledger.items().size());
@@ -428,7 +432,7 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r) {
     SpillShards(len, cap, tokens, time, spill);
     for (const DocShard& s : spill) {
       const int64_t b = it.begin + s.q_begin, e = it.begin + s.q_end;
-      ledger.Place(ledger.Add(it.doc, b, e, r.model.SegmentMs(e - b, e)),
+      ledger.Place(ledger.Add(it.doc, b, e, r.model.SegmentCallMs(e - b, e)),
                    static_cast<size_t>(s.rank));
     }
   }
