@@ -1377,7 +1377,7 @@ TEST(AdaptiveExchangeTest, PackedCallRankingAddsTheExchangePerPass) {
       ASSERT_TRUE(c.ok()) << c.status();
       EXPECT_TRUE(c->packed_calls);
       const std::vector<double> reported = ReportedMaxima(*c);
-      const std::vector<ShardPlan> candidates = AdaptiveCandidatePlans(mb, 4, base, options);
+      const std::vector<ShardPlan> candidates = AdaptiveCandidatePlans(mb, 4, *m, options);
       for (size_t k = 0; k < std::size(kAdaptiveCandidates); ++k) {
         const ShardPlan& plan = candidates[k];
         const CpPrediction p = PredictCp(plan, *m, options);
