@@ -1643,5 +1643,72 @@ TEST(AdaptiveExchangeTest, CausalSlowerThanIsALowerBound) {
   // Attention alone exceeds half the prediction on nearly every plan.
   EXPECT_GT(slower, checked * 9 / 10);
 }
+
+// adaptive's bounds that need no plan (per-doc's and hybrid's cuts, per-seq's and
+// per-seq-ordered's layout, doc-degree's placement given up part way) never call a candidate
+// slower than PredictCp predicts its plan, answer at half the prediction for most plans, and do
+// not answer for a mix with a non-causal layer.
+TEST(AdaptiveExchangeTest, PlanFreeBoundsAreLowerBounds) {
+  std::mt19937_64 rng(5707);
+  const KernelModel model = KernelModel::Default();
+  int slower = 0, checked = 0;
+  for (int iter = 0; iter < testing::PropertyIterations(120); ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
+    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
+    CpPlanOptions windowed = options;
+    windowed.mix = *LayerMix::Parse("window:700x3,causal");
+    const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
+    auto plan_ms = [&](ShardStrategy s) {
+      return PredictCp(*PlanShards(mb, cp, s, model, options), model, options).max_ms;
+    };
+    // The cut documents' bound, for per-doc (every document) and hybrid (the long ones).
+    const int64_t min_length = HybridMinLength(cp, model);
+    auto every = [](size_t) { return true; };
+    auto is_long = [&](size_t i) { return mb.documents[i].length >= min_length; };
+    auto cuts_slower = [&](ShardStrategy s, const CpPlanOptions& o, double ms) {
+      return s == ShardStrategy("per-doc")
+                 ? detail::PerDocumentCutsSlowerThan(mb, cp, every, model, o, ms)
+                 : detail::PerDocumentCutsSlowerThan(mb, cp, is_long, model, o, ms);
+    };
+    for (const ShardStrategy s : {ShardStrategy("per-doc"), ShardStrategy("hybrid")}) {
+      const double ms = plan_ms(s);
+      EXPECT_FALSE(cuts_slower(s, options, ms)) << ShardStrategyName(s);
+      EXPECT_FALSE(cuts_slower(s, windowed, 0.0)) << ShardStrategyName(s);
+      slower += cuts_slower(s, options, 0.5 * ms);
+      ++checked;
+    }
+    // The layout's bound, for per-seq (the micro-batch order) and per-seq-ordered.
+    const std::vector<int64_t> order = *PerSequenceOrder(mb, cp, model);
+    std::vector<int64_t> ordered_starts(order.size() + 1, 0);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ordered_starts[i + 1] = ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+    }
+    for (const auto& [s, layout] : {std::pair{ShardStrategy("per-seq"), starts},
+                                    std::pair{ShardStrategy("per-seq-ordered"), ordered_starts}}) {
+      const double ms = plan_ms(s);
+      EXPECT_FALSE(detail::PerSequenceCutsSlowerThan(layout, cp, model, options, ms))
+          << ShardStrategyName(s);
+      EXPECT_FALSE(detail::PerSequenceCutsSlowerThan(layout, cp, model, windowed, 0.0))
+          << ShardStrategyName(s);
+      slower += detail::PerSequenceCutsSlowerThan(layout, cp, model, options, 0.5 * ms);
+      ++checked;
+    }
+    // doc-degree's greedy placement gives up only above its plan's prediction, and never for a
+    // mix with a non-causal layer; a placement run to the end is the greedy plan's.
+    const ShardPlan greedy = *detail::GreedyDocumentDegree(mb, starts, cp,
+                                                           ShardStrategy("adaptive"), model, options);
+    const double greedy_ms = PredictCp(greedy, model, options).max_ms;
+    detail::DocumentDegreePlacement placement;
+    ASSERT_TRUE(detail::PlaceDocumentDegrees(mb, cp, model, options, greedy_ms, placement));
+    EXPECT_EQ(*detail::DocumentDegreePlan(mb, starts, cp, ShardStrategy("adaptive"), placement),
+              greedy);
+    EXPECT_TRUE(detail::PlaceDocumentDegrees(mb, cp, model, windowed, 0.0, placement));
+    slower += !detail::PlaceDocumentDegrees(mb, cp, model, options, 0.5 * greedy_ms, placement);
+    ++checked;
+  }
+  EXPECT_GT(slower, checked * 8 / 10);
+}
 }  // namespace shard_plan_test
 }  // namespace wlb

@@ -304,32 +304,59 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   return p;
 }
 
+// A lower bound on PredictCp's max_ms under an all-causal mix, fed one rank at a time: a rank
+// takes at least its attention plus, once any rank moves rows, the cheaper of its own rows
+// (row-exact) and the all-gather of `rank_capacity` tokens per rank, each with the latency. It
+// never decreases as ranks are added, so a caller can stop once it exceeds what it compares with.
+// Valid with fewer rows than the plan moves and a capacity below the plan's (both only lower it).
+class CausalCpLowerBound {
+ public:
+  CausalCpLowerBound(const KernelModel& model, const CpPlanOptions& options, int64_t ranks,
+                     int64_t rank_capacity)
+      : row_ms_(options.comm.RowMs(model)),
+        latency_ms_(options.comm.LatencyMs()),
+        gather_ms_(ChooseExchangeOf(1, ranks, rank_capacity, options.comm.RowBytes(model),
+                                    options.comm)
+                       .allgather_ms) {}
+
+  // One more rank: its attention (ms) and rows it receives or sends (any of them, at most its
+  // max(sent, received)).
+  void AddRank(double attention_ms, int64_t rows) {
+    attention_max_ = std::max(attention_max_, attention_ms);
+    row_exact_max_ = std::max(row_exact_max_, attention_ms + static_cast<double>(rows) * row_ms_);
+    moves_ = moves_ || rows > 0;
+  }
+
+  double ms() const {
+    return moves_ ? std::min(row_exact_max_ + latency_ms_, attention_max_ + gather_ms_)
+                  : attention_max_;
+  }
+
+  // Whether the bound exceeds `ms`; the margin covers PredictCp's other order of summation.
+  bool Exceeds(double ms) const { return this->ms() > ms * (1.0 + 1e-9); }
+
+ private:
+  double row_ms_, latency_ms_, gather_ms_;
+  double attention_max_ = 0.0, row_exact_max_ = 0.0;
+  bool moves_ = false;
+};
+
 // Whether PredictCp(plan, model, options).max_ms is known to exceed `ms`, from a lower bound
 // that costs one pass over the segments and stops once it exceeds `ms`; false for a mix with any
 // layer that is not causal. Under a causal mask a rank receives, of every document it holds, keys
 // [0, its largest end) less its own rows, so the row-exact exchange moves at least that many
-// rows, and the all-gather moves a fixed number. Planners use it to skip pricing a plan that
-// cannot win.
+// rows, and the all-gather moves a fixed number (CausalCpLowerBound). Planners use it to skip
+// pricing a plan that cannot win.
 inline bool CausalCpSlowerThan(const ShardPlan& plan, const KernelModel& model,
                                const CpPlanOptions& options, double ms) {
-  for (const auto& [mask, count] : options.mix.layers) {
-    if (!mask.causal()) return false;
-  }
+  if (!options.mix.all_causal()) return false;
   size_t docs = 0;
   for (const RankShard& r : plan.ranks) {
     for (const Segment& s : r.segments) docs = std::max(docs, static_cast<size_t>(s.doc_index) + 1);
   }
   std::vector<int64_t> hi(docs, 0), own(docs, 0);
-  const double row_ms = options.comm.RowMs(model);
-  const double gather_ms =
-      ChooseExchangeOf(1, static_cast<int64_t>(plan.ranks.size()), plan.rank_capacity,
-                       options.comm.RowBytes(model), options.comm)
-          .allgather_ms;
-  // The bound over the ranks so far never decreases as ranks are added; the margin covers
-  // PredictCp's other order of summation.
-  const double limit = ms * (1.0 + 1e-9);
-  double attention_max = 0.0, row_exact_max = 0.0;
-  bool moves = false;
+  CausalCpLowerBound bound(model, options, static_cast<int64_t>(plan.ranks.size()),
+                           plan.rank_capacity);
   for (const RankShard& r : plan.ranks) {
     double attention = 0.0;
     int64_t received = 0;
@@ -344,13 +371,8 @@ inline bool CausalCpSlowerThan(const ShardPlan& plan, const KernelModel& model,
     for (const Segment& s : r.segments) {
       hi[static_cast<size_t>(s.doc_index)] = own[static_cast<size_t>(s.doc_index)] = 0;
     }
-    attention_max = std::max(attention_max, attention);
-    row_exact_max = std::max(row_exact_max, attention + static_cast<double>(received) * row_ms);
-    moves = moves || received > 0;
-    const double bound =
-        moves ? std::min(row_exact_max + options.comm.LatencyMs(), attention_max + gather_ms)
-              : attention_max;
-    if (bound > limit) return true;
+    bound.AddRank(attention, received);
+    if (bound.Exceeds(ms)) return true;
   }
   return false;
 }

@@ -22,6 +22,8 @@
 //    causal attention; the mix enters through the exchange only.
 // A candidate over the memory cap (hybrid, whose whole documents follow cost, not tokens) is
 // priced and reported but not chosen. Ties keep the earlier candidate in the order above.
+// Planning neither prices nor, where a lower bound tells without the plan, builds a candidate
+// that cannot beat the best so far (ChooseAdaptiveChecked); the pick is the same.
 //
 // Why doc-degree's greedy plan is a candidate (issue 57): keeping documents whole or zig-zagged
 // over small groups saves most of the K/V exchange, and under the cap its plans are memory
@@ -41,8 +43,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -100,6 +105,72 @@ inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel
   return MaxRankCallMs(plan, model, exchange);
 }
 
+// Whether a plan that cuts the documents with sharded(i) into ForEachPerDocumentSegment's shards
+// (per-doc: all of them; hybrid: the long ones) and places the others whole, anywhere, is known
+// to be slower than `ms` under an all-causal mix, without building it: CausalCpLowerBound rank by
+// rank from the cut documents alone (whole documents add attention, never rows), with the plan's
+// capacity taken as T / C (its largest rank holds at least that). False for any other mix.
+template <typename Pred>
+bool PerDocumentCutsSlowerThan(const MicroBatch& mb, int cp_size, Pred&& sharded,
+                               const KernelModel& model, const CpPlanOptions& options, double ms) {
+  if (!options.mix.all_causal() || ms == INFINITY) return false;
+  const int64_t n = 2 * static_cast<int64_t>(cp_size);
+  CausalCpLowerBound bound(model, options, cp_size, (mb.tokens + cp_size - 1) / cp_size);
+  for (int64_t r = 0; r < cp_size; ++r) {
+    double attention = 0.0;
+    int64_t received = 0;
+    int64_t pointer = 0;  // as ForEachPerDocumentSegment's
+    for (size_t i = 0; i < mb.documents.size(); ++i) {
+      if (!sharded(i)) continue;
+      const int64_t length = mb.documents[i].length;
+      int64_t hi = 0, own = 0;  // the rank needs keys [0, hi) and holds `own` of them
+      for (const int64_t j : {r, n - 1 - r}) {
+        const auto [b, e] = PerDocumentShard(length, n, pointer, j);
+        if (b == e) continue;
+        attention += model.SegmentMs(e - b, e);
+        hi = std::max(hi, e);
+        own += e - b;
+      }
+      received += hi - own;
+      pointer = (pointer + length % n) % n;
+    }
+    bound.AddRank(attention, received);
+    if (bound.Exceeds(ms)) return true;
+  }
+  return false;
+}
+
+// Whether the per-sequence plan of documents laid out from `starts` (ForEachPerSequenceSegment's
+// cuts; per-seq and per-seq-ordered) is known to be slower than `ms` under an all-causal mix,
+// without building it: CausalCpLowerBound of its ranks. False for any other mix.
+inline bool PerSequenceCutsSlowerThan(const std::vector<int64_t>& starts, int cp_size,
+                                      const KernelModel& model, const CpPlanOptions& options,
+                                      double ms) {
+  if (!options.mix.all_causal() || ms == INFINITY) return false;
+  struct RankSoFar {
+    double attention = 0.0;
+    int64_t received = 0;
+    int64_t doc = -1, end = 0;  // its last segment's document and end
+  };
+  std::vector<RankSoFar> ranks(static_cast<size_t>(cp_size));
+  // A rank holds at most two segments of a document, one per chunk, in this call order, so it
+  // needs keys [0, the later one's end) and receives the gaps below its segments.
+  ForEachPerSequenceSegment(starts, cp_size, [&](int rank, int64_t i, int64_t qb, int64_t qe) {
+    RankSoFar& s = ranks[static_cast<size_t>(rank)];
+    s.attention += model.SegmentMs(qe - qb, qe);
+    s.received += qb - (s.doc == i ? s.end : 0);
+    s.doc = i;
+    s.end = qe;
+  });
+  CausalCpLowerBound bound(model, options, cp_size,
+                           2 * PerSequenceChunk(starts.back(), cp_size));
+  for (const RankSoFar& s : ranks) {
+    bound.AddRank(s.attention, s.received);
+    if (bound.Exceeds(ms)) return true;
+  }
+  return false;
+}
+
 }  // namespace detail
 
 // The price adaptive ranks a plan by (file comment): with a packed-call fit in the model its
@@ -119,20 +190,12 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
                                                             ShardPlan* chosen_plan) {
   AdaptiveChoice c;
   c.packed_calls = r.model.has_packed_calls();
-  OrderResult ordered = SearchPerSequenceOrder(r.mb, r.cp_size, r.model);
   // Candidates in tie order.
   constexpr ShardStrategy kCandidates[] = {
       ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
       ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
                    &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms};
-  absl::StatusOr<ShardPlan> plans[] = {
-      PlanPerSequenceOrdered(r, std::move(ordered.order)),
-      PlanPerDocument(r),
-      PlanHybrid(r),
-      GreedyDocumentDegree(r.mb, r.starts, r.cp_size, r.requested, r.model, r.options),
-      PlanPerSequence(r),
-      PlanBalancedChunks(r)};
   const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
   auto price = [&](const ShardPlan& plan) { return AdaptivePriceMs(plan, r.model, r.options); };
   // Planning prices the usual winners first (balanced-chunks, doc-degree) and skips a candidate
@@ -141,29 +204,88 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   constexpr size_t kReportOrder[] = {0, 1, 2, 3, 4, 5};
   const bool planning = chosen_plan != nullptr;
   const bool bounded = planning && !c.packed_calls;
+  // Under an all-causal mix planning knows that of per-doc and hybrid from their cuts alone and
+  // of doc-degree part way through its placement, so it does not build those plans. An unbuilt
+  // plan cannot report PlanBuilder's error (over 2^31 keys on a rank), which no such plan of at
+  // most 2^30 tokens has: a rank holds at most two pieces of each document.
+  const bool skip_unbuilt = bounded && r.options.mix.all_causal() &&
+                            2 * r.mb.tokens <= std::numeric_limits<int32_t>::max();
   size_t best = std::size(kCandidates);
   double best_ms = 0.0;
   auto beats = [&](double ms, size_t k) {
     return best == std::size(kCandidates) || ms < best_ms || (ms == best_ms && k < best);
   };
+  // Candidate k's plan, or nullopt when it is known to be slower than `slower_than` ms.
+  auto candidate_plan = [&](size_t k,
+                            double slower_than) -> std::optional<absl::StatusOr<ShardPlan>> {
+    switch (k) {
+      case 0: {
+        std::vector<int64_t> order = SearchPerSequenceOrder(r.mb, r.cp_size, r.model).order;
+        std::vector<int64_t> ordered_starts(order.size() + 1, 0);
+        for (size_t i = 0; i < order.size(); ++i) {
+          ordered_starts[i + 1] =
+              ordered_starts[i] + r.mb.documents[static_cast<size_t>(order[i])].length;
+        }
+        if (PerSequenceCutsSlowerThan(ordered_starts, r.cp_size, r.model, r.options,
+                                      slower_than)) {
+          return std::nullopt;
+        }
+        return PlanPerSequenceOrdered(r, std::move(order));
+      }
+      case 1:
+        if (PerDocumentCutsSlowerThan(
+                r.mb, r.cp_size, [](size_t) { return true; }, r.model, r.options, slower_than)) {
+          return std::nullopt;
+        }
+        return PlanPerDocument(r);
+      case 2: {
+        const int64_t min_length = HybridMinLength(r.cp_size, r.model);
+        auto is_long = [&](size_t i) { return r.mb.documents[i].length >= min_length; };
+        if (PerDocumentCutsSlowerThan(r.mb, r.cp_size, is_long, r.model, r.options,
+                                      slower_than)) {
+          return std::nullopt;
+        }
+        return PlanHybrid(r);
+      }
+      case 3: {
+        DocumentDegreePlacement placement;
+        if (!PlaceDocumentDegrees(r.mb, r.cp_size, r.model, r.options, slower_than, placement)) {
+          return std::nullopt;
+        }
+        return DocumentDegreePlan(r.mb, r.starts, r.cp_size, r.requested, placement);
+      }
+      case 4:
+        if (PerSequenceCutsSlowerThan(r.starts, r.cp_size, r.model, r.options, slower_than)) {
+          return std::nullopt;
+        }
+        return PlanPerSequence(r);
+      default:
+        return PlanBalancedChunks(r);
+    }
+  };
+  ShardPlan best_plan;
   for (const size_t k : planning ? kPlanningOrder : kReportOrder) {
-    if (!plans[k].ok()) return plans[k].status();
+    const bool known = skip_unbuilt && best < std::size(kCandidates);
+    std::optional<absl::StatusOr<ShardPlan>> plan = candidate_plan(k, known ? best_ms : INFINITY);
+    if (!plan.has_value()) continue;  // slower than the best so far
+    if (!plan->ok()) return plan->status();
     // per-seq-ordered (k = 0) is always within the cap; a plan over it is never chosen, so it is
     // priced only to be reported.
-    const bool within = plans[k]->rank_capacity <= cap;
+    const bool within = (*plan)->rank_capacity <= cap;
     if (!within && planning) continue;
     if (bounded && within && best < std::size(kCandidates) &&
-        CausalCpSlowerThan(*plans[k], r.model, r.options, best_ms)) {
+        CausalCpSlowerThan(**plan, r.model, r.options, best_ms)) {
       continue;
     }
-    *out[k] = price(*plans[k]);
+    *out[k] = price(**plan);
     if (within && beats(*out[k], k)) {
       best = k;
       best_ms = *out[k];
+      if (planning) best_plan = **std::move(plan);
     }
   }
   c.chosen = kCandidates[best];
-  if (chosen_plan != nullptr) *chosen_plan = *std::move(plans[best]);
+  if (chosen_plan != nullptr) *chosen_plan = std::move(best_plan);
   return c;
 }
 

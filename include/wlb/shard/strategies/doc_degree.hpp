@@ -78,12 +78,24 @@ inline void SpillShards(int64_t length, int64_t cap, const std::vector<int64_t>&
   }
 }
 
-// doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked.
-inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
-                                                      const std::vector<int64_t>& starts,
-                                                      int cp_size, ShardStrategy requested,
-                                                      const KernelModel& model,
-                                                      const CpPlanOptions& options) {
+// Where doc-degree's greedy step put every document.
+struct DocumentDegreePlacement {
+  struct Placement {
+    int degree = 1;  // 0: spilled (its shards in spilled[i])
+    int first_rank = 0;
+    int64_t pointer = 0;
+  };
+  std::vector<Placement> placed;
+  std::vector<std::vector<DocShard>> spilled;
+};
+
+// doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
+// finite `give_up_above_ms` and an all-causal mix it stops and returns false once the
+// CausalCpLowerBound of the documents placed so far exceeds it: the finished plan's PredictCp
+// max_ms would too, as every further document only adds attention, rows and tokens.
+inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const KernelModel& model,
+                                 const CpPlanOptions& options, double give_up_above_ms,
+                                 DocumentDegreePlacement& out) {
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(cp_size);
   const LayerMix& mix = options.mix;
@@ -117,13 +129,11 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
-  struct Placement {
-    int degree = 1;  // 0: spilled (its shards in spilled[i])
-    int first_rank = 0;
-    int64_t pointer = 0;
-  };
-  std::vector<Placement> placed(docs);
-  std::vector<std::vector<DocShard>> spilled(docs);
+  std::vector<DocumentDegreePlacement::Placement>& placed = out.placed;
+  std::vector<std::vector<DocShard>>& spilled = out.spilled;
+  placed.assign(docs, {});
+  spilled.assign(docs, {});
+  const bool may_give_up = give_up_above_ms < INFINITY && mix.all_causal();
   const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
   std::vector<int64_t> pointer(degrees.size(), 0);
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
@@ -322,11 +332,32 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
         moving[k] = 1;
       });
     }
+    if (may_give_up) {
+      // Every layer kind is causal, so kind 0's attention and rows are every kind's.
+      CausalCpLowerBound bound(model, options, cp_size,
+                               *std::max_element(tokens.begin(), tokens.end()));
+      for (size_t r = 0; r < ranks && !bound.Exceeds(give_up_above_ms); ++r) {
+        const size_t x = r * kinds;
+        bound.AddRank(attention[x], static_cast<int64_t>(std::max(sent[x], received[x])));
+      }
+      if (bound.Exceeds(give_up_above_ms)) return false;
+    }
   }
+  return true;
+}
+
+// The plan of a DocumentDegreePlacement.
+inline absl::StatusOr<ShardPlan> DocumentDegreePlan(const MicroBatch& mb,
+                                                    const std::vector<int64_t>& starts, int cp_size,
+                                                    ShardStrategy requested,
+                                                    const DocumentDegreePlacement& placement) {
+  const size_t docs = mb.documents.size();
+  const auto& placed = placement.placed;
+  const auto& spilled = placement.spilled;
   PlanBuilder b(mb, starts, cp_size, docs * 2);
   for (int half = 0; half < 3; ++half) {  // early shards, late shards, whole documents
     for (size_t i = 0; i < docs; ++i) {
-      const Placement& p = placed[i];
+      const DocumentDegreePlacement::Placement& p = placed[i];
       const int64_t length = mb.documents[i].length;
       if (p.degree == 0) {  // spilled: its pieces in order
         for (const DocShard& sh : spilled[i]) {
@@ -347,6 +378,17 @@ inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
     }
   }
   return b.Finish(ShardStrategy("doc-degree"), requested, cp_size, -1);
+}
+
+// doc-degree's greedy plan, inputs checked.
+inline absl::StatusOr<ShardPlan> GreedyDocumentDegree(const MicroBatch& mb,
+                                                      const std::vector<int64_t>& starts,
+                                                      int cp_size, ShardStrategy requested,
+                                                      const KernelModel& model,
+                                                      const CpPlanOptions& options) {
+  DocumentDegreePlacement placement;
+  PlaceDocumentDegrees(mb, cp_size, model, options, INFINITY, placement);
+  return DocumentDegreePlan(mb, starts, cp_size, requested, placement);
 }
 
 // doc-degree: the greedy plan, or the greedy plan for all-causal layers (when the mix has
