@@ -115,13 +115,14 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
   absl::StatusOr<wlb::PackRun> run = PackSteps(shared.spec, base, 131072, steps, cost);
   if (!run.ok()) return run.status();
   std::printf(
-      "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %d steps; "
+      "K/V exchange of CP shard plans: %s micro-batches (S = 128K, N = %d) from %s, %lld steps; "
       "link %g GB/s per direction and %g us per collective, 16 KiB K/V per token and layer "
       "(LLaMA-2-7B, bf16). Cells: predicted slowest rank (attention + exchange) ms / its "
       "attention alone ms / K/V received "
       "over all ranks MB (row-exact or all-gather, as wlb::ChooseExchange picks) / all-gather MB, "
       "per layer, means over micro-batches.\n\n",
-      shared.spec.packer.c_str(), n, base.name.c_str(), steps, options.comm.link_gbps,
+      shared.spec.packer.c_str(), n, base.name.c_str(), static_cast<long long>(steps),
+      options.comm.link_gbps,
       options.comm.latency_us);
   const auto& strategies = kExchangeStrategies;
   constexpr size_t kCount = std::size(kExchangeStrategies);
@@ -166,8 +167,9 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
                               received / m / 1e6, gathered / m / 1e6);
     }
     auto faster = [&](size_t k) { return 100.0 * (1.0 - max_ms[kCount - 1] / max_ms[k]); };
-    std::printf("%s | %.1f%% / %.1f%% / %.1f%% faster | %d of %d |\n", line.c_str(),
-                faster(kVersus[0]), faster(kVersus[1]), faster(kVersus[2]), greedy, planned);
+    std::printf("%s | %.1f%% / %.1f%% / %.1f%% faster | %lld of %lld |\n", line.c_str(),
+                faster(kVersus[0]), faster(kVersus[1]), faster(kVersus[2]),
+                static_cast<long long>(greedy), static_cast<long long>(planned));
   }
   return absl::OkStatus();
 }
@@ -433,11 +435,11 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_balance)) return BalanceTable(*shared, steps, cost);
   if (absl::GetFlag(FLAGS_exchange_only)) return ExchangeTable(*shared, *base, steps, cost, kernel);
   std::printf(
-      "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %d steps per "
+      "CP sharding of %s micro-batches (N = %d, S_max = 1.25 S) from %s, %lld steps per "
       "context; predicted with wlb::KernelModel::Default() (one LLaMA-2-7B attention "
       "layer forward, 32 heads x 128). Cells: CP imbalance (max / mean rank latency) and "
       "max-rank latency in ms, means over micro-batches.\n\n",
-      shared->spec.packer.c_str(), n, source.c_str(), steps);
+      shared->spec.packer.c_str(), n, source.c_str(), static_cast<long long>(steps));
   std::printf(
       "| S | C%s | ordering closes of the per-seq -> per-doc imbalance gap | adaptive picks "
       "ordered / per-doc / hybrid |\n%s\n",
@@ -448,7 +450,7 @@ absl::Status Run() {
     absl::StatusOr<wlb::PackRun> run = PackSteps(shared->spec, *base, context, steps, cost);
     if (!run.ok()) return run.status();
     for (int c : {2, 4, 8, 16}) {
-      std::fprintf(stderr, "sharding_table: S = %dK, C = %d\n", k, c);
+      std::fprintf(stderr, "sharding_table: S = %lldK, C = %d\n", static_cast<long long>(k), c);
       std::string line = absl::StrFormat("| %dK | %d", k, c);
       wlb::CpSummary adaptive;
       double imbalance[3] = {0, 0, 0};  // per-seq, per-seq-ordered, per-doc
