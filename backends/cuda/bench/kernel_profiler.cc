@@ -19,12 +19,13 @@
 // Packed mode (--packed_micro_batches=N > 0) profiles the calls CP ranks run instead: for N
 // WLB-like micro-batches of --tokens tokens (WlbLikeMicroBatch, seeds --seed.. --seed+N-1; the
 // default 101 keeps them apart from cp_bench's 1..12), every C = 2, 4, ..., --max_cp and every
-// strategy adaptive ranks (per-seq, per-seq-ordered, per-doc, hybrid; planned with --profile's
-// table, else the analytic model, as cp_bench plans), each rank's segments are timed as ONE varlen
-// call (keys of a segment: its document's first q_end tokens, as the CP executor's call). Calls
-// with the same segment list are timed once. The CSV (columns mb, cp, strategy, rank, segments,
-// ms, bwd_ms, then the provenance note) is what wlb::ReadPackedCallProfile reads and
-// FitPackedCalls fits; cp_bench --packed_profile=PATH ranks adaptive by that fit.
+// strategy adaptive ranks (per-seq, per-seq-ordered, per-doc, hybrid, doc-degree, balanced-chunks;
+// planned with --profile's table, else the analytic model, as cp_bench plans), each rank's
+// segments are timed as ONE varlen call (keys of a segment: its document's first q_end tokens,
+// as the CP executor's call). Calls with the same segment list are timed once. The CSV (columns
+// mb, cp, strategy, rank, segments, ms, bwd_ms, then the provenance note) is what
+// wlb::ReadPackedCallProfile reads and FitPackedCalls fits; cp_bench --packed_profile=PATH ranks
+// adaptive by that fit.
 //
 //   wlb_cuda_kernel_profiler --kernel=cudnn --kv_heads=8 --packed_micro_batches=4
 //       --profile=docs/results/gpu/h100_kernel_profile_cudnn.csv --out=packed_cudnn.csv
@@ -35,6 +36,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -127,9 +129,13 @@ absl::StatusOr<std::vector<PackedCall>> PackedCalls(int64_t micro_batches, int64
   for (int64_t i = 0; i < micro_batches; ++i) {
     const wlb::MicroBatch mb = WlbLikeMicroBatch(tokens, uint64_t(seed + i));
     for (int64_t cp = 2; cp <= max_cp; cp *= 2) {
+      // adaptive's candidates (strategies/adaptive.hpp), so that the fit has seen the calls of
+      // every plan it ranks: on the H100 flash table adaptive picks balanced-chunks for 15 of
+      // cp_bench's 12 micro-batches x C = 2, 4, 8.
       for (wlb::ShardStrategy st :
            {wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
-            wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid")}) {
+            wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid"),
+            wlb::ShardStrategy("doc-degree"), wlb::ShardStrategy("balanced-chunks")}) {
         absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, int(cp), st, model);
         if (!plan.ok()) return plan.status();
         for (const wlb::RankShard& r : plan->ranks) {
@@ -200,9 +206,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     calls = *std::move(c);
-    // Buffers for the largest call.
+    // Buffers for the largest call; the calls each strategy adds first (the fit must see them).
     max_q = max_kv = 1;
+    std::map<std::string, int> per_strategy;
     for (const PackedCall& call : calls) {
+      ++per_strategy[call.strategy];
       int64_t q = 0, kv = 0;
       for (const wlb::CallSegment& s : call.segments) {
         q += s.q_len;
@@ -211,10 +219,14 @@ int main(int argc, char** argv) {
       max_q = std::max(max_q, q);
       max_kv = std::max(max_kv, kv);
     }
+    std::string counts;
+    for (const auto& [strategy, n] : per_strategy) {
+      counts += absl::StrFormat("%s%s %d", counts.empty() ? "" : ", ", strategy, n);
+    }
     std::printf(
-        "%zu distinct rank calls of %ld micro-batches, C = 2..%ld; largest %ld query and "
+        "%zu distinct rank calls of %ld micro-batches (%s), C = 2..%ld; largest %ld query and "
         "%ld key rows\n",
-        calls.size(), long(packed_mbs), long(max_cp), long(max_q), long(max_kv));
+        calls.size(), long(packed_mbs), counts.c_str(), long(max_cp), long(max_q), long(max_kv));
   } else if (!profile.empty()) {
     std::fprintf(stderr, "--profile is for the packed mode (--packed_micro_batches > 0)\n");
     return 2;

@@ -15,6 +15,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_cp_bench as tcb  # noqa: E402
 
+# cp_bench's bench::KernelTimeOnly, spelled out here so the test does not read it from the script.
+KERNEL_TIME_ONLY = {"cp_link_gbps": 1e6, "cp_latency_us": 0.0}
+
 SMALL = ["--device", "cpu", "--dtype", "fp64", "--tokens", "400", "--check-tokens", "300",
          "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--cp", "2,4",
          "--micro-batches", "2", "--iters", "1", "--warmup", "0"]
@@ -43,7 +46,8 @@ def test_check_passes_and_every_row_is_written(tmp_path, capsys):
     model = wlb.KernelModel.analytic(heads=4, head_dim=8)
     for r in rows:
         lengths = tcb.wlb_like_micro_batch(wlb, 400, 1 + r["mb"])
-        plan = wlb.plan_shards(lengths, r["cp"], r["strategy"], model)
+        plan = wlb.plan_shards(lengths, r["cp"], r["strategy"], model,
+                               **(KERNEL_TIME_ONLY if r["strategy"] == "adaptive" else {}))
         assert r["tokens"] == 400 and r["chosen"] == plan.strategy
         assert len(r["fwd_ms"]) == len(r["bwd_ms"]) == r["cp"]
         assert r["predicted_fwd_ms"] == pytest.approx(
@@ -52,6 +56,23 @@ def test_check_passes_and_every_row_is_written(tmp_path, capsys):
             assert (f > 0) == (rk.tokens > 0)  # a rank without queries is not timed
         assert r["max_ms"] == pytest.approx(max(f + b for f, b in zip(r["fwd_ms"], r["bwd_ms"])),
                                             abs=1e-3)
+
+
+def test_adaptive_is_planned_as_cp_bench_plans_it():
+    # cp_bench ranks adaptive by kernel time alone; at 128K tokens and C = 4 the default link
+    # makes adaptive choose other plans, whose rows would pair with none of cp_bench's.
+    model = wlb.KernelModel.analytic(heads=32, head_dim=128)
+    differs = 0
+    for seed in (1, 2, 3, 4):
+        lengths = tcb.wlb_like_micro_batch(wlb, 131072, seed)
+        ours = tcb.plan_like_cp_bench(wlb, lengths, 4, "adaptive", model)
+        cp_bench = wlb.plan_shards(lengths, 4, "adaptive", model, **KERNEL_TIME_ONLY)
+        default = wlb.plan_shards(lengths, 4, "adaptive", model)
+        assert [rk.predicted_ms for rk in ours.ranks] == [rk.predicted_ms for rk in cp_bench.ranks]
+        differs += [rk.predicted_ms for rk in default.ranks] != [rk.predicted_ms for rk in ours.ranks]
+        per_doc = tcb.plan_like_cp_bench(wlb, lengths, 4, "per-doc", model)
+        assert per_doc.strategy == "per-doc"  # the measured strategies keep the default options
+    assert differs > 0
 
 
 def test_a_wrong_attention_fails_the_check(monkeypatch, capsys):

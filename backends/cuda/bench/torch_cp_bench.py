@@ -14,7 +14,8 @@ on the micro-batches and plans of wlb_cuda_cp_bench, for a side-by-side comparis
 2. Timing. Micro-batch i is wlb_cuda_cp_bench's (``WlbLikeMicroBatch(tokens, seed + i)``: the
    default distribution's lengths from ``wlb.sample_default_lengths``, the last one cut at
    --tokens), planned by ``wlb.plan_shards`` for each C and strategy with the same kernel model
-   (--profile, else the analytic default of --heads / --head-dim), so the plans are cp_bench's.
+   (--profile, else the analytic default of --heads / --head-dim) and, for adaptive, cp_bench's
+   ranking by kernel time alone (``KERNEL_TIME_ONLY``), so the plans are cp_bench's.
    Each rank's attention is what ``cp_attention`` runs after its all-gather: its query rows
    (``token_indices``) and key rows (``key_indices``, the gathered rows ``key_rows`` select), the
    backend ``cp_attention`` picks for the device and dtype (``varlen`` on CUDA for bf16), one rank
@@ -42,6 +43,10 @@ from collections import defaultdict
 
 STRATEGIES = ("per-seq", "per-seq-ordered", "per-doc", "hybrid", "adaptive")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+# cp_bench plans adaptive with bench::KernelTimeOnly (a link so fast that the exchange vanishes:
+# it times each rank's kernels without the exchange); with the default link adaptive often picks
+# another plan, whose rows then pair with none of cp_bench's.
+KERNEL_TIME_ONLY = {"cp_link_gbps": 1e6, "cp_latency_us": 0.0}
 
 
 def parse_args(argv):
@@ -94,6 +99,12 @@ def wlb_like_micro_batch(wlb, tokens, seed, longest=None):
         lengths.append(take)
         total += take
     return lengths
+
+
+def plan_like_cp_bench(wlb, lengths, c, strategy, model):
+    """The plan wlb_cuda_cp_bench measures for ``strategy`` on these lengths."""
+    options = KERNEL_TIME_ONLY if strategy == "adaptive" else {}
+    return wlb.plan_shards(lengths, c, strategy, model, **options)
 
 
 class Rank:
@@ -196,7 +207,7 @@ def check(torch, wlb, attention, a, device, dtype, model, tolerance):
     # Every strategy and CP size, ranks emulated: reassembled output and gradients.
     for c in a.cp:
         for strategy in a.strategies:
-            plan = wlb.plan_shards(lengths, c, strategy, model)
+            plan = plan_like_cp_bench(wlb, lengths, c, strategy, model)
             out = torch.zeros_like(ref[0], dtype=q.dtype)
             lse = torch.zeros_like(ref[1])
             acc = ref[2].dtype  # gradients summed over ranks at the reference's precision
@@ -254,7 +265,7 @@ def bench(torch, wlb, attention, a, device, dtype, model, js):
             lengths = wlb_like_micro_batch(wlb, a.tokens, a.seed + i)
             best = None
             for strategy in a.strategies:
-                plan = wlb.plan_shards(lengths, c, strategy, model)
+                plan = plan_like_cp_bench(wlb, lengths, c, strategy, model)
                 fwd, bwd, pred = [], [], []
                 for r in range(c):
                     rank = Rank(torch, plan, r, device)
