@@ -122,8 +122,7 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
       "over all ranks MB (row-exact or all-gather, as wlb::ChooseExchange picks) / all-gather MB, "
       "per layer, means over micro-batches.\n\n",
       shared.spec.packer.c_str(), n, base.name.c_str(), static_cast<long long>(steps),
-      options.comm.link_gbps,
-      options.comm.latency_us);
+      options.comm.link_gbps, options.comm.latency_us);
   const auto& strategies = kExchangeStrategies;
   constexpr size_t kCount = std::size(kExchangeStrategies);
   static_assert(kExchangeStrategies[kCount - 1] == wlb::ShardStrategy("doc-degree"),
@@ -256,7 +255,7 @@ struct BalanceRow {
   double max_ms = 0, received = 0, pair_imbalance = 0;
   double worst_vs_best = 0, worst_vs_wlb = 0, worst_vs_capped = 0, mean_vs_best = 0;
   double worst_pair_imbalance = 0, worst_tokens = 0, worst_buffer = 0;
-  double key_rows = 0, worst_key_rows = 0;  // the fullest rank's gathered key rows over T / C
+  double key_rows = 0, worst_key_rows = 0;       // the fullest rank's gathered key rows over T / C
   int64_t picks[wlb::kShardStrategyCount] = {};  // the strategy each plan records
 };
 
@@ -361,7 +360,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             int64_t most = 0;
             for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
             BalanceRow& row = rows[k];
-            ms[k] = wlb::AdaptivePriceMs(*plan, score, options);
+            ms[k] = wlb::AdaptivePriceMs(*plan, score, p);
             if (k < strategies) ++row.picks[plan->strategy.row()];
             capped[k] = plan->rank_capacity <= cap;
             row.max_ms += ms[k];

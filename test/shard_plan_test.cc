@@ -1220,11 +1220,6 @@ TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
 
 // ---- Planning with the executor's exchange rule (issue 47, item 5) ----
 
-// The candidates adaptive weighs, in its tie order.
-constexpr ShardStrategy kAdaptiveCandidates[] = {
-    ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
-    ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
-
 // Their plans under `options` as adaptive builds them (doc-degree: its greedy plan), and the
 // maxima a ChooseAdaptive reports for them, in the same order.
 std::vector<ShardPlan> AdaptiveCandidatePlans(const MicroBatch& mb, int cp,
@@ -1683,7 +1678,8 @@ TEST(AdaptiveExchangeTest, PlanFreeBoundsAreLowerBounds) {
     const std::vector<int64_t> order = *PerSequenceOrder(mb, cp, model);
     std::vector<int64_t> ordered_starts(order.size() + 1, 0);
     for (size_t i = 0; i < order.size(); ++i) {
-      ordered_starts[i + 1] = ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
+      ordered_starts[i + 1] =
+          ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
     }
     for (const auto& [s, layout] : {std::pair{ShardStrategy("per-seq"), starts},
                                     std::pair{ShardStrategy("per-seq-ordered"), ordered_starts}}) {
@@ -1697,8 +1693,8 @@ TEST(AdaptiveExchangeTest, PlanFreeBoundsAreLowerBounds) {
     }
     // doc-degree's greedy placement gives up only above its plan's prediction, and never for a
     // mix with a non-causal layer; a placement run to the end is the greedy plan's.
-    const ShardPlan greedy = *detail::GreedyDocumentDegree(mb, starts, cp,
-                                                           ShardStrategy("adaptive"), model, options);
+    const ShardPlan greedy =
+        *detail::GreedyDocumentDegree(mb, starts, cp, ShardStrategy("adaptive"), model, options);
     const double greedy_ms = PredictCp(greedy, model, options).max_ms;
     detail::DocumentDegreePlacement placement;
     ASSERT_TRUE(detail::PlaceDocumentDegrees(mb, cp, model, options, greedy_ms, placement));

@@ -123,31 +123,32 @@ int main(int argc, char** argv) {
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
           iters = 5, seed = 1;
   CpExecutorOptions options;
-  std::string profile, packed_profile, json, strategy_names = "per-seq,per-seq-ordered,per-doc,hybrid",
+  std::string profile, packed_profile, json,
+      strategy_names = "per-seq,per-seq-ordered,per-doc,hybrid",
       schedule_name = CpScheduleName(options.schedule),
       exchange_name = wlb::ExchangeKindName(*options.exchange);
   int64_t kv_one_collective = options.kv_one_collective ? 1 : 0;
   AttentionKernel kernel = AttentionKernel::kFlash;
-  const bool ok = flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) &&
-                  flags.Int("cp", &cp) && flags.Int("micro_batches", &mbs) &&
-                  flags.Int("heads", &heads) && flags.Int("kv_heads", &kv_heads) &&
-                  flags.Int("head_dim", &dim) && flags.Int("warmup", &warmup) &&
-                  flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
-                  flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
-                  flags.Str("json", &json) && flags.Str("schedule", &schedule_name) &&
-                  flags.Str("exchange", &exchange_name) &&
-                  flags.Int("kv_one_collective", &kv_one_collective) &&
-                  flags.Str("strategies", &strategy_names) && flags.AllUsed();
+  const bool ok =
+      flags.Kernel("kernel", &kernel) && flags.Int("tokens", &tokens) && flags.Int("cp", &cp) &&
+      flags.Int("micro_batches", &mbs) && flags.Int("heads", &heads) &&
+      flags.Int("kv_heads", &kv_heads) && flags.Int("head_dim", &dim) &&
+      flags.Int("warmup", &warmup) && flags.Int("iters", &iters) && flags.Int("seed", &seed) &&
+      flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
+      flags.Str("json", &json) && flags.Str("schedule", &schedule_name) &&
+      flags.Str("exchange", &exchange_name) && flags.Int("kv_one_collective", &kv_one_collective) &&
+      flags.Str("strategies", &strategy_names) && flags.AllUsed();
   std::vector<wlb::ShardStrategy> measured;
   bool strategies_ok = true;
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(strategy_names, ','))) {
     absl::StatusOr<wlb::ShardStrategy> s = wlb::ParseShardStrategy(name);
     if (!s.ok() || *s == wlb::ShardStrategy("adaptive") ||
         std::find(measured.begin(), measured.end(), *s) != measured.end()) {
-      std::fprintf(stderr, "--strategies: %s\n",
-                   s.ok() ? absl::StrFormat("'%s' is given twice or is adaptive (always measured)",
-                                            name).c_str()
-                          : std::string(s.status().message()).c_str());
+      std::fprintf(
+          stderr, "--strategies: %s\n",
+          s.ok() ? absl::StrFormat("'%s' is given twice or is adaptive (always measured)", name)
+                       .c_str()
+                 : std::string(s.status().message()).c_str());
       strategies_ok = false;
       continue;
     }
@@ -165,8 +166,9 @@ int main(int argc, char** argv) {
       exchange_ok = true;
     }
   }
-  if (!ok || !strategies_ok || !schedule || !exchange_ok || (kv_one_collective != 0 && kv_one_collective != 1) ||
-      tokens < 1 || cp < 1 || mbs < 1 || iters < 1) {
+  if (!ok || !strategies_ok || !schedule || !exchange_ok ||
+      (kv_one_collective != 0 && kv_one_collective != 1) || tokens < 1 || cp < 1 || mbs < 1 ||
+      iters < 1) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
   }
@@ -299,10 +301,10 @@ int main(int argc, char** argv) {
     return r;
   };
   double oracle_total = 0, paper_oracle_total = 0;
-  const bool paper_oracle = std::find(measured.begin(), measured.end(),
-                                      wlb::ShardStrategy("per-seq")) != measured.end() &&
-                            std::find(measured.begin(), measured.end(),
-                                      wlb::ShardStrategy("per-doc")) != measured.end();
+  const bool paper_oracle =
+      std::find(measured.begin(), measured.end(), wlb::ShardStrategy("per-seq")) !=
+          measured.end() &&
+      std::find(measured.begin(), measured.end(), wlb::ShardStrategy("per-doc")) != measured.end();
   for (int64_t i = 0; i < mbs; ++i) {
     const wlb::MicroBatch mb = WlbLikeMicroBatch(tokens, uint64_t(seed + i));
     std::map<wlb::ShardStrategy, Measured> m;
@@ -332,7 +334,8 @@ int main(int argc, char** argv) {
     }
     const Measured* same = nullptr;
     for (const auto& [s, plan] : plans) {
-      if (plan.ranks == adaptive_plan->ranks && plan.rank_capacity == adaptive_plan->rank_capacity) {
+      if (plan.ranks == adaptive_plan->ranks &&
+          plan.rank_capacity == adaptive_plan->rank_capacity) {
         same = &m[s];
       }
     }
@@ -359,11 +362,12 @@ int main(int argc, char** argv) {
   // Ratios over per-seq when it was measured, else over the first row.
   const std::string base = total.contains("per-seq") ? "per-seq" : total.begin()->first;
   for (const auto& [name, tot] : total) {
-    std::printf("  %-15s %10.3f ms  (%s / this = %.3fx)  model fwd error %.1f%% per rank, "
-                "%.1f%% slowest rank\n",
-                name.c_str(), tot.max_ms, base.c_str(), total[base].max_ms / tot.max_ms,
-                100 * tot.err_sum / std::max(tot.err_n, 1),
-                100 * tot.err_max_sum / std::max(tot.err_max_n, 1));
+    std::printf(
+        "  %-15s %10.3f ms  (%s / this = %.3fx)  model fwd error %.1f%% per rank, "
+        "%.1f%% slowest rank\n",
+        name.c_str(), tot.max_ms, base.c_str(), total[base].max_ms / tot.max_ms,
+        100 * tot.err_sum / std::max(tot.err_n, 1),
+        100 * tot.err_max_sum / std::max(tot.err_max_n, 1));
   }
   std::printf("  %-15s %10.3f ms  (fastest measured row per micro-batch)\n", "oracle",
               oracle_total);
@@ -371,11 +375,12 @@ int main(int argc, char** argv) {
   std::printf("adaptive vs oracle %+.1f%%", 100 * (oracle_total / adaptive_total - 1));
   if (paper_oracle) {
     const double per_seq = total["per-seq"].max_ms, per_doc = total["per-doc"].max_ms;
-    std::printf(", vs per-seq %+.1f%%, vs per-doc %+.1f%%, vs the paper's oracle (best of "
-                "per-seq, per-doc) %+.1f%% (paper, 128K C=4: 7.5%% and 3.4%% faster than per-seq "
-                "/ per-doc)",
-                100 * (per_seq / adaptive_total - 1), 100 * (per_doc / adaptive_total - 1),
-                100 * (paper_oracle_total / adaptive_total - 1));
+    std::printf(
+        ", vs per-seq %+.1f%%, vs per-doc %+.1f%%, vs the paper's oracle (best of "
+        "per-seq, per-doc) %+.1f%% (paper, 128K C=4: 7.5%% and 3.4%% faster than per-seq "
+        "/ per-doc)",
+        100 * (per_seq / adaptive_total - 1), 100 * (per_doc / adaptive_total - 1),
+        100 * (paper_oracle_total / adaptive_total - 1));
   }
   std::printf("\n");
   if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());

@@ -312,8 +312,7 @@ int main(int argc, char** argv) {
   if (!(flags.Str("json", &json) && flags.Str("profile", &profile) && flags.Int("heads", &heads) &&
         flags.Int("head_dim", &head_dim) && flags.Int("seed", &seed) &&
         flags.Str("packed_profile", &packed_profile) && flags.Str("max_held_out_gap", &gap_text) &&
-        flags.Str("write_packed_calls", &write_packed_calls) &&
-        flags.AllUsed()) ||
+        flags.Str("write_packed_calls", &write_packed_calls) && flags.AllUsed()) ||
       json.empty() || profile.empty() ||
       !(gap_text.empty() || (absl::SimpleAtod(gap_text, &max_held_out_gap) &&
                              max_held_out_gap >= 0 && std::isfinite(max_held_out_gap)))) {
@@ -409,8 +408,9 @@ int main(int argc, char** argv) {
       "%s against %s: %d rows re-planned as measured, %d planned differently (left "
       "out)%s\n",
       profile.c_str(), json.c_str(), used, replanned_differently,
-      adaptive_rows > 0 ? absl::StrFormat(", %d adaptive rows not re-planned", adaptive_rows).c_str()
-                        : "");
+      adaptive_rows > 0
+          ? absl::StrFormat(", %d adaptive rows not re-planned", adaptive_rows).c_str()
+          : "");
   if (used == 0) return 1;
   std::printf(
       "\nprediction error per rank (mean |predicted - measured| / measured; the forward "

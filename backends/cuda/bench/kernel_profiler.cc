@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -50,6 +51,7 @@
 #include "wlb/cuda/varlen_attention.h"
 #include "wlb/io/kernel_profile.hpp"
 #include "wlb/shard/shard_plan.hpp"
+#include "wlb/shard/strategies/adaptive.hpp"
 
 namespace {
 
@@ -129,13 +131,14 @@ absl::StatusOr<std::vector<PackedCall>> PackedCalls(int64_t micro_batches, int64
   for (int64_t i = 0; i < micro_batches; ++i) {
     const wlb::MicroBatch mb = WlbLikeMicroBatch(tokens, uint64_t(seed + i));
     for (int64_t cp = 2; cp <= max_cp; cp *= 2) {
-      // adaptive's candidates (strategies/adaptive.hpp), so that the fit has seen the calls of
-      // every plan it ranks: on the H100 flash table adaptive picks balanced-chunks for 15 of
-      // cp_bench's 12 micro-batches x C = 2, 4, 8.
-      for (wlb::ShardStrategy st :
-           {wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq-ordered"),
-            wlb::ShardStrategy("per-doc"), wlb::ShardStrategy("hybrid"),
-            wlb::ShardStrategy("doc-degree"), wlb::ShardStrategy("balanced-chunks")}) {
+      // adaptive's candidates, so that the fit has seen the calls of every plan it ranks: on the
+      // H100 flash table adaptive picks balanced-chunks for 15 of cp_bench's 12 micro-batches x
+      // C = 2, 4, 8. Registry order: a call two plans share is labelled by the first.
+      for (wlb::ShardStrategy st : wlb::ShardStrategy::All()) {
+        if (std::find(std::begin(wlb::kAdaptiveCandidates), std::end(wlb::kAdaptiveCandidates),
+                      st) == std::end(wlb::kAdaptiveCandidates)) {
+          continue;
+        }
         absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, int(cp), st, model);
         if (!plan.ok()) return plan.status();
         for (const wlb::RankShard& r : plan->ranks) {

@@ -315,9 +315,9 @@ class CausalCpLowerBound {
                      int64_t rank_capacity)
       : row_ms_(options.comm.RowMs(model)),
         latency_ms_(options.comm.LatencyMs()),
-        gather_ms_(ChooseExchangeOf(1, ranks, rank_capacity, options.comm.RowBytes(model),
-                                    options.comm)
-                       .allgather_ms) {}
+        gather_ms_(
+            ChooseExchangeOf(1, ranks, rank_capacity, options.comm.RowBytes(model), options.comm)
+                .allgather_ms) {}
 
   // One more rank: its attention (ms) and rows it receives or sends (any of them, at most its
   // max(sent, received)).

@@ -18,14 +18,21 @@
 namespace wlb {
 namespace detail {
 
-// Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
-// in a given order.
-inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp_size,
-                               const KernelModel& model) {
+// The packed start of every document of `mb` laid out in `order` (document indices), plus the
+// total at the end.
+inline std::vector<int64_t> OrderedStarts(const MicroBatch& mb, const std::vector<int64_t>& order) {
   std::vector<int64_t> starts(order.size() + 1, 0);
   for (size_t i = 0; i < order.size(); ++i) {
     starts[i + 1] = starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
   }
+  return starts;
+}
+
+// Predicted slowest-rank latency of per-sequence chunks over a micro-batch's documents laid out
+// in a given order.
+inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>& order, int cp_size,
+                               const KernelModel& model) {
+  const std::vector<int64_t> starts = OrderedStarts(mb, order);
   std::vector<double> ms(static_cast<size_t>(cp_size), 0.0);
   ForEachPerSequenceSegment(starts, cp_size, [&](int r, int64_t, int64_t qb, int64_t qe) {
     ms[static_cast<size_t>(r)] += model.SegmentMs(qe - qb, qe);

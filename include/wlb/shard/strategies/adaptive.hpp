@@ -67,6 +67,12 @@
 
 namespace wlb {
 
+// The candidates adaptive weighs, in its tie order (doc-degree: its greedy plan,
+// GreedyDocumentDegree).
+inline constexpr ShardStrategy kAdaptiveCandidates[] = {
+    ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
+    ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
+
 // Predicted slowest rank (ms) of the fixed strategies' plans and adaptive's pick, K/V exchange
 // included (see the file comment): PredictCp's max_ms, or with a packed-call fit in the model the
 // slowest rank's CallMs + its exchange per pass (packed_calls says which).
@@ -95,15 +101,23 @@ inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model,
   return worst;
 }
 
-namespace detail {
-
-// The packed-call ranking (file comment): the slowest rank of CallMs + passes x its exchange.
-inline double MaxRankCallWithExchangeMs(const ShardPlan& plan, const KernelModel& model,
-                                        const CpPlanOptions& options) {
-  std::vector<double> exchange = PredictCp(plan, model, options).rank_exchange_ms;
+// The price adaptive ranks a plan by (file comment), from the plan's PredictCp `p` under the
+// ranking's options: with a packed-call fit in the model its slowest rank's CallMs + passes x
+// that rank's exchange, else p.max_ms.
+inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
+                              const CpPrediction& p) {
+  if (!model.has_packed_calls()) return p.max_ms;
+  std::vector<double> exchange = p.rank_exchange_ms;
   for (double& ms : exchange) ms *= model.passes();
   return MaxRankCallMs(plan, model, exchange);
 }
+
+inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
+                              const CpPlanOptions& options) {
+  return AdaptivePriceMs(plan, model, PredictCp(plan, model, options));
+}
+
+namespace detail {
 
 // Whether a plan that cuts the documents with sharded(i) into ForEachPerDocumentSegment's shards
 // (per-doc: all of them; hybrid: the long ones) and places the others whole, anywhere, is known
@@ -162,26 +176,13 @@ inline bool PerSequenceCutsSlowerThan(const std::vector<int64_t>& starts, int cp
     s.doc = i;
     s.end = qe;
   });
-  CausalCpLowerBound bound(model, options, cp_size,
-                           2 * PerSequenceChunk(starts.back(), cp_size));
+  CausalCpLowerBound bound(model, options, cp_size, 2 * PerSequenceChunk(starts.back(), cp_size));
   for (const RankSoFar& s : ranks) {
     bound.AddRank(s.attention, s.received);
     if (bound.Exceeds(ms)) return true;
   }
   return false;
 }
-
-}  // namespace detail
-
-// The price adaptive ranks a plan by (file comment): with a packed-call fit in the model its
-// slowest rank's CallMs + passes x that rank's exchange, else PredictCp's max_ms.
-inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
-                              const CpPlanOptions& options) {
-  return model.has_packed_calls() ? detail::MaxRankCallWithExchangeMs(plan, model, options)
-                                  : PredictCp(plan, model, options).max_ms;
-}
-
-namespace detail {
 
 // ChooseAdaptive on a checked request (r.requested is what the plans record). With
 // `chosen_plan` (planning) it gets the chosen candidate's plan, and candidates over the memory
@@ -190,10 +191,6 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
                                                             ShardPlan* chosen_plan) {
   AdaptiveChoice c;
   c.packed_calls = r.model.has_packed_calls();
-  // Candidates in tie order.
-  constexpr ShardStrategy kCandidates[] = {
-      ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
-      ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
                    &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms};
   const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
@@ -210,10 +207,10 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   // most 2^30 tokens has: a rank holds at most two pieces of each document.
   const bool skip_unbuilt = bounded && r.options.mix.all_causal() &&
                             2 * r.mb.tokens <= std::numeric_limits<int32_t>::max();
-  size_t best = std::size(kCandidates);
+  size_t best = std::size(kAdaptiveCandidates);
   double best_ms = 0.0;
   auto beats = [&](double ms, size_t k) {
-    return best == std::size(kCandidates) || ms < best_ms || (ms == best_ms && k < best);
+    return best == std::size(kAdaptiveCandidates) || ms < best_ms || (ms == best_ms && k < best);
   };
   // Candidate k's plan, or nullopt when it is known to be slower than `slower_than` ms.
   auto candidate_plan = [&](size_t k,
@@ -221,12 +218,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
     switch (k) {
       case 0: {
         std::vector<int64_t> order = SearchPerSequenceOrder(r.mb, r.cp_size, r.model).order;
-        std::vector<int64_t> ordered_starts(order.size() + 1, 0);
-        for (size_t i = 0; i < order.size(); ++i) {
-          ordered_starts[i + 1] =
-              ordered_starts[i] + r.mb.documents[static_cast<size_t>(order[i])].length;
-        }
-        if (PerSequenceCutsSlowerThan(ordered_starts, r.cp_size, r.model, r.options,
+        if (PerSequenceCutsSlowerThan(OrderedStarts(r.mb, order), r.cp_size, r.model, r.options,
                                       slower_than)) {
           return std::nullopt;
         }
@@ -241,8 +233,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
       case 2: {
         const int64_t min_length = HybridMinLength(r.cp_size, r.model);
         auto is_long = [&](size_t i) { return r.mb.documents[i].length >= min_length; };
-        if (PerDocumentCutsSlowerThan(r.mb, r.cp_size, is_long, r.model, r.options,
-                                      slower_than)) {
+        if (PerDocumentCutsSlowerThan(r.mb, r.cp_size, is_long, r.model, r.options, slower_than)) {
           return std::nullopt;
         }
         return PlanHybrid(r);
@@ -265,7 +256,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   };
   ShardPlan best_plan;
   for (const size_t k : planning ? kPlanningOrder : kReportOrder) {
-    const bool known = skip_unbuilt && best < std::size(kCandidates);
+    const bool known = skip_unbuilt && best < std::size(kAdaptiveCandidates);
     std::optional<absl::StatusOr<ShardPlan>> plan = candidate_plan(k, known ? best_ms : INFINITY);
     if (!plan.has_value()) continue;  // slower than the best so far
     if (!plan->ok()) return plan->status();
@@ -273,7 +264,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
     // priced only to be reported.
     const bool within = (*plan)->rank_capacity <= cap;
     if (!within && planning) continue;
-    if (bounded && within && best < std::size(kCandidates) &&
+    if (bounded && within && best < std::size(kAdaptiveCandidates) &&
         CausalCpSlowerThan(**plan, r.model, r.options, best_ms)) {
       continue;
     }
@@ -284,7 +275,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
       if (planning) best_plan = **std::move(plan);
     }
   }
-  c.chosen = kCandidates[best];
+  c.chosen = kAdaptiveCandidates[best];
   if (chosen_plan != nullptr) *chosen_plan = std::move(best_plan);
   return c;
 }

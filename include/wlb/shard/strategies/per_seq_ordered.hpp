@@ -22,10 +22,7 @@ inline absl::StatusOr<ShardPlan> PlanPerSequenceOrdered(const ShardPlanRequest& 
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
   if (order.empty()) order = SearchPerSequenceOrder(mb, r.cp_size, r.model).order;
-  std::vector<int64_t> ordered_starts(docs + 1, 0);
-  for (size_t i = 0; i < docs; ++i) {
-    ordered_starts[i + 1] = ordered_starts[i] + mb.documents[static_cast<size_t>(order[i])].length;
-  }
+  const std::vector<int64_t> ordered_starts = OrderedStarts(mb, order);
   PlanBuilder b(mb, r.starts, r.cp_size, docs + 2 * static_cast<size_t>(r.cp_size));
   ForEachPerSequenceSegment(ordered_starts, r.cp_size,
                             [&](int rank, int64_t i, int64_t qb, int64_t qe) {
