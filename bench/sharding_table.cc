@@ -63,6 +63,8 @@ ABSL_FLAG(std::string, packed_profile, "",
 ABSL_FLAG(bool, plan_with_default_model, false,
           "balance table: plan with wlb::KernelModel::Default() (uncalibrated) while scoring with "
           "--kernel_profile");
+ABSL_FLAG(std::string, plan_kernel_profile, "",
+          "balance table: plan with this kernel profile CSV while scoring with --kernel_profile");
 
 namespace {
 
@@ -279,7 +281,12 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     model_name += " with the packed-call fit of " + path;
   }
   const bool default_plan = absl::GetFlag(FLAGS_plan_with_default_model);
-  const wlb::KernelModel plan_model = default_plan ? wlb::KernelModel::Default() : score;
+  wlb::KernelModel plan_model = default_plan ? wlb::KernelModel::Default() : score;
+  if (const std::string path = absl::GetFlag(FLAGS_plan_kernel_profile); !path.empty()) {
+    absl::StatusOr<wlb::KernelModel> table = wlb::ReadKernelProfileCsv(path);
+    if (!table.ok()) return table.status();
+    plan_model = *table;
+  }
   std::printf(
       "CP shard strategies at S = 128K, per layer, 16 KiB K/V per token; slowest rank = "
       "wlb::AdaptivePriceMs under %s: %s + the exchange wlb::ChooseExchange picks over the link + "

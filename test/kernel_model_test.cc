@@ -1,8 +1,10 @@
 // Tests of include/wlb/cost/kernel_model.hpp.
 #include "wlb/cost/kernel_model.hpp"
 
+#include <cinttypes>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -58,10 +60,10 @@ TEST(KernelModelTest, TileOneCountsExactCausalPairs) {
   EXPECT_DOUBLE_EQ(m->PaddedFlops(8, 11), 4.0 * 60);
 }
 
-// The default constants reproduce the FlashAttention-2 H100 causal forward figures they were
+// The analytic defaults reproduce the FlashAttention-2 H100 causal forward figures they were
 // fitted to (REFERENCE.md): 191 / 298 / 335 TFLOP/s at 512 / 2K / 16K, FLOPs counted unpadded.
-TEST(KernelModelTest, DefaultMatchesFlashAttention2Figures) {
-  const KernelModel m = KernelModel::Default();
+TEST(KernelModelTest, DefaultAnalyticMatchesFlashAttention2Figures) {
+  const KernelModel m = KernelModel::DefaultAnalytic();
   EXPECT_EQ(m.tile_q(), 128);
   EXPECT_EQ(m.tile_k(), 128);
   EXPECT_TRUE(m.analytic());
@@ -74,7 +76,7 @@ TEST(KernelModelTest, DefaultMatchesFlashAttention2Figures) {
 }
 
 TEST(KernelModelTest, FlatBelowOneTileAndFasterPerTokenAbove) {
-  const KernelModel m = KernelModel::Default();
+  const KernelModel m = KernelModel::DefaultAnalytic();
   const double one_tile = m.SegmentMs(128, 8192);
   for (int64_t q : {1, 16, 64, 100, 127}) EXPECT_DOUBLE_EQ(m.SegmentMs(q, 8192), one_tile) << q;
   // Throughput rises from 128 to 256 query rows (the paper's measured jump).
@@ -82,6 +84,84 @@ TEST(KernelModelTest, FlatBelowOneTileAndFasterPerTokenAbove) {
   // More keys, more time.
   EXPECT_GT(m.SegmentMs(128, 16384), m.SegmentMs(128, 8192));
   EXPECT_DOUBLE_EQ(m.SegmentMs(1, 1) - m.PaddedFlops(1, 1) / m.FlopsPerMs(1, 1), 1e-3);
+}
+
+// Default() is the committed H100 flash table, embedded: bit for bit the model read from the CSV
+// (tools/gen_default_kernel_profile.py regenerates the embedded rows when the CSV changes), on
+// the table's own shapes, between them and beyond them.
+TEST(KernelModelTest, DefaultIsTheEmbeddedH100FlashTable) {
+  const std::string csv =
+      std::string(WLB_SOURCE_DIR) + "/docs/results/gpu/h100_kernel_profile_flash.csv";
+  absl::StatusOr<KernelModel> read = ReadKernelProfileCsv(csv);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const KernelModel m = KernelModel::Default();
+  EXPECT_FALSE(m.analytic());
+  EXPECT_EQ(m.tile_q(), 128);
+  EXPECT_EQ(m.shape().heads, 32);
+  EXPECT_EQ(m.shape().head_dim, 128);
+  EXPECT_EQ(m.segment_overhead_ms(), 0.0);
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // header
+  int rows = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    ++rows;
+    int64_t q = 0, kv = 0;
+    double ms = 0.0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%" SCNd64 ",%" SCNd64 ",%lf", &q, &kv, &ms), 3) << line;
+    EXPECT_DOUBLE_EQ(m.SegmentMs(q, kv), ms) << q << " " << kv;
+  }
+  EXPECT_EQ(rows, 103);
+  std::mt19937_64 rng(61);
+  for (int i = 0; i < 20000; ++i) {
+    const int64_t kv = std::uniform_int_distribution<int64_t>(1, 1 << 20)(rng);
+    const int64_t q = std::uniform_int_distribution<int64_t>(1, kv)(rng);
+    ASSERT_EQ(m.SegmentMs(q, kv), read->SegmentMs(q, kv)) << q << " " << kv;
+  }
+}
+
+// The table lookup searches lengths as integers and takes log2 only between grid points: its
+// result is the straightforward interpolation in (log2 q_len, log2 kv_len), clamped outside.
+TEST(KernelModelTest, TableLookupIsTheLogLogInterpolation) {
+  const std::vector<KernelProfilePoint> points = {{64, 64, 0.01},    {64, 1024, 0.05},
+                                                  {64, 4096, 0.2},   {512, 512, 0.03},
+                                                  {512, 1024, 0.06}, {512, 4096, 0.3}};
+  absl::StatusOr<KernelModel> m = KernelModel::FromProfile(points);
+  ASSERT_TRUE(m.ok());
+  auto rate = [&](int64_t q, int64_t kv) {
+    return m->PaddedFlops(q, kv) / [&] {
+      for (const KernelProfilePoint& p : points)
+        if (p.q_len == q && p.kv_len == kv) return p.ms;
+      return 0.0;
+    }();
+  };
+  auto row = [&](int64_t q, double lkv) {
+    const std::vector<int64_t> kvs =
+        q == 64 ? std::vector<int64_t>{64, 1024, 4096} : std::vector<int64_t>{512, 1024, 4096};
+    if (lkv <= std::log2(kvs.front())) return rate(q, kvs.front());
+    if (lkv >= std::log2(kvs.back())) return rate(q, kvs.back());
+    size_t i = 1;
+    while (std::log2(kvs[i]) <= lkv) ++i;
+    const double w = (lkv - std::log2(kvs[i - 1])) / (std::log2(kvs[i]) - std::log2(kvs[i - 1]));
+    return (1 - w) * rate(q, kvs[i - 1]) + w * rate(q, kvs[i]);
+  };
+  std::mt19937_64 rng(62);
+  for (int i = 0; i < 2000; ++i) {
+    const int64_t kv = std::uniform_int_distribution<int64_t>(1, 8192)(rng);
+    const int64_t q = std::uniform_int_distribution<int64_t>(1, kv)(rng);
+    const double lq = std::log2(static_cast<double>(q)), lkv = std::log2(static_cast<double>(kv));
+    double want;
+    if (q <= 64)
+      want = row(64, lkv);
+    else if (q >= 512)
+      want = row(512, lkv);
+    else {
+      const double w = (lq - 6.0) / (9.0 - 6.0);
+      want = (1 - w) * row(64, lkv) + w * row(512, lkv);
+    }
+    EXPECT_NEAR(m->FlopsPerMs(q, kv), want, 1e-12 * want) << q << " " << kv;
+  }
 }
 
 TEST(KernelModelTest, AnalyticRejectsBadConstants) {

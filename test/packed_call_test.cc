@@ -64,7 +64,7 @@ TEST(PackedCallTest, FeaturesCountTilesMaskRowsAndSegments) {
 }
 
 TEST(PackedCallTest, PackedReadingOfOneSegmentIsSegmentMsAndPackingIsNeverSlower) {
-  const KernelModel m = KernelModel::Default();
+  const KernelModel m = KernelModel::DefaultAnalytic();
   std::mt19937_64 rng(7);
   for (int iter = 0; iter < 200; ++iter) {
     const std::vector<CallSegment> call = RandomCall(rng);

@@ -1,6 +1,6 @@
 // Kernel latency model: how long one CP rank's varlen causal attention call takes.
 //
-//   wlb::KernelModel model = wlb::KernelModel::Default();          // analytic, tile 128
+//   wlb::KernelModel model = wlb::KernelModel::Default();          // measured H100 table
 //   double ms = model.SegmentMs(/*q_len=*/512, /*kv_len=*/2048);   // queries [1536, 2048) of a doc
 //
 //   absl::StatusOr<wlb::KernelModel> measured =
@@ -18,7 +18,7 @@
 //   SegmentMs(q, kv) = PaddedFlops(q, kv) / Throughput(q, kv) + segment_overhead_ms
 //
 // Throughput comes from one of two sources:
-//  - Analytic (the default until a measured table exists): peak * qp / (qp + q_half) *
+//  - Analytic (DefaultAnalytic(), or Analytic() with fitted constants): peak * qp / (qp + q_half) *
 //    kvp / (kvp + kv_half), qp and kvp the lengths padded to the tiles. Few query rows leave the
 //    GPU's SMs idle, hence the q_half term; it makes latency flat for q_len 1..tile_q and lifts
 //    achieved TFLOP/s between 128 and 256 query rows, as the WLB-LLM paper measured. The defaults
@@ -31,6 +31,7 @@
 //    calls: each row gives the throughput PaddedFlops(q_len, kv_len) / ms; other shapes
 //    interpolate it linearly in (log2 q_len, log2 kv_len) and clamp outside the table. The
 //    table's ms already contain the per-call cost, so its per-segment overhead defaults to 0.
+//    Default() is such a table, embedded: wlb's flash kernel forward on an H100, 103 shapes.
 //
 // Latencies are forward-pass milliseconds of one layer for `heads` query heads (heads per GPU
 // after tensor parallelism).
@@ -55,6 +56,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <span>
@@ -134,8 +136,27 @@ struct PackedCallFit {
 // Predicts the latency of causal varlen attention segments; immutable once built.
 class KernelModel {
  public:
-  // The analytic model with the documented defaults.
-  static KernelModel Default() { return KernelModel(AnalyticKernelParams{}); }
+  // The model used when nothing was measured on the user's machine: the single-segment forward
+  // table of wlb's flash kernel on an H100 (docs/results/gpu/h100_kernel_profile_flash.csv,
+  // embedded by tools/gen_default_kernel_profile.py; 32 heads x 128 head_dim, one LLaMA-2-7B
+  // layer). Ranking CP plans needs each shape's cost to about 1%: the analytic curve is 62% off
+  // this table (RMS of log ms), misprices short segments up to 3.5x and, planning adaptive, left
+  // single micro-batches up to 6.7% slower than the fastest plan under the table
+  // (docs/results/cp/balance.md); the analytic model stays available as DefaultAnalytic().
+  static KernelModel Default() {
+    static const KernelModel model = [] {
+      static constexpr KernelProfilePoint kH100Flash[] = {
+#include "wlb/cost/default_kernel_profile.inc"
+      };
+      absl::StatusOr<KernelModel> m = FromProfile(kH100Flash);
+      if (!m.ok()) std::abort();  // the embedded rows are valid (kernel_model_test reads them)
+      return *std::move(m);
+    }();
+    return model;
+  }
+
+  // The analytic model with the documented defaults (see the file comment).
+  static KernelModel DefaultAnalytic() { return KernelModel(AnalyticKernelParams{}); }
 
   // The analytic model with custom constants; errors name the bad constant.
   static absl::StatusOr<KernelModel> Analytic(const AnalyticKernelParams& p) {
@@ -187,15 +208,16 @@ class KernelModel {
     }
     KernelModel m(AnalyticKernelParams{.shape = shape, .segment_overhead_ms = segment_overhead_ms});
     m.analytic_ = false;
-    m.fast_ = false;
     for (const auto& [key, sum_n] : acc) {
       const auto [q, kv] = key;
       const double flops_per_ms = m.PaddedFlops(q, kv) / (sum_n.first / sum_n.second);
-      if (m.rows_.empty() || m.rows_.back().log_q != std::log2(static_cast<double>(q))) {
+      if (m.rows_.empty() || m.rows_.back().q != q) {
         Row row;
+        row.q = q;
         row.log_q = std::log2(static_cast<double>(q));
         m.rows_.push_back(std::move(row));
       }
+      m.rows_.back().kv.push_back(kv);
       m.rows_.back().log_kv.push_back(std::log2(static_cast<double>(kv)));
       m.rows_.back().flops_per_ms.push_back(flops_per_ms);
     }
@@ -328,30 +350,34 @@ class KernelModel {
       return params_.peak_tflops * 1e9 * (qp / (qp + params_.q_half)) *
              (kvp / (kvp + params_.kv_half));
     }
-    const double lq = std::log2(static_cast<double>(std::max<int64_t>(q_len, 1)));
-    const double lkv = std::log2(static_cast<double>(std::max<int64_t>(kv_len, 1)));
-    auto upper = std::upper_bound(rows_.begin(), rows_.end(), lq,
-                                  [](double v, const Row& r) { return v < r.log_q; });
-    if (upper == rows_.begin()) return upper->At(lkv);
-    if (upper == rows_.end()) return rows_.back().At(lkv);
+    // Lengths are searched as integers and log2 taken only to interpolate: a length on the grid
+    // or outside it gives the row or column itself, the bits the interpolation gives there.
+    q_len = std::max<int64_t>(q_len, 1);
+    kv_len = std::max<int64_t>(kv_len, 1);
+    auto upper = std::upper_bound(rows_.begin(), rows_.end(), q_len,
+                                  [](int64_t v, const Row& r) { return v < r.q; });
+    const double lkv = std::log2(static_cast<double>(kv_len));
+    if (upper == rows_.begin()) return upper->At(kv_len, lkv);
     const Row& lo = *(upper - 1);
-    const double w = (lq - lo.log_q) / (upper->log_q - lo.log_q);
-    return (1.0 - w) * lo.At(lkv) + w * upper->At(lkv);
+    if (upper == rows_.end() || lo.q == q_len) return lo.At(kv_len, lkv);
+    const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (upper->log_q - lo.log_q);
+    return (1.0 - w) * lo.At(kv_len, lkv) + w * upper->At(kv_len, lkv);
   }
 
   // Predicted latency (ms) of one segment; 0 for an empty one.
   double SegmentMs(int64_t q_len, int64_t kv_len) const {
     if (q_len <= 0) return 0.0;
     if (fast_ && kv_len > 0) {
-      // The analytic model with power-of-two tiles, tile_q a multiple of tile_k: the same
-      // operations as PaddedFlops / FlopsPerMs (so the same bits), tile divisions as shifts,
-      // constant factors precomputed, and the key factor kvp / (kvp + kv_half) skipped when
+      // Power-of-two tiles, tile_q a multiple of tile_k: the same operations as PaddedFlops (so
+      // the same bits) with tile divisions as shifts and constant factors precomputed; for the
+      // analytic model also FlopsPerMs's, the key factor kvp / (kvp + kv_half) skipped when
       // kv_half is 0 (it is exactly 1 for kvp > 0).
       const int64_t full = q_len >> q_shift_;
       const int64_t offset = kv_len - q_len;
       int64_t blocks = full * CeilShift(offset, k_shift_) + tile_ratio_ * full * (full + 1) / 2;
       if ((q_len & (params_.shape.tile_q - 1)) != 0) blocks += CeilShift(kv_len, k_shift_);
       const double flops = flops_per_block_ * static_cast<double>(blocks);
+      if (!analytic_) return flops / FlopsPerMs(q_len, kv_len) + params_.segment_overhead_ms;
       const double qp = static_cast<double>(CeilShift(q_len, q_shift_) << q_shift_);
       double per_ms = peak_per_ms_ * (qp / (qp + params_.q_half));
       if (params_.kv_half != 0.0) {
@@ -364,17 +390,19 @@ class KernelModel {
   }
 
  private:
-  // One q_len of the table: throughput by log2(kv_len), kv ascending.
+  // One q_len of the table: throughput by kv_len, ascending, interpolated in log2(kv_len).
   struct Row {
+    int64_t q = 0;
     double log_q = 0.0;
+    std::vector<int64_t> kv;
     std::vector<double> log_kv;
     std::vector<double> flops_per_ms;
 
-    double At(double lkv) const {
-      auto upper = std::upper_bound(log_kv.begin(), log_kv.end(), lkv);
-      if (upper == log_kv.begin()) return flops_per_ms.front();
-      if (upper == log_kv.end()) return flops_per_ms.back();
-      const size_t i = static_cast<size_t>(upper - log_kv.begin());
+    double At(int64_t kv_len, double lkv) const {
+      auto upper = std::upper_bound(kv.begin(), kv.end(), kv_len);
+      if (upper == kv.begin()) return flops_per_ms.front();
+      const size_t i = static_cast<size_t>(upper - kv.begin());
+      if (upper == kv.end() || kv[i - 1] == kv_len) return flops_per_ms[i - 1];
       const double w = (lkv - log_kv[i - 1]) / (log_kv[i] - log_kv[i - 1]);
       return (1.0 - w) * flops_per_ms[i - 1] + w * flops_per_ms[i];
     }
@@ -421,7 +449,7 @@ class KernelModel {
 
   AnalyticKernelParams params_;
   bool analytic_ = true;
-  bool fast_ = false;              // SegmentMs's shortcut applies (analytic, power-of-two tiles)
+  bool fast_ = false;              // SegmentMs's shortcut applies (power-of-two tiles)
   int q_shift_ = 0, k_shift_ = 0;  // log2 of the tiles (fast_ only)
   int64_t tile_ratio_ = 1;         // tile_q / tile_k (fast_ only)
   double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k

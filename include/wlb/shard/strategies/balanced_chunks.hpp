@@ -372,8 +372,9 @@ class ChunkLedger {
   std::vector<int64_t> hi_, own_;                 // DocRows' scratch
 };
 
-// balanced-chunks' placement of every item (see the file comment).
-inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r) {
+// balanced-chunks' placement of every item (see the file comment); refine_rounds = 0 stops after
+// the deal (tests).
+inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, int refine_rounds = 2) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(r.cp_size);
@@ -436,7 +437,7 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r) {
                    static_cast<size_t>(s.rank));
     }
   }
-  ledger.Refine(cap, /*rounds=*/2);
+  ledger.Refine(cap, refine_rounds);
   return ledger;
 }
 
