@@ -60,11 +60,10 @@ ABSL_FLAG(std::string, packed_profile, "",
           "balance table: score (and plan) with the packed-call fit of this packed-call profile "
           "(e.g. docs/results/gpu/h100_packed_calls_flash.csv) added to --kernel_profile's model: "
           "a rank's segments as one call, forward + backward, plus its exchange once per pass");
-ABSL_FLAG(bool, plan_with_default_model, false,
-          "balance table: plan with wlb::KernelModel::Default() (uncalibrated) while scoring with "
-          "--kernel_profile");
-ABSL_FLAG(std::string, plan_kernel_profile, "",
-          "balance table: plan with this kernel profile CSV while scoring with --kernel_profile");
+ABSL_FLAG(std::string, plan_with, "",
+          "balance table: plan with another kernel model than the scoring one: 'default' "
+          "(wlb::KernelModel::Default()), 'analytic' (wlb::KernelModel::DefaultAnalytic(), the "
+          "uncalibrated analytic curve) or a kernel profile CSV");
 
 namespace {
 
@@ -280,12 +279,19 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     score = *packed;
     model_name += " with the packed-call fit of " + path;
   }
-  const bool default_plan = absl::GetFlag(FLAGS_plan_with_default_model);
-  wlb::KernelModel plan_model = default_plan ? wlb::KernelModel::Default() : score;
-  if (const std::string path = absl::GetFlag(FLAGS_plan_kernel_profile); !path.empty()) {
-    absl::StatusOr<wlb::KernelModel> table = wlb::ReadKernelProfileCsv(path);
+  wlb::KernelModel plan_model = score;
+  std::string plan_name = "the same model";
+  if (const std::string with = absl::GetFlag(FLAGS_plan_with); with == "default") {
+    plan_model = wlb::KernelModel::Default();
+    plan_name = "wlb::KernelModel::Default()";
+  } else if (with == "analytic") {
+    plan_model = wlb::KernelModel::DefaultAnalytic();
+    plan_name = "wlb::KernelModel::DefaultAnalytic()";
+  } else if (!with.empty()) {
+    absl::StatusOr<wlb::KernelModel> table = wlb::ReadKernelProfileCsv(with);
     if (!table.ok()) return table.status();
     plan_model = *table;
+    plan_name = with;
   }
   std::printf(
       "CP shard strategies at S = 128K, per layer, 16 KiB K/V per token; slowest rank = "
@@ -300,7 +306,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
       score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
                                : "attention forward",
       score.has_packed_calls() ? ", once per pass" : "",
-      default_plan ? "wlb::KernelModel::Default()" : "the same model");
+      plan_name.c_str());
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
