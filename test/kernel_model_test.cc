@@ -1,6 +1,7 @@
 // Tests of include/wlb/cost/kernel_model.hpp.
 #include "wlb/cost/kernel_model.hpp"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -121,46 +122,73 @@ TEST(KernelModelTest, DefaultIsTheEmbeddedH100FlashTable) {
   }
 }
 
-// The table lookup searches lengths as integers and takes log2 only between grid points: its
-// result is the straightforward interpolation in (log2 q_len, log2 kv_len), clamped outside.
+// The table lookup searches lengths as integers, from the first length of their bit width, and
+// takes log2 only between grid points: on random tables its result is the straightforward
+// interpolation in (log2 q_len, log2 kv_len), clamped outside the table.
 TEST(KernelModelTest, TableLookupIsTheLogLogInterpolation) {
-  const std::vector<KernelProfilePoint> points = {{64, 64, 0.01},    {64, 1024, 0.05},
-                                                  {64, 4096, 0.2},   {512, 512, 0.03},
-                                                  {512, 1024, 0.06}, {512, 4096, 0.3}};
-  absl::StatusOr<KernelModel> m = KernelModel::FromProfile(points);
-  ASSERT_TRUE(m.ok());
-  auto rate = [&](int64_t q, int64_t kv) {
-    return m->PaddedFlops(q, kv) / [&] {
-      for (const KernelProfilePoint& p : points)
-        if (p.q_len == q && p.kv_len == kv) return p.ms;
-      return 0.0;
-    }();
-  };
-  auto row = [&](int64_t q, double lkv) {
-    const std::vector<int64_t> kvs =
-        q == 64 ? std::vector<int64_t>{64, 1024, 4096} : std::vector<int64_t>{512, 1024, 4096};
-    if (lkv <= std::log2(kvs.front())) return rate(q, kvs.front());
-    if (lkv >= std::log2(kvs.back())) return rate(q, kvs.back());
-    size_t i = 1;
-    while (std::log2(kvs[i]) <= lkv) ++i;
-    const double w = (lkv - std::log2(kvs[i - 1])) / (std::log2(kvs[i]) - std::log2(kvs[i - 1]));
-    return (1 - w) * rate(q, kvs[i - 1]) + w * rate(q, kvs[i]);
-  };
   std::mt19937_64 rng(62);
-  for (int i = 0; i < 2000; ++i) {
-    const int64_t kv = std::uniform_int_distribution<int64_t>(1, 8192)(rng);
-    const int64_t q = std::uniform_int_distribution<int64_t>(1, kv)(rng);
-    const double lq = std::log2(static_cast<double>(q)), lkv = std::log2(static_cast<double>(kv));
-    double want;
-    if (q <= 64)
-      want = row(64, lkv);
-    else if (q >= 512)
-      want = row(512, lkv);
-    else {
-      const double w = (lq - 6.0) / (9.0 - 6.0);
-      want = (1 - w) * row(64, lkv) + w * row(512, lkv);
+  for (int table = 0; table < 60; ++table) {
+    std::vector<KernelProfilePoint> points;
+    std::vector<int64_t> qs;
+    const int rows = std::uniform_int_distribution<int>(1, 6)(rng);
+    for (int i = 0; i < rows; ++i)
+      qs.push_back(std::uniform_int_distribution<int64_t>(1, 3000)(rng));
+    std::sort(qs.begin(), qs.end());
+    qs.erase(std::unique(qs.begin(), qs.end()), qs.end());
+    // Per q: ascending (kv, FLOPs per ms) with kv >= q.
+    std::vector<std::vector<std::pair<int64_t, double>>> grid;
+    for (int64_t q : qs) {
+      std::vector<int64_t> kvs;
+      const int cols = std::uniform_int_distribution<int>(1, 9)(rng);
+      for (int j = 0; j < cols; ++j) {
+        kvs.push_back(q + std::uniform_int_distribution<int64_t>(0, 40000)(rng));
+      }
+      std::sort(kvs.begin(), kvs.end());
+      kvs.erase(std::unique(kvs.begin(), kvs.end()), kvs.end());
+      grid.emplace_back();
+      for (int64_t kv : kvs) {
+        const double ms = std::uniform_real_distribution<double>(0.01, 5.0)(rng);
+        points.push_back({q, kv, ms});
+        grid.back().push_back({kv, 0.0});
+      }
     }
-    EXPECT_NEAR(m->FlopsPerMs(q, kv), want, 1e-12 * want) << q << " " << kv;
+    absl::StatusOr<KernelModel> m = KernelModel::FromProfile(points);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (size_t i = 0, k = 0; i < qs.size(); ++i) {
+      for (auto& [kv, rate] : grid[i]) rate = m->PaddedFlops(qs[i], kv) / points[k++].ms;
+    }
+    auto row = [&](size_t i, double lkv) {
+      const auto& r = grid[i];
+      if (lkv <= std::log2(static_cast<double>(r.front().first))) return r.front().second;
+      if (lkv >= std::log2(static_cast<double>(r.back().first))) return r.back().second;
+      size_t j = 1;
+      while (std::log2(static_cast<double>(r[j].first)) <= lkv) ++j;
+      const double a = std::log2(static_cast<double>(r[j - 1].first));
+      const double w = (lkv - a) / (std::log2(static_cast<double>(r[j].first)) - a);
+      return (1 - w) * r[j - 1].second + w * r[j].second;
+    };
+    for (int probe = 0; probe < 300; ++probe) {
+      const int64_t kv = std::uniform_int_distribution<int64_t>(1, 50000)(rng);
+      // Probe the grid's own lengths too.
+      const int64_t q = probe % 3 == 0 ? qs[static_cast<size_t>(probe) % qs.size()]
+                                       : std::uniform_int_distribution<int64_t>(1, 4000)(rng);
+      const double lq = std::log2(static_cast<double>(q));
+      const double lkv = std::log2(static_cast<double>(kv));
+      double want = 0.0;
+      if (q <= qs.front()) {
+        want = row(0, lkv);
+      } else if (q >= qs.back()) {
+        want = row(qs.size() - 1, lkv);
+      } else {
+        size_t i = 1;
+        while (qs[i] <= q) ++i;
+        const double a = std::log2(static_cast<double>(qs[i - 1]));
+        const double w = (lq - a) / (std::log2(static_cast<double>(qs[i])) - a);
+        want = (1 - w) * row(i - 1, lkv) + w * row(i, lkv);
+      }
+      ASSERT_NEAR(m->FlopsPerMs(q, kv), want, 1e-12 * want)
+          << "table " << table << " q " << q << " kv " << kv;
+    }
   }
 }
 

@@ -225,7 +225,8 @@ void BindCost(nb::module_& m) {
       .def(
           "__init__",
           [](wlb::KernelModel* self) { new (self) wlb::KernelModel(wlb::KernelModel::Default()); },
-          "The analytic default (tile 128, 32 heads x 128, FlashAttention-2 H100 fit).")
+          "The default: wlb's flash kernel forward measured on an H100 (an embedded table, tile "
+          "128, 32 heads x 128); KernelModel.analytic() is the analytic curve.")
       .def_static(
           "analytic",
           [](int64_t heads, int64_t head_dim, int64_t tile_q, int64_t tile_k, double peak_tflops,

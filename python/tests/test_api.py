@@ -62,11 +62,15 @@ def test_cost_model_from_profile(tmp_path):
 
 
 def test_kernel_models(tmp_path):
+    # The default is the measured H100 table: a 128-row segment over 4096 keys as timed.
     default = wlb.KernelModel()
-    assert default.tile_q == 128 and default.analytic_model
+    assert default.tile_q == 128 and not default.analytic_model
+    assert default.segment_ms(128, 4096) == pytest.approx(0.135779, rel=1e-9)
+    analytic = wlb.KernelModel.analytic()
+    assert analytic.analytic_model
     # Flat latency for query shards of 1..128 tokens (one tile), as the paper measured.
-    assert default.segment_ms(16, 4096) == pytest.approx(default.segment_ms(128, 4096))
-    assert default.segment_ms(256, 4096) > default.segment_ms(128, 4096)
+    assert analytic.segment_ms(16, 4096) == pytest.approx(analytic.segment_ms(128, 4096))
+    assert analytic.segment_ms(256, 4096) > analytic.segment_ms(128, 4096)
     csv = tmp_path / "kernel.csv"
     csv.write_text("q_len,kv_len,ms\n128,128,0.01\n128,4096,0.1\n1024,4096,0.5\n")
     table = wlb.KernelModel.from_profile(str(csv))

@@ -54,6 +54,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -221,6 +222,11 @@ class KernelModel {
       m.rows_.back().log_kv.push_back(std::log2(static_cast<double>(kv)));
       m.rows_.back().flops_per_ms.push_back(flops_per_ms);
     }
+    for (Row& row : m.rows_) {
+      row.kv_starts.Build(row.kv);
+      m.row_q_.push_back(row.q);
+    }
+    m.row_starts_.Build(m.row_q_);
     return m;
   }
 
@@ -354,14 +360,14 @@ class KernelModel {
     // or outside it gives the row or column itself, the bits the interpolation gives there.
     q_len = std::max<int64_t>(q_len, 1);
     kv_len = std::max<int64_t>(kv_len, 1);
-    auto upper = std::upper_bound(rows_.begin(), rows_.end(), q_len,
-                                  [](int64_t v, const Row& r) { return v < r.q; });
+    const size_t upper = row_starts_.UpperBound(row_q_, q_len);
     const double lkv = std::log2(static_cast<double>(kv_len));
-    if (upper == rows_.begin()) return upper->At(kv_len, lkv);
-    const Row& lo = *(upper - 1);
-    if (upper == rows_.end() || lo.q == q_len) return lo.At(kv_len, lkv);
-    const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (upper->log_q - lo.log_q);
-    return (1.0 - w) * lo.At(kv_len, lkv) + w * upper->At(kv_len, lkv);
+    if (upper == 0) return rows_.front().At(kv_len, lkv);
+    const Row& lo = rows_[upper - 1];
+    if (upper == rows_.size() || lo.q == q_len) return lo.At(kv_len, lkv);
+    const Row& hi = rows_[upper];
+    const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (hi.log_q - lo.log_q);
+    return (1.0 - w) * lo.At(kv_len, lkv) + w * hi.At(kv_len, lkv);
   }
 
   // Predicted latency (ms) of one segment; 0 for an empty one.
@@ -390,6 +396,26 @@ class KernelModel {
   }
 
  private:
+  // std::upper_bound over ascending lengths >= 1, started at the first length of x's bit width
+  // (a table has a few lengths per octave, so the scan after it is short).
+  struct OctaveStarts {
+    std::array<uint32_t, 65> first{};  // by bit width: index of the first length >= 2^(width-1)
+
+    void Build(const std::vector<int64_t>& v) {
+      for (int width = 0; width <= 64; ++width) {
+        const int64_t least = width == 0 ? 0 : width > 63 ? kMaxLength : int64_t{1} << (width - 1);
+        first[static_cast<size_t>(width)] =
+            static_cast<uint32_t>(std::lower_bound(v.begin(), v.end(), least) - v.begin());
+      }
+    }
+    size_t UpperBound(const std::vector<int64_t>& v, int64_t x) const {
+      size_t i = first[static_cast<size_t>(std::bit_width(static_cast<uint64_t>(x)))];
+      while (i < v.size() && v[i] <= x) ++i;
+      return i;
+    }
+    static constexpr int64_t kMaxLength = std::numeric_limits<int64_t>::max();
+  };
+
   // One q_len of the table: throughput by kv_len, ascending, interpolated in log2(kv_len).
   struct Row {
     int64_t q = 0;
@@ -397,12 +423,12 @@ class KernelModel {
     std::vector<int64_t> kv;
     std::vector<double> log_kv;
     std::vector<double> flops_per_ms;
+    OctaveStarts kv_starts;
 
     double At(int64_t kv_len, double lkv) const {
-      auto upper = std::upper_bound(kv.begin(), kv.end(), kv_len);
-      if (upper == kv.begin()) return flops_per_ms.front();
-      const size_t i = static_cast<size_t>(upper - kv.begin());
-      if (upper == kv.end() || kv[i - 1] == kv_len) return flops_per_ms[i - 1];
+      const size_t i = kv_starts.UpperBound(kv, kv_len);
+      if (i == 0) return flops_per_ms.front();
+      if (i == kv.size() || kv[i - 1] == kv_len) return flops_per_ms[i - 1];
       const double w = (lkv - log_kv[i - 1]) / (log_kv[i] - log_kv[i - 1]);
       return (1.0 - w) * flops_per_ms[i - 1] + w * flops_per_ms[i];
     }
@@ -455,6 +481,8 @@ class KernelModel {
   double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k
   double peak_per_ms_ = 0.0;       // peak_tflops * 1e9
   std::vector<Row> rows_;          // q_len ascending (table models only)
+  std::vector<int64_t> row_q_;     // rows_[i].q
+  OctaveStarts row_starts_;        // over row_q_
   bool has_packed_ = false;        // packed_ holds a packed-call fit
   PackedCallFit packed_;
 };
