@@ -75,7 +75,10 @@ def case_tensors(case, tokens):
 
 def plan_options(case):
     """doc-degree cases with "pair_model": a tile-1 kernel model without per-segment overhead and
-    a fast link, so that even the tests' short documents get sharded over rank groups."""
+    a fast link, so that even the tests' short documents get sharded over rank groups; with
+    "analytic_model": the analytic curve (KernelModel.analytic())."""
+    if case.get("analytic_model"):
+        return {"kernel_model": wlb.KernelModel.analytic()}
     if not case.get("pair_model"):
         return {}
     return {"kernel_model": wlb.KernelModel.analytic(tile_q=1, tile_k=1, q_half=0.0,

@@ -186,7 +186,12 @@ def masked_cases(world, seed):
                 mask = f"{kind}:{size}"
                 q_heads, kv_heads = [(2, 2), (8, 2), (4, 1)][len(cases) % 3]
                 case = {"packer": packer, "lengths": lengths, "strategy": strategy,
-                        "layer_mix": mask, "pair_model": strategy == "doc-degree" and i % 2 == 0,
+                        # doc-degree's cases cycle through the tile-1 model, the analytic
+                        # curve and the default: the first two shard even these short documents
+                        # (its greedy plan runs), the measured default rarely does
+                        "layer_mix": mask,
+                        "pair_model": strategy == "doc-degree" and len(cases) % 3 == 0,
+                        "analytic_model": strategy == "doc-degree" and len(cases) % 3 == 1,
                         "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                         "kv_heads": kv_heads, "head_dim": 4}
                 if len(cases) % 4 == 3:  # one layer kind of a mix
