@@ -152,7 +152,10 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
               wlb::PlanShards(mb, c, strategies[k], kernel, options);
           if (!plan.ok()) return plan.status();
           const wlb::CpPrediction p = wlb::PredictCp(*plan, kernel, options);
-          if (plan->strategy == wlb::ShardStrategy("doc-degree")) ++greedy;
+          if (strategies[k] == wlb::ShardStrategy("doc-degree") &&
+              plan->strategy == wlb::ShardStrategy("doc-degree")) {
+            ++greedy;
+          }
           total_ms += p.max_ms;
           attention_ms += p.attention_max_ms;
           received += p.exchanged_bytes;
@@ -453,8 +456,8 @@ absl::Status Run() {
       "max-rank latency in ms, means over micro-batches.\n\n",
       shared->spec.packer.c_str(), n, source.c_str(), static_cast<long long>(steps));
   std::printf(
-      "| S | C%s | ordering closes of the per-seq -> per-doc imbalance gap | adaptive picks "
-      "ordered / per-doc / hybrid |\n%s\n",
+      "| S | C%s | ordering closes of the per-seq -> per-doc imbalance gap | adaptive's plans "
+      "|\n%s\n",
       HeaderCells(kStrategies).c_str(), Rule(2 + std::size(kStrategies) + 2).c_str());
   std::vector<std::string> csv;
   for (int64_t k : {32, 64, 128, 160}) {
@@ -493,13 +496,14 @@ absl::Status Run() {
       const double gap = imbalance[0] - imbalance[2];
       const std::string closed =
           gap > 0 ? absl::StrFormat("%.0f%%", 100.0 * (imbalance[0] - imbalance[1]) / gap) : "-";
-      std::printf(
-          "%s | %s |\n", line.c_str(),
-          absl::StrFormat("%s | %d / %d / %d of %d", closed,
-                          adaptive.count(wlb::ShardStrategy("per-seq-ordered")),
-                          adaptive.count(wlb::ShardStrategy("per-doc")),
-                          adaptive.count(wlb::ShardStrategy("hybrid")), adaptive.micro_batches)
-              .c_str());
+      std::string picks;  // "12 doc-degree, 3 per-seq-ordered": what adaptive's plans recorded
+      for (wlb::ShardStrategy p : wlb::ShardStrategy::All()) {
+        if (adaptive.count(p) == 0) continue;
+        picks += absl::StrFormat("%s%d %s", picks.empty() ? "" : ", ", adaptive.count(p),
+                                 wlb::ShardStrategyName(p));
+      }
+      std::printf("%s | %s | %s of %d |\n", line.c_str(), closed.c_str(), picks.c_str(),
+                  adaptive.micro_batches);
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
