@@ -308,8 +308,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
       model_name.c_str(),
       score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
                                : "attention forward",
-      score.has_packed_calls() ? ", once per pass" : "",
-      plan_name.c_str());
+      score.has_packed_calls() ? ", once per pass" : "", plan_name.c_str());
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
