@@ -72,7 +72,7 @@ struct PlanSpec {
   int32_t cp = -1;  // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
-  std::string kernel_profile;  // empty: the analytic kernel model
+  std::string kernel_profile;  // empty: KernelModel::Default() (the measured H100 flash table)
 
   // What else the caller does with this spec (wlb-plan's table compares against wlb with these
   // thresholds; --estimate uses the CP settings): options those use are not "unused".
@@ -92,7 +92,7 @@ struct PlanSpec {
   // The cost model `cost` and `profile_cost` name (reads a profile CSV).
   absl::StatusOr<DocumentCost> MakeCost() const;
 
-  // The kernel model of `kernel_profile` (reads the CSV), or the analytic default.
+  // The kernel model of `kernel_profile` (reads the CSV), or KernelModel::Default().
   absl::StatusOr<KernelModel> MakeKernelModel() const;
 };
 
@@ -370,7 +370,8 @@ inline constexpr PlanSetting kPlanSettings[] = {
      detail::ParseMember<&PlanSpec::cp_link_gbps>, detail::ShowMember<&PlanSpec::cp_link_gbps>},
     {"kernel_profile", SettingType::kString, "CP shard plans",
      "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty "
-     "= the analytic default (tile 128)",
+     "= the default (CP plans: the measured H100 flash table; --estimate: the analytic curve for "
+     "the model's heads)",
      0, nullptr, nullptr, kWlbPlanFlag, "kernels.csv",
      detail::ParseMember<&PlanSpec::kernel_profile>, detail::ShowMember<&PlanSpec::kernel_profile>},
 };
