@@ -62,6 +62,9 @@ using namespace wlb::cuda;  // NOLINT: a small program
 
 struct Measured {
   std::vector<double> fwd_ms, bwd_ms;  // per rank, median over iterations
+  // Per rank, median: the forward's key-row gathers and the backward's dK/dV sums (apart from
+  // fwd_ms / bwd_ms, which time the attention kernels alone).
+  std::vector<double> gather_ms, key_gradients_ms;
   double max_ms = 0;                   // max over ranks of fwd + bwd
   double imbalance = 1;                // max / mean of fwd + bwd
   wlb::ExchangeKind exchange = wlb::ExchangeKind::kAllGather;
@@ -93,7 +96,7 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
     if (absl::Status s = (*run)->Rerun(true); !s.ok()) return s;
   }
   const size_t c = size_t(plan.cp_size);
-  std::vector<std::vector<double>> f(c), b(c);
+  std::vector<std::vector<double>> f(c), b(c), g(c), kg(c);
   for (int i = 0; i < iters; ++i) {
     if (absl::Status s = (*run)->Rerun(true); !s.ok()) return s;
     absl::StatusOr<std::vector<CpRankTimes>> times = (*run)->executor().RankTimes();
@@ -101,12 +104,16 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
     for (const CpRankTimes& x : *times) {
       f[size_t(x.rank)].push_back(x.forward_ms);
       b[size_t(x.rank)].push_back(x.backward_ms);
+      g[size_t(x.rank)].push_back(x.gather_ms);
+      kg[size_t(x.rank)].push_back(x.key_gradients_ms);
     }
   }
   std::vector<double> total;
   for (size_t r = 0; r < c; ++r) {
     m.fwd_ms.push_back(Median(f[r]));
     m.bwd_ms.push_back(Median(b[r]));
+    m.gather_ms.push_back(Median(g[r]));
+    m.key_gradients_ms.push_back(Median(kg[r]));
     total.push_back(m.fwd_ms.back() + m.bwd_ms.back());
   }
   m.max_ms = *std::max_element(total.begin(), total.end());
@@ -272,16 +279,22 @@ int main(int argc, char** argv) {
         "received %.2f MB (counted = predicted); all-gather %.2f MB\n",
         long(i), name.c_str(), wlb::ExchangeKindName(r->exchange), max_sent / 1e6,
         max_received / 1e6, gather / 1e6);
-    std::string fwd, bwd, pred;
+    std::string fwd, bwd, pred, keys, gathers, key_gradients;
     for (size_t rank = 0; rank < r->fwd_ms.size(); ++rank) {
       fwd += absl::StrFormat(" %.3f", r->fwd_ms[rank]);
       bwd += absl::StrFormat(" %.3f", r->bwd_ms[rank]);
       pred += absl::StrFormat(" %.3f", predicted[rank]);
+      keys += absl::StrFormat(" %d", plan.ranks[rank].cu_seqlens_k.back());
+      gathers += absl::StrFormat(" %.3f", r->gather_ms[rank]);
+      key_gradients += absl::StrFormat(" %.3f", r->key_gradients_ms[rank]);
     }
     const std::string chosen(wlb::ShardStrategyName(plan.strategy));
     std::printf("mb %ld %-15s max fwd+bwd %8.3f ms  imbalance %.3f  fwd ms [%s ]  bwd ms [%s ]%s\n",
                 long(i), name.c_str(), r->max_ms, r->imbalance, fwd.c_str(), bwd.c_str(),
                 chosen == name ? "" : absl::StrFormat("  (%s's plan)", chosen).c_str());
+    // The copies each segment's keys [0, end) cost, beside the attention kernels' time.
+    std::printf("mb %ld %-15s key rows [%s ]  gather ms [%s ]  dK/dV sums ms [%s ]\n", long(i),
+                name.c_str(), keys.c_str(), gathers.c_str(), key_gradients.c_str());
     if (js.is_open()) {
       const auto list = [](const std::string& v) {
         return absl::StrReplaceAll(absl::StripLeadingAsciiWhitespace(v), {{" ", ","}});
@@ -291,11 +304,13 @@ int main(int argc, char** argv) {
           "\"%s\",\"chosen\":\"%s\","
           "\"max_ms\":%.4f,\"imbalance\":%.4f,\"fwd_ms\":[%s],\"bwd_ms\":[%s],"
           "\"predicted_fwd_ms\":[%s],\"exchange\":\"%s\",\"max_sent_bytes\":%d,"
-          "\"max_received_bytes\":%d,\"allgather_bytes\":%d,\"kv_one_collective\":%s}\n",
+          "\"max_received_bytes\":%d,\"allgather_bytes\":%d,\"kv_one_collective\":%s,"
+          "\"key_rows\":[%s],\"gather_ms\":[%s],\"key_gradients_ms\":[%s]}\n",
           AttentionKernelName(kernel), CpScheduleName(*schedule), cp, i, plan.tokens, name, chosen,
           r->max_ms, r->imbalance, list(fwd), list(bwd), list(pred),
           wlb::ExchangeKindName(r->exchange), max_sent, max_received, gather,
-          options.kv_one_collective ? "true" : "false");
+          options.kv_one_collective ? "true" : "false", list(keys), list(gathers),
+          list(key_gradients));
       js.flush();
     }
     return r;

@@ -62,7 +62,8 @@ absl::Status ZeroRowsFrom(const ThdTensor<T>& t, int64_t first, cudaStream_t str
   return absl::OkStatus();
 }
 
-// Timing events of a rank: begin and end of each kernel part.
+// Timing events of a rank: begin and end of each kernel part, and of the key rows' gather
+// (forward) and their gradients' sums (backward).
 enum TimingEvent {
   kForwardDiagonalBegin,
   kForwardDiagonalEnd,
@@ -72,6 +73,12 @@ enum TimingEvent {
   kBackwardDiagonalEnd,
   kBackwardBegin,
   kBackwardEnd,
+  kGatherBegin,
+  kGatherEnd,
+  kKeyGradientsBegin,  // the first sum of the gathered rows' dK/dV (all of it under the all-gather)
+  kKeyGradientsEnd,
+  kOwnKeyGradientsBegin,  // row-exact: the own rows' sum, after the diagonal's backward
+  kOwnKeyGradientsEnd,
   kTimingEvents
 };
 
@@ -263,10 +270,12 @@ absl::Status CpExecutor::Forward(absl::Span<const CpForwardTensors> t) {
     if (r.attention.has_value()) {
       const int64_t total_k = r.maps->problem.total_k();
       auto* kr = static_cast<const int32_t*>(r.key_rows.get());
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kGatherBegin], r.stream));
       WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_k.get(), kr, total_k, kv_row_bytes,
                                                         r.k.get(), r.stream));
       WLB_CUDA_RETURN_IF_ERROR(detail::LaunchGatherRows(r.source_v.get(), kr, total_k, kv_row_bytes,
                                                         r.v.get(), r.stream));
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kGatherEnd], r.stream));
       ForwardTensors f;
       f.k = {static_cast<const __nv_bfloat16*>(r.k.get()), total_k, kh, d};
       f.v = {static_cast<const __nv_bfloat16*>(r.v.get()), total_k, kh, d};
@@ -514,12 +523,12 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     // key). Row-exact: the received rows first, which only the problem's keys touch, so their
     // return overlaps the diagonal's backward; the own rows after it. All-gather: every row,
     // after it.
-    if (row_exact) {
-      if (absl::Status s = SumKeyGradients(r, tokens, r.maps->source_rows); !s.ok()) return s;
-    } else {
-      WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
-      if (absl::Status s = SumKeyGradients(r, 0, r.maps->source_rows); !s.ok()) return s;
+    if (!row_exact) WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kKeyGradientsBegin], r.stream));
+    if (absl::Status s = SumKeyGradients(r, row_exact ? tokens : 0, r.maps->source_rows); !s.ok()) {
+      return s;
     }
+    WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kKeyGradientsEnd], r.stream));
   }
   if (absl::Status s = SendKvGradients(); !s.ok()) return s;
   const int64_t count = cap * kh * d;
@@ -528,7 +537,9 @@ absl::Status CpExecutor::Backward(absl::Span<const CpBackwardTensors> t) {
     WLB_CUDA_RETURN_IF_ERROR(cudaSetDevice(r.device));
     WLB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(r.stream, r.diagonal_done));
     if (row_exact) {
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kOwnKeyGradientsBegin], r.stream));
       if (absl::Status s = SumKeyGradients(r, 0, r.maps->tokens); !s.ok()) return s;
+      WLB_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.timing[kOwnKeyGradientsEnd], r.stream));
       if (absl::Status s = AddReturnedKvGradients(r); !s.ok()) return s;
     }
     if (split) {  // the prefixes' dQ onto the diagonal's
@@ -559,8 +570,18 @@ absl::StatusOr<std::vector<CpRankTimes>> CpExecutor::RankTimes() const {
       return ms;
     };
     const bool whole = r.attention.has_value(), diagonal = r.diagonal.has_value();
+    const bool row_exact = maps_.exchange == ExchangeKind::kRowExact;
     CpRankTimes t;
     t.rank = r.maps->rank;
+    for (auto [ms, ran, begin, end] :
+         {std::tuple{&t.gather_ms, whole, kGatherBegin, kGatherEnd},
+          std::tuple{&t.key_gradients_ms, r.backward_ran, kKeyGradientsBegin, kKeyGradientsEnd},
+          std::tuple{&t.key_gradients_ms, r.backward_ran && row_exact, kOwnKeyGradientsBegin,
+                     kOwnKeyGradientsEnd}}) {
+      absl::StatusOr<float> part = elapsed(ran, begin, end);
+      if (!part.ok()) return part.status();
+      *ms += *part;
+    }
     for (auto [ms, ran, begin, end] :
          {std::tuple{&t.forward_ms, whole, kForwardBegin, kForwardEnd},
           std::tuple{&t.forward_ms, diagonal, kForwardDiagonalBegin, kForwardDiagonalEnd},

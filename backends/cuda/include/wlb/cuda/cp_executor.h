@@ -55,11 +55,16 @@ struct CpBackwardTensors {
 };
 
 // Kernel time of one rank's varlen attention (0 for a rank without segments; under the split
-// schedule the diagonal's and the prefixes' kernel times added).
+// schedule the diagonal's and the prefixes' kernel times added), and apart from it the copies
+// its key rows cost: every segment reads its keys [0, its end) from one contiguous run, so the
+// forward gathers cu_seqlens_k.back() K and V rows (a document's rows once per segment that
+// sees them) and the backward sums their dK/dV back onto the source rows.
 struct CpRankTimes {
   int rank = 0;
   float forward_ms = 0.0f;
-  float backward_ms = 0.0f;  // 0 until Backward ran
+  float backward_ms = 0.0f;       // 0 until Backward ran
+  float gather_ms = 0.0f;         // the forward's K and V row gathers
+  float key_gradients_ms = 0.0f;  // the backward's dK/dV sums onto the source rows (0 before)
 };
 
 struct CpExecutorOptions {
