@@ -31,6 +31,10 @@
 // default) predicts forward ms per rank; its error is reported against measured forward ms.
 // The K/V bytes each plan's forward moved per rank, as the communicator counted them, are
 // printed beside the planner's prediction (the bench fails if they differ) and the all-gather's.
+// Apart from the kernels each rank's key-row copies are timed (CpRankTimes::gather_ms and
+// key_gradients_ms: every segment's keys [0, end) are gathered into one contiguous run, so a rank
+// copies cu_seqlens_k.back() K and V rows forward and sums as many dK/dV rows backward); the last
+// lines give their cost per 1000 key rows, the price the kernel model leaves out.
 // Output is line-buffered and every JSON line flushed, so a run killed by `timeout` keeps every
 // micro-batch it finished; with --kernel=cudnn the last line says how many cuDNN graphs were
 // built and the seconds that took.
@@ -234,6 +238,8 @@ int main(int argc, char** argv) {
     int err_n = 0, err_max_n = 0;
   };
   std::map<std::string, Totals> total;
+  // Over every rank run measured (reused runs counted once): key rows and their copies' ms.
+  double copied_rows = 0, gather_total_ms = 0, key_gradients_total_ms = 0;
   std::ofstream js;
   if (!json.empty()) js.open(json);
   // Runs one plan of micro-batch i (or reuses `reuse`), checks the counted K/V bytes against the
@@ -287,6 +293,11 @@ int main(int argc, char** argv) {
       keys += absl::StrFormat(" %d", plan.ranks[rank].cu_seqlens_k.back());
       gathers += absl::StrFormat(" %.3f", r->gather_ms[rank]);
       key_gradients += absl::StrFormat(" %.3f", r->key_gradients_ms[rank]);
+      if (reuse == nullptr) {
+        copied_rows += static_cast<double>(plan.ranks[rank].cu_seqlens_k.back());
+        gather_total_ms += r->gather_ms[rank];
+        key_gradients_total_ms += r->key_gradients_ms[rank];
+      }
     }
     const std::string chosen(wlb::ShardStrategyName(plan.strategy));
     std::printf("mb %ld %-15s max fwd+bwd %8.3f ms  imbalance %.3f  fwd ms [%s ]  bwd ms [%s ]%s\n",
@@ -398,6 +409,14 @@ int main(int argc, char** argv) {
         100 * (paper_oracle_total / adaptive_total - 1));
   }
   std::printf("\n");
+  if (copied_rows > 0) {
+    std::printf(
+        "key rows' copies (every segment's keys [0, end), %ld K/V heads x %ld): forward gather "
+        "%.3f us, backward dK/dV sums %.3f us per 1000 key rows (%.0f rows over the rank runs "
+        "measured)\n",
+        long(kv_heads), long(dim), 1e3 * gather_total_ms / (copied_rows / 1e3),
+        1e3 * key_gradients_total_ms / (copied_rows / 1e3), copied_rows);
+  }
   if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());
   return 0;
 }
