@@ -447,7 +447,7 @@ cp_stage() {
     [[ -n "${caps[${stage}:cp_bench_c${n}]:-}" ]] || { say "${stage}: no cap for C = ${n}"; rc=1; continue; }
     run "${stage}" "cp_bench_c${n}" "${dev}/bin/wlb_cuda_cp_bench" --kernel="${kernel}" --cp=${n} \
       --micro_batches="${cp_mbs}" "${passes[@]}" "${profile[@]}" --json="${c}/cp_bench_c${n}.jsonl" || rc=1
-    tail -10 "${c}/cp_bench_c${n}.log" >>"${summary}"
+    tail -11 "${c}/cp_bench_c${n}.log" >>"${summary}"
   done
   # The paths awaiting their first GPU run on the same plans at C = 4, against the default rows
   # above (whole schedule, all-gather, K and V one collective each: what ran): the split schedule,
@@ -456,12 +456,12 @@ cp_stage() {
   run "${stage}" cp_bench_split_c4 "${dev}/bin/wlb_cuda_cp_bench" --kernel="${kernel}" --cp=4 \
     --schedule=split --exchange=rule --kv_one_collective=1 --micro_batches="${cp_mbs}" \
     "${passes[@]}" "${profile[@]}" --json="${c}/cp_bench_split_c4.jsonl" || rc=1
-  tail -10 "${c}/cp_bench_split_c4.log" >>"${summary}"
+  tail -11 "${c}/cp_bench_split_c4.log" >>"${summary}"
   if [[ ${kernel} == flash ]]; then
     # The analytic model's error on the same kind of micro-batch (its plans may differ).
     run "${stage}" cp_bench_analytic_c4 "${dev}/bin/wlb_cuda_cp_bench" --cp=4 --micro_batches=1 \
       "${passes[@]}" --json="${c}/cp_bench_analytic_c4.jsonl" || rc=1
-    tail -8 "${c}/cp_bench_analytic_c4.log" >>"${summary}"
+    tail -9 "${c}/cp_bench_analytic_c4.log" >>"${summary}"
   fi
   run "${stage}" cp_end_to_end "${dev}/bin/wlb_cuda_cp_end_to_end" --kernel="${kernel}" \
     "${lengths[@]}" || rc=1
