@@ -60,6 +60,11 @@ ABSL_FLAG(std::string, packed_profile, "",
           "balance table: score (and plan) with the packed-call fit of this packed-call profile "
           "(e.g. docs/results/gpu/h100_packed_calls_flash.csv) added to --kernel_profile's model: "
           "a rank's segments as one call, forward + backward, plus its exchange once per pass");
+ABSL_FLAG(double, gather_gbps, 0.0,
+          "balance table, a what-if (> 0; without --packed_profile): score each rank also with "
+          "the copy of its gathered key rows (cu_seqlens_k.back() rows of K/V read and written "
+          "once at this memory bandwidth, GB/s; e.g. 3350, an H100 SXM's HBM3 peak), which the "
+          "kernel model leaves out; plans are not changed");
 ABSL_FLAG(std::string, plan_with, "",
           "balance table: plan with another kernel model than the scoring one: 'default' "
           "(wlb::KernelModel::Default()), 'analytic' (wlb::KernelModel::DefaultAnalytic(), the "
@@ -282,6 +287,14 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     score = *packed;
     model_name += " with the packed-call fit of " + path;
   }
+  const double gather_gbps = absl::GetFlag(FLAGS_gather_gbps);
+  if (gather_gbps < 0.0 || !std::isfinite(gather_gbps) ||
+      (gather_gbps > 0.0 && score.has_packed_calls())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--gather_gbps must be >= 0 and finite, and is for the forward scoring only (no "
+        "--packed_profile), got %g",
+        gather_gbps));
+  }
   wlb::KernelModel plan_model = score;
   std::string plan_name = "the same model";
   if (const std::string with = absl::GetFlag(FLAGS_plan_with); with == "default") {
@@ -308,7 +321,14 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
       model_name.c_str(),
       score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
                                : "attention forward",
-      score.has_packed_calls() ? ", once per pass" : "", plan_name.c_str());
+      score.has_packed_calls() ? ", once per pass"
+      : gather_gbps > 0.0
+          ? absl::StrFormat(" + (what-if, --gather_gbps) the copy of the rank's gathered "
+                            "key rows, read and written once at %g GB/s",
+                            gather_gbps)
+                .c_str()
+          : "",
+      plan_name.c_str());
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
@@ -376,6 +396,16 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
             BalanceRow& row = rows[k];
             ms[k] = wlb::AdaptivePriceMs(*plan, score, p);
+            if (gather_gbps > 0.0) {  // each rank's key rows copied once (read + write)
+              const double row_bytes = static_cast<double>(options.comm.RowBytes(score));
+              ms[k] = 0.0;
+              for (const wlb::RankShard& r : plan->ranks) {
+                const double copy_ms = 2.0 * row_bytes *
+                                       static_cast<double>(r.cu_seqlens_k.back()) /
+                                       (gather_gbps * 1e9) * 1e3;
+                ms[k] = std::max(ms[k], p.rank_ms[static_cast<size_t>(r.rank)] + copy_ms);
+              }
+            }
             if (k < strategies) ++row.picks[plan->strategy.row()];
             capped[k] = plan->rank_capacity <= cap;
             row.max_ms += ms[k];
