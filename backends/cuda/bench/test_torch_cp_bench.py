@@ -54,6 +54,11 @@ def test_check_passes_and_every_row_is_written(tmp_path, capsys):
             [rk.predicted_ms for rk in plan.ranks], abs=1e-4)
         for rk, f in zip(plan.ranks, r["fwd_ms"]):
             assert (f > 0) == (rk.tokens > 0)  # a rank without queries is not timed
+        # The key rows' copies: as many rows as the rank's varlen call reads, timed apart.
+        assert r["key_rows"] == [int(rk.cu_seqlens_k[-1]) for rk in plan.ranks]
+        assert r["key_rows"] == [len(rk.key_indices) for rk in plan.ranks]
+        for rk, g, kg in zip(plan.ranks, r["gather_ms"], r["key_gradients_ms"]):
+            assert (g > 0) == (kg > 0) == (rk.tokens > 0)
         assert r["max_ms"] == pytest.approx(max(f + b for f, b in zip(r["fwd_ms"], r["bwd_ms"])),
                                             abs=1e-3)
 

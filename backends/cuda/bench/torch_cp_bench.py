@@ -21,6 +21,9 @@ on the micro-batches and plans of wlb_cuda_cp_bench, for a side-by-side comparis
    backend ``cp_attention`` picks for the device and dtype (``varlen`` on CUDA for bf16), one rank
    at a time (cp_bench's ``isolate_ranks``), forward and backward (``torch.autograd.grad``) timed
    with CUDA events: --warmup untimed, then the median of --iters. No collectives are timed.
+   Apart from the attention, each rank's key-row copies are timed the same way (``gather_ms``:
+   its K and V rows ``index_select``-ed into one contiguous run, every segment's keys [0, end);
+   ``key_gradients_ms``: as many dK/dV rows ``index_add_``-ed back in float32), with ``key_rows``.
    One JSON line per (C, micro-batch, strategy), cp_bench's fields plus ``backend``.
 3. --compare FILE...: cp_bench JSON lines of the same run's cp stage: summed slowest-rank ms per
    (C, strategy) for wlb's kernels next to PyTorch's. Rows are paired only where both predicted the
@@ -257,6 +260,7 @@ def bench(torch, wlb, attention, a, device, dtype, model, js):
     from wlb.torch.attention import select_backend
     backend = select_backend(torch.device(device), dtype, a.backend)
     q, k, v, d_out = random_inputs(torch, a.tokens, a, device, dtype, a.seed + 1)
+    dk_sum, dv_sum = (torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v))
     totals = defaultdict(float)
     for c in a.cp:
         err = defaultdict(list)
@@ -266,14 +270,26 @@ def bench(torch, wlb, attention, a, device, dtype, model, js):
             best = None
             for strategy in a.strategies:
                 plan = plan_like_cp_bench(wlb, lengths, c, strategy, model)
-                fwd, bwd, pred = [], [], []
+                fwd, bwd, pred, keys, gather, key_grads = [], [], [], [], [], []
                 for r in range(c):
                     rank = Rank(torch, plan, r, device)
                     pred.append(rank.predicted_ms)
+                    keys.append(int(rank.keys.numel()))
                     if rank.tokens == 0:
                         fwd.append(0.0)
                         bwd.append(0.0)
+                        gather.append(0.0)
+                        key_grads.append(0.0)
                         continue
+
+                    def copies(rank=rank):
+                        kk, vv = k.index_select(0, rank.keys), v.index_select(0, rank.keys)
+                        return lambda: (dk_sum.index_add_(0, rank.keys, kk.float()),
+                                        dv_sum.index_add_(0, rank.keys, vv.float()))
+
+                    g, kg = time_ms(torch, device, copies, a.warmup, a.iters)
+                    gather.append(g)
+                    key_grads.append(kg)
                     qr = q.index_select(0, rank.rows)
                     kr, vr = k.index_select(0, rank.keys), v.index_select(0, rank.keys)
                     dr = d_out.index_select(0, rank.rows)
@@ -299,12 +315,16 @@ def bench(torch, wlb, attention, a, device, dtype, model, js):
                 chosen = plan.strategy
                 print(f"C={c} mb {i} {strategy:<15} ({chosen:<15}) max fwd+bwd {max_ms:9.3f} ms  "
                       f"imbalance {imbalance:.3f}  fwd ms [{' '.join(f'{x:.3f}' for x in fwd)}]  "
-                      f"bwd ms [{' '.join(f'{x:.3f}' for x in bwd)}]")
+                      f"bwd ms [{' '.join(f'{x:.3f}' for x in bwd)}]  key rows {keys}  "
+                      f"gather ms [{' '.join(f'{x:.3f}' for x in gather)}]  dK/dV sums ms "
+                      f"[{' '.join(f'{x:.3f}' for x in key_grads)}]")
                 row = {"kernel": f"torch-{backend}", "backend": backend, "cp": c, "mb": i,
                        "tokens": sum(lengths), "strategy": strategy, "chosen": chosen,
                        "max_ms": round(max_ms, 4), "imbalance": round(imbalance, 4),
                        "fwd_ms": [round(x, 4) for x in fwd], "bwd_ms": [round(x, 4) for x in bwd],
-                       "predicted_fwd_ms": [round(x, 4) for x in pred]}
+                       "predicted_fwd_ms": [round(x, 4) for x in pred], "key_rows": keys,
+                       "gather_ms": [round(x, 4) for x in gather],
+                       "key_gradients_ms": [round(x, 4) for x in key_grads]}
                 if js:
                     js.write(json.dumps(row) + "\n")
                     js.flush()
