@@ -72,6 +72,18 @@ ABSL_FLAG(std::string, plan_with, "",
 
 namespace {
 
+// "12 doc-degree, 3 per-seq-ordered": how many plans recorded each strategy, count(strategy).
+template <typename Count>
+std::string PickList(const Count& count) {
+  std::string picks;
+  for (wlb::ShardStrategy p : wlb::ShardStrategy::All()) {
+    if (count(p) == 0) continue;
+    picks +=
+        absl::StrFormat("%s%d %s", picks.empty() ? "" : ", ", count(p), wlb::ShardStrategyName(p));
+  }
+  return picks;
+}
+
 // The columns of the table by S and C, and of the exchange table (registry strategies; the
 // headers print their registry names).
 constexpr wlb::ShardStrategy kStrategies[] = {
@@ -295,6 +307,17 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
         "--packed_profile), got %g",
         gather_gbps));
   }
+  // The what-if's bytes per gathered key row (the link does not change them).
+  const double row_bytes = static_cast<double>(shared.cp.comm.RowBytes(score));
+  std::string extra_price;  // what the slowest rank adds to attention + exchange
+  if (score.has_packed_calls()) {
+    extra_price = ", once per pass";
+  } else if (gather_gbps > 0.0) {
+    extra_price = absl::StrFormat(
+        " + (what-if, --gather_gbps) the copy of the rank's gathered key rows, read and written "
+        "once at %g GB/s",
+        gather_gbps);
+  }
   wlb::KernelModel plan_model = score;
   std::string plan_name = "the same model";
   if (const std::string with = absl::GetFlag(FLAGS_plan_with); with == "default") {
@@ -321,14 +344,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
       model_name.c_str(),
       score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
                                : "attention forward",
-      score.has_packed_calls() ? ", once per pass"
-      : gather_gbps > 0.0
-          ? absl::StrFormat(" + (what-if, --gather_gbps) the copy of the rank's gathered "
-                            "key rows, read and written once at %g GB/s",
-                            gather_gbps)
-                .c_str()
-          : "",
-      plan_name.c_str());
+      extra_price.c_str(), plan_name.c_str());
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
@@ -397,8 +413,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
             BalanceRow& row = rows[k];
             ms[k] = wlb::AdaptivePriceMs(*plan, score, p);
-            if (gather_gbps > 0.0) {  // each rank's key rows copied once (read + write)
-              const double row_bytes = static_cast<double>(options.comm.RowBytes(score));
+            if (gather_gbps > 0.0) {  // each rank's key rows read and written once
               ms[k] = 0.0;
               for (const wlb::RankShard& r : plan->ranks) {
                 const double copy_ms = 2.0 * row_bytes *
@@ -442,12 +457,9 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
         const double n = static_cast<double>(std::max<size_t>(1, st.mbs.size()));
         for (size_t k = 0; k < count; ++k) {
           const BalanceRow& row = rows[k];
-          std::string picks;  // "12 doc-degree, 3 per-seq-ordered": what the plans recorded
-          for (wlb::ShardStrategy p : wlb::ShardStrategy::All()) {
-            if (k >= strategies || row.picks[p.row()] == 0) continue;
-            picks += absl::StrFormat("%s%d %s", picks.empty() ? "" : ", ", row.picks[p.row()],
-                                     wlb::ShardStrategyName(p));
-          }
+          // What the plans recorded (a peer's rows record nothing).
+          const std::string picks =
+              PickList([&](wlb::ShardStrategy p) { return row.picks[p.row()]; });
           std::printf(
               "| %s | %d | %g | %s | %.3f | %.4f / %.4f | %.4f | %.4f | %.3f / %.3f | %.4f | %.4f "
               "| %.2f / %.2f | %.0f | %s |\n",
@@ -530,12 +542,7 @@ absl::Status Run() {
       const double gap = imbalance[0] - imbalance[2];
       const std::string closed =
           gap > 0 ? absl::StrFormat("%.0f%%", 100.0 * (imbalance[0] - imbalance[1]) / gap) : "-";
-      std::string picks;  // "12 doc-degree, 3 per-seq-ordered": what adaptive's plans recorded
-      for (wlb::ShardStrategy p : wlb::ShardStrategy::All()) {
-        if (adaptive.count(p) == 0) continue;
-        picks += absl::StrFormat("%s%d %s", picks.empty() ? "" : ", ", adaptive.count(p),
-                                 wlb::ShardStrategyName(p));
-      }
+      const std::string picks = PickList([&](wlb::ShardStrategy p) { return adaptive.count(p); });
       std::printf("%s | %s | %s of %d |\n", line.c_str(), closed.c_str(), picks.c_str(),
                   adaptive.micro_batches);
     }

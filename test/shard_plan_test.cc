@@ -1637,6 +1637,23 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
   }
 }
 
+// One case of adaptive's lower-bound tests: a micro-batch of shape iter % 4, C = 2, 4, 8 and a
+// link of 0.5, 25, 450 GB/s in turn, and the same options with a non-causal layer in the mix
+// (where the bounds must not answer).
+struct BoundCase {
+  MicroBatch mb;
+  int cp = 0;
+  CpPlanOptions options, windowed;
+};
+BoundCase RandomBoundCase(std::mt19937_64& rng, int iter) {
+  BoundCase c{.mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4)),
+              .cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)],
+              .options = {.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}}};
+  c.windowed = c.options;
+  c.windowed.mix = *LayerMix::Parse("window:700x3,causal");
+  return c;
+}
+
 // CausalCpSlowerThan never calls a plan slower than PredictCp predicts it, answers for every
 // strategy's plans at the bound's edge (a plan is slower than almost nothing), and does not
 // answer for a mix with a non-causal layer.
@@ -1645,9 +1662,10 @@ TEST(AdaptiveExchangeTest, CausalSlowerThanIsALowerBound) {
   const KernelModel model = KernelModel::Default();
   int slower = 0, checked = 0;
   for (int iter = 0; iter < testing::PropertyIterations(120); ++iter) {
-    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
-    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
-    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
+    const BoundCase bound = RandomBoundCase(rng, iter);
+    const MicroBatch& mb = bound.mb;
+    const int cp = bound.cp;
+    const CpPlanOptions &options = bound.options, &windowed = bound.windowed;
     for (ShardStrategy s : ShardStrategy::All()) {
       SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s", iter, cp, ShardStrategyName(s)));
       const ShardPlan plan = *PlanShards(mb, cp, s, model, options);
@@ -1655,8 +1673,6 @@ TEST(AdaptiveExchangeTest, CausalSlowerThanIsALowerBound) {
       EXPECT_FALSE(CausalCpSlowerThan(plan, model, options, ms));
       slower += CausalCpSlowerThan(plan, model, options, 0.5 * ms);
       ++checked;
-      CpPlanOptions windowed = options;
-      windowed.mix = *LayerMix::Parse("window:700x3,causal");
       EXPECT_FALSE(CausalCpSlowerThan(plan, model, windowed, 0.0));
     }
   }
@@ -1673,12 +1689,11 @@ TEST(AdaptiveExchangeTest, PlanFreeBoundsAreLowerBounds) {
   const KernelModel model = KernelModel::Default();
   int slower = 0, checked = 0;
   for (int iter = 0; iter < testing::PropertyIterations(120); ++iter) {
-    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
-    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    const BoundCase bound = RandomBoundCase(rng, iter);
+    const MicroBatch& mb = bound.mb;
+    const int cp = bound.cp;
+    const CpPlanOptions &options = bound.options, &windowed = bound.windowed;
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
-    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
-    CpPlanOptions windowed = options;
-    windowed.mix = *LayerMix::Parse("window:700x3,causal");
     const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
     auto plan_ms = [&](ShardStrategy s) {
       return PredictCp(*PlanShards(mb, cp, s, model, options), model, options).max_ms;

@@ -316,7 +316,7 @@ void BindShards(nb::module_& m) {
          const std::string& layer_mix, double cp_latency_us) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
-        const wlb::KernelModel model = kernel_model.value_or(wlb::KernelModel::Default());
+        const wlb::KernelModel& model = kernel_model ? *kernel_model : wlb::KernelModel::Default();
         wlb::CpPlanOptions options{
             .comm = {.link_gbps = cp_link_gbps, .latency_us = cp_latency_us}};
         options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));

@@ -140,11 +140,11 @@ class KernelModel {
   // The model used when nothing was measured on the user's machine: the single-segment forward
   // table of wlb's flash kernel on an H100 (docs/results/gpu/h100_kernel_profile_flash.csv,
   // embedded by tools/gen_default_kernel_profile.py; 32 heads x 128 head_dim, one LLaMA-2-7B
-  // layer). Ranking CP plans needs each shape's cost to about 1%: the analytic curve is 62% off
-  // this table (RMS of log ms), misprices short segments up to 3.5x and, planning adaptive, left
-  // single micro-batches up to 6.7% slower than the fastest plan under the table
-  // (docs/results/cp/balance.md); the analytic model stays available as DefaultAnalytic().
-  static KernelModel Default() {
+  // layer). Ranking CP plans needs each shape's cost to about 1%: the analytic curve is off this
+  // table by an RMS log error of 0.62 (up to 3.5x on short segments), which left adaptive up to
+  // 6.7% slower than the fastest plan under the table (docs/results/cp/balance.md); it stays
+  // available as DefaultAnalytic(). Built once; a reference, so passing it copies no table.
+  static const KernelModel& Default() {
     static const KernelModel model = [] {
       static constexpr KernelProfilePoint kH100Flash[] = {
 #include "wlb/cost/default_kernel_profile.inc"
@@ -212,20 +212,15 @@ class KernelModel {
     for (const auto& [key, sum_n] : acc) {
       const auto [q, kv] = key;
       const double flops_per_ms = m.PaddedFlops(q, kv) / (sum_n.first / sum_n.second);
-      if (m.rows_.empty() || m.rows_.back().q != q) {
-        Row row;
-        row.q = q;
-        row.log_q = std::log2(static_cast<double>(q));
-        m.rows_.push_back(std::move(row));
+      if (m.row_q_.empty() || m.row_q_.back() != q) {
+        m.row_q_.push_back(q);
+        m.rows_.emplace_back().log_q = std::log2(static_cast<double>(q));
       }
       m.rows_.back().kv.push_back(kv);
       m.rows_.back().log_kv.push_back(std::log2(static_cast<double>(kv)));
       m.rows_.back().flops_per_ms.push_back(flops_per_ms);
     }
-    for (Row& row : m.rows_) {
-      row.kv_starts.Build(row.kv);
-      m.row_q_.push_back(row.q);
-    }
+    for (Row& row : m.rows_) row.kv_starts.Build(row.kv);
     m.row_starts_.Build(m.row_q_);
     return m;
   }
@@ -364,7 +359,7 @@ class KernelModel {
     const double lkv = std::log2(static_cast<double>(kv_len));
     if (upper == 0) return rows_.front().At(kv_len, lkv);
     const Row& lo = rows_[upper - 1];
-    if (upper == rows_.size() || lo.q == q_len) return lo.At(kv_len, lkv);
+    if (upper == rows_.size() || row_q_[upper - 1] == q_len) return lo.At(kv_len, lkv);
     const Row& hi = rows_[upper];
     const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (hi.log_q - lo.log_q);
     return (1.0 - w) * lo.At(kv_len, lkv) + w * hi.At(kv_len, lkv);
@@ -399,26 +394,24 @@ class KernelModel {
   // std::upper_bound over ascending lengths >= 1, started at the first length of x's bit width
   // (a table has a few lengths per octave, so the scan after it is short).
   struct OctaveStarts {
-    std::array<uint32_t, 65> first{};  // by bit width: index of the first length >= 2^(width-1)
+    // By bit width of a positive int64_t (1..63): index of the first length >= 2^(width-1).
+    std::array<uint32_t, 64> first{};
 
     void Build(const std::vector<int64_t>& v) {
-      for (int width = 0; width <= 64; ++width) {
-        const int64_t least = width == 0 ? 0 : width > 63 ? kMaxLength : int64_t{1} << (width - 1);
-        first[static_cast<size_t>(width)] =
-            static_cast<uint32_t>(std::lower_bound(v.begin(), v.end(), least) - v.begin());
+      for (int width = 1; width < 64; ++width) {
+        first[static_cast<size_t>(width)] = static_cast<uint32_t>(
+            std::lower_bound(v.begin(), v.end(), int64_t{1} << (width - 1)) - v.begin());
       }
     }
-    size_t UpperBound(const std::vector<int64_t>& v, int64_t x) const {
+    size_t UpperBound(const std::vector<int64_t>& v, int64_t x) const {  // x >= 1
       size_t i = first[static_cast<size_t>(std::bit_width(static_cast<uint64_t>(x)))];
       while (i < v.size() && v[i] <= x) ++i;
       return i;
     }
-    static constexpr int64_t kMaxLength = std::numeric_limits<int64_t>::max();
   };
 
   // One q_len of the table: throughput by kv_len, ascending, interpolated in log2(kv_len).
   struct Row {
-    int64_t q = 0;
     double log_q = 0.0;
     std::vector<int64_t> kv;
     std::vector<double> log_kv;
@@ -480,8 +473,8 @@ class KernelModel {
   int64_t tile_ratio_ = 1;         // tile_q / tile_k (fast_ only)
   double flops_per_block_ = 0.0;   // 4 * head_dim * heads * tile_q * tile_k
   double peak_per_ms_ = 0.0;       // peak_tflops * 1e9
-  std::vector<Row> rows_;          // q_len ascending (table models only)
-  std::vector<int64_t> row_q_;     // rows_[i].q
+  std::vector<Row> rows_;          // by q_len, ascending (table models only)
+  std::vector<int64_t> row_q_;     // rows_[i]'s q_len
   OctaveStarts row_starts_;        // over row_q_
   bool has_packed_ = false;        // packed_ holds a packed-call fit
   PackedCallFit packed_;
