@@ -16,8 +16,9 @@
 // received) K/V rows x 16 KiB / --cp_link_gbps per rank and a collective's latency): slowest rank
 // in ms, its attention alone, K/V bytes received over all ranks by that exchange, and what an
 // all-gather of every rank's padded buffer moves, per layer, means over micro-batches.
-// --balance (issue 57): every registered strategy and a peer's chunk dispatch on the embedded
-// default and heavy-tail streams, --docs when given, and a synthetic one-long-document set, at
+// --balance (issue 57): every registered strategy and a peer's chunk dispatch on a stream of each
+// registered distribution (wlb::kDistributions: default, heavy-tail, rare-long, bimodal,
+// pile-like, prolong-like), --docs when given, and a synthetic one-long-document set, at
 // S = 128K, C = 2, 4, 8 and 450 / 25 GB/s: slowest rank (attention under --kernel_profile +
 // the exchange), against the fastest plan per micro-batch, pair imbalance, tokens and buffer of
 // the fullest rank, K/V received (docs/results/cp/balance.md).
@@ -34,6 +35,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench_plan_flags.hpp"
 #include "wlb/cost/kernel_model.hpp"
@@ -61,10 +63,10 @@ ABSL_FLAG(std::string, packed_profile, "",
           "(e.g. docs/results/gpu/h100_packed_calls_flash.csv) added to --kernel_profile's model: "
           "a rank's segments as one call, forward + backward, plus its exchange once per pass");
 ABSL_FLAG(double, gather_gbps, 0.0,
-          "balance table, a what-if (> 0; without --packed_profile): score each rank also with "
-          "the copy of its gathered key rows (cu_seqlens_k.back() rows of K/V read and written "
-          "once at this memory bandwidth, GB/s; e.g. 3350, an H100 SXM's HBM3 peak), which the "
-          "kernel model leaves out; plans are not changed");
+          "balance table: wlb::CommModel::gather_gbps for planning and scoring (> 0: each rank "
+          "also pays the copy of its gathered key rows, cu_seqlens_k.back() rows of K/V read and "
+          "written once at this memory bandwidth, GB/s, e.g. 3350, an H100 SXM's HBM3 peak; 0: "
+          "not priced)");
 ABSL_FLAG(std::string, plan_with, "",
           "balance table: plan with another kernel model than the scoring one: 'default' "
           "(wlb::KernelModel::Default()), 'analytic' (wlb::KernelModel::DefaultAnalytic(), the "
@@ -300,24 +302,17 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     model_name += " with the packed-call fit of " + path;
   }
   const double gather_gbps = absl::GetFlag(FLAGS_gather_gbps);
-  if (gather_gbps < 0.0 || !std::isfinite(gather_gbps) ||
-      (gather_gbps > 0.0 && score.has_packed_calls())) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--gather_gbps must be >= 0 and finite, and is for the forward scoring only (no "
-        "--packed_profile), got %g",
-        gather_gbps));
+  if (absl::Status st = wlb::ValidateCommModel({.gather_gbps = gather_gbps}); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat("--gather_gbps: %s", st.message()));
   }
-  // The what-if's bytes per gathered key row (the link does not change them).
-  const double row_bytes = static_cast<double>(shared.cp.comm.RowBytes(score));
   std::string extra_price;  // what the slowest rank adds to attention + exchange
-  if (score.has_packed_calls()) {
-    extra_price = ", once per pass";
-  } else if (gather_gbps > 0.0) {
+  if (gather_gbps > 0.0) {
     extra_price = absl::StrFormat(
-        " + (what-if, --gather_gbps) the copy of the rank's gathered key rows, read and written "
-        "once at %g GB/s",
+        " + the copy of its gathered key rows, read and written once at %g GB/s "
+        "(wlb::CommModel::gather_gbps)",
         gather_gbps);
   }
+  if (score.has_packed_calls()) extra_price = absl::StrCat(extra_price, ", once per pass");
   wlb::KernelModel plan_model = score;
   std::string plan_name = "the same model";
   if (const std::string with = absl::GetFlag(FLAGS_plan_with); with == "default") {
@@ -357,7 +352,10 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
     std::vector<wlb::MicroBatch> mbs;
   };
   std::vector<Stream> streams;
-  std::vector<std::pair<std::string, std::string>> sources = {{"default", ""}, {"heavy-tail", ""}};
+  // Every registered distribution (wlb::kDistributions), then --docs when given.
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (const wlb::NamedDistribution& d : wlb::kDistributions)
+    sources.push_back({std::string(d.name), ""});
   if (!shared.input.docs.empty()) sources.push_back({"", shared.input.docs});
   for (const auto& [distribution, docs] : sources) {
     wlb::InputOptions in = shared.input;
@@ -395,6 +393,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
                      gbps);
         wlb::CpPlanOptions options = shared.cp;
         options.comm.link_gbps = gbps;
+        options.comm.gather_gbps = gather_gbps;
         std::vector<BalanceRow> rows(count);
         std::vector<double> ms(count);
         std::vector<char> capped(count);
@@ -413,15 +412,6 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             for (const wlb::RankShard& r : plan->ranks) most = std::max(most, r.tokens);
             BalanceRow& row = rows[k];
             ms[k] = wlb::AdaptivePriceMs(*plan, score, p);
-            if (gather_gbps > 0.0) {  // each rank's key rows read and written once
-              ms[k] = 0.0;
-              for (const wlb::RankShard& r : plan->ranks) {
-                const double copy_ms = 2.0 * row_bytes *
-                                       static_cast<double>(r.cu_seqlens_k.back()) /
-                                       (gather_gbps * 1e9) * 1e3;
-                ms[k] = std::max(ms[k], p.rank_ms[static_cast<size_t>(r.rank)] + copy_ms);
-              }
-            }
             if (k < strategies) ++row.picks[plan->strategy.row()];
             capped[k] = plan->rank_capacity <= cap;
             row.max_ms += ms[k];

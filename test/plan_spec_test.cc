@@ -95,6 +95,16 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
               HasSubstr("--cp-link-gbps is not used by this run"));
   // The default sharding, adaptive, ranks its candidates with the exchange over the link.
   EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_link_gbps", "100"}}), "");
+  // Only adaptive ranks plans with the gathered key rows' copy.
+  EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_gather_gbps", "3350"}}), "");
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"sharding", "doc-degree"}, {"cp_gather_gbps", "3350"}}),
+              HasSubstr("--cp-gather-gbps is not used by this run: it applies to --cp with "
+                        "--sharding adaptive"));
+  EXPECT_THAT(ValidateError({{"cp_gather_gbps", "3350"}}),
+              HasSubstr("--cp-gather-gbps is not used by this run"));
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_gather_gbps", "-2"}}),
+              HasSubstr("--cp-gather-gbps: CP key gather bandwidth must be in [0, 1e6] GB/s (0: "
+                        "not priced), got -2"));
   // A wlb comparison (wlb-plan's table) uses the thresholds whatever the packer.
   absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "original"}, {"queues", "3"}});
   ASSERT_TRUE(spec.ok());

@@ -211,6 +211,8 @@ TEST(ShardPlanTest, RegistryListsEveryStrategyOnce) {
     EXPECT_EQ(info.uses.cp_link, uses_options || s == ShardStrategy("balanced-chunks"))
         << info.name;
     EXPECT_EQ(info.uses.layer_mix, uses_options) << info.name;
+    // Only adaptive ranks plans by PredictCp, whose price holds the key rows' copy.
+    EXPECT_EQ(info.uses.key_copy, s == ShardStrategy("adaptive")) << info.name;
   }
 }
 
@@ -791,6 +793,15 @@ TEST(ShardPlanTest, BadCpOptionsNameTheValue) {
     EXPECT_THAT(std::string(p.status().message()),
                 HasSubstr(absl::StrFormat("latency must be in [0, 1e6] us, got %g", us)));
   }
+  for (double gbps : {-1.0, 2e6, std::nan(""), double{INFINITY}}) {
+    absl::StatusOr<ShardPlan> p = PlanShards(
+        mb, 2, ShardStrategy("adaptive"), KernelModel::Default(), {.comm = {.gather_gbps = gbps}});
+    ASSERT_FALSE(p.ok());
+    EXPECT_THAT(std::string(p.status().message()),
+                HasSubstr(absl::StrFormat("key gather bandwidth must be in [0, 1e6] GB/s (0: not "
+                                          "priced), got %g",
+                                          gbps)));
+  }
   absl::StatusOr<ShardPlan> p = PlanShards(mb, 2, ShardStrategy("doc-degree"),
                                            KernelModel::Default(), {.comm = {.kv_row_bytes = -5}});
   ASSERT_FALSE(p.ok());
@@ -1264,8 +1275,10 @@ TEST(AdaptiveExchangeTest, NeverPredictedSlowerThanACandidate) {
     CpPlanOptions options{.comm = {.link_gbps = gbps, .latency_us = fast ? 0.0 : 10.0}};
     if (iter % 5 == 1) options.mix = *LayerMix::Parse(absl::StrFormat("window:%dx3,causal", w));
     if (iter % 5 == 3) options.mix = *LayerMix::Parse(absl::StrFormat("chunk:%dx2,causalx2", w));
-    SCOPED_TRACE(absl::StrFormat("iter %d cp %d link %g mix %s tokens %d", iter, cp, gbps,
-                                 options.mix.Name(), mb.tokens));
+    // Every other iteration prices the gathered key rows' copy (an H100's HBM3 peak, or slower).
+    if (iter % 2 == 1) options.comm.gather_gbps = iter % 4 == 1 ? 3350.0 : 100.0;
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d link %g gather %g mix %s tokens %d", iter, cp, gbps,
+                                 options.comm.gather_gbps, options.mix.Name(), mb.tokens));
     absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, cp, model, options);
     ASSERT_TRUE(c.ok()) << c.status();
     absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, ShardStrategy("adaptive"), model, options);
@@ -1367,8 +1380,8 @@ TEST(AdaptiveExchangeTest, PackedCallRankingAddsTheExchangePerPass) {
     if (backward) fit.bwd = {6e-3, 4e-3, 3e-3, 5e-4, 1e-2, 4e-2};
     absl::StatusOr<KernelModel> m = base.WithPackedCalls(fit);
     ASSERT_TRUE(m.ok()) << m.status();
-    for (double gbps : {5.0, 450.0}) {
-      const CpPlanOptions options{.comm = {.link_gbps = gbps}};
+    for (const auto& [gbps, gather] : {std::pair{5.0, 0.0}, {450.0, 0.0}, {450.0, 3350.0}}) {
+      const CpPlanOptions options{.comm = {.link_gbps = gbps, .gather_gbps = gather}};
       absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, 4, *m, options);
       ASSERT_TRUE(c.ok()) << c.status();
       EXPECT_TRUE(c->packed_calls);
@@ -1381,12 +1394,80 @@ TEST(AdaptiveExchangeTest, PackedCallRankingAddsTheExchangePerPass) {
         for (size_t r = 0; r < plan.ranks.size(); ++r) {
           std::vector<CallSegment> call;
           for (const Segment& s : plan.ranks[r].segments) call.push_back({s.q_len(), s.q_end});
-          want = std::max(want, m->CallMs(call) + (backward ? 2.0 : 1.0) * p.rank_exchange_ms[r]);
+          want = std::max(want, m->CallMs(call) + (backward ? 2.0 : 1.0) * (p.rank_exchange_ms[r] +
+                                                                            p.rank_gather_ms[r]));
         }
         EXPECT_DOUBLE_EQ(reported[k], want) << ShardStrategyName(kAdaptiveCandidates[k]);
       }
     }
   }
+}
+
+// CommModel::gather_gbps prices each rank's gathered key rows (every segment's key range, laid
+// out contiguously for one varlen call), read and written once: PredictCp adds exactly that to
+// every rank, per mask of the mix, and nothing at 0.
+TEST(AdaptiveExchangeTest, KeyCopyIsEachRanksKeyRowsAtTheGatherRate) {
+  std::mt19937_64 rng(5701);
+  const KernelModel& model = KernelModel::Default();
+  for (int iter = 0; iter < 60; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    const ShardStrategy s = ShardStrategy::All()[static_cast<size_t>(iter) % kShardStrategyCount];
+    const char* mix =
+        iter % 3 == 0 ? "causal" : (iter % 3 == 1 ? "window:700x3,causal" : "chunk:900");
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d %s %s", iter, cp, ShardStrategyName(s), mix));
+    CpPlanOptions options{.mix = *LayerMix::Parse(mix)};
+    const ShardPlan plan = MustPlan(mb, cp, s, model);
+    const CpPrediction unpriced = PredictCp(plan, model, options);
+    options.comm.gather_gbps = 2000.0;
+    const CpPrediction priced = PredictCp(plan, model, options);
+    const double row_ms = 2.0 * 16384.0 / 2e12 * 1e3;  // 16 KiB K/V rows read and written
+    EXPECT_DOUBLE_EQ(options.comm.GatherRowMs(model), row_ms);
+    const double total = static_cast<double>(options.mix.total_layers());
+    double worst = 0.0;
+    for (const RankShard& r : plan.ranks) {
+      double want = 0.0;
+      for (const auto& [mask, count] : options.mix.layers) {
+        int64_t keys = 0;
+        for (const Segment& seg : r.segments) keys += seg.q_end - mask.KeyBegin(seg.q_begin);
+        if (mask.causal()) EXPECT_EQ(keys, r.cu_seqlens_k.back());
+        want += static_cast<double>(count) / total * static_cast<double>(keys) * row_ms;
+      }
+      const size_t k = static_cast<size_t>(r.rank);
+      EXPECT_NEAR(priced.rank_gather_ms[k], want, 1e-12 * (1.0 + want));
+      EXPECT_EQ(unpriced.rank_gather_ms[k], 0.0);
+      EXPECT_NEAR(priced.rank_ms[k], unpriced.rank_ms[k] + want, 1e-9 * priced.rank_ms[k]);
+      EXPECT_EQ(priced.rank_exchange_ms[k], unpriced.rank_exchange_ms[k]);
+      worst = std::max(worst, priced.rank_ms[k]);
+    }
+    EXPECT_GT(priced.max_ms, unpriced.max_ms);  // every plan gathers at least its own keys
+    EXPECT_EQ(priced.attention_max_ms, unpriced.attention_max_ms);
+    if (options.mix.layers.size() == 1) EXPECT_NEAR(priced.max_ms, worst, 1e-9 * worst);
+  }
+}
+
+// Pricing the copy moves adaptive to plans that gather fewer key rows where the copy outweighs
+// their attention lead: over seeded micro-batches at a slow copy (50 GB/s) its picks gather
+// fewer key rows in total, and some picks change.
+TEST(AdaptiveExchangeTest, PricedKeyCopyPicksPlansThatGatherFewerKeys) {
+  std::mt19937_64 rng(5702);
+  const KernelModel& model = KernelModel::Default();
+  int64_t free_keys = 0, priced_keys = 0;
+  int changed = 0;
+  for (int iter = 0; iter < 48; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)];
+    const ShardPlan free_copy = MustPlan(mb, cp, ShardStrategy("adaptive"), model);
+    absl::StatusOr<ShardPlan> priced =
+        PlanShards(mb, cp, ShardStrategy("adaptive"), model, {.comm = {.gather_gbps = 50.0}});
+    ASSERT_TRUE(priced.ok()) << priced.status();
+    for (const RankShard& r : free_copy.ranks) free_keys += r.cu_seqlens_k.back();
+    for (const RankShard& r : priced->ranks) priced_keys += r.cu_seqlens_k.back();
+    changed += priced->strategy != free_copy.strategy;
+    EXPECT_LE(priced->rank_capacity, CpRankTokenCap(mb.tokens, cp));
+  }
+  EXPECT_LT(priced_keys, free_keys);
+  EXPECT_GT(changed, 0);
 }
 
 // doc-degree's greedy step pays the collective's latency once the plan moves rows: with a latency

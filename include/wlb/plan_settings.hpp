@@ -72,6 +72,7 @@ struct PlanSpec {
   int32_t cp = -1;  // -1: no CP shard plans
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
+  double cp_gather_gbps = 0.0;  // CommModel::gather_gbps (0: the key rows' copy is not priced)
   std::string kernel_profile;  // empty: KernelModel::Default() (the measured H100 flash table)
 
   // What else the caller does with this spec (wlb-plan's table compares against wlb with these
@@ -368,6 +369,13 @@ inline constexpr PlanSetting kPlanSettings[] = {
      "(default 450: NVLink 4, 900 GB/s both ways); in (0, 1e6]",
      0, nullptr, nullptr, kWlbPlanFlag | kBenchFlag, "100",
      detail::ParseMember<&PlanSpec::cp_link_gbps>, detail::ShowMember<&PlanSpec::cp_link_gbps>},
+    {"cp_gather_gbps", SettingType::kNumber, "CP shard plans",
+     "GB/s at which a CP rank copies its segments' key rows into one varlen call's contiguous "
+     "layout (read and written once; flash-style varlen executors such as wlb.torch.cp_attention "
+     "do), for --sharding {key_copy_strategies}; 0 (default): the copy is not priced, as for a "
+     "kernel that reads keys in place; in [0, 1e6]",
+     0, nullptr, nullptr, kWlbPlanFlag, "3350", detail::ParseMember<&PlanSpec::cp_gather_gbps>,
+     detail::ShowMember<&PlanSpec::cp_gather_gbps>},
     {"kernel_profile", SettingType::kString, "CP shard plans",
      "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty "
      "= the default (CP plans: the measured H100 flash table; --estimate: the analytic curve for "
@@ -409,15 +417,19 @@ inline std::string PlanSettingReaders(const PlanSetting& row) {
   return PackerNamesReading(row.readers);
 }
 
-// The row's help text with the registries' names in place of "{packers}", "{strategies}" and
-// "{cp_link_strategies}", after the names of the packers that read a packer option.
+// The row's help text with the registries' names in place of "{packers}", "{strategies}",
+// "{cp_link_strategies}" and "{key_copy_strategies}", after the names of the packers that read a
+// packer option.
 inline std::string PlanSettingHelp(const PlanSetting& row) {
   std::string help = absl::StrReplaceAll(
       row.help,
       {{"{packers}", absl::StrJoin(kPackerNames, ", ")},
        {"{strategies}", ShardStrategyNameList(" or ")},
        {"{cp_link_strategies}",
-        ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) { return i.uses.cp_link; })}});
+        ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) { return i.uses.cp_link; })},
+       {"{key_copy_strategies}", ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) {
+          return i.uses.key_copy;
+        })}});
   if (row.readers == 0) return help;
   std::string readers = PackerNamesReading(row.readers, "/");
   if (row.also_read_by != nullptr && std::string_view(row.also_read_by) == "--tune") {

@@ -153,17 +153,30 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   if (!strategy.ok()) return strategy.status();
   s.strategy = *strategy;
   s.cp_options.comm.link_gbps = cp_link_gbps;
+  s.cp_options.comm.gather_gbps = cp_gather_gbps;
   if (masked.ok()) s.cp_options.mix = masked->mix;  // adaptive and doc-degree plan for its masks
-  if (Given("cp_link_gbps")) {
-    if (!ShardStrategyRow(s.strategy).uses.cp_link || s.cp_size < 1) {
-      return UnusedOption("cp_link_gbps",
-                          "it applies to --cp with --sharding " +
-                              ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) {
-                                return i.uses.cp_link;
-                              }));
+  // A given CommModel setting must be read by the strategy (its uses bit) and valid.
+  struct CommSetting {
+    const char* key;
+    bool ShardStrategyUses::*used;
+    double CommModel::*field;
+  };
+  constexpr CommSetting kCommSettings[] = {
+      {"cp_link_gbps", &ShardStrategyUses::cp_link, &CommModel::link_gbps},
+      {"cp_gather_gbps", &ShardStrategyUses::key_copy, &CommModel::gather_gbps}};
+  for (const CommSetting& c : kCommSettings) {
+    if (!Given(c.key)) continue;
+    const auto reads = [&c](const ShardStrategyInfo& i) { return i.uses.*c.used; };
+    if (!reads(ShardStrategyRow(s.strategy)) || s.cp_size < 1) {
+      return UnusedOption(
+          c.key, "it applies to --cp with --sharding " + ShardStrategyNameList(" or ", reads));
     }
-    if (absl::Status st = ValidateCommModel(s.cp_options.comm); !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrFormat("--cp-link-gbps: %s", st.message()));
+    CommModel only;  // the defaults but for this setting: the error is about its value
+    only.*c.field = s.cp_options.comm.*c.field;
+    if (absl::Status st = ValidateCommModel(only); !st.ok()) {
+      std::string flag = c.key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      return absl::InvalidArgumentError(absl::StrFormat("--%s: %s", flag, st.message()));
     }
   }
   return s;

@@ -298,7 +298,10 @@ void BindShards(nb::module_& m) {
           [](const wlb::ShardStrategyInfo& i) { return i.uses.cp_link || i.uses.layer_mix; }) +
       " and cp_prediction. The plan carries the mix (layer_mix); its key rows, kernel segments "
       "and wlb.torch.cp_attention follow plan.mask, the mix's mask (for a mix of several, "
-      "plan.for_mask(mask) picks the layer's).";
+      "plan.for_mask(mask) picks the layer's). cp_gather_gbps (GB/s at which a rank copies its "
+      "segments' key rows into the contiguous layout of one varlen call, read and written once, "
+      "as cp_attention's index_select does; 0, the default, prices no copy) enters adaptive's "
+      "ranking and cp_prediction.";
   m.def(
       "shard_strategy_names",
       [] {
@@ -313,12 +316,13 @@ void BindShards(nb::module_& m) {
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,
          std::optional<wlb::KernelModel> kernel_model, double cp_link_gbps,
-         const std::string& layer_mix, double cp_latency_us) {
+         const std::string& layer_mix, double cp_latency_us, double cp_gather_gbps) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
         const wlb::KernelModel& model = kernel_model ? *kernel_model : wlb::KernelModel::Default();
-        wlb::CpPlanOptions options{
-            .comm = {.link_gbps = cp_link_gbps, .latency_us = cp_latency_us}};
+        wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps,
+                                            .latency_us = cp_latency_us,
+                                            .gather_gbps = cp_gather_gbps}};
         options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
         auto out = std::make_shared<PyShardPlan>();
         out->mix = options.mix;
@@ -346,11 +350,11 @@ void BindShards(nb::module_& m) {
       },
       "micro_batch"_a, "cp"_a, "strategy"_a = "adaptive", "kernel_model"_a = nb::none(),
       "cp_link_gbps"_a = wlb::kDefaultCpLinkGbps, "layer_mix"_a = "causal",
-      "cp_latency_us"_a = wlb::kDefaultCpLatencyUs,
+      "cp_latency_us"_a = wlb::kDefaultCpLatencyUs, "cp_gather_gbps"_a = 0.0,
       nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
               "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None, "
               "cp_link_gbps: float = 450.0, layer_mix: str = 'causal', "
-              "cp_latency_us: float = 10.0) -> ShardPlan"),
+              "cp_latency_us: float = 10.0, cp_gather_gbps: float = 0.0) -> ShardPlan"),
       plan_shards_doc.c_str());
 }
 

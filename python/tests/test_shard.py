@@ -170,6 +170,34 @@ def test_row_exchange_is_the_planners_rows_and_finds_every_key():
                                               err_msg=f"{name} C={cp} {mix} rank {d}")
 
 
+def test_gather_rate_prices_each_ranks_key_rows():
+    """cp_gather_gbps adds each rank's gathered key rows (its cu_seqlens_k's last entry), read
+    and written once, to the prediction, and adaptive ranks by it: a slow copy moves it to plans
+    that gather fewer keys."""
+    rng = np.random.default_rng(57)
+    row_ms = 2 * 16384 / 20e9 * 1e3  # 16 KiB K/V rows at 20 GB/s
+    fewer = 0
+    for trial in range(12):
+        lengths = [int(x) for x in rng.integers(64, 40000, size=int(rng.integers(1, 9)))]
+        cp = [2, 4, 8][trial % 3]
+        fixed = wlb.plan_shards(lengths, cp, "balanced-chunks")
+        fixed_priced = wlb.plan_shards(lengths, cp, "balanced-chunks", cp_gather_gbps=20.0)
+        keys = [int(r.cu_seqlens_k[-1]) for r in fixed_priced.ranks]
+        extra = fixed_priced.cp_prediction["max_ms"] - fixed.cp_prediction["max_ms"]
+        assert min(keys) * row_ms * (1 - 1e-9) <= extra <= max(keys) * row_ms * (1 + 1e-9)
+        free = wlb.plan_shards(lengths, cp)
+        priced = wlb.plan_shards(lengths, cp, cp_gather_gbps=20.0)
+        check_plan(priced, lengths)
+        for name in ("per-seq-ordered", "per-doc", "per-seq", "balanced-chunks"):
+            other = wlb.plan_shards(lengths, cp, name, cp_gather_gbps=20.0)
+            assert priced.cp_prediction["max_ms"] <= other.cp_prediction["max_ms"] * (1 + 1e-12)
+        fewer += (sum(int(r.cu_seqlens_k[-1]) for r in priced.ranks)
+                  < sum(int(r.cu_seqlens_k[-1]) for r in free.ranks))
+    assert fewer > 0
+    with pytest.raises(ValueError, match=r"key gather bandwidth must be in \[0, 1e6\].*got -1"):
+        wlb.plan_shards([5, 19, 8], 2, cp_gather_gbps=-1.0)
+
+
 def test_bad_cp_options_name_the_value():
     with pytest.raises(ValueError, match="got 0"):
         wlb.plan_shards([5, 19, 8], 2, "doc-degree", cp_link_gbps=0.0)

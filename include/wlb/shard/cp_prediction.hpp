@@ -236,7 +236,9 @@ inline std::vector<RankExchange> ExchangedKvRows(const ShardPlan& plan,
 // its share of the layers. Within one layer kind the exchange is the one ChooseExchange picks
 // (the executor's rule); a rank takes attention (MaskedSegmentMs of its segments) + its exchange:
 // row-exact, max(sent, received) K/V rows x CommModel::RowMs + the latency when any rank moves
-// rows; all-gather, the all-gather's time. The layer ends with its slowest rank.
+// rows; all-gather, the all-gather's time; + with CommModel::gather_gbps > 0 the copy of its
+// gathered key rows (every segment's key range, [mask.KeyBegin(q_begin), q_end)) x GatherRowMs.
+// The layer ends with its slowest rank.
 struct CpPrediction {
   double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange
   double attention_max_ms = 0.0;  // mix mean of max over ranks of attention alone
@@ -249,6 +251,7 @@ struct CpPrediction {
   std::vector<ExchangeKind> exchange;    // per layer kind of the mix, in its order
   std::vector<double> rank_ms;           // per rank: mix mean of attention + exchange
   std::vector<double> rank_exchange_ms;  // per rank: mix mean of its (one-way) exchange alone
+  std::vector<double> rank_gather_ms;    // per rank: mix mean of its key rows' copy (0 unpriced)
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one
   // causal layer: RankShard::causal_pairs). At most 2^49 per layer (S_max x S / 2) x 4096 layers.
   std::vector<int64_t> rank_pairs;
@@ -260,9 +263,11 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   const size_t ranks = plan.ranks.size();
   p.rank_ms.assign(ranks, 0.0);
   p.rank_exchange_ms.assign(ranks, 0.0);
+  p.rank_gather_ms.assign(ranks, 0.0);
   p.rank_pairs.assign(ranks, 0);
   const detail::ShardsOfDocuments by_doc = detail::ShardsByDocument(plan);
   const double row_ms = options.comm.RowMs(model);
+  const double gather_row_ms = options.comm.GatherRowMs(model);
   const int64_t row_bytes_int = options.comm.RowBytes(model);
   const double row_bytes = static_cast<double>(row_bytes_int);
   const double total = static_cast<double>(std::max<int64_t>(1, options.mix.total_layers()));
@@ -278,16 +283,20 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
     double worst = 0.0, worst_attention = 0.0, worst_rows = 0.0, received = 0.0;
     for (size_t r = 0; r < ranks; ++r) {
       double attention = 0.0;
+      int64_t keys = 0;
       for (const Segment& s : plan.ranks[r].segments) {
         attention += MaskedSegmentMs(model, mask, s.q_begin, s.q_end);
         p.rank_pairs[r] += count * mask.Pairs(s.q_begin, s.q_end);
+        keys += s.q_end - mask.KeyBegin(s.q_begin);
       }
       const double rows = static_cast<double>(gather ? choice.allgather_rows
                                                      : std::max(x[r].recv_rows, x[r].send_rows));
       const double exchange = rows * row_ms + latency;
-      const double t = attention + exchange;
+      const double copy = static_cast<double>(keys) * gather_row_ms;
+      const double t = attention + exchange + copy;
       p.rank_ms[r] += w * t;
       p.rank_exchange_ms[r] += w * exchange;
+      p.rank_gather_ms[r] += w * copy;
       worst = std::max(worst, t);
       worst_attention = std::max(worst_attention, attention);
       worst_rows = std::max(worst_rows, rows);

@@ -89,12 +89,24 @@ inline constexpr double kDefaultCpLatencyUs = 10.0;
 // What exchanging K/V rows between CP ranks costs: one token's K and V rows of one layer
 // (kv_row_bytes) over a link of link_gbps GB/s (1e9 bytes) per direction, plus latency_us per
 // collective an exchange issues (see ChooseExchange in cp_prediction.hpp).
+//
+// gather_gbps prices what a varlen kernel needs on the rank itself: flash-style varlen calls take
+// each segment's keys as one contiguous range (cu_seqlens_k), so an executor copies every
+// segment's keys [0, q_end) out of its local + received rows (wlb.torch.cp_attention's
+// index_select, the CUDA executor's row gather), and in backward sums their dK/dV back. Two
+// segments of one document on a rank copy the shared prefix twice: the copy grows with the
+// number of segments, not the tokens. With gather_gbps > 0 PredictCp adds, per rank, its key rows
+// (RankShard::cu_seqlens_k's last entry under a causal mask) read and written once at that rate,
+// per pass; 0 (the default) prices no copy, as for a kernel that reads keys in place
+// (MagiAttention's FFA) and as issue 57's scoring does. No default rate yet: the copy's cost per
+// key row on an H100 is what wlb_cuda_cp_bench's "key rows' copies" line measures.
 struct CommModel {
   double link_gbps = kDefaultCpLinkGbps;
   double latency_us = kDefaultCpLatencyUs;
   // 0: 2 (K and V) x heads x head_dim x 2 bytes (bf16) of the kernel model's shape, i.e. 16 KiB
   // for the default 32 x 128 (multi-head; pass kv_heads x head_dim x 4 for grouped-query).
   int64_t kv_row_bytes = 0;
+  double gather_gbps = 0.0;  // 0: the gathered key rows' copy is not priced (see above)
 
   int64_t RowBytes(const KernelModel& model) const {
     return kv_row_bytes > 0 ? kv_row_bytes : 4 * model.shape().heads * model.shape().head_dim;
@@ -104,10 +116,16 @@ struct CommModel {
     return static_cast<double>(RowBytes(model)) / (link_gbps * 1e9) * 1e3;
   }
   double LatencyMs() const { return latency_us * 1e-3; }
+  // Milliseconds to copy one gathered key row (read and written once); 0 when not priced.
+  double GatherRowMs(const KernelModel& model) const {
+    return gather_gbps > 0.0
+               ? 2.0 * static_cast<double>(RowBytes(model)) / (gather_gbps * 1e9) * 1e3
+               : 0.0;
+  }
 };
 
 // InvalidArgument naming the bad value: link_gbps must be in (0, 1e6], latency_us in [0, 1e6],
-// kv_row_bytes in [0, 2^30].
+// kv_row_bytes in [0, 2^30], gather_gbps in [0, 1e6].
 inline absl::Status ValidateCommModel(const CommModel& c) {
   if (!(c.link_gbps > 0.0) || !(c.link_gbps <= 1e6)) {
     return absl::InvalidArgumentError(
@@ -120,6 +138,10 @@ inline absl::Status ValidateCommModel(const CommModel& c) {
   if (c.kv_row_bytes < 0 || c.kv_row_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("K/V bytes per row must be in [0, 2^30], got %d", c.kv_row_bytes));
+  }
+  if (!(c.gather_gbps >= 0.0) || !(c.gather_gbps <= 1e6)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CP key gather bandwidth must be in [0, 1e6] GB/s (0: not priced), got %g", c.gather_gbps));
   }
   return absl::OkStatus();
 }

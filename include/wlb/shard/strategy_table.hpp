@@ -51,6 +51,7 @@ struct ShardStrategyUses {
   bool kernel_model = false;  // the KernelModel (predictions steer the plan)
   bool cp_link = false;       // CpPlanOptions::comm (wlb-plan --cp-link-gbps)
   bool layer_mix = false;     // CpPlanOptions::mix (the layers' attention masks)
+  bool key_copy = false;      // CommModel::gather_gbps in its ranking (wlb-plan --cp-gather-gbps)
 };
 
 // One CP shard strategy.
@@ -90,7 +91,7 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
     {"adaptive",
      "per micro-batch the fastest predicted plan within the memory cap (1.01 x T / C tokens per "
      "rank), K/V exchange over the link included",
-     {.kernel_model = true, .cp_link = true, .layer_mix = true},
+     {.kernel_model = true, .cp_link = true, .layer_mix = true, .key_copy = true},
      "",
      false,
      &detail::PlanAdaptive},

@@ -12,10 +12,12 @@
 // all-gather fallback, bytes over CpPlanOptions::comm's link plus its per-collective latency):
 //  - a model without a packed-call fit: PredictCp(plan, model, options).max_ms, the mix mean of
 //    each layer kind's slowest rank of attention (MaskedSegmentMs under CpPlanOptions::mix) +
-//    that exchange, one forward pass;
+//    that exchange (+ the copy of its gathered key rows when CommModel::gather_gbps > 0), one
+//    forward pass;
 //  - a model with one (KernelModel::WithPackedCalls): the slowest rank of CallMs (its segments as
 //    one packed call, forward + backward when the fit has backward) + P x that rank's exchange
-//    (PredictCp's rank_exchange_ms, mix mean), P = 2 when the fit has backward, else 1. The
+//    (PredictCp's rank_exchange_ms, mix mean; + its key rows' copy, rank_gather_ms, when
+//    CommModel::gather_gbps prices it), P = 2 when the fit has backward, else 1. The
 //    exchange is counted once per pass because each pass moves the same rows: forward receives
 //    the K/V rows, backward sends their dK/dV back to the owners (the all-gather's reduce-scatter
 //    moves as much as its gather), each one collective with its latency. The fit itself prices
@@ -103,13 +105,15 @@ inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model,
 
 // The price adaptive ranks a plan by (file comment), from the plan's PredictCp `p` under the
 // ranking's options: with a packed-call fit in the model its slowest rank's CallMs + passes x
-// that rank's exchange, else p.max_ms.
+// (that rank's exchange + its key rows' copy, when priced), else p.max_ms.
 inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
                               const CpPrediction& p) {
   if (!model.has_packed_calls()) return p.max_ms;
-  std::vector<double> exchange = p.rank_exchange_ms;
-  for (double& ms : exchange) ms *= model.passes();
-  return MaxRankCallMs(plan, model, exchange);
+  std::vector<double> per_pass = p.rank_exchange_ms;
+  for (size_t r = 0; r < per_pass.size(); ++r) {
+    per_pass[r] = (per_pass[r] + p.rank_gather_ms[r]) * model.passes();
+  }
+  return MaxRankCallMs(plan, model, per_pass);
 }
 
 inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
