@@ -1,0 +1,34 @@
+"""bench/balance_summary.py on the committed balance tables (docs/results/cp/balance.md quotes
+its numbers) and on a file that is not one."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "balance_summary.py"
+
+
+def run(*paths):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, paths)], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_committed_tables_give_the_quoted_numbers():
+    raw = ROOT / "docs" / "results" / "cp"
+    out = run(raw / "balance_flash_table.txt", raw / "balance_gather_3350.txt")
+    assert out.returncode == 0, out.stderr
+    flash, gather = out.stdout.split("\n  ")[0], out.stdout.split("\n")[2]
+    assert "48 cells" in flash and "fastest capped plan 1.0245" in flash
+    assert "worst cell 1.0000" in flash and "> 1%: 24;" in flash
+    assert "fastest capped plan 1.0071" in gather and "> 1%: 0;" in gather
+    assert "762 of 9720" in out.stdout and "18 of 9720" in out.stdout
+
+
+def test_a_file_without_rows_is_an_error_naming_it(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("no table here\n")
+    out = run(bad)
+    assert out.returncode != 0
+    assert "notes.txt: no balance table rows" in out.stderr
