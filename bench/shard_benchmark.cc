@@ -7,7 +7,8 @@
 // distribution (about 33 documents each; the last document is cut to fill exactly 131072 tokens),
 // cycling through 16 of them; the counters say how many documents and segments a plan had.
 // BM_ShardManyDocs/<strategy>/C: the same for 1024 documents of 128 tokens, the worst case for
-// per-document sharding (2C segments per document).
+// per-document sharding (2C segments per document). BM_ShardKeyCopy/adaptive/C: adaptive with
+// the gathered key rows' copy priced (CommModel::gather_gbps = 3350).
 #include <benchmark/benchmark.h>
 
 #include <string>
@@ -47,14 +48,14 @@ const std::vector<wlb::MicroBatch>& RealisticMicroBatches() {
 }
 
 void Run(benchmark::State& state, wlb::ShardStrategy strategy,
-         const std::vector<wlb::MicroBatch>& mbs) {
+         const std::vector<wlb::MicroBatch>& mbs, const wlb::CpPlanOptions& options = {}) {
   const int cp = static_cast<int>(state.range(0));
   const wlb::KernelModel model = wlb::KernelModel::Default();
   size_t i = 0;
   int64_t docs = 0, segments = 0, plans = 0;
   for (auto _ : state) {
     const wlb::MicroBatch& mb = mbs[i];
-    absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, strategy, model);
+    absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, strategy, model, options);
     if (!plan.ok()) {
       state.SkipWithError(std::string(plan.status().message()).c_str());
       return;
@@ -91,6 +92,18 @@ void Register() {
         ->Arg(16)
         ->Unit(benchmark::kMicrosecond);
   }
+  // adaptive ranking with the gathered key rows' copy priced (CommModel::gather_gbps, here an
+  // H100's HBM3 peak), the candidate a GPU measurement may make the default.
+  benchmark::RegisterBenchmark("BM_ShardKeyCopy/adaptive",
+                               [](benchmark::State& st) {
+                                 Run(st, wlb::ShardStrategy("adaptive"), RealisticMicroBatches(),
+                                     {.comm = {.gather_gbps = 3350.0}});
+                               })
+      ->ArgName("C")
+      ->Arg(2)
+      ->Arg(4)
+      ->Arg(8)
+      ->Unit(benchmark::kMicrosecond);
 }
 
 const int registered = (Register(), 0);

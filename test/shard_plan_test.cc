@@ -1729,7 +1729,9 @@ struct BoundCase {
 BoundCase RandomBoundCase(std::mt19937_64& rng, int iter) {
   BoundCase c{.mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4)),
               .cp = std::vector<int>{2, 4, 8}[static_cast<size_t>(iter % 3)],
-              .options = {.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}}};
+              .options = {.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3],
+                                   // the key rows' copy: unpriced, an HBM's peak, or slow
+                                   .gather_gbps = std::vector<double>{0, 3350, 20}[iter / 3 % 3]}}};
   c.windowed = c.options;
   c.windowed.mix = *LayerMix::Parse("window:700x3,causal");
   return c;

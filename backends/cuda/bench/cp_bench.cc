@@ -410,12 +410,18 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   if (copied_rows > 0) {
+    // The forward gather as the planner's price: K/V rows of CpKvRowBytes read and written once
+    // in gather_total_ms, the GB/s that wlb-plan --cp-gather-gbps (CommModel::gather_gbps) takes.
+    const double gather_gbps = gather_total_ms > 0.0
+                                   ? 2.0 * static_cast<double>(CpKvRowBytes(config)) *
+                                         copied_rows / (gather_total_ms * 1e-3) / 1e9
+                                   : 0.0;
     std::printf(
         "key rows' copies (every segment's keys [0, end), %ld K/V heads x %ld): forward gather "
         "%.3f us, backward dK/dV sums %.3f us per 1000 key rows (%.0f rows over the rank runs "
-        "measured)\n",
+        "measured); the forward gather moves %.0f GB/s read + written (--cp-gather-gbps)\n",
         long(kv_heads), long(dim), 1e3 * gather_total_ms / (copied_rows / 1e3),
-        1e3 * key_gradients_total_ms / (copied_rows / 1e3), copied_rows);
+        1e3 * key_gradients_total_ms / (copied_rows / 1e3), copied_rows, gather_gbps);
   }
   if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());
   return 0;

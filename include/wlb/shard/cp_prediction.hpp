@@ -314,10 +314,12 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
 }
 
 // A lower bound on PredictCp's max_ms under an all-causal mix, fed one rank at a time: a rank
-// takes at least its attention plus, once any rank moves rows, the cheaper of its own rows
-// (row-exact) and the all-gather of `rank_capacity` tokens per rank, each with the latency. It
-// never decreases as ranks are added, so a caller can stop once it exceeds what it compares with.
-// Valid with fewer rows than the plan moves and a capacity below the plan's (both only lower it).
+// takes at least its attention (with the copy of its segments' keys when
+// CommModel::gather_gbps prices it: the caller adds it) plus, once any rank moves rows, the cheaper
+// of its own rows (row-exact) and the all-gather of `rank_capacity` tokens per rank, each with the
+// latency. It never decreases as ranks are added, so a caller can stop once it exceeds what it
+// compares with. Valid with fewer rows than the plan moves and a capacity below the plan's (both
+// only lower it).
 class CausalCpLowerBound {
  public:
   CausalCpLowerBound(const KernelModel& model, const CpPlanOptions& options, int64_t ranks,
@@ -366,11 +368,12 @@ inline bool CausalCpSlowerThan(const ShardPlan& plan, const KernelModel& model,
   std::vector<int64_t> hi(docs, 0), own(docs, 0);
   CausalCpLowerBound bound(model, options, static_cast<int64_t>(plan.ranks.size()),
                            plan.rank_capacity);
+  const double copy_row_ms = options.comm.GatherRowMs(model);
   for (const RankShard& r : plan.ranks) {
-    double attention = 0.0;
+    double attention = 0.0;  // and the copy of the segment's keys [0, q_end) when priced
     int64_t received = 0;
     for (const Segment& s : r.segments) {
-      attention += model.SegmentMs(s.q_len(), s.q_end);
+      attention += model.SegmentMs(s.q_len(), s.q_end) + static_cast<double>(s.q_end) * copy_row_ms;
       const size_t i = static_cast<size_t>(s.doc_index);
       received -= hi[i] - own[i];
       hi[i] = std::max(hi[i], s.q_end);
