@@ -240,7 +240,7 @@ inline std::vector<RankExchange> ExchangedKvRows(const ShardPlan& plan,
 // gathered key rows (every segment's key range, [mask.KeyBegin(q_begin), q_end)) x GatherRowMs.
 // The layer ends with its slowest rank.
 struct CpPrediction {
-  double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange
+  double max_ms = 0.0;            // mix mean of max over ranks of attention + exchange (+ copy)
   double attention_max_ms = 0.0;  // mix mean of max over ranks of attention alone
   double exchanged_bytes = 0.0;   // mix mean of K/V bytes received, summed over ranks, by the
                                   // exchange ChooseExchange picks
@@ -249,7 +249,7 @@ struct CpPrediction {
                                   // rank's padded buffer moves (received, summed over ranks)
   double allgather_share = 0.0;   // share of the mix's layers whose exchange is the all-gather
   std::vector<ExchangeKind> exchange;    // per layer kind of the mix, in its order
-  std::vector<double> rank_ms;           // per rank: mix mean of attention + exchange
+  std::vector<double> rank_ms;           // per rank: mix mean of attention + exchange (+ copy)
   std::vector<double> rank_exchange_ms;  // per rank: mix mean of its (one-way) exchange alone
   std::vector<double> rank_gather_ms;    // per rank: mix mean of its key rows' copy (0 unpriced)
   // Per rank: (query, key) pairs summed over the mix's layers, each under its own mask (one

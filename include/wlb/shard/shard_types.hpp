@@ -96,10 +96,11 @@ inline constexpr double kDefaultCpLatencyUs = 10.0;
 // index_select, the CUDA executor's row gather), and in backward sums their dK/dV back. Two
 // segments of one document on a rank copy the shared prefix twice: the copy grows with the
 // number of segments, not the tokens. With gather_gbps > 0 PredictCp adds, per rank, its key rows
-// (RankShard::cu_seqlens_k's last entry under a causal mask) read and written once at that rate,
-// per pass; 0 (the default) prices no copy, as for a kernel that reads keys in place
-// (MagiAttention's FFA) and as issue 57's scoring does. No default rate yet: the copy's cost per
-// key row on an H100 is what wlb_cuda_cp_bench's "key rows' copies" line measures.
+// (RankShard::cu_seqlens_k's last entry under a causal mask) read and written once at that rate
+// (adaptive with a packed-call fit counts it once per pass, like the exchange); 0 (the default)
+// prices no copy, as for a kernel that reads keys in place (MagiAttention's FFA) and as issue 57's
+// scoring does. No default rate yet: the copy's cost per key row on an H100 is what
+// wlb_cuda_cp_bench's "key rows' copies" line measures.
 struct CommModel {
   double link_gbps = kDefaultCpLinkGbps;
   double latency_us = kDefaultCpLatencyUs;
