@@ -7,7 +7,7 @@
 //       [--kv_heads=8] [--head_dim=128] [--warmup=2] [--iters=5] [--seed=1]
 //       [--profile=PATH] [--packed_profile=PATH] [--json=PATH] [--kernel=flash|cudnn|reference]
 //       [--schedule=whole|split] [--exchange=all-gather|row-exact|rule] [--kv_one_collective=0|1]
-//       [--strategies=per-seq,per-seq-ordered,per-doc,hybrid]
+//       [--strategies=per-seq,per-seq-ordered,per-doc,hybrid] [--gather_gbps=0]
 //
 // adaptive's plan (ranked by kernel time alone, bench::KernelTimeOnly) is a row of its own,
 // "adaptive" with the strategy it chose in "chosen": when it is the plan of a measured strategy
@@ -34,7 +34,11 @@
 // Apart from the kernels each rank's key-row copies are timed (CpRankTimes::gather_ms and
 // key_gradients_ms: every segment's keys [0, end) are gathered into one contiguous run, so a rank
 // copies cu_seqlens_k.back() K and V rows forward and sums as many dK/dV rows backward); the last
-// lines give their cost per 1000 key rows, the price the kernel model leaves out.
+// lines give their cost per 1000 key rows, the price the kernel model leaves out. Every row's
+// total is also given with those copies added to each rank (max over ranks of fwd + bwd + gather
+// + dK/dV sums). --gather_gbps=G (> 0) adds a row "adaptive+copy": adaptive planned with the copy
+// priced at G GB/s (wlb::CommModel::gather_gbps, e.g. 3350), measured beside unpriced adaptive on
+// the same micro-batches: whether pricing the copy makes the default faster (issue 57).
 // Output is line-buffered and every JSON line flushed, so a run killed by `timeout` keeps every
 // micro-batch it finished; with --kernel=cudnn the last line says how many cuDNN graphs were
 // built and the seconds that took.
@@ -70,6 +74,7 @@ struct Measured {
   // fwd_ms / bwd_ms, which time the attention kernels alone).
   std::vector<double> gather_ms, key_gradients_ms;
   double max_ms = 0;                   // max over ranks of fwd + bwd
+  double max_with_copies_ms = 0;       // max over ranks of fwd + bwd + gather + dK/dV sums
   double imbalance = 1;                // max / mean of fwd + bwd
   wlb::ExchangeKind exchange = wlb::ExchangeKind::kAllGather;
   std::vector<int64_t> sent_bytes, received_bytes;  // per rank: forward K/V, counted
@@ -119,6 +124,8 @@ absl::StatusOr<Measured> Run(const wlb::ShardPlan& plan, const CpAttentionConfig
     m.gather_ms.push_back(Median(g[r]));
     m.key_gradients_ms.push_back(Median(kg[r]));
     total.push_back(m.fwd_ms.back() + m.bwd_ms.back());
+    m.max_with_copies_ms = std::max(m.max_with_copies_ms,
+                                    total.back() + m.gather_ms.back() + m.key_gradients_ms.back());
   }
   m.max_ms = *std::max_element(total.begin(), total.end());
   m.imbalance = wlb::MaxOverMean(total);
@@ -132,7 +139,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench::Flags flags(argc, argv);
   int64_t tokens = 131072, cp = 4, mbs = 8, heads = 32, kv_heads = 8, dim = 128, warmup = 2,
-          iters = 5, seed = 1;
+          iters = 5, seed = 1, gather_gbps = 0;
   CpExecutorOptions options;
   std::string profile, packed_profile, json,
       strategy_names = "per-seq,per-seq-ordered,per-doc,hybrid",
@@ -148,7 +155,8 @@ int main(int argc, char** argv) {
       flags.Str("profile", &profile) && flags.Str("packed_profile", &packed_profile) &&
       flags.Str("json", &json) && flags.Str("schedule", &schedule_name) &&
       flags.Str("exchange", &exchange_name) && flags.Int("kv_one_collective", &kv_one_collective) &&
-      flags.Str("strategies", &strategy_names) && flags.AllUsed();
+      flags.Str("strategies", &strategy_names) && flags.Int("gather_gbps", &gather_gbps) &&
+      flags.AllUsed();
   std::vector<wlb::ShardStrategy> measured;
   bool strategies_ok = true;
   for (const std::string& name : std::vector<std::string>(absl::StrSplit(strategy_names, ','))) {
@@ -179,7 +187,7 @@ int main(int argc, char** argv) {
   }
   if (!ok || !strategies_ok || !schedule || !exchange_ok ||
       (kv_one_collective != 0 && kv_one_collective != 1) || tokens < 1 || cp < 1 || mbs < 1 ||
-      iters < 1) {
+      iters < 1 || !wlb::ValidateCommModel({.gather_gbps = double(gather_gbps)}).ok()) {
     std::fprintf(stderr, "usage: see the comment at the top of cp_bench.cc\n");
     return 2;
   }
@@ -234,7 +242,7 @@ int main(int argc, char** argv) {
   // Summed over micro-batches: each strategy's slowest-rank fwd+bwd ms, and its kernel model's
   // forward error (every rank, and the slowest rank).
   struct Totals {
-    double max_ms = 0, err_sum = 0, err_max_sum = 0;
+    double max_ms = 0, with_copies_ms = 0, err_sum = 0, err_max_sum = 0;
     int err_n = 0, err_max_n = 0;
   };
   std::map<std::string, Totals> total;
@@ -252,6 +260,7 @@ int main(int argc, char** argv) {
     if (!r.ok()) return r.status();
     Totals& tot = total[name];
     tot.max_ms += r->max_ms;
+    tot.with_copies_ms += r->max_with_copies_ms;
     const std::vector<double> predicted = wlb::PredictRankMs(plan, *model);
     for (size_t rank = 0; rank < predicted.size(); ++rank) {
       if (r->fwd_ms[rank] <= 0) continue;
@@ -371,6 +380,27 @@ int main(int argc, char** argv) {
                    adaptive.status().ToString().c_str());
       return 1;
     }
+    if (gather_gbps > 0) {  // adaptive with the key rows' copy priced, beside it
+      wlb::CpPlanOptions priced = bench::KernelTimeOnly();
+      priced.comm.gather_gbps = double(gather_gbps);
+      absl::StatusOr<wlb::ShardPlan> copy_plan =
+          wlb::PlanShards(mb, int(cp), wlb::ShardStrategy("adaptive"), *model, priced);
+      if (!copy_plan.ok()) {
+        std::fprintf(stderr, "%s\n", copy_plan.status().ToString().c_str());
+        return 1;
+      }
+      const Measured* reuse = copy_plan->ranks == adaptive_plan->ranks ? &*adaptive : nullptr;
+      for (const auto& [s, plan] : plans) {
+        if (plan.ranks == copy_plan->ranks && plan.rank_capacity == copy_plan->rank_capacity) {
+          reuse = &m[s];
+        }
+      }
+      if (absl::StatusOr<Measured> r = measure(i, "adaptive+copy", *copy_plan, reuse); !r.ok()) {
+        std::fprintf(stderr, "micro-batch %ld adaptive+copy: %s\n", long(i),
+                     r.status().ToString().c_str());
+        return 1;
+      }
+    }
     double best = adaptive->max_ms;
     for (const auto& [s, r] : m) best = std::min(best, r.max_ms);
     std::printf("mb %ld adaptive picks %s (%s, %s the measured oracle)\n", long(i),
@@ -389,9 +419,9 @@ int main(int argc, char** argv) {
   const std::string base = total.contains("per-seq") ? "per-seq" : total.begin()->first;
   for (const auto& [name, tot] : total) {
     std::printf(
-        "  %-15s %10.3f ms  (%s / this = %.3fx)  model fwd error %.1f%% per rank, "
-        "%.1f%% slowest rank\n",
-        name.c_str(), tot.max_ms, base.c_str(), total[base].max_ms / tot.max_ms,
+        "  %-15s %10.3f ms  (%s / this = %.3fx)  with key copies %10.3f ms  model fwd error "
+        "%.1f%% per rank, %.1f%% slowest rank\n",
+        name.c_str(), tot.max_ms, base.c_str(), total[base].max_ms / tot.max_ms, tot.with_copies_ms,
         100 * tot.err_sum / std::max(tot.err_n, 1),
         100 * tot.err_max_sum / std::max(tot.err_max_n, 1));
   }
