@@ -1634,6 +1634,18 @@ TEST(MemoryCapTest, SpillFillsTheRoomiestRanksSlowestFirst) {
   }
 }
 
+// A balanced-chunks request over `mb` (its checked `starts`); the request refers to its arguments.
+ShardPlanRequest BalancedChunksRequest(const MicroBatch& mb, const std::vector<int64_t>& starts,
+                                       int cp, const KernelModel& model,
+                                       const CpPlanOptions& options) {
+  return {.mb = mb,
+          .starts = starts,
+          .cp_size = cp,
+          .requested = ShardStrategy("balanced-chunks"),
+          .model = model,
+          .options = options};
+}
+
 // balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones at most
 // into ceil(d / unit) pieces, and holds a rank's adjacent pieces of a document as one segment. A
 // short document is split only when the deal found no rank with room for it (SpillShards); the
@@ -1648,12 +1660,7 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
                                    model.analytic()));
       const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
       const CpPlanOptions options;
-      const ShardPlanRequest request{.mb = mb,
-                                     .starts = starts,
-                                     .cp_size = cp,
-                                     .requested = ShardStrategy("balanced-chunks"),
-                                     .model = model,
-                                     .options = options};
+      const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
       const int64_t unit = detail::BalancedChunkUnit(mb.tokens, cp, model);
       const int64_t cap = CpRankTokenCap(mb.tokens, cp);
       const detail::ChunkLedger dealt = detail::PlaceBalancedChunks(request, /*refine_rounds=*/0);
@@ -1700,12 +1707,7 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
     const CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
     const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
-    const ShardPlanRequest request{.mb = mb,
-                                   .starts = starts,
-                                   .cp_size = cp,
-                                   .requested = ShardStrategy("balanced-chunks"),
-                                   .model = model,
-                                   .options = options};
+    const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
     const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request);
     const ShardPlan plan = *detail::PlanBalancedChunks(request);
     ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);

@@ -367,13 +367,15 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", adaptive_plan.status().ToString().c_str());
       return 1;
     }
-    const Measured* same = nullptr;
-    for (const auto& [s, plan] : plans) {
-      if (plan.ranks == adaptive_plan->ranks &&
-          plan.rank_capacity == adaptive_plan->rank_capacity) {
-        same = &m[s];
+    // The measurement of a measured strategy's plan with the same ranks (the last such), if any.
+    const auto measured_as = [&](const wlb::ShardPlan& p) {
+      const Measured* found = nullptr;
+      for (const auto& [s, plan] : plans) {
+        if (plan.ranks == p.ranks && plan.rank_capacity == p.rank_capacity) found = &m[s];
       }
-    }
+      return found;
+    };
+    const Measured* same = measured_as(*adaptive_plan);
     absl::StatusOr<Measured> adaptive = measure(i, "adaptive", *adaptive_plan, same);
     if (!adaptive.ok()) {
       std::fprintf(stderr, "micro-batch %ld adaptive: %s\n", long(i),
@@ -389,12 +391,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", copy_plan.status().ToString().c_str());
         return 1;
       }
-      const Measured* reuse = copy_plan->ranks == adaptive_plan->ranks ? &*adaptive : nullptr;
-      for (const auto& [s, plan] : plans) {
-        if (plan.ranks == copy_plan->ranks && plan.rank_capacity == copy_plan->rank_capacity) {
-          reuse = &m[s];
-        }
-      }
+      const Measured* reuse = measured_as(*copy_plan);
+      if (reuse == nullptr && copy_plan->ranks == adaptive_plan->ranks) reuse = &*adaptive;
       if (absl::StatusOr<Measured> r = measure(i, "adaptive+copy", *copy_plan, reuse); !r.ok()) {
         std::fprintf(stderr, "micro-batch %ld adaptive+copy: %s\n", long(i),
                      r.status().ToString().c_str());
@@ -442,16 +440,16 @@ int main(int argc, char** argv) {
   if (copied_rows > 0) {
     // The forward gather as the planner's price: K/V rows of CpKvRowBytes read and written once
     // in gather_total_ms, the GB/s that wlb-plan --cp-gather-gbps (CommModel::gather_gbps) takes.
-    const double gather_gbps = gather_total_ms > 0.0
-                                   ? 2.0 * static_cast<double>(CpKvRowBytes(config)) *
-                                         copied_rows / (gather_total_ms * 1e-3) / 1e9
-                                   : 0.0;
+    const double copy_gbps = gather_total_ms > 0.0
+                                 ? 2.0 * static_cast<double>(CpKvRowBytes(config)) * copied_rows /
+                                       (gather_total_ms * 1e-3) / 1e9
+                                 : 0.0;
     std::printf(
         "key rows' copies (every segment's keys [0, end), %ld K/V heads x %ld): forward gather "
         "%.3f us, backward dK/dV sums %.3f us per 1000 key rows (%.0f rows over the rank runs "
         "measured); the forward gather moves %.0f GB/s read + written (--cp-gather-gbps)\n",
         long(kv_heads), long(dim), 1e3 * gather_total_ms / (copied_rows / 1e3),
-        1e3 * key_gradients_total_ms / (copied_rows / 1e3), copied_rows, gather_gbps);
+        1e3 * key_gradients_total_ms / (copied_rows / 1e3), copied_rows, copy_gbps);
   }
   if (kernel == AttentionKernel::kCudnn) std::printf("%s\n", bench::CudnnGraphLine().c_str());
   return 0;

@@ -314,21 +314,29 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
 }
 
 // A lower bound on PredictCp's max_ms under an all-causal mix, fed one rank at a time: a rank
-// takes at least its attention (with the copy of its segments' keys when
-// CommModel::gather_gbps prices it: the caller adds it) plus, once any rank moves rows, the cheaper
-// of its own rows (row-exact) and the all-gather of `rank_capacity` tokens per rank, each with the
-// latency. It never decreases as ranks are added, so a caller can stop once it exceeds what it
-// compares with. Valid with fewer rows than the plan moves and a capacity below the plan's (both
-// only lower it).
+// takes at least its attention (SegmentMs of its causal segments: with the copy of their keys
+// when CommModel::gather_gbps prices it) plus, once any rank moves rows, the cheaper of its own
+// rows (row-exact) and the all-gather of `rank_capacity` tokens per rank, each with the latency.
+// It never decreases as ranks are added, so a caller can stop once it exceeds what it compares
+// with. Valid with fewer rows than the plan moves and a capacity below the plan's (both only
+// lower it).
 class CausalCpLowerBound {
  public:
   CausalCpLowerBound(const KernelModel& model, const CpPlanOptions& options, int64_t ranks,
                      int64_t rank_capacity)
-      : row_ms_(options.comm.RowMs(model)),
+      : model_(&model),
+        copy_row_ms_(options.comm.GatherRowMs(model)),
+        row_ms_(options.comm.RowMs(model)),
         latency_ms_(options.comm.LatencyMs()),
         gather_ms_(
             ChooseExchangeOf(1, ranks, rank_capacity, options.comm.RowBytes(model), options.comm)
                 .allgather_ms) {}
+
+  // What one causal segment (queries [q_end - q_len, q_end), keys [0, q_end)) adds to a rank:
+  // its attention and, when priced, the copy of its keys.
+  double SegmentMs(int64_t q_len, int64_t q_end) const {
+    return model_->SegmentMs(q_len, q_end) + static_cast<double>(q_end) * copy_row_ms_;
+  }
 
   // One more rank: its attention (ms) and rows it receives or sends (any of them, at most its
   // max(sent, received)).
@@ -347,7 +355,8 @@ class CausalCpLowerBound {
   bool Exceeds(double ms) const { return this->ms() > ms * (1.0 + 1e-9); }
 
  private:
-  double row_ms_, latency_ms_, gather_ms_;
+  const KernelModel* model_;
+  double copy_row_ms_, row_ms_, latency_ms_, gather_ms_;
   double attention_max_ = 0.0, row_exact_max_ = 0.0;
   bool moves_ = false;
 };
@@ -368,12 +377,11 @@ inline bool CausalCpSlowerThan(const ShardPlan& plan, const KernelModel& model,
   std::vector<int64_t> hi(docs, 0), own(docs, 0);
   CausalCpLowerBound bound(model, options, static_cast<int64_t>(plan.ranks.size()),
                            plan.rank_capacity);
-  const double copy_row_ms = options.comm.GatherRowMs(model);
   for (const RankShard& r : plan.ranks) {
-    double attention = 0.0;  // and the copy of the segment's keys [0, q_end) when priced
+    double attention = 0.0;
     int64_t received = 0;
     for (const Segment& s : r.segments) {
-      attention += model.SegmentMs(s.q_len(), s.q_end) + static_cast<double>(s.q_end) * copy_row_ms;
+      attention += bound.SegmentMs(s.q_len(), s.q_end);
       const size_t i = static_cast<size_t>(s.doc_index);
       received -= hi[i] - own[i];
       hi[i] = std::max(hi[i], s.q_end);

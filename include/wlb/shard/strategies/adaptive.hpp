@@ -134,9 +134,8 @@ bool PerDocumentCutsSlowerThan(const MicroBatch& mb, int cp_size, Pred&& sharded
   if (!options.mix.all_causal() || ms == INFINITY) return false;
   const int64_t n = 2 * static_cast<int64_t>(cp_size);
   CausalCpLowerBound bound(model, options, cp_size, (mb.tokens + cp_size - 1) / cp_size);
-  const double copy_row_ms = options.comm.GatherRowMs(model);
   for (int64_t r = 0; r < cp_size; ++r) {
-    double attention = 0.0;  // and the copy of the cut segments' keys when priced
+    double attention = 0.0;
     int64_t received = 0;
     int64_t pointer = 0;  // as ForEachPerDocumentSegment's
     for (size_t i = 0; i < mb.documents.size(); ++i) {
@@ -146,7 +145,7 @@ bool PerDocumentCutsSlowerThan(const MicroBatch& mb, int cp_size, Pred&& sharded
       for (const int64_t j : {r, n - 1 - r}) {
         const auto [b, e] = PerDocumentShard(length, n, pointer, j);
         if (b == e) continue;
-        attention += model.SegmentMs(e - b, e) + static_cast<double>(e) * copy_row_ms;
+        attention += bound.SegmentMs(e - b, e);
         hi = std::max(hi, e);
         own += e - b;
       }
@@ -172,18 +171,16 @@ inline bool PerSequenceCutsSlowerThan(const std::vector<int64_t>& starts, int cp
     int64_t doc = -1, end = 0;  // its last segment's document and end
   };
   std::vector<RankSoFar> ranks(static_cast<size_t>(cp_size));
-  const double copy_row_ms = options.comm.GatherRowMs(model);
+  CausalCpLowerBound bound(model, options, cp_size, 2 * PerSequenceChunk(starts.back(), cp_size));
   // A rank holds at most two segments of a document, one per chunk, in this call order, so it
-  // needs keys [0, the later one's end) and receives the gaps below its segments; it copies
-  // keys [0, qe) of each segment when the copy is priced.
+  // needs keys [0, the later one's end) and receives the gaps below its segments.
   ForEachPerSequenceSegment(starts, cp_size, [&](int rank, int64_t i, int64_t qb, int64_t qe) {
     RankSoFar& s = ranks[static_cast<size_t>(rank)];
-    s.attention += model.SegmentMs(qe - qb, qe) + static_cast<double>(qe) * copy_row_ms;
+    s.attention += bound.SegmentMs(qe - qb, qe);
     s.received += qb - (s.doc == i ? s.end : 0);
     s.doc = i;
     s.end = qe;
   });
-  CausalCpLowerBound bound(model, options, cp_size, 2 * PerSequenceChunk(starts.back(), cp_size));
   for (const RankSoFar& s : ranks) {
     bound.AddRank(s.attention, s.received);
     if (bound.Exceeds(ms)) return true;
