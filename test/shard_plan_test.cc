@@ -894,21 +894,20 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       EXPECT_LE(dd_ms, PredictCp(blind, model, options).max_ms * (1 + 1e-12));
     }
     // A document is whole on one rank, sharded over an aligned group of g ranks (g a power of
-    // two or C), two shards per rank, shard sizes within one token, or spilled under the memory
-    // cap: one contiguous piece per rank.
-    std::vector<std::vector<std::pair<int, int64_t>>> by_doc(mb.documents.size());
+    // two or C), two shards per rank, or spilled under the memory cap: one contiguous piece per
+    // rank. Shards are whole query tiles within one tile of each other, the d mod tile rest
+    // leading the first (WholeTileShard), when the document has at least 2g tiles; else their
+    // sizes are within one token.
+    std::vector<std::vector<std::tuple<int, int64_t, int64_t>>> by_doc(mb.documents.size());
     for (const RankShard& r : dd->ranks) {
-      for (const Segment& s : r.segments) by_doc[s.doc_index].push_back({r.rank, s.q_len()});
+      for (const Segment& s : r.segments) {
+        by_doc[s.doc_index].push_back({r.rank, s.q_begin, s.q_len()});
+      }
     }
     for (size_t i = 0; i < by_doc.size(); ++i) {
       if (by_doc[i].size() == 1 || dd->strategy != ShardStrategy("doc-degree")) continue;
       std::vector<int> ranks;
-      int64_t lo = INT64_MAX, hi = 0;
-      for (const auto& [r, len] : by_doc[i]) {
-        ranks.push_back(r);
-        lo = std::min(lo, len);
-        hi = std::max(hi, len);
-      }
+      for (const auto& [r, begin, len] : by_doc[i]) ranks.push_back(r);
       std::sort(ranks.begin(), ranks.end());
       ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
       const int g = static_cast<int>(ranks.size());
@@ -917,7 +916,17 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
       EXPECT_EQ(ranks.front() % g, 0) << "doc " << i;
       EXPECT_EQ(ranks.back() - ranks.front() + 1, g) << "doc " << i;
       EXPECT_EQ(by_doc[i].size(), static_cast<size_t>(2 * g)) << "doc " << i;
-      EXPECT_LE(hi - lo, 1) << "doc " << i;
+      const int64_t length = mb.documents[i].length, tile = model.tile_q();
+      const bool whole_tiles = length / tile >= 2 * g;
+      int64_t lo = INT64_MAX, hi = 0;
+      for (const auto& [r, begin, len] : by_doc[i]) {
+        // Whole-tile shards: the first holds the rest.
+        const int64_t tiled = len - (whole_tiles && begin == 0 ? length % tile : 0);
+        if (whole_tiles) EXPECT_EQ(tiled % tile, 0) << "doc " << i;
+        lo = std::min(lo, tiled);
+        hi = std::max(hi, tiled);
+      }
+      EXPECT_LE(hi - lo, whole_tiles ? tile : 1) << "doc " << i;
     }
     // Deterministic; a fixed strategy's plan is that strategy's plan.
     EXPECT_EQ(*dd, *PlanShards(mb, cp, ShardStrategy("doc-degree"), model, options));
@@ -1667,6 +1676,19 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
       int64_t room = 0;
       for (size_t r = 0; r < static_cast<size_t>(cp); ++r) {
         room = std::max(room, cap - dealt.tokens(r));
+      }
+      // The cut, before any spill: whole units counted from each document's end, the first
+      // chunk holding the d mod unit rest (the unit is whole query tiles).
+      EXPECT_EQ(unit % model.tile_q(), 0);
+      size_t item = 0;
+      for (size_t i = 0; i < mb.documents.size(); ++i) {
+        const int64_t d = mb.documents[i].length;
+        for (int64_t b = 0, e = d % unit == 0 ? std::min(d, unit) : d % unit; b < d;
+             b = e, e += unit, ++item) {
+          ASSERT_LT(item, dealt.items().size());
+          const detail::ChunkLedger::Item& it = dealt.items()[item];
+          EXPECT_EQ(std::tie(it.doc, it.begin, it.end), std::tie(i, b, e)) << "item " << item;
+        }
       }
       std::vector<int> dealt_pieces(mb.documents.size(), 0);
       for (const detail::ChunkLedger::Item& it : dealt.items())

@@ -114,6 +114,24 @@ inline std::pair<int64_t, int64_t> PerDocumentShard(int64_t length, int64_t n, i
   return {begin, begin + size};
 }
 
+// Shard j of n of a document cut in whole query tiles: the document's length / tile whole tiles
+// are dealt as PerDocumentShard deals tokens (pointer in tiles), and the length mod tile rest
+// leads shard 0. A varlen kernel tiles a segment from its first query and a partial last tile
+// costs a full one over all its keys (KernelModel::PaddedFlops), so only shard 0, over the
+// document's fewest keys, pays one. A document of fewer than n tiles is cut by PerDocumentShard.
+inline std::pair<int64_t, int64_t> WholeTileShard(int64_t length, int64_t n, int64_t pointer,
+                                                  int64_t j, int64_t tile) {
+  const int64_t tiles = length / tile, rest = length % tile;
+  if (tiles < n) return PerDocumentShard(length, n, pointer, j);
+  const auto [begin, end] = PerDocumentShard(tiles, n, pointer, j);
+  return {j == 0 ? 0 : begin * tile + rest, end * tile + rest};
+}
+
+// How far WholeTileShard's remainder pointer moves past a document of `length`.
+inline int64_t WholeTilePointerStep(int64_t length, int64_t n, int64_t tile) {
+  return length / tile < n ? length % n : length / tile % n;
+}
+
 // Calls fn(rank, doc_index, q_begin, q_end) for every non-empty per-document shard of the
 // documents i with sharded(i), chunks 0..C-1 first and then C..2C-1, so appending to the rank
 // gives chunk r before chunk 2C-1-r.

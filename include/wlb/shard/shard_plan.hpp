@@ -63,17 +63,18 @@
 //    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
 //    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
 //    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
-//    per g. Documents are placed most expensive first, each with the (g, group) that keeps every
-//    member within the memory cap (CpRankTokenCap) and gives the
-//    lowest predicted slowest rank of the plan built so far as the executors would run it: a
-//    rank's time is attention (KernelModel under CpPlanOptions::mix, see MaskedSegmentMs) plus,
-//    per layer kind, the exchange ChooseExchange picks for that plan: row-exact, the K/V rows the
-//    rank exchanges (max of sent and received, see ExchangedKvRows) times CommModel bytes per row
-//    over the link, plus CommModel::latency_us on every rank once any rank moves rows; or the
-//    all-gather fallback, (C - 1) x rank_capacity rows plus the latency on every rank (exact for
-//    one mask; with several, see strategies/doc_degree.hpp) (ties: the lower slowest member, then
-//    less added time, smaller g, lower group); a document no placement fits is cut into
-//    contiguous pieces over the ranks with the most room (SpillShards). The greedy plan is
+//    per g, in whole query tiles when the document has at least 2g (WholeTileShard: the
+//    d mod tile rest leads shard 0, so no other shard pays a partial tile). Documents are placed
+//    most expensive first, each with the (g, group) that keeps every member within the memory cap
+//    (CpRankTokenCap) and gives the lowest predicted slowest rank of the plan built so far as the
+//    executors would run it: a rank's time is attention (KernelModel under CpPlanOptions::mix, see
+//    MaskedSegmentMs) plus, per layer kind, the exchange ChooseExchange picks for that plan:
+//    row-exact, the K/V rows the rank exchanges (max of sent and received, see ExchangedKvRows)
+//    times CommModel bytes per row over the link, plus CommModel::latency_us on every rank once any
+//    rank moves rows; or the all-gather fallback, (C - 1) x rank_capacity rows plus the latency on
+//    every rank (exact for one mask; with several, see strategies/doc_degree.hpp) (ties: the lower
+//    slowest member, then less added time, smaller g, lower group); a document no placement fits is
+//    cut into contiguous pieces over the ranks with the most room (SpillShards). The greedy plan is
 //    then compared with per-doc's, hybrid's (when within the cap), per-seq-ordered's and (for a mix
 //    with non-causal masks) the greedy plan made for all-causal layers, under PredictCp, which
 //    prices every plan with the exchange the executor runs (ChooseExchange: row-exact, or the
@@ -84,7 +85,8 @@
 //    segments: early shards, late shards, then whole documents, each in micro-batch order;
 //    rank_capacity is the largest rank's tokens.
 //  - balanced-chunks: documents of at most ceil(T / 8C) tokens (rounded up to the query tile)
-//    whole, longer ones in near-equal contiguous chunks of at most that; each rank priced as
+//    whole, longer ones in contiguous chunks of that many tokens counted from the document's end
+//    (the first chunk holds the rest, so only it pays a partial tile); each rank priced as
 //    attention + max(K/V rows sent, received) x CommModel::RowMs (causal row-exact); costliest
 //    first, each to the rank among those with room under the memory cap that leaves the slowest
 //    rank fastest (spilled over the roomiest ranks when none has room), then up to two rounds of

@@ -2,8 +2,13 @@
 // memory cap (see shard_plan.hpp).
 //
 // A document of at most `unit` tokens stays whole (short documents are never split); a longer one
-// is cut into ceil(d / unit) contiguous chunks of near-equal size, unit = ceil(T / 8C) rounded up
-// to the kernel's query tile (about 8 chunks' worth of tokens per rank). Each rank is priced as
+// is cut into ceil(d / unit) contiguous chunks, unit = ceil(T / 8C) rounded up to the kernel's
+// query tile (about 8 chunks' worth of tokens per rank), counted from the document's end: every
+// chunk is `unit` tokens but the first, which holds the d mod unit rest. A varlen kernel tiles a
+// segment's queries from its first row, and a partial last tile costs a full one over all the
+// segment's keys (KernelModel::PaddedFlops), so whole-tile chunks pay none and the one partial
+// tile falls where keys are fewest (near-equal chunks of d / n rows paid one per chunk: 0.6% of
+// the balance table's mean slowest rank, docs/results/cp/balance.md). Each rank is priced as
 // the executors run it: its attention (KernelModel::SegmentCallMs of every chunk's queries over
 // keys [0, end): SegmentMs, or with a packed-call fit the fit's forward + backward of the chunk)
 // plus max(rows sent, rows received) x CommModel::RowMs (x 2 with a backward fit: the exchange
@@ -385,9 +390,10 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, int refine_rou
   ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model) * r.model.passes());
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
-    const int64_t n = (d + unit - 1) / unit;
-    for (int64_t j = 0; j < n; ++j) {
-      const auto [b, e] = PerDocumentShard(d, n, 0, j);
+    // Cut from the document's end: every chunk but the first is `unit` tokens, a whole number of
+    // query tiles, so no chunk (nor a rank's run of adjacent chunks) pays a partial tile but the
+    // first, whose partial tile has the document's fewest keys.
+    for (int64_t b = 0, e = d % unit == 0 ? unit : d % unit; b < d; b = e, e += unit) {
       ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
   }

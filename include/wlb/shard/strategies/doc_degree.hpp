@@ -87,6 +87,7 @@ struct DocumentDegreePlacement {
   };
   std::vector<Placement> placed;
   std::vector<std::vector<DocShard>> spilled;
+  int64_t tile = 1;  // the kernel's query tile: zig-zag shards are whole tiles (WholeTileShard)
 };
 
 // doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
@@ -136,6 +137,7 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
   const bool may_give_up = give_up_above_ms < INFINITY && mix.all_causal();
   const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
   std::vector<int64_t> pointer(degrees.size(), 0);
+  const int64_t tile = out.tile = std::max<int64_t>(1, model.tile_q());
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
   // row_ms), attention alone, and the time as priced now (with the latency of moving kinds).
   std::vector<double> row_exact(ranks), attention_only(ranks), before(ranks);
@@ -206,7 +208,7 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
         shards.clear();
         for (int m = 0; m < g; ++m) {
           for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-            const auto [b, e] = PerDocumentShard(length, n, pointer[di], j);
+            const auto [b, e] = WholeTileShard(length, n, pointer[di], j, tile);
             shards.push_back({m, b, e});
             dt[static_cast<size_t>(m)] += e - b;
           }
@@ -313,11 +315,12 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       if (g == 1) shards.push_back({first, 0, length});
       for (int m = 0; g > 1 && m < g; ++m) {
         for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-          const auto [b, e] = PerDocumentShard(length, n, pointer[best_degree], j);
+          const auto [b, e] = WholeTileShard(length, n, pointer[best_degree], j, tile);
           shards.push_back({first + m, b, e});
         }
       }
-      if (g > 1) pointer[best_degree] = (pointer[best_degree] + length % n) % n;
+      if (g > 1)
+        pointer[best_degree] = (pointer[best_degree] + WholeTilePointerStep(length, n, tile)) % n;
     }
     for (const DocShard& sh : shards) tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
     for (size_t k = 0; k < kinds; ++k) {
@@ -372,7 +375,8 @@ inline absl::StatusOr<ShardPlan> DocumentDegreePlan(const MicroBatch& mb,
       if (half == 2) continue;
       const int64_t n = 2 * static_cast<int64_t>(p.degree);
       for (int m = 0; m < p.degree; ++m) {
-        const auto [lo, hi] = PerDocumentShard(length, n, p.pointer, half == 0 ? m : n - 1 - m);
+        const auto [lo, hi] =
+            WholeTileShard(length, n, p.pointer, half == 0 ? m : n - 1 - m, placement.tile);
         if (lo < hi) b.Add(p.first_rank + m, static_cast<int64_t>(i), lo, hi);
       }
     }
