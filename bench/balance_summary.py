@@ -6,7 +6,7 @@
 From the `adaptive` row of every cell (stream x C x link): its mean slowest rank over the
 smallest mean of the cell's rows (every strategy and peer), the worst micro-batch against the
 fastest plan within the memory cap ("x capped worst"), how many cells have a micro-batch more
-than 1% behind, and the range of its gathered key rows; then the raw file's last line (the
+than 1% behind (in all and per C), and the range of its gathered key rows; then the raw file's last line (the
 micro-batch cells where a peer's plan beats every wlb plan).
 """
 import argparse
@@ -27,19 +27,23 @@ def summarize(path):
     if not cells:
         raise SystemExit(f"{path}: no balance table rows")
     mean_ratio, capped_worst, over, key_means, key_worst = 0.0, 0.0, 0, [], 0.0
-    for rows in cells.values():
+    over_by_c = collections.Counter({c: 0 for _, c, _ in cells})  # cells > 1% per CP size
+    for (_, c, _), rows in cells.items():
         adaptive = next(r for r in rows if r[3] == "adaptive")
         best_mean = min(float(r[4]) for r in rows)
         mean_ratio = max(mean_ratio, float(adaptive[4]) / best_mean)
         capped = float(adaptive[7])
         capped_worst = max(capped_worst, capped)
         over += capped > 1.01
+        over_by_c[c] += capped > 1.01
         key_mean, worst = (float(x) for x in adaptive[11].split("/"))
         key_means.append(key_mean)
         key_worst = max(key_worst, worst)
     print(f"{path}: {len(cells)} cells; adaptive's mean slowest rank / the best row's mean, worst "
           f"cell {mean_ratio:.4f}; worst micro-batch / fastest capped plan {capped_worst:.4f}; "
-          f"cells with a micro-batch > 1%: {over}; key rows / (T / C) means "
+          f"cells with a micro-batch > 1%: {over} ("
+          + ", ".join(f"C = {c}: {n}" for c, n in sorted(over_by_c.items(), key=lambda x: int(x[0])))
+          + "); key rows / (T / C) means "
           f"{min(key_means):.2f}-{max(key_means):.2f}, worst {key_worst:.2f}")
     print(f"  {last}")
 

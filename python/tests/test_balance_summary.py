@@ -21,8 +21,8 @@ def test_committed_tables_give_the_quoted_numbers():
     assert out.returncode == 0, out.stderr
     flash, gather = out.stdout.split("\n  ")[0], out.stdout.split("\n")[2]
     assert "48 cells" in flash and "fastest capped plan 1.0207" in flash
-    assert "worst cell 1.0000" in flash and "> 1%: 13;" in flash
-    assert "fastest capped plan 1.0024" in gather and "> 1%: 0;" in gather
+    assert "worst cell 1.0000" in flash and "> 1%: 13 (C = 2: 13, C = 4: 0, C = 8: 0);" in flash
+    assert "fastest capped plan 1.0024" in gather and "> 1%: 0 (" in gather
     assert "430 of 9720" in out.stdout and "12 of 9720" in out.stdout
 
 
