@@ -15,7 +15,7 @@ seconds=${1:-600}
 shift || true
 harnesses=("$@")
 if [ ${#harnesses[@]} -eq 0 ]; then
-  harnesses=(lengths_fuzzer state_fuzzer profile_fuzzer cli_fuzzer megatron_index_fuzzer)
+  harnesses=(lengths_fuzzer state_fuzzer profile_fuzzer cli_fuzzer megatron_index_fuzzer shard_fuzzer)
 fi
 CXX=${FUZZ_CXX:-clang++} cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DWLB_BUILD_CUDA=OFF -DWLB_BUILD_FUZZERS=ON -DWLB_BUILD_TESTS=OFF -DWLB_BUILD_BENCH=OFF \

@@ -1,0 +1,71 @@
+// Fuzzes CP shard planning: the input picks a CP size, a strategy, a link, a layer mix, whether the
+// key copy is priced, and the micro-batch's document lengths. Every strategy must plan every such
+// micro-batch: a complete plan (ValidateShardPlan: every token once, keys the piece's prefix,
+// consistent cu_seqlens), the same plan twice, a finite prediction, and for the strategies that
+// cap memory (adaptive, doc-degree, balanced-chunks) no rank above CpRankTokenCap.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "fuzz_check.hpp"
+#include "wlb/wlb.hpp"
+
+namespace {
+
+// Reads the input front to back; past its end every read is 0.
+struct Bytes {
+  const uint8_t* data;
+  size_t size;
+  size_t at = 0;
+  uint32_t Next(int bytes) {
+    uint32_t v = 0;
+    for (int i = 0; i < bytes; ++i) v = v << 8 | (at < size ? data[at++] : 0);
+    return v;
+  }
+  bool done() const { return at >= size; }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Bytes in{data, size};
+  const int cp = 1 + static_cast<int>(in.Next(1) % 64);
+  constexpr auto all = wlb::ShardStrategy::All();
+  const wlb::ShardStrategy strategy = all[in.Next(1) % all.size()];
+  const double links[] = {450.0, 25.0, 1e-3, 1e6};
+  const uint32_t knobs = in.Next(1);
+  wlb::CpPlanOptions options{.comm = {.link_gbps = links[knobs % 4]}};
+  if (knobs & 4) options.comm.gather_gbps = 3350.0;
+  const int64_t window = 1 + in.Next(2);
+  if (knobs & 8) options.mix = *wlb::LayerMix::Parse(absl::StrFormat("window:%dx3,causal", window));
+  if (knobs & 16) options.mix = *wlb::LayerMix::Parse(absl::StrFormat("chunk:%dx2,causal", window));
+  static const wlb::KernelModel analytic = wlb::KernelModel::DefaultAnalytic();
+  const wlb::KernelModel& model = knobs & 32 ? wlb::KernelModel::Default() : analytic;
+  // Lengths: 2 bytes each (1..65535 tokens; 0xffff means 2^20), at most 2^21 tokens in all.
+  wlb::MicroBatch mb;
+  while (!in.done() && mb.documents.size() < 4096) {
+    int64_t length = 1 + in.Next(2);
+    if (length == 1 + 0xffff) length = int64_t{1} << 20;
+    if (mb.tokens + length > (int64_t{1} << 21)) break;
+    mb.documents.push_back(
+        wlb::Document{.id = static_cast<int64_t>(mb.documents.size()), .length = length});
+    mb.tokens += length;
+  }
+  absl::StatusOr<wlb::ShardPlan> plan = wlb::PlanShards(mb, cp, strategy, model, options);
+  if (!plan.ok()) std::fprintf(stderr, "%s\n", plan.status().ToString().c_str());
+  WLB_FUZZ_CHECK(plan.ok());
+  WLB_FUZZ_CHECK(wlb::ValidateShardPlan(*plan, mb).ok());
+  absl::StatusOr<wlb::ShardPlan> again = wlb::PlanShards(mb, cp, strategy, model, options);
+  WLB_FUZZ_CHECK(again.ok() && *again == *plan);
+  const wlb::CpPrediction p = wlb::PredictCp(*plan, model, options);
+  WLB_FUZZ_CHECK(std::isfinite(p.max_ms) && p.max_ms >= 0.0);
+  if (strategy == wlb::ShardStrategy("adaptive") || strategy == wlb::ShardStrategy("doc-degree") ||
+      strategy == wlb::ShardStrategy("balanced-chunks")) {
+    WLB_FUZZ_CHECK(plan->rank_capacity <= wlb::CpRankTokenCap(mb.tokens, cp));
+  }
+  return 0;
+}
