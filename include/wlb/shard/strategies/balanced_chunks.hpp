@@ -390,9 +390,7 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, int refine_rou
   ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model) * r.model.passes());
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
-    // Cut from the document's end: every chunk but the first is `unit` tokens, a whole number of
-    // query tiles, so no chunk (nor a rank's run of adjacent chunks) pays a partial tile but the
-    // first, whose partial tile has the document's fewest keys.
+    // From the document's end: whole-tile chunks of `unit`, the d mod unit rest first.
     for (int64_t b = 0, e = d % unit == 0 ? unit : d % unit; b < d; b = e, e += unit) {
       ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
