@@ -74,14 +74,16 @@ def case_tensors(case, tokens):
 
 
 def plan_options(case):
-    """doc-degree cases with "pair_model": a tile-1 kernel model without per-segment overhead and
-    a fast link, so that even the tests' short documents get sharded over rank groups; with
-    "analytic_model": the analytic curve (KernelModel.analytic())."""
+    """doc-degree cases with "pair_model": a tile-1 kernel model (tile "pair_tile" when given,
+    so that doc-degree cuts whole-tile shards with the rest leading the first) without
+    per-segment overhead and a fast link, so that even the tests' short documents get sharded
+    over rank groups; with "analytic_model": the analytic curve (KernelModel.analytic())."""
     if case.get("analytic_model"):
         return {"kernel_model": wlb.KernelModel.analytic()}
     if not case.get("pair_model"):
         return {}
-    return {"kernel_model": wlb.KernelModel.analytic(tile_q=1, tile_k=1, q_half=0.0,
+    tile = case.get("pair_tile", 1)
+    return {"kernel_model": wlb.KernelModel.analytic(tile_q=tile, tile_k=tile, q_half=0.0,
                                                      segment_overhead_ms=0.0),
             "cp_link_gbps": 1e5}
 

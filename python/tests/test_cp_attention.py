@@ -76,6 +76,7 @@ def cases_for(world, seed, count):
         cases.append({"packer": packer, "lengths": lengths,
                       "strategy": STRATEGIES[i % len(STRATEGIES)],
                       "pair_model": i % (2 * len(STRATEGIES)) == len(STRATEGIES) - 1,
+                      "pair_tile": 4 if i % (4 * len(STRATEGIES)) >= 2 * len(STRATEGIES) else 1,
                       "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                       "kv_heads": kv_heads, "head_dim": int(rng.choice([4, 8])),
                       "overlap": None if i % 3 else False, "fake_varlen": i % 3 == 1})
@@ -191,6 +192,7 @@ def masked_cases(world, seed):
                         # (its greedy plan runs), the measured default rarely does
                         "layer_mix": mask,
                         "pair_model": strategy == "doc-degree" and len(cases) % 3 == 0,
+                        "pair_tile": 4 if len(cases) % 2 else 1,  # whole-tile shards too
                         "analytic_model": strategy == "doc-degree" and len(cases) % 3 == 1,
                         "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                         "kv_heads": kv_heads, "head_dim": 4}

@@ -134,6 +134,17 @@ def test_doc_degree_exchange_and_link():
     whole = wlb.plan_shards(tiny, 4, "doc-degree", kernel_model=pairs, cp_link_gbps=1e5)
     check_plan(whole, tiny)
     assert whole.cp_prediction["exchanged_bytes"] == 0
+    # With 8-row query tiles its zig-zag shards are whole tiles, the 203 mod 8 rest leading the
+    # first shard (no other shard pays a partial tile).
+    tiles = wlb.KernelModel.analytic(tile_q=8, tile_k=8, q_half=0.0, segment_overhead_ms=0.0)
+    tiled = wlb.plan_shards([203] + [20] * 6, 4, "doc-degree", kernel_model=tiles,
+                            cp_link_gbps=1e5, cp_latency_us=0.0)
+    check_plan(tiled, [203] + [20] * 6)
+    assert tiled.strategy == "doc-degree"
+    shards = sorted((int(b), int(e)) for r in tiled.ranks
+                    for b, e, d in zip(r.q_begin, r.q_end, r.doc_index) if d == 0)
+    assert len(shards) == 8 and shards[0] == (0, 35), shards  # 4 tiles + the rest of 3
+    assert all((e - b) % 8 == 0 and e - b in (24, 32) for b, e in shards[1:]), shards
     # Local layers need fewer keys: less to exchange for the same plan.
     windowed = wlb.plan_shards(lengths, 4, "per-doc", layer_mix="window:1024x5,causal")
     assert windowed.cp_prediction["exchanged_bytes"] < per_doc.cp_prediction["exchanged_bytes"]
