@@ -6,8 +6,9 @@
 From the `adaptive` row of every cell (stream x C x link): its mean slowest rank over the
 smallest mean of the cell's rows (every strategy and peer), the worst micro-batch against the
 fastest plan within the memory cap ("x capped worst"), how many cells have a micro-batch more
-than 1% behind (in all and per C), and the range of its gathered key rows; then the raw file's last line (the
-micro-batch cells where a peer's plan beats every wlb plan).
+than 1% behind (in all and per C), and the range of its gathered key rows; then the raw file's
+lines after the table (the micro-batch cells where a peer's plan beats every wlb plan, and
+adaptive's worst against the fastest wlb plan within the cap).
 """
 import argparse
 import collections
@@ -15,11 +16,13 @@ import collections
 
 def summarize(path):
     cells = collections.defaultdict(list)
-    last = ""
+    after = []  # the lines after the table
     with open(path) as f:
         for line in f:
-            if line.strip():
-                last = line.strip()
+            if line.startswith("|"):
+                after = []
+            elif line.strip():
+                after.append(line.strip())
             if not line.startswith("| ") or line.startswith("| stream"):
                 continue
             row = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -45,7 +48,8 @@ def summarize(path):
           + ", ".join(f"C = {c}: {n}" for c, n in sorted(over_by_c.items(), key=lambda x: int(x[0])))
           + "); key rows / (T / C) means "
           f"{min(key_means):.2f}-{max(key_means):.2f}, worst {key_worst:.2f}")
-    print(f"  {last}")
+    for line in after:
+        print(f"  {line}")
 
 
 def main():
