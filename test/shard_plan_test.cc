@@ -896,7 +896,7 @@ TEST(ShardPlanPropertyTest, NewStrategiesCoverExactlyAndExchangeWhatTheyNeed) {
     // A document is whole on one rank, sharded over an aligned group of g ranks (g a power of
     // two or C), two shards per rank, or spilled under the memory cap: one contiguous piece per
     // rank. Shards are whole query tiles within one tile of each other, the d mod tile rest
-    // leading the first (WholeTileShard), when the document has at least 2g tiles; else their
+    // leading the first (WholeTileCut), when the document has at least 2g tiles; else their
     // sizes are within one token.
     std::vector<std::vector<std::tuple<int, int64_t, int64_t>>> by_doc(mb.documents.size());
     for (const RankShard& r : dd->ranks) {

@@ -438,11 +438,17 @@ inline std::string PlanSettingHelp(const PlanSetting& row) {
   return absl::StrCat(readers, ": ", help);
 }
 
+// A setting's key as a flag, the way the README spells flags: "cp_link_gbps" -> "--cp-link-gbps".
+inline std::string FlagSpelling(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return "--" + key;
+}
+
 // "--flag is not used by this run: why": a setting the run would not use is an error, never
 // silently ignored. `key` is spelled with '_' or '-'. Every front end's check words it so.
 inline absl::Status UnusedOption(std::string key, std::string_view why) {
-  std::replace(key.begin(), key.end(), '_', '-');  // as the README spells flags
-  return absl::InvalidArgumentError(absl::StrFormat("--%s is not used by this run: %s", key, why));
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s is not used by this run: %s", FlagSpelling(std::move(key)), why));
 }
 
 // The one "not used by this run" check of packer options: the first given packer option of

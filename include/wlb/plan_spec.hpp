@@ -174,9 +174,8 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
     CommModel only;  // the defaults but for this setting: the error is about its value
     only.*c.field = s.cp_options.comm.*c.field;
     if (absl::Status st = ValidateCommModel(only); !st.ok()) {
-      std::string flag = c.key;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      return absl::InvalidArgumentError(absl::StrFormat("--%s: %s", flag, st.message()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: %s", FlagSpelling(c.key), st.message()));
     }
   }
   return s;

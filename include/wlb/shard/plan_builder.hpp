@@ -114,23 +114,29 @@ inline std::pair<int64_t, int64_t> PerDocumentShard(int64_t length, int64_t n, i
   return {begin, begin + size};
 }
 
-// Shard j of n of a document cut in whole query tiles: the document's length / tile whole tiles
-// are dealt as PerDocumentShard deals tokens (pointer in tiles), and the length mod tile rest
-// leads shard 0. A varlen kernel tiles a segment from its first query and a partial last tile
-// costs a full one over all its keys (KernelModel::PaddedFlops), so only shard 0, over the
-// document's fewest keys, pays one. A document of fewer than n tiles is cut by PerDocumentShard.
-inline std::pair<int64_t, int64_t> WholeTileShard(int64_t length, int64_t n, int64_t pointer,
-                                                  int64_t j, int64_t tile) {
-  const int64_t tiles = length / tile, rest = length % tile;
-  if (tiles < n) return PerDocumentShard(length, n, pointer, j);
-  const auto [begin, end] = PerDocumentShard(tiles, n, pointer, j);
-  return {j == 0 ? 0 : begin * tile + rest, end * tile + rest};
-}
+// A document's zig-zag cut into n shards in whole query tiles: its length / tile whole tiles are
+// the units PerDocumentShard deals (the round-robin pointer counting units), and the length mod
+// tile rest leads shard 0. A varlen kernel tiles a segment from its first query and a partial
+// last tile costs a full one over all its keys (KernelModel::PaddedFlops), so only shard 0, over
+// the document's fewest keys, pays one. A document of fewer than n tiles is cut token by token
+// (units of one token, no rest), as PerDocumentShard cuts it.
+struct WholeTileCut {
+  int64_t units = 0, unit = 1, rest = 0;
 
-// How far WholeTileShard's remainder pointer moves past a document of `length`.
-inline int64_t WholeTilePointerStep(int64_t length, int64_t n, int64_t tile) {
-  return length / tile < n ? length % n : length / tile % n;
-}
+  WholeTileCut(int64_t length, int64_t n, int64_t tile) {
+    const bool tiled = length / tile >= n;
+    unit = tiled ? tile : 1;
+    units = length / unit;
+    rest = length % unit;
+  }
+  // Shard j as [begin, end) of the document, pointer as PerDocumentShard's.
+  std::pair<int64_t, int64_t> Shard(int64_t n, int64_t pointer, int64_t j) const {
+    const auto [begin, end] = PerDocumentShard(units, n, pointer, j);
+    return {j == 0 ? 0 : begin * unit + rest, end * unit + rest};
+  }
+  // How far the pointer moves past this document.
+  int64_t PointerStep(int64_t n) const { return units % n; }
+};
 
 // Calls fn(rank, doc_index, q_begin, q_end) for every non-empty per-document shard of the
 // documents i with sharded(i), chunks 0..C-1 first and then C..2C-1, so appending to the rank

@@ -63,7 +63,7 @@
 //    is either kept whole on one rank (it exchanges no K/V) or sharded zig-zag over an aligned
 //    group of g ranks, g a power of two below C or C itself, ranks [k*g, (k+1)*g): per-document
 //    sharding with 2g shards (all non-empty: needs d >= 2g) and a round-robin remainder pointer
-//    per g, in whole query tiles when the document has at least 2g (WholeTileShard: the
+//    per g, in whole query tiles when the document has at least 2g (WholeTileCut: the
 //    d mod tile rest leads shard 0, so no other shard pays a partial tile). Documents are placed
 //    most expensive first, each with the (g, group) that keeps every member within the memory cap
 //    (CpRankTokenCap) and gives the lowest predicted slowest rank of the plan built so far as the

@@ -87,7 +87,7 @@ struct DocumentDegreePlacement {
   };
   std::vector<Placement> placed;
   std::vector<std::vector<DocShard>> spilled;
-  int64_t tile = 1;  // the kernel's query tile: zig-zag shards are whole tiles (WholeTileShard)
+  int64_t tile = 1;  // the kernel's query tile: zig-zag shards are whole tiles (WholeTileCut)
 };
 
 // doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
@@ -206,9 +206,10 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
         dt[0] = length;
       } else {
         shards.clear();
+        const WholeTileCut cut(length, n, tile);
         for (int m = 0; m < g; ++m) {
           for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-            const auto [b, e] = WholeTileShard(length, n, pointer[di], j, tile);
+            const auto [b, e] = cut.Shard(n, pointer[di], j);
             shards.push_back({m, b, e});
             dt[static_cast<size_t>(m)] += e - b;
           }
@@ -313,14 +314,16 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       placed[i] = {g, first, pointer[best_degree]};
       const int64_t n = 2 * static_cast<int64_t>(g);
       if (g == 1) shards.push_back({first, 0, length});
-      for (int m = 0; g > 1 && m < g; ++m) {
-        for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-          const auto [b, e] = WholeTileShard(length, n, pointer[best_degree], j, tile);
-          shards.push_back({first + m, b, e});
+      if (g > 1) {
+        const WholeTileCut cut(length, n, tile);
+        for (int m = 0; m < g; ++m) {
+          for (const int64_t j : {int64_t{m}, n - 1 - m}) {
+            const auto [b, e] = cut.Shard(n, pointer[best_degree], j);
+            shards.push_back({first + m, b, e});
+          }
         }
+        pointer[best_degree] = (pointer[best_degree] + cut.PointerStep(n)) % n;
       }
-      if (g > 1)
-        pointer[best_degree] = (pointer[best_degree] + WholeTilePointerStep(length, n, tile)) % n;
     }
     for (const DocShard& sh : shards) tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
     for (size_t k = 0; k < kinds; ++k) {
@@ -374,9 +377,9 @@ inline absl::StatusOr<ShardPlan> DocumentDegreePlan(const MicroBatch& mb,
       }
       if (half == 2) continue;
       const int64_t n = 2 * static_cast<int64_t>(p.degree);
+      const WholeTileCut cut(length, n, placement.tile);
       for (int m = 0; m < p.degree; ++m) {
-        const auto [lo, hi] =
-            WholeTileShard(length, n, p.pointer, half == 0 ? m : n - 1 - m, placement.tile);
+        const auto [lo, hi] = cut.Shard(n, p.pointer, half == 0 ? m : n - 1 - m);
         if (lo < hi) b.Add(p.first_rank + m, static_cast<int64_t>(i), lo, hi);
       }
     }
