@@ -95,11 +95,11 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
               HasSubstr("--cp-link-gbps is not used by this run"));
   // The default sharding, adaptive, ranks its candidates with the exchange over the link.
   EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_link_gbps", "100"}}), "");
-  // Only adaptive ranks plans with the gathered key rows' copy.
+  // Only adaptive and balanced-chunks rank plans with the gathered key rows' copy.
   EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_gather_gbps", "3350"}}), "");
   EXPECT_THAT(ValidateError({{"cp", "4"}, {"sharding", "doc-degree"}, {"cp_gather_gbps", "3350"}}),
               HasSubstr("--cp-gather-gbps is not used by this run: it applies to --cp with "
-                        "--sharding adaptive"));
+                        "--sharding adaptive or balanced-chunks"));
   EXPECT_THAT(ValidateError({{"cp_gather_gbps", "3350"}}),
               HasSubstr("--cp-gather-gbps is not used by this run"));
   EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_gather_gbps", "-2"}}),

@@ -205,14 +205,18 @@ TEST(ShardPlanTest, RegistryListsEveryStrategyOnce) {
     // Every strategy but adaptive is recorded in plans, so it has a summary key.
     EXPECT_EQ(info.summary_key.empty(), s == ShardStrategy("adaptive")) << info.name;
     if (!info.summary_key.empty()) EXPECT_TRUE(keys.insert(info.summary_key).second) << info.name;
-    // Only adaptive (ranking by the exchange) and doc-degree read the link and the layer mix;
-    // balanced-chunks reads the link (its causal plan prices the rows a rank receives).
-    const bool uses_options = s == ShardStrategy("doc-degree") || s == ShardStrategy("adaptive");
-    EXPECT_EQ(info.uses.cp_link, uses_options || s == ShardStrategy("balanced-chunks"))
-        << info.name;
+    // Only adaptive (ranking by the exchange), doc-degree and balanced-chunks (its causal deals
+    // price the rows a rank receives, and it keeps the deal priced faster under the mix) read the
+    // link and the layer mix.
+    const bool uses_options = s == ShardStrategy("doc-degree") || s == ShardStrategy("adaptive") ||
+                              s == ShardStrategy("balanced-chunks");
+    EXPECT_EQ(info.uses.cp_link, uses_options) << info.name;
     EXPECT_EQ(info.uses.layer_mix, uses_options) << info.name;
-    // Only adaptive ranks plans by PredictCp, whose price holds the key rows' copy.
-    EXPECT_EQ(info.uses.key_copy, s == ShardStrategy("adaptive")) << info.name;
+    // Only adaptive and balanced-chunks pick plans by AdaptivePriceMs, whose price holds the key
+    // rows' copy.
+    EXPECT_EQ(info.uses.key_copy,
+              s == ShardStrategy("adaptive") || s == ShardStrategy("balanced-chunks"))
+        << info.name;
   }
 }
 
@@ -1656,9 +1660,10 @@ ShardPlanRequest BalancedChunksRequest(const MicroBatch& mb, const std::vector<i
 }
 
 // balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones at most
-// into ceil(d / unit) pieces, and holds a rank's adjacent pieces of a document as one segment. A
-// short document is split only when the deal found no rank with room for it (SpillShards); the
-// refinement after the deal may free room later, so that is checked on the deal alone.
+// into ceil(d / unit) pieces, and holds a rank's adjacent pieces of a document as one segment,
+// under both deals. A short document is split only when the deal found no rank with room for it
+// (SpillShards); the refinement after the deal may free room later, so that is checked on the deal
+// alone. The strategy's plan is the faster of the two deals' plans by AdaptivePriceMs.
 TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
   std::mt19937_64 rng(5704);
   for (const KernelModel& model : {KernelModel::Default(), KernelModel::DefaultAnalytic()}) {
@@ -1672,54 +1677,67 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
       const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
       const int64_t unit = detail::BalancedChunkUnit(mb.tokens, cp, model);
       const int64_t cap = CpRankTokenCap(mb.tokens, cp);
-      const detail::ChunkLedger dealt = detail::PlaceBalancedChunks(request, /*refine_rounds=*/0);
-      int64_t room = 0;
-      for (size_t r = 0; r < static_cast<size_t>(cp); ++r) {
-        room = std::max(room, cap - dealt.tokens(r));
-      }
-      // The cut, before any spill: whole units counted from each document's end, the first
-      // chunk holding the d mod unit rest (the unit is whole query tiles).
-      EXPECT_EQ(unit % model.tile_q(), 0);
-      size_t item = 0;
-      for (size_t i = 0; i < mb.documents.size(); ++i) {
-        const int64_t d = mb.documents[i].length;
-        for (int64_t b = 0, e = d % unit == 0 ? std::min(d, unit) : d % unit; b < d;
-             b = e, e += unit, ++item) {
-          ASSERT_LT(item, dealt.items().size());
-          const detail::ChunkLedger::Item& it = dealt.items()[item];
-          EXPECT_EQ(std::tie(it.doc, it.begin, it.end), std::tie(i, b, e)) << "item " << item;
-        }
-      }
-      std::vector<int> dealt_pieces(mb.documents.size(), 0);
-      for (const detail::ChunkLedger::Item& it : dealt.items())
-        dealt_pieces[it.doc] += it.rank >= 0;
-      for (size_t i = 0; i < mb.documents.size(); ++i) {
-        const int64_t d = mb.documents[i].length;
-        // Rooms only shrink during the deal: room left at its end was there when d was spilled.
-        if (d <= unit && dealt_pieces[i] > 1) {
-          EXPECT_LT(room, d) << "document " << i << " split with room left";
-        }
-      }
       const ShardPlan plan = MustPlan(mb, cp, ShardStrategy("balanced-chunks"), model);
-      std::vector<std::vector<std::pair<int64_t, int>>> pieces(mb.documents.size());
-      for (const RankShard& r : plan.ranks) {
-        for (const Segment& s : r.segments) pieces[s.doc_index].push_back({s.q_begin, r.rank});
-      }
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        if (mb.documents[i].length <= unit) {
-          EXPECT_LE(pieces[i].size(), static_cast<size_t>(std::max(dealt_pieces[i], 1)))
-              << "document " << i;
+      const double plan_ms = AdaptivePriceMs(plan, model, options);
+      bool is_a_deal = false;
+      for (const detail::ChunkDeal deal :
+           {detail::ChunkDeal::kSlowestRank, detail::ChunkDeal::kLeastAttention}) {
+        SCOPED_TRACE(absl::StrFormat("deal %d", static_cast<int>(deal)));
+        const detail::ChunkLedger dealt =
+            detail::PlaceBalancedChunks(request, deal, /*refine_rounds=*/0);
+        int64_t room = 0;
+        for (size_t r = 0; r < static_cast<size_t>(cp); ++r) {
+          room = std::max(room, cap - dealt.tokens(r));
         }
-        std::sort(pieces[i].begin(), pieces[i].end());
-        for (size_t k = 1; k < pieces[i].size(); ++k) {
-          EXPECT_NE(pieces[i][k].second, pieces[i][k - 1].second) << "unmerged pieces, doc " << i;
+        // The cut, before any spill: whole units counted from each document's end, the first
+        // chunk holding the d mod unit rest (the unit is whole query tiles).
+        EXPECT_EQ(unit % model.tile_q(), 0);
+        size_t item = 0;
+        for (size_t i = 0; i < mb.documents.size(); ++i) {
+          const int64_t d = mb.documents[i].length;
+          for (int64_t b = 0, e = d % unit == 0 ? std::min(d, unit) : d % unit; b < d;
+               b = e, e += unit, ++item) {
+            ASSERT_LT(item, dealt.items().size());
+            const detail::ChunkLedger::Item& it = dealt.items()[item];
+            EXPECT_EQ(std::tie(it.doc, it.begin, it.end), std::tie(i, b, e)) << "item " << item;
+          }
+        }
+        std::vector<int> dealt_pieces(mb.documents.size(), 0);
+        for (const detail::ChunkLedger::Item& it : dealt.items())
+          dealt_pieces[it.doc] += it.rank >= 0;
+        for (size_t i = 0; i < mb.documents.size(); ++i) {
+          const int64_t d = mb.documents[i].length;
+          // Rooms only shrink during the deal: room left at its end was there when d was spilled.
+          if (d <= unit && dealt_pieces[i] > 1) {
+            EXPECT_LT(room, d) << "document " << i << " split with room left";
+          }
+        }
+        const ShardPlan deal_plan =
+            *detail::BalancedChunksPlan(request, detail::PlaceBalancedChunks(request, deal));
+        EXPECT_LE(plan_ms, AdaptivePriceMs(deal_plan, model, options) * (1 + 1e-12));
+        is_a_deal = is_a_deal || deal_plan.ranks == plan.ranks;
+        std::vector<std::vector<std::pair<int64_t, int>>> pieces(mb.documents.size());
+        for (const RankShard& r : deal_plan.ranks) {
+          for (const Segment& s : r.segments) pieces[s.doc_index].push_back({s.q_begin, r.rank});
+        }
+        for (size_t i = 0; i < pieces.size(); ++i) {
+          if (mb.documents[i].length <= unit) {
+            EXPECT_LE(pieces[i].size(), static_cast<size_t>(std::max(dealt_pieces[i], 1)))
+                << "document " << i;
+          }
+          std::sort(pieces[i].begin(), pieces[i].end());
+          for (size_t k = 1; k < pieces[i].size(); ++k) {
+            EXPECT_NE(pieces[i][k].second, pieces[i][k - 1].second) << "unmerged pieces, doc " << i;
+          }
         }
       }
+      EXPECT_TRUE(is_a_deal) << "the plan is neither deal's";
     }
   }
 }
 // The ledger balanced-chunks plans with counts, per rank, exactly the causal rows its plan sends
-// and receives (ExchangedKvRows, the independent count), after dealing, spilling and refining.
+// and receives (ExchangedKvRows, the independent count), after dealing, spilling and refining,
+// under both deals; both plans are valid and within the memory cap.
 TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
   std::mt19937_64 rng(5705);
   const KernelModel model = KernelModel::Default();
@@ -1730,14 +1748,21 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
     const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
     const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
-    const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request);
-    const ShardPlan plan = *detail::PlanBalancedChunks(request);
-    ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
-    const std::vector<RankExchange> x = ExchangedKvRows(plan);
-    for (size_t r = 0; r < x.size(); ++r) {
-      EXPECT_EQ(ledger.sent(r), x[r].send_rows) << "rank " << r;
-      EXPECT_EQ(ledger.received(r), x[r].recv_rows) << "rank " << r;
-      EXPECT_EQ(ledger.tokens(r), plan.ranks[r].tokens) << "rank " << r;
+    for (const detail::ChunkDeal deal :
+         {detail::ChunkDeal::kSlowestRank, detail::ChunkDeal::kLeastAttention}) {
+      const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request, deal);
+      const ShardPlan plan = *detail::BalancedChunksPlan(request, ledger);
+      ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
+      EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, cp));
+      const std::vector<RankExchange> x = ExchangedKvRows(plan);
+      for (size_t r = 0; r < x.size(); ++r) {
+        EXPECT_EQ(ledger.sent(r), x[r].send_rows)
+            << "deal " << static_cast<int>(deal) << " rank " << r;
+        EXPECT_EQ(ledger.received(r), x[r].recv_rows)
+            << "deal " << static_cast<int>(deal) << " rank " << r;
+        EXPECT_EQ(ledger.tokens(r), plan.ranks[r].tokens)
+            << "deal " << static_cast<int>(deal) << " rank " << r;
+      }
     }
   }
 }

@@ -300,8 +300,11 @@ void BindShards(nb::module_& m) {
       "and wlb.torch.cp_attention follow plan.mask, the mix's mask (for a mix of several, "
       "plan.for_mask(mask) picks the layer's). cp_gather_gbps (GB/s at which a rank copies its "
       "segments' key rows into the contiguous layout of one varlen call, read and written once, "
-      "as cp_attention's index_select does; 0, the default, prices no copy) enters adaptive's "
-      "ranking and cp_prediction.";
+      "as cp_attention's index_select does; 0, the default, prices no copy) enters the ranking "
+      "of " +
+      wlb::ShardStrategyNameList(" and ",
+                                 [](const wlb::ShardStrategyInfo& i) { return i.uses.key_copy; }) +
+      " and cp_prediction.";
   m.def(
       "shard_strategy_names",
       [] {

@@ -191,11 +191,17 @@ def test_gather_rate_prices_each_ranks_key_rows():
     for trial in range(12):
         lengths = [int(x) for x in rng.integers(64, 40000, size=int(rng.integers(1, 9)))]
         cp = [2, 4, 8][trial % 3]
+        # balanced-chunks keeps the faster of its two deals: the same plan priced with the copy
+        # costs its key rows more; another deal only when that is cheaper than the first's copy.
         fixed = wlb.plan_shards(lengths, cp, "balanced-chunks")
         fixed_priced = wlb.plan_shards(lengths, cp, "balanced-chunks", cp_gather_gbps=20.0)
-        keys = [int(r.cu_seqlens_k[-1]) for r in fixed_priced.ranks]
+        keys = [int(r.cu_seqlens_k[-1]) for r in fixed.ranks]
         extra = fixed_priced.cp_prediction["max_ms"] - fixed.cp_prediction["max_ms"]
-        assert min(keys) * row_ms * (1 - 1e-9) <= extra <= max(keys) * row_ms * (1 + 1e-9)
+        if [r.token_indices.tolist() for r in fixed_priced.ranks] == [
+                r.token_indices.tolist() for r in fixed.ranks]:
+            assert min(keys) * row_ms * (1 - 1e-9) <= extra <= max(keys) * row_ms * (1 + 1e-9)
+        else:
+            assert extra <= max(keys) * row_ms * (1 + 1e-9)
         free = wlb.plan_shards(lengths, cp)
         priced = wlb.plan_shards(lengths, cp, cp_gather_gbps=20.0)
         check_plan(priced, lengths)

@@ -313,6 +313,38 @@ inline CpPrediction PredictCp(const ShardPlan& plan, const KernelModel& model,
   return p;
 }
 
+// The largest KernelModel::CallMs over a plan's ranks (each rank's segments as one call), with
+// add_ms[r] added to rank r when given (one value per rank).
+inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model,
+                            std::span<const double> add_ms = {}) {
+  double worst = 0.0;
+  std::vector<CallSegment> call;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    call.clear();
+    for (const Segment& s : plan.ranks[r].segments) call.push_back({s.q_len(), s.q_end});
+    worst = std::max(worst, model.CallMs(call) + (add_ms.empty() ? 0.0 : add_ms[r]));
+  }
+  return worst;
+}
+
+// The price adaptive ranks a plan by (strategies/adaptive.hpp's comment), from the plan's PredictCp
+// `p` under the ranking's options: with a packed-call fit in the model its slowest rank's CallMs +
+// passes x (that rank's exchange + its key rows' copy, when priced), else p.max_ms.
+inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
+                              const CpPrediction& p) {
+  if (!model.has_packed_calls()) return p.max_ms;
+  std::vector<double> per_pass = p.rank_exchange_ms;
+  for (size_t r = 0; r < per_pass.size(); ++r) {
+    per_pass[r] = (per_pass[r] + p.rank_gather_ms[r]) * model.passes();
+  }
+  return MaxRankCallMs(plan, model, per_pass);
+}
+
+inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
+                              const CpPlanOptions& options) {
+  return AdaptivePriceMs(plan, model, PredictCp(plan, model, options));
+}
+
 // A lower bound on PredictCp's max_ms under an all-causal mix, fed one rank at a time: a rank
 // takes at least its attention (SegmentMs of its causal segments: with the copy of their keys
 // when CommModel::gather_gbps prices it) plus, once any rank moves rows, the cheaper of its own

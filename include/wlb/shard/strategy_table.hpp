@@ -116,7 +116,7 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
     {"balanced-chunks",
      "documents whole or in equal chunks, dealt by predicted time with K/V locality under the "
      "memory cap",
-     {.kernel_model = true, .cp_link = true},
+     {.kernel_model = true, .cp_link = true, .layer_mix = true, .key_copy = true},
      "balanced_chunks",
      true,
      &detail::PlanBalancedChunks},

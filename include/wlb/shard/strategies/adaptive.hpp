@@ -89,38 +89,6 @@ struct AdaptiveChoice {
   bool packed_calls = false;  // the maxima are the packed-call fit's CallMs + exchange per pass
 };
 
-// The largest KernelModel::CallMs over a plan's ranks (each rank's segments as one call), with
-// add_ms[r] added to rank r when given (one value per rank).
-inline double MaxRankCallMs(const ShardPlan& plan, const KernelModel& model,
-                            std::span<const double> add_ms = {}) {
-  double worst = 0.0;
-  std::vector<CallSegment> call;
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    call.clear();
-    for (const Segment& s : plan.ranks[r].segments) call.push_back({s.q_len(), s.q_end});
-    worst = std::max(worst, model.CallMs(call) + (add_ms.empty() ? 0.0 : add_ms[r]));
-  }
-  return worst;
-}
-
-// The price adaptive ranks a plan by (file comment), from the plan's PredictCp `p` under the
-// ranking's options: with a packed-call fit in the model its slowest rank's CallMs + passes x
-// (that rank's exchange + its key rows' copy, when priced), else p.max_ms.
-inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
-                              const CpPrediction& p) {
-  if (!model.has_packed_calls()) return p.max_ms;
-  std::vector<double> per_pass = p.rank_exchange_ms;
-  for (size_t r = 0; r < per_pass.size(); ++r) {
-    per_pass[r] = (per_pass[r] + p.rank_gather_ms[r]) * model.passes();
-  }
-  return MaxRankCallMs(plan, model, per_pass);
-}
-
-inline double AdaptivePriceMs(const ShardPlan& plan, const KernelModel& model,
-                              const CpPlanOptions& options) {
-  return AdaptivePriceMs(plan, model, PredictCp(plan, model, options));
-}
-
 namespace detail {
 
 // Whether a plan that cuts the documents with sharded(i) into ForEachPerDocumentSegment's shards
@@ -216,9 +184,10 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   auto beats = [&](double ms, size_t k) {
     return best == std::size(kAdaptiveCandidates) || ms < best_ms || (ms == best_ms && k < best);
   };
-  // Candidate k's plan, or nullopt when it is known to be slower than `slower_than` ms.
-  auto candidate_plan = [&](size_t k,
-                            double slower_than) -> std::optional<absl::StatusOr<ShardPlan>> {
+  // Candidate k's plan, or nullopt when it is known to be slower than `slower_than` ms;
+  // *priced_ms >= 0 when planning it already priced it (balanced-chunks picks its deal by price).
+  auto candidate_plan = [&](size_t k, double slower_than,
+                            double* priced_ms) -> std::optional<absl::StatusOr<ShardPlan>> {
     switch (k) {
       case 0: {
         std::vector<int64_t> order = SearchPerSequenceOrder(r.mb, r.cp_size, r.model).order;
@@ -255,13 +224,15 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
         }
         return PlanPerSequence(r);
       default:
-        return PlanBalancedChunks(r);
+        return PlanBalancedChunksPriced(r, priced_ms);
     }
   };
   ShardPlan best_plan;
   for (const size_t k : planning ? kPlanningOrder : kReportOrder) {
     const bool known = skip_unbuilt && best < std::size(kAdaptiveCandidates);
-    std::optional<absl::StatusOr<ShardPlan>> plan = candidate_plan(k, known ? best_ms : INFINITY);
+    double priced_ms = -1.0;
+    std::optional<absl::StatusOr<ShardPlan>> plan =
+        candidate_plan(k, known ? best_ms : INFINITY, &priced_ms);
     if (!plan.has_value()) continue;  // slower than the best so far
     if (!plan->ok()) return plan->status();
     // per-seq-ordered (k = 0) is always within the cap; a plan over it is never chosen, so it is
@@ -272,7 +243,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
         CausalCpSlowerThan(**plan, r.model, r.options, best_ms)) {
       continue;
     }
-    *out[k] = price(**plan);
+    *out[k] = priced_ms >= 0.0 ? priced_ms : price(**plan);
     if (within && beats(*out[k], k)) {
       best = k;
       best_ms = *out[k];

@@ -14,13 +14,21 @@
 // plus max(rows sent, rows received) x CommModel::RowMs (x 2 with a backward fit: the exchange
 // once per pass, as adaptive ranks), the causal row-exact exchange (a rank receives, per
 // document, keys [0, its largest end) less its own rows, and sends its rows below every other
-// holder's largest end). Items go costliest first (longest-processing-time order) to
-// the rank, among those with room under CpRankTokenCap, that leaves the slowest rank fastest,
-// then is fastest itself; an item no rank has room for is spilled over the ranks with the most
-// room (SpillShards). Then up to two rounds of refinement: the best move or swap of items
-// between the slowest and the fastest rank that lowers the slowest time within the cap. A rank's
-// adjacent chunks of one document are one segment. adaptive ranks this plan like every other
-// candidate.
+// holder's largest end). Items go costliest first (longest-processing-time order), dealt two ways
+// (ChunkDeal): to the rank, among those with room under CpRankTokenCap, that leaves the slowest
+// rank fastest, then is fastest itself; and to the rank with room with the least attention. An
+// item no rank has room for is spilled over the ranks with the most room (SpillShards). Each deal
+// gets up to two rounds of refinement: the best move or swap of items between the slowest and the
+// fastest rank that lowers the slowest time within the cap. A rank's adjacent chunks of one
+// document are one segment. The plan is the deal's that AdaptivePriceMs prices faster, and
+// adaptive ranks it like every other candidate.
+//
+// Why two deals (issue 57): the first keeps a long document's chunks on few ranks, which saves
+// rows, but where every rank must hold some of long documents anyway it leaves the exchange
+// uneven; the second spreads them as MagiAttention's dispatch does. On held-back streams (the
+// balance table at seeds 2-7) the first alone left single C = 8 micro-batches up to 2.0% behind
+// the peer's plan; with both, every C = 4 and C = 8 micro-batch is within 0.9%
+// (docs/results/cp/balance.md). The second costs adaptive about 18 µs at C = 8.
 //
 // Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
 // sends it to every other holder, so a receive-only price piled those chunks on one rank, and
@@ -39,7 +47,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -96,6 +106,7 @@ class ChunkLedger {
   }
 
   const std::vector<Item>& items() const { return items_; }
+  double attention(size_t r) const { return attention_[r]; }
   int64_t tokens(size_t r) const { return tokens_[r]; }
   int64_t sent(size_t r) const { return sent_[r]; }
   int64_t received(size_t r) const { return received_[r]; }
@@ -263,14 +274,20 @@ class ChunkLedger {
       hi_[static_cast<size_t>(it.rank)] = std::max(hi_[static_cast<size_t>(it.rank)], it.end);
       own_[static_cast<size_t>(it.rank)] += it.end - it.begin;
     }
+    ends_.clear();
     for (size_t r = 0; r < ranks_; ++r) {
       if (hi_[r] == 0) continue;
       received[r] += hi_[r] - own_[r];
-      for (size_t k : of) {
-        const Item& it = items_[k];
-        if (it.rank < 0 || static_cast<size_t>(it.rank) == r || it.begin >= hi_[r]) continue;
-        sent[static_cast<size_t>(it.rank)] += std::min(hi_[r], it.end) - it.begin;
-      }
+      ends_.push_back(hi_[r]);
+    }
+    // An item's rows below each holder's largest end go to that holder (its own rank's end is
+    // at or past the item's end: less its length).
+    for (size_t k : of) {
+      const Item& it = items_[k];
+      if (it.rank < 0) continue;
+      int64_t rows = it.begin - it.end;
+      for (const int64_t e : ends_) rows += std::max<int64_t>(0, std::min(e, it.end) - it.begin);
+      sent[static_cast<size_t>(it.rank)] += rows;
     }
   }
 
@@ -374,52 +391,76 @@ class ChunkLedger {
   double slowest_ms_ = 0.0, second_ms_ = 0.0;
   std::vector<int64_t> d_sent_, d_received_;      // RowsIfPlaced's
   std::vector<int64_t> doc_sent_, doc_received_;  // Refine's: per (document, rank) rows
-  std::vector<int64_t> hi_, own_;                 // DocRows' scratch
+  std::vector<int64_t> hi_, own_, ends_;          // DocRows' scratch
 };
 
-// balanced-chunks' placement of every item (see the file comment); refine_rounds = 0 stops after
-// the deal (tests).
-inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, int refine_rounds = 2) {
+// How balanced-chunks deals its items, costliest first. It deals both ways, refines both and keeps
+// the plan adaptive prices faster (AdaptivePriceMs; the first on a tie).
+enum class ChunkDeal {
+  // To the rank, among those with room, that leaves the slowest rank fastest (the exchange
+  // included), then is fastest itself: keeps a long document's chunks on few ranks.
+  kSlowestRank,
+  // To the rank with the least attention among those with room (MagiAttention's dispatch rule,
+  // by predicted time instead of pairs): spreads a long document's chunks over every rank, which
+  // the exchange-aware deal misses where every rank must hold some of it anyway (2.0% of a C = 8
+  // micro-batch's slowest rank at 25 GB/s, docs/results/cp/balance.md).
+  kLeastAttention,
+};
+
+// balanced-chunks' items, cut (see the file comment) and unplaced, and their deal order.
+struct ChunkCut {
+  ChunkLedger ledger;
+  std::vector<size_t> order;  // costliest first
+};
+
+inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
-  const size_t ranks = static_cast<size_t>(r.cp_size);
   const int64_t unit = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
-  const int64_t cap = CpRankTokenCap(mb.tokens, r.cp_size);
   // With a packed-call fit, adaptive prices a rank's call forward + backward and its exchange once
   // per pass; the deal weighs the same.
-  ChunkLedger ledger(docs, ranks, r.options.comm.RowMs(r.model) * r.model.passes());
+  ChunkCut cut{.ledger = ChunkLedger(docs, static_cast<size_t>(r.cp_size),
+                                     r.options.comm.RowMs(r.model) * r.model.passes()),
+               .order = {}};
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
     // From the document's end: whole-tile chunks of `unit`, the d mod unit rest first.
     for (int64_t b = 0, e = d % unit == 0 ? unit : d % unit; b < d; b = e, e += unit) {
-      ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
+      cut.ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
   }
-  std::vector<size_t> order(ledger.items().size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  {
-    const auto& items = ledger.items();
-    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return std::tie(items[y].ms, items[x].doc, items[x].begin) <
-             std::tie(items[x].ms, items[y].doc, items[y].begin);
-    });
-  }
+  const std::vector<ChunkLedger::Item>& items = cut.ledger.items();
+  cut.order.resize(items.size());
+  for (size_t k = 0; k < cut.order.size(); ++k) cut.order[k] = k;
+  std::sort(cut.order.begin(), cut.order.end(), [&](size_t x, size_t y) {
+    return std::tie(items[y].ms, items[x].doc, items[x].begin) <
+           std::tie(items[x].ms, items[y].doc, items[y].begin);
+  });
+  return cut;
+}
+
+// The cut's items dealt by `deal`, then refined; refine_rounds = 0 stops after the deal (tests).
+inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut, ChunkDeal deal,
+                                      int refine_rounds = 2) {
+  const size_t ranks = static_cast<size_t>(r.cp_size);
+  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
+  ChunkLedger& ledger = cut.ledger;
   std::vector<double> time(ranks, 0.0);
   std::vector<int64_t> tokens(ranks, 0);
   std::vector<DocShard> spill;
-  // Costliest first, to the rank that leaves the slowest rank fastest, then is fastest itself.
-  for (const size_t k : order) {
+  for (const size_t k : cut.order) {
     const ChunkLedger::Item it = ledger.items()[k];
     const int64_t len = it.end - it.begin;
     int best = -1;
-    double best_max = 0.0, best_own = 0.0;
+    double best_key = 0.0, best_own = 0.0;
     for (size_t q = 0; q < ranks; ++q) {
       if (ledger.tokens(q) + len > cap) continue;
-      const double worst = ledger.MaxTimeIfPlaced(k, q);
+      const double key =
+          deal == ChunkDeal::kSlowestRank ? ledger.MaxTimeIfPlaced(k, q) : ledger.attention(q);
       const double own = ledger.Time(q) + it.ms;
-      if (best < 0 || worst < best_max || (worst == best_max && own < best_own)) {
+      if (best < 0 || key < best_key || (key == best_key && own < best_own)) {
         best = static_cast<int>(q);
-        best_max = worst;
+        best_key = key;
         best_own = own;
       }
     }
@@ -442,30 +483,70 @@ inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, int refine_rou
     }
   }
   ledger.Refine(cap, refine_rounds);
-  return ledger;
+  return std::move(ledger);
+}
+
+// One deal's placement of every item (tests).
+inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r,
+                                       ChunkDeal deal = ChunkDeal::kSlowestRank,
+                                       int refine_rounds = 2) {
+  return DealBalancedChunks(r, CutBalancedChunks(r), deal, refine_rounds);
+}
+
+// The plan of a placement: a rank's adjacent pieces of one document are one segment.
+inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
+                                                    const ChunkLedger& ledger) {
+  const std::vector<ChunkLedger::Item>& items = ledger.items();
+  // Placed items by document and position (the cut's order but for spilled pieces, added last).
+  std::vector<size_t> placed;
+  placed.reserve(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (items[k].rank >= 0) placed.push_back(k);
+  }
+  std::sort(placed.begin(), placed.end(), [&](size_t x, size_t y) {
+    return std::tie(items[x].doc, items[x].begin) < std::tie(items[y].doc, items[y].begin);
+  });
+  PlanBuilder b(r.mb, r.starts, r.cp_size, items.size() + static_cast<size_t>(r.cp_size));
+  for (size_t k = 0; k < placed.size();) {
+    const ChunkLedger::Item& first = items[placed[k]];
+    size_t end = k + 1;  // merge the rank's adjacent pieces of the document into one segment
+    while (end < placed.size() && items[placed[end]].doc == first.doc &&
+           items[placed[end]].rank == first.rank) {
+      ++end;
+    }
+    b.Add(first.rank, static_cast<int64_t>(first.doc), first.begin, items[placed[end - 1]].end);
+    k = end;
+  }
+  return b.Finish(ShardStrategy("balanced-chunks"), r.requested, r.cp_size, -1);
+}
+
+// The faster of both deals' plans by AdaptivePriceMs under the request's model and options (the
+// first deal's on a tie), and that price in *ms when given. Without a document in chunks both
+// deals place the same (no rank moves rows, so leaving the slowest rank fastest is taking the
+// least loaded one), and the second is skipped.
+inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
+  ChunkCut cut = CutBalancedChunks(r);
+  const bool chunked = cut.ledger.items().size() > r.mb.documents.size();
+  std::optional<ShardPlan> best;
+  double best_ms = 0.0;
+  for (const ChunkDeal deal : {ChunkDeal::kSlowestRank, ChunkDeal::kLeastAttention}) {
+    if (deal == ChunkDeal::kLeastAttention && !chunked) break;
+    // The last deal takes the cut itself.
+    absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(
+        r, DealBalancedChunks(r, deal == ChunkDeal::kLeastAttention ? std::move(cut) : cut, deal));
+    if (!plan.ok()) return plan.status();
+    const double price = AdaptivePriceMs(*plan, r.model, r.options);
+    if (!best.has_value() || price < best_ms) {
+      best = *std::move(plan);
+      best_ms = price;
+    }
+  }
+  if (ms != nullptr) *ms = best_ms;
+  return *std::move(best);
 }
 
 inline absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r) {
-  const MicroBatch& mb = r.mb;
-  const size_t docs = mb.documents.size();
-  const ChunkLedger ledger = PlaceBalancedChunks(r);
-  PlanBuilder b(mb, r.starts, r.cp_size, ledger.items().size() + static_cast<size_t>(r.cp_size));
-  std::vector<std::vector<DocShard>> held(docs);  // every document's pieces
-  for (const ChunkLedger::Item& it : ledger.items()) {
-    if (it.rank >= 0) held[it.doc].push_back({it.rank, it.begin, it.end});
-  }
-  for (size_t i = 0; i < docs; ++i) {
-    std::vector<DocShard>& pieces = held[i];
-    std::sort(pieces.begin(), pieces.end(),
-              [](const DocShard& x, const DocShard& y) { return x.q_begin < y.q_begin; });
-    for (size_t k = 0; k < pieces.size();) {
-      size_t end = k + 1;  // merge the rank's adjacent pieces into one segment
-      while (end < pieces.size() && pieces[end].rank == pieces[k].rank) ++end;
-      b.Add(pieces[k].rank, static_cast<int64_t>(i), pieces[k].q_begin, pieces[end - 1].q_end);
-      k = end;
-    }
-  }
-  return b.Finish(ShardStrategy("balanced-chunks"), r.requested, r.cp_size, -1);
+  return PlanBalancedChunksPriced(r, nullptr);
 }
 
 }  // namespace detail
