@@ -28,7 +28,7 @@
 // uneven; the second spreads them as MagiAttention's dispatch does. On held-back streams (the
 // balance table at seeds 2-7) the first alone left single C = 8 micro-batches up to 2.0% behind
 // the peer's plan; with both, every C = 4 and C = 8 micro-batch is within 0.9%
-// (docs/results/cp/balance.md). The second costs adaptive about 18 µs at C = 8.
+// (docs/results/cp/balance.md). The second costs adaptive about 20 µs at C = 8.
 //
 // Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
 // sends it to every other holder, so a receive-only price piled those chunks on one rank, and
