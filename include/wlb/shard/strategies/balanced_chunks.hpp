@@ -47,7 +47,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -521,28 +520,28 @@ inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
 }
 
 // The faster of both deals' plans by AdaptivePriceMs under the request's model and options (the
-// first deal's on a tie), and that price in *ms when given. Without a document in chunks both
-// deals place the same (no rank moves rows, so leaving the slowest rank fastest is taking the
-// least loaded one), and the second is skipped.
+// first deal's on a tie), and that price in *ms when given. While no document is in pieces (cut
+// or spilled) no rank moves rows, so leaving the slowest rank fastest is taking the least loaded
+// rank and both deals place alike: when the first deal ends with every document whole, the second
+// is not run.
 inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
   ChunkCut cut = CutBalancedChunks(r);
-  const bool chunked = cut.ledger.items().size() > r.mb.documents.size();
-  std::optional<ShardPlan> best;
-  double best_ms = 0.0;
-  for (const ChunkDeal deal : {ChunkDeal::kSlowestRank, ChunkDeal::kLeastAttention}) {
-    if (deal == ChunkDeal::kLeastAttention && !chunked) break;
-    // The last deal takes the cut itself.
-    absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(
-        r, DealBalancedChunks(r, deal == ChunkDeal::kLeastAttention ? std::move(cut) : cut, deal));
-    if (!plan.ok()) return plan.status();
-    const double price = AdaptivePriceMs(*plan, r.model, r.options);
-    if (!best.has_value() || price < best_ms) {
-      best = *std::move(plan);
-      best_ms = price;
+  const ChunkLedger first = DealBalancedChunks(r, cut, ChunkDeal::kSlowestRank);
+  absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(r, first);
+  if (!plan.ok()) return plan.status();
+  double best_ms = AdaptivePriceMs(*plan, r.model, r.options);
+  if (first.items().size() > r.mb.documents.size()) {
+    absl::StatusOr<ShardPlan> second =
+        BalancedChunksPlan(r, DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
+    if (!second.ok()) return second.status();
+    if (const double second_ms = AdaptivePriceMs(*second, r.model, r.options);
+        second_ms < best_ms) {
+      plan = std::move(second);
+      best_ms = second_ms;
     }
   }
   if (ms != nullptr) *ms = best_ms;
-  return *std::move(best);
+  return plan;
 }
 
 inline absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r) {
