@@ -105,6 +105,14 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
   EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_gather_gbps", "-2"}}),
               HasSubstr("--cp-gather-gbps: CP key gather bandwidth must be in [0, 1e6] GB/s (0: "
                         "not priced), got -2"));
+  // balanced-chunks keeps the deal priced faster, the copy included.
+  EXPECT_EQ(
+      ValidateError({{"cp", "4"}, {"sharding", "balanced-chunks"}, {"cp_gather_gbps", "3350"}}),
+      "");
+  EXPECT_THAT(
+      ValidateError({{"cp", "4"}, {"sharding", "balanced-chunks"}, {"cp_gather_gbps", "2e6"}}),
+      HasSubstr("--cp-gather-gbps: CP key gather bandwidth must be in [0, 1e6] GB/s (0: "
+                "not priced), got 2e+06"));
   // A wlb comparison (wlb-plan's table) uses the thresholds whatever the packer.
   absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "original"}, {"queues", "3"}});
   ASSERT_TRUE(spec.ok());
