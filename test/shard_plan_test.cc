@@ -1659,11 +1659,24 @@ ShardPlanRequest BalancedChunksRequest(const MicroBatch& mb, const std::vector<i
           .options = options};
 }
 
-// balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones at most
-// into ceil(d / unit) pieces, and holds a rank's adjacent pieces of a document as one segment,
-// under both deals. A short document is split only when the deal found no rank with room for it
-// (SpillShards); the refinement after the deal may free room later, so that is checked on the deal
-// alone. The strategy's plan is the faster of the two deals' plans by AdaptivePriceMs.
+// The (cut, deal) pairs balanced-chunks plans with: the cut dealt both ways, and the fine cut
+// dealt to the slowest rank (when DealsFineCut).
+struct ChunkDealCase {
+  int64_t min_chunks = 1;
+  detail::ChunkDeal deal = detail::ChunkDeal::kSlowestRank;
+};
+constexpr ChunkDealCase kChunkDealCases[] = {
+    {1, detail::ChunkDeal::kSlowestRank},
+    {1, detail::ChunkDeal::kLeastAttention},
+    {detail::kFineCutMinChunks, detail::ChunkDeal::kSlowestRank}};
+
+// balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones into
+// chunks of DocChunkUnit (the unit, or for the fine cut at least kFineCutMinChunks of whole query
+// tiles), and holds a rank's adjacent pieces of a document as one segment, under every deal. A
+// short document is split only when the deal found no rank with room for it (SpillShards); the
+// refinement after the deal may free room later, so that is checked on the deal alone. The
+// strategy's plan is the fastest deal's plan by AdaptivePriceMs, the fine cut's only when
+// DealsFineCut.
 TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
   std::mt19937_64 rng(5704);
   for (const KernelModel& model : {KernelModel::Default(), KernelModel::DefaultAnalytic()}) {
@@ -1679,12 +1692,12 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
       const int64_t cap = CpRankTokenCap(mb.tokens, cp);
       const ShardPlan plan = MustPlan(mb, cp, ShardStrategy("balanced-chunks"), model);
       const double plan_ms = AdaptivePriceMs(plan, model, options);
+      const bool fine_dealt = detail::DealsFineCut(request);
       bool is_a_deal = false;
-      for (const detail::ChunkDeal deal :
-           {detail::ChunkDeal::kSlowestRank, detail::ChunkDeal::kLeastAttention}) {
-        SCOPED_TRACE(absl::StrFormat("deal %d", static_cast<int>(deal)));
+      for (const auto [min_chunks, deal] : kChunkDealCases) {
+        SCOPED_TRACE(absl::StrFormat("deal %d min_chunks %d", static_cast<int>(deal), min_chunks));
         const detail::ChunkLedger dealt =
-            detail::PlaceBalancedChunks(request, deal, /*refine_rounds=*/0);
+            detail::PlaceBalancedChunks(request, deal, /*refine_rounds=*/0, min_chunks);
         int64_t room = 0;
         for (size_t r = 0; r < static_cast<size_t>(cp); ++r) {
           room = std::max(room, cap - dealt.tokens(r));
@@ -1695,8 +1708,16 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
         size_t item = 0;
         for (size_t i = 0; i < mb.documents.size(); ++i) {
           const int64_t d = mb.documents[i].length;
-          for (int64_t b = 0, e = d % unit == 0 ? std::min(d, unit) : d % unit; b < d;
-               b = e, e += unit, ++item) {
+          const int64_t u = detail::DocChunkUnit(d, unit, min_chunks, model.tile_q());
+          EXPECT_EQ(u % model.tile_q(), 0);
+          EXPECT_LE(u, unit);
+          if (d > unit && u < unit) {  // the smallest whole-tile size of at most min_chunks
+            const int64_t even = (d + min_chunks - 1) / min_chunks;
+            EXPECT_GE(u, even);
+            EXPECT_LT(u - model.tile_q(), even);
+          }
+          for (int64_t b = 0, e = d % u == 0 ? std::min(d, u) : d % u; b < d;
+               b = e, e += u, ++item) {
             ASSERT_LT(item, dealt.items().size());
             const detail::ChunkLedger::Item& it = dealt.items()[item];
             EXPECT_EQ(std::tie(it.doc, it.begin, it.end), std::tie(i, b, e)) << "item " << item;
@@ -1712,8 +1733,9 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
             EXPECT_LT(room, d) << "document " << i << " split with room left";
           }
         }
-        const ShardPlan deal_plan =
-            *detail::BalancedChunksPlan(request, detail::PlaceBalancedChunks(request, deal));
+        if (min_chunks > 1 && !fine_dealt) continue;
+        const ShardPlan deal_plan = *detail::BalancedChunksPlan(
+            request, detail::PlaceBalancedChunks(request, deal, 2, min_chunks));
         EXPECT_LE(plan_ms, AdaptivePriceMs(deal_plan, model, options) * (1 + 1e-12));
         is_a_deal = is_a_deal || deal_plan.ranks == plan.ranks;
         std::vector<std::vector<std::pair<int64_t, int>>> pieces(mb.documents.size());
@@ -1735,9 +1757,41 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
     }
   }
 }
+// One document of T/8 to T/4 tokens among short ones at C = 2 (the balance table's synthetic
+// stream at seeds 8-11, issue 57): the cut's 2-3 chunks of it cannot share its attention evenly
+// and the token cap keeps the short documents from making up the rest, which left adaptive's
+// slowest rank up to 3.5% above the mean rank here (1.2-1.7% on a quarter of these micro-batches);
+// the fine cut splits it evenly. Over seeded micro-batches of 128K tokens, the long document
+// first or anywhere, adaptive's slowest rank is within 1% of the mean rank (0.2% measured).
+TEST(BalancedChunksTest, OneMidLengthDocumentAmongShortOnesIsShared) {
+  std::mt19937_64 rng(5707);
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions options{.comm = {.link_gbps = 450}};
+  const int64_t tokens = 131072;
+  double worst = 0.0;
+  for (int iter = 0; iter < testing::PropertyIterations(20); ++iter) {
+    std::vector<int64_t> lengths = {
+        std::uniform_int_distribution<int64_t>(tokens / 8, tokens / 4)(rng)};
+    for (int64_t left = tokens - lengths[0]; left > 0;) {
+      lengths.push_back(std::min(left, std::uniform_int_distribution<int64_t>(64, 2048)(rng)));
+      left -= lengths.back();
+    }
+    if (iter % 2) std::shuffle(lengths.begin(), lengths.end(), rng);  // else first, as in the table
+    const MicroBatch mb = MakeMicroBatch(lengths);
+    SCOPED_TRACE(absl::StrFormat("iter %d documents %d", iter, mb.documents.size()));
+    const ShardPlan plan = *PlanShards(mb, 2, ShardStrategy("adaptive"), model, options);
+    const CpPrediction p = PredictCp(plan, model, options);
+    const double mean = (p.rank_ms[0] + p.rank_ms[1]) / 2;
+    worst = std::max(worst, p.max_ms / mean);
+    EXPECT_LE(p.max_ms, 1.01 * mean);
+    EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, 2));
+  }
+  RecordProperty("worst_slowest_over_mean", absl::StrFormat("%.4f", worst));
+}
+
 // The ledger balanced-chunks plans with counts, per rank, exactly the causal rows its plan sends
 // and receives (ExchangedKvRows, the independent count), after dealing, spilling and refining,
-// under both deals; both plans are valid and within the memory cap.
+// under every deal; every deal's plan is valid and within the memory cap.
 TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
   std::mt19937_64 rng(5705);
   const KernelModel model = KernelModel::Default();
@@ -1748,9 +1802,8 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
     const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
     const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
-    for (const detail::ChunkDeal deal :
-         {detail::ChunkDeal::kSlowestRank, detail::ChunkDeal::kLeastAttention}) {
-      const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request, deal);
+    for (const auto [min_chunks, deal] : kChunkDealCases) {
+      const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request, deal, 2, min_chunks);
       const ShardPlan plan = *detail::BalancedChunksPlan(request, ledger);
       ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
       EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, cp));

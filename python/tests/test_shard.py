@@ -191,7 +191,7 @@ def test_gather_rate_prices_each_ranks_key_rows():
     for trial in range(12):
         lengths = [int(x) for x in rng.integers(64, 40000, size=int(rng.integers(1, 9)))]
         cp = [2, 4, 8][trial % 3]
-        # balanced-chunks keeps the faster of its two deals: the same plan priced with the copy
+        # balanced-chunks keeps the fastest of its deals: the same plan priced with the copy
         # costs its key rows more; another deal only when that is cheaper than the first's copy.
         fixed = wlb.plan_shards(lengths, cp, "balanced-chunks")
         fixed_priced = wlb.plan_shards(lengths, cp, "balanced-chunks", cp_gather_gbps=20.0)

@@ -90,9 +90,10 @@
 //    attention + max(K/V rows sent, received) x CommModel::RowMs (causal row-exact); costliest
 //    first, each to the rank among those with room under the memory cap that leaves the slowest
 //    rank fastest, and again each to the one with the least attention (spilled over the roomiest
-//    ranks when none has room), each deal then up to two rounds of the best move or swap between
-//    the slowest and fastest rank; the deal priced faster is the plan; a rank's adjacent chunks
-//    of one document are one segment (see strategies/balanced_chunks.hpp).
+//    ranks when none has room), and a fine cut (longer documents in about 4 chunks) the first
+//    way where it differs and is small enough, each deal then up to two rounds of the best move
+//    or swap between the slowest and fastest rank; the deal priced fastest is the plan; a rank's
+//    adjacent chunks of one document are one segment (see strategies/balanced_chunks.hpp).
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.

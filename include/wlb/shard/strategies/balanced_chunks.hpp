@@ -16,11 +16,13 @@
 // document, keys [0, its largest end) less its own rows, and sends its rows below every other
 // holder's largest end). Items go costliest first (longest-processing-time order), dealt two ways
 // (ChunkDeal): to the rank, among those with room under CpRankTokenCap, that leaves the slowest
-// rank fastest, then is fastest itself; and to the rank with room with the least attention. An
-// item no rank has room for is spilled over the ranks with the most room (SpillShards). Each deal
-// gets up to two rounds of refinement: the best move or swap of items between the slowest and the
-// fastest rank that lowers the slowest time within the cap. A rank's adjacent chunks of one
-// document are one segment. The plan is the deal's that AdaptivePriceMs prices faster, and
+// rank fastest, then is fastest itself; and to the rank with room with the least attention. A
+// fine cut (a document longer than the unit in about 4 chunks) is dealt the first way too, where
+// it differs and its size allows (PlanBalancedChunksPriced). An item no rank has room for is
+// spilled over the ranks with the most room (SpillShards). Each deal gets up to two rounds of
+// refinement: the best move or swap of items between the slowest and the fastest rank that
+// lowers the slowest time within the cap. A rank's adjacent chunks of one document are one
+// segment. The plan is the deal's that AdaptivePriceMs prices fastest, and
 // adaptive ranks it like every other candidate.
 //
 // Why two deals (issue 57): the first keeps a long document's chunks on few ranks, which saves
@@ -412,10 +414,20 @@ struct ChunkCut {
   std::vector<size_t> order;  // costliest first
 };
 
-inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r) {
+// The chunk size of a document of `length` tokens: `unit`, or for a document longer than `unit`
+// with min_chunks > 1, at most ceil(length / min_chunks) rounded up to whole query tiles.
+inline int64_t DocChunkUnit(int64_t length, int64_t unit, int64_t min_chunks, int64_t tile) {
+  if (length <= unit || min_chunks <= 1) return unit;
+  const int64_t even = (length + min_chunks - 1) / min_chunks;
+  return std::min(unit, std::max(tile, (even + tile - 1) / tile * tile));
+}
+
+// min_chunks > 1: the fine cut (DocChunkUnit).
+inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, int64_t min_chunks = 1) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
-  const int64_t unit = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
+  const int64_t unit0 = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
+  const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
   // With a packed-call fit, adaptive prices a rank's call forward + backward and its exchange once
   // per pass; the deal weighs the same.
   ChunkCut cut{.ledger = ChunkLedger(docs, static_cast<size_t>(r.cp_size),
@@ -423,6 +435,7 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r) {
                .order = {}};
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
+    const int64_t unit = DocChunkUnit(d, unit0, min_chunks, tile);
     // From the document's end: whole-tile chunks of `unit`, the d mod unit rest first.
     for (int64_t b = 0, e = d % unit == 0 ? unit : d % unit; b < d; b = e, e += unit) {
       cut.ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
@@ -485,11 +498,11 @@ inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut, C
   return std::move(ledger);
 }
 
-// One deal's placement of every item (tests).
+// One deal's placement of every item of the cut with `min_chunks` (tests).
 inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r,
                                        ChunkDeal deal = ChunkDeal::kSlowestRank,
-                                       int refine_rounds = 2) {
-  return DealBalancedChunks(r, CutBalancedChunks(r), deal, refine_rounds);
+                                       int refine_rounds = 2, int64_t min_chunks = 1) {
+  return DealBalancedChunks(r, CutBalancedChunks(r, min_chunks), deal, refine_rounds);
 }
 
 // The plan of a placement: a rank's adjacent pieces of one document are one segment.
@@ -519,25 +532,71 @@ inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
   return b.Finish(ShardStrategy("balanced-chunks"), r.requested, r.cp_size, -1);
 }
 
-// The faster of both deals' plans by AdaptivePriceMs under the request's model and options (the
-// first deal's on a tie), and that price in *ms when given. While no document is in pieces (cut
-// or spilled) no rank moves rows, so leaving the slowest rank fastest is taking the least loaded
-// rank and both deals place alike: when the first deal ends with every document whole, the second
-// is not run.
+// The fine cut: a document longer than the unit is cut into chunks of ceil(d / 4) rounded up to
+// whole query tiles (4 chunks, fewer where the rounding takes the rest), enough for two ranks to
+// share its attention evenly (zigzag halves, as per-doc at degree 2).
+inline constexpr int64_t kFineCutMinChunks = 4;
+// The fine cut is dealt only while its chunks x ranks stay within this: the deal's work grows
+// with both, and adaptive's planning at C = 8 must stay under 100 us (shard_benchmark). 400
+// admits most 128K micro-batches at C = 2 and 4 and at C = 8 only those of at most 50 chunks:
+// adaptive's mean planning time at C = 8 is unchanged (docs/results/cp/balance.md).
+inline constexpr size_t kFineCutMaxChunkRanks = 400;
+
+// Whether balanced-chunks deals the fine cut for this request (see PlanBalancedChunksPriced): some
+// document's chunks differ from the cut's, and its chunks x ranks are within the budget.
+inline bool DealsFineCut(const ShardPlanRequest& r) {
+  const int64_t unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model);
+  const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
+  size_t chunks = 0;
+  bool differs = false;
+  for (const Document& doc : r.mb.documents) {
+    const int64_t u = DocChunkUnit(doc.length, unit, kFineCutMinChunks, tile);
+    differs = differs || u != unit;
+    chunks += static_cast<size_t>((doc.length + u - 1) / u);
+  }
+  return differs && chunks * static_cast<size_t>(r.cp_size) <= kFineCutMaxChunkRanks;
+}
+
+// The fastest of balanced-chunks' deals by AdaptivePriceMs under the request's model and options
+// (the earlier on a tie), and that price in *ms when given:
+//  1. the cut dealt to the rank that leaves the slowest rank fastest (ChunkDeal::kSlowestRank);
+//  2. the cut dealt to the least attention (kLeastAttention). While no document is in pieces (cut
+//     or spilled) no rank moves rows, so leaving the slowest rank fastest is taking the least
+//     loaded rank and both deals place alike: when deal 1 ends with every document whole, this
+//     one is not run;
+//  3. the fine cut (kFineCutMinChunks) dealt like 1, when DealsFineCut. Why (issue 57): with one
+//     document of T/8 to T/4 tokens among short ones at C = 2, the cut's 2-4 chunks of it cannot
+//     split its attention evenly, and the token cap stops the short documents from making up the
+//     rest; on the balance table's synthetic stream at seeds 8-11 adaptive's worst C = 2
+//     micro-batch went from 3.0-3.8% behind a peer's plan to 1.8-2.0% (what is left there is
+//     the flash table's preference for 512-token query segments, see balance.md).
 inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
   ChunkCut cut = CutBalancedChunks(r);
   const ChunkLedger first = DealBalancedChunks(r, cut, ChunkDeal::kSlowestRank);
   absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(r, first);
   if (!plan.ok()) return plan.status();
   double best_ms = AdaptivePriceMs(*plan, r.model, r.options);
+  auto keep_if_faster = [&](const ChunkLedger& ledger) -> absl::Status {
+    absl::StatusOr<ShardPlan> other = BalancedChunksPlan(r, ledger);
+    if (!other.ok()) return other.status();
+    if (const double other_ms = AdaptivePriceMs(*other, r.model, r.options); other_ms < best_ms) {
+      plan = std::move(other);
+      best_ms = other_ms;
+    }
+    return absl::OkStatus();
+  };
   if (first.items().size() > r.mb.documents.size()) {
-    absl::StatusOr<ShardPlan> second =
-        BalancedChunksPlan(r, DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
-    if (!second.ok()) return second.status();
-    if (const double second_ms = AdaptivePriceMs(*second, r.model, r.options);
-        second_ms < best_ms) {
-      plan = std::move(second);
-      best_ms = second_ms;
+    if (absl::Status s =
+            keep_if_faster(DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (DealsFineCut(r)) {
+    if (absl::Status s = keep_if_faster(DealBalancedChunks(
+            r, CutBalancedChunks(r, kFineCutMinChunks), ChunkDeal::kSlowestRank));
+        !s.ok()) {
+      return s;
     }
   }
   if (ms != nullptr) *ms = best_ms;
