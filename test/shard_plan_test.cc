@@ -1671,10 +1671,10 @@ constexpr ChunkDealCase kChunkDealCases[] = {
     {detail::kFineCutMinChunks, detail::ChunkDeal::kSlowestRank}};
 
 // balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones into
-// chunks of DocChunkUnit (the unit, or for the fine cut at least kFineCutMinChunks of whole query
-// tiles), and holds a rank's adjacent pieces of a document as one segment, under every deal. A
-// short document is split only when the deal found no rank with room for it (SpillShards); the
-// refinement after the deal may free room later, so that is checked on the deal alone. The
+// chunks of DocChunkUnit (the unit, or for the fine cut ceil(d / kFineCutMinChunks) rounded up to
+// whole query tiles), and holds a rank's adjacent pieces of a document as one segment, under every
+// deal. A short document is split only when the deal found no rank with room for it (SpillShards);
+// the refinement after the deal may free room later, so that is checked on the deal alone. The
 // strategy's plan is the fastest deal's plan by AdaptivePriceMs, the fine cut's only when
 // DealsFineCut.
 TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
@@ -1757,8 +1757,9 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
     }
   }
 }
+
 // One document of T/8 to T/4 tokens among short ones at C = 2 (the balance table's synthetic
-// stream at seeds 8-11, issue 57): the cut's 2-3 chunks of it cannot share its attention evenly
+// stream at seeds 8-11, issue 57): the cut's 2-4 chunks of it cannot share its attention evenly
 // and the token cap keeps the short documents from making up the rest, which left adaptive's
 // slowest rank up to 3.5% above the mean rank here (1.2-1.7% on a quarter of these micro-batches);
 // the fine cut splits it evenly. Over seeded micro-batches of 128K tokens, the long document
@@ -1787,6 +1788,32 @@ TEST(BalancedChunksTest, OneMidLengthDocumentAmongShortOnesIsShared) {
     EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, 2));
   }
   RecordProperty("worst_slowest_over_mean", absl::StrFormat("%.4f", worst));
+}
+
+// The fine cut is dealt only where it cuts some document otherwise than the cut does and its
+// chunks x C stay within kFineCutMaxChunkRanks (the planning-time budget).
+TEST(BalancedChunksTest, FineCutIsDealtWhereItDiffersWithinItsBudget) {
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions options;
+  auto dealt = [&](int64_t long_doc, int shorts, int cp) {
+    std::vector<int64_t> lengths = {long_doc};
+    lengths.insert(lengths.end(), static_cast<size_t>(shorts), 1000);
+    const MicroBatch mb = MakeMicroBatch(lengths);
+    const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
+    return detail::DealsFineCut(BalancedChunksRequest(mb, starts, cp, model, options));
+  };
+  // T = 121,000 at C = 2: unit 7,680; 20,000 tokens cut in 3 (the cut) or 4 of 5,120 (fine);
+  // 4 + 101 chunks x 2 ranks = 210.
+  EXPECT_TRUE(dealt(20000, 101, 2));
+  // The same at C = 4: unit 3,840, 20,000 tokens in 6 chunks either way: nothing differs.
+  EXPECT_FALSE(dealt(20000, 101, 4));
+  // 6,000 tokens at C = 4 (unit 3,328 for T = 106,000): 2 chunks or 4 of 1,536, but 104 chunks
+  // x 4 ranks = 416 is over the budget; with 50 short documents (T = 56,000, unit 1,792) the fine
+  // cut still differs and 54 x 4 = 216 is within it.
+  EXPECT_FALSE(dealt(6000, 100, 4));
+  EXPECT_TRUE(dealt(6000, 50, 4));
+  // No document longer than the unit: nothing to cut finer.
+  EXPECT_FALSE(dealt(1000, 100, 2));
 }
 
 // The ledger balanced-chunks plans with counts, per rank, exactly the causal rows its plan sends
