@@ -63,14 +63,18 @@
 namespace wlb {
 namespace detail {
 
+// `rows` rounded up to whole query tiles, at least one tile.
+inline int64_t WholeTiles(int64_t rows, int64_t tile) {
+  return std::max(tile, (rows + tile - 1) / tile * tile);
+}
+
 // Chunk size of balanced-chunks for a micro-batch of `tokens` over `cp_size` ranks.
 inline int64_t BalancedChunkUnit(int64_t tokens, int cp_size, const KernelModel& model) {
-  const int64_t tile = std::max<int64_t>(1, model.tile_q());
   // 8 chunks' worth per rank: measured against 4, 16 and 32 on the balance table's streams
   // (docs/results/cp/balance.md), 8 gave adaptive the fastest plans.
   const int64_t per_rank = 8;
   const int64_t unit = (tokens + per_rank * cp_size - 1) / (per_rank * cp_size);
-  return std::max(tile, (unit + tile - 1) / tile * tile);
+  return WholeTiles(unit, std::max<int64_t>(1, model.tile_q()));
 }
 
 // balanced-chunks' ledger: where every chunk is, and per rank its attention, tokens and the
@@ -418,8 +422,7 @@ struct ChunkCut {
 // with min_chunks > 1, at most ceil(length / min_chunks) rounded up to whole query tiles.
 inline int64_t DocChunkUnit(int64_t length, int64_t unit, int64_t min_chunks, int64_t tile) {
   if (length <= unit || min_chunks <= 1) return unit;
-  const int64_t even = (length + min_chunks - 1) / min_chunks;
-  return std::min(unit, std::max(tile, (even + tile - 1) / tile * tile));
+  return std::min(unit, WholeTiles((length + min_chunks - 1) / min_chunks, tile));
 }
 
 // min_chunks > 1: the fine cut (DocChunkUnit).
@@ -585,20 +588,15 @@ inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest
     }
     return absl::OkStatus();
   };
+  absl::Status status;
   if (first.items().size() > r.mb.documents.size()) {
-    if (absl::Status s =
-            keep_if_faster(DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
-        !s.ok()) {
-      return s;
-    }
+    status = keep_if_faster(DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
   }
-  if (DealsFineCut(r)) {
-    if (absl::Status s = keep_if_faster(DealBalancedChunks(
-            r, CutBalancedChunks(r, kFineCutMinChunks), ChunkDeal::kSlowestRank));
-        !s.ok()) {
-      return s;
-    }
+  if (status.ok() && DealsFineCut(r)) {
+    status = keep_if_faster(
+        DealBalancedChunks(r, CutBalancedChunks(r, kFineCutMinChunks), ChunkDeal::kSlowestRank));
   }
+  if (!status.ok()) return status;
   if (ms != nullptr) *ms = best_ms;
   return plan;
 }
