@@ -16,9 +16,10 @@
 // received) K/V rows x 16 KiB / --cp_link_gbps per rank and a collective's latency): slowest rank
 // in ms, its attention alone, K/V bytes received over all ranks by that exchange, and what an
 // all-gather of every rank's padded buffer moves, per layer, means over micro-batches.
-// --balance (issue 57): every registered strategy and a peer's chunk dispatch on a stream of each
-// registered distribution (wlb::kDistributions: default, heavy-tail, rare-long, bimodal,
-// pile-like, prolong-like), --docs when given, and a synthetic one-long-document set, at
+// --balance (issue 57): every registered strategy and a peer's chunk dispatch (chunks of 512,
+// 1024, 2048 and 4096 tokens) on a stream of each registered distribution (wlb::kDistributions:
+// default, heavy-tail, rare-long, bimodal, pile-like, prolong-like), --docs when given, a
+// synthetic one-long-document set and a synthetic set of small micro-batches (8K-32K tokens), at
 // S = 128K, C = 2, 4, 8 and 450 / 25 GB/s: slowest rank (attention under --kernel_profile +
 // the exchange), against the fastest plan per micro-batch, pair imbalance, tokens and buffer of
 // the fullest rank, K/V received (docs/results/cp/balance.md).
@@ -52,9 +53,9 @@ ABSL_FLAG(std::string, csv, "",
           "also write S,C,strategy,pair_imbalance_mean,model_imbalance_mean,max_rank_ms_mean");
 ABSL_FLAG(bool, exchange_only, false, "print only the exchange table (S = 128K, C = 2, 4, 8)");
 ABSL_FLAG(bool, balance, false,
-          "print only the balance table: every strategy on the embedded default and heavy-tail "
-          "streams, --docs when given, and a synthetic one-long-document set, at S = 128K, "
-          "C = 2, 4, 8 and links of 450 and 25 GB/s");
+          "print only the balance table: every strategy on every registered distribution's "
+          "stream, --docs when given, a synthetic one-long-document set and a synthetic set of "
+          "small micro-batches, at S = 128K, C = 2, 4, 8 and links of 450 and 25 GB/s");
 ABSL_FLAG(std::string, kernel_profile, "",
           "balance table: score every plan with this kernel profile CSV (forward ms) instead of "
           "wlb::KernelModel::Default(), e.g. docs/results/gpu/h100_kernel_profile_flash.csv");
@@ -196,25 +197,51 @@ absl::Status ExchangeTable(const wlb::bench::BenchPlan& shared, const wlb::Lengt
   return absl::OkStatus();
 }
 
-// One long document per micro-batch (16K..112K tokens) and short ones (64..2048) filling it to
-// exactly 128K: the case where a rank holding the long document's tail cannot also hold many
-// short documents without running over the memory cap.
-std::vector<wlb::MicroBatch> OneLongDocument(int64_t count, uint64_t seed) {
+// `count` synthetic micro-batches: each of tokens(rng) tokens, filled with documents of
+// length(rng, tokens, k) for its k-th document, the last one cut to fit (the next length is drawn
+// after each document, the last one's included).
+template <typename Tokens, typename Length>
+std::vector<wlb::MicroBatch> SyntheticMicroBatches(int64_t count, uint64_t seed, Tokens tokens,
+                                                   Length length) {
   std::mt19937_64 rng(seed);
   std::vector<wlb::MicroBatch> out;
   int64_t id = 0;
   for (int64_t m = 0; m < count; ++m) {
     wlb::MicroBatch mb;
-    int64_t length = 16384 + static_cast<int64_t>(rng() % 98305);
-    while (mb.tokens < 131072) {
-      length = std::min(length, 131072 - mb.tokens);
-      mb.documents.push_back(wlb::Document{.id = id++, .length = length});
-      mb.tokens += length;
-      length = 64 + static_cast<int64_t>(rng() % 1985);
+    const int64_t total = tokens(rng);
+    int64_t next = length(rng, total, 0);
+    for (int64_t k = 1; mb.tokens < total; ++k) {
+      const int64_t d = std::min(next, total - mb.tokens);
+      mb.documents.push_back(wlb::Document{.id = id++, .length = d});
+      mb.tokens += d;
+      next = length(rng, total, k);
     }
     out.push_back(std::move(mb));
   }
   return out;
+}
+
+// One long document per micro-batch (16K..112K tokens) and short ones (64..2048) filling it to
+// exactly 128K: the case where a rank holding the long document's tail cannot also hold many
+// short documents without running over the memory cap.
+std::vector<wlb::MicroBatch> OneLongDocument(int64_t count, uint64_t seed) {
+  return SyntheticMicroBatches(
+      count, seed, [](std::mt19937_64&) { return int64_t{131072}; },
+      [](std::mt19937_64& rng, int64_t, int64_t k) {
+        return k == 0 ? 16384 + static_cast<int64_t>(rng() % 98305)
+                      : 64 + static_cast<int64_t>(rng() % 1985);
+      });
+}
+
+// Small micro-batches: T of 8K..32K tokens, documents of 64..T/2 filling it exactly: where the
+// exchange and the kernel's per-segment floor weigh most against attention (a packer's last
+// micro-batches, short-context training with CP).
+std::vector<wlb::MicroBatch> SmallMicroBatches(int64_t count, uint64_t seed) {
+  return SyntheticMicroBatches(
+      count, seed, [](std::mt19937_64& rng) { return 8192 + static_cast<int64_t>(rng() % 24577); },
+      [](std::mt19937_64& rng, int64_t tokens, int64_t) {
+        return 64 + static_cast<int64_t>(rng() % static_cast<uint64_t>(tokens / 2 - 63));
+      });
 }
 
 // A peer's plan for comparison, not a wlb strategy: MagiAttention's default dispatch as its
@@ -376,8 +403,12 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
   }
   streams.push_back({"one long document + short ones (synthetic)",
                      OneLongDocument(steps * shared.spec.micro_batches, shared.input.seed)});
-  // Rows: the registry's strategies, then the peer's dispatch at each chunk size.
-  const std::vector<int64_t> peer_chunks = {512, 2048};
+  streams.push_back({"small micro-batches, 8K-32K tokens (synthetic)",
+                     SmallMicroBatches(steps * shared.spec.micro_batches, shared.input.seed)});
+  // Rows: the registry's strategies, then the peer's dispatch at each chunk size (a user's
+  // choice in MagiAttention; every power of two from 512 to 4096, since 1024 and 4096 each beat
+  // every wlb plan where 512 and 2048 did not: docs/results/cp/balance.md).
+  const std::vector<int64_t> peer_chunks = {512, 1024, 2048, 4096};
   const size_t strategies = wlb::kShardStrategyCount;
   const size_t count = strategies + peer_chunks.size();
   auto row_name = [&](size_t k) {

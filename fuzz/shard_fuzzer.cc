@@ -2,7 +2,7 @@
 // key copy is priced, and the micro-batch's document lengths. Every strategy must plan every such
 // micro-batch: a complete plan (ValidateShardPlan: every token once, keys the piece's prefix,
 // consistent cu_seqlens), the same plan twice, a finite prediction, and for the strategies that
-// cap memory (adaptive, doc-degree, balanced-chunks) no rank above CpRankTokenCap.
+// cap memory (adaptive, doc-degree, balanced-chunks, contiguous) no rank above CpRankTokenCap.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,7 +64,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const wlb::CpPrediction p = wlb::PredictCp(*plan, model, options);
   WLB_FUZZ_CHECK(std::isfinite(p.max_ms) && p.max_ms >= 0.0);
   if (strategy == wlb::ShardStrategy("adaptive") || strategy == wlb::ShardStrategy("doc-degree") ||
-      strategy == wlb::ShardStrategy("balanced-chunks")) {
+      strategy == wlb::ShardStrategy("balanced-chunks") ||
+      strategy == wlb::ShardStrategy("contiguous")) {
     WLB_FUZZ_CHECK(plan->rank_capacity <= wlb::CpRankTokenCap(mb.tokens, cp));
   }
   return 0;

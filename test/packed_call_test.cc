@@ -303,7 +303,8 @@ TEST(PackedCallTest, AdaptiveRanksCandidatePlansByCallMs) {
           {ShardStrategy("per-doc"), &c->per_doc_max_ms},
           {ShardStrategy("hybrid"), &c->hybrid_max_ms},
           {ShardStrategy("per-seq"), &c->per_seq_max_ms},
-          {ShardStrategy("balanced-chunks"), &c->balanced_chunks_max_ms}};
+          {ShardStrategy("balanced-chunks"), &c->balanced_chunks_max_ms},
+          {ShardStrategy("contiguous"), &c->contiguous_max_ms}};
       double best = INFINITY;
       ShardStrategy argmin = ShardStrategy("per-seq-ordered");
       for (const auto& [s, reported] : candidates) {

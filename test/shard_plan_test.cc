@@ -36,8 +36,9 @@ std::vector<int64_t> Pairs(const ShardPlan& plan) {
 }
 
 ShardPlan MustPlan(const MicroBatch& mb, int cp, ShardStrategy s,
-                   const KernelModel& model = KernelModel::Default()) {
-  absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, s, model);
+                   const KernelModel& model = KernelModel::Default(),
+                   const CpPlanOptions& options = {}) {
+  absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, s, model, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return plan.ok() ? *std::move(plan) : ShardPlan{};
 }
@@ -148,7 +149,8 @@ TEST(ShardPlanTest, WorkedExampleAdaptiveAndMetrics) {
   EXPECT_DOUBLE_EQ(summary.pair_imbalance_mean, (184.0 + 121.0) / 2 / 120.5);
   // te-zigzag and doc-degree counts appear once used.
   summary.Add(MustPlan(mb, 2, ShardStrategy("te-zigzag")), doc);
-  EXPECT_EQ(CpStrategyCounts(summary, true), "1 te-zigzag, 0 doc-degree, 0 balanced-chunks");
+  EXPECT_EQ(CpStrategyCounts(summary, true),
+            "1 te-zigzag, 0 doc-degree, 0 balanced-chunks, 0 contiguous");
   EXPECT_EQ(CpSummaryToJson(summary).at("te_zigzag"), 1);
   EXPECT_FALSE(CpSummaryToJson(summary).contains("doc_degree"));
 }
@@ -173,14 +175,14 @@ TEST(ShardPlanTest, StrategyNames) {
   EXPECT_EQ(ShardStrategyName(ShardStrategy("te-zigzag")), "te-zigzag");
   EXPECT_EQ(ShardStrategyName(ShardStrategy("doc-degree")), "doc-degree");
   EXPECT_EQ(ShardStrategyNameList(" or "),
-            "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag, doc-degree or "
-            "balanced-chunks");
+            "per-seq, per-seq-ordered, per-doc, adaptive, hybrid, te-zigzag, doc-degree, "
+            "balanced-chunks or contiguous");
 }
 
 // The key is the row: made from a registered name at compile time (a typo does not compile),
 // compared by row, never default-made nor made from a number.
 static_assert(ShardStrategy("per-seq").row() == 0);
-static_assert(ShardStrategy("balanced-chunks").row() == kShardStrategyCount - 1);
+static_assert(ShardStrategy("contiguous").row() == kShardStrategyCount - 1);
 static_assert(ShardStrategy("per-doc") == ShardStrategy("per-doc"));
 static_assert(ShardStrategy("per-doc") != ShardStrategy("hybrid"));
 static_assert(ShardStrategy("per-seq") < ShardStrategy("per-seq-ordered"));
@@ -1160,6 +1162,7 @@ TEST(ShardPlanFastPathTest, AdaptiveMatchesTheReference) {
     EXPECT_EQ(c->per_doc_max_ms, plan_max(ShardStrategy("per-doc")));
     EXPECT_EQ(c->hybrid_max_ms, plan_max(ShardStrategy("hybrid")));
     EXPECT_EQ(c->balanced_chunks_max_ms, plan_max(ShardStrategy("balanced-chunks")));
+    EXPECT_EQ(c->contiguous_max_ms, plan_max(ShardStrategy("contiguous")));
     absl::StatusOr<std::vector<int64_t>> starts = detail::CheckMicroBatch(mb, cp);
     ASSERT_TRUE(starts.ok());
     const ShardPlan greedy = *detail::GreedyDocumentDegree(
@@ -1173,7 +1176,8 @@ TEST(ShardPlanFastPathTest, AdaptiveMatchesTheReference) {
         {ShardStrategy("hybrid"), c->hybrid_max_ms},
         {ShardStrategy("doc-degree"), c->doc_degree_max_ms},
         {ShardStrategy("per-seq"), c->per_seq_max_ms},
-        {ShardStrategy("balanced-chunks"), c->balanced_chunks_max_ms}};
+        {ShardStrategy("balanced-chunks"), c->balanced_chunks_max_ms},
+        {ShardStrategy("contiguous"), c->contiguous_max_ms}};
     ShardStrategy want = ShardStrategy("per-seq-ordered");
     double best = c->per_seq_ordered_max_ms;
     for (const auto& [s, ms] : candidates) {
@@ -1266,7 +1270,8 @@ std::vector<ShardPlan> AdaptiveCandidatePlans(const MicroBatch& mb, int cp,
 }
 std::vector<double> ReportedMaxima(const AdaptiveChoice& c) {
   return {c.per_seq_ordered_max_ms, c.per_doc_max_ms, c.hybrid_max_ms,
-          c.doc_degree_max_ms,      c.per_seq_max_ms, c.balanced_chunks_max_ms};
+          c.doc_degree_max_ms,      c.per_seq_max_ms, c.balanced_chunks_max_ms,
+          c.contiguous_max_ms};
 }
 
 // Adaptive ranks its candidates by PredictCp (attention + the exchange ChooseExchange picks) under
@@ -1659,24 +1664,17 @@ ShardPlanRequest BalancedChunksRequest(const MicroBatch& mb, const std::vector<i
           .options = options};
 }
 
-// The (cut, deal) pairs balanced-chunks plans with: the cut dealt both ways, and the fine cut
-// dealt to the slowest rank (when DealsFineCut).
-struct ChunkDealCase {
-  int64_t min_chunks = 1;
-  detail::ChunkDeal deal = detail::ChunkDeal::kSlowestRank;
-};
-constexpr ChunkDealCase kChunkDealCases[] = {
-    {1, detail::ChunkDeal::kSlowestRank},
-    {1, detail::ChunkDeal::kLeastAttention},
-    {detail::kFineCutMinChunks, detail::ChunkDeal::kSlowestRank}};
+// The cuts balanced-chunks deals: the cut, the coarse cuts and the fine cut (when DealsFineCut).
+constexpr detail::ChunkCutSpec kChunkCuts[] = {detail::kCut, detail::kCoarseCuts[0],
+                                               detail::kCoarseCuts[1], detail::kFineCut};
 
-// balanced-chunks keeps every document of at most one chunk unit whole, cuts longer ones into
-// chunks of DocChunkUnit (the unit, or for the fine cut ceil(d / kFineCutMinChunks) rounded up to
-// whole query tiles), and holds a rank's adjacent pieces of a document as one segment, under every
-// deal. A short document is split only when the deal found no rank with room for it (SpillShards);
-// the refinement after the deal may free room later, so that is checked on the deal alone. The
-// strategy's plan is the fastest deal's plan by AdaptivePriceMs, the fine cut's only when
-// DealsFineCut.
+// balanced-chunks keeps every document of at most one chunk unit (its cut's) whole, cuts longer
+// ones into chunks of DocChunkUnit (the unit, or for the fine cut ceil(d / kFineCutMinChunks)
+// rounded up to whole query tiles), and holds a rank's adjacent pieces of a document as one
+// segment, under every cut. A short document is split only when the deal found no rank with room
+// for it (SpillShards); the refinement after the deal may free room later, so that is checked on
+// the deal alone. The strategy's plan is the fastest deal's plan by AdaptivePriceMs, the fine cut's
+// only when DealsFineCut.
 TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
   std::mt19937_64 rng(5704);
   for (const KernelModel& model : {KernelModel::Default(), KernelModel::DefaultAnalytic()}) {
@@ -1688,16 +1686,17 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
       const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
       const CpPlanOptions options;
       const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
-      const int64_t unit = detail::BalancedChunkUnit(mb.tokens, cp, model);
       const int64_t cap = CpRankTokenCap(mb.tokens, cp);
       const ShardPlan plan = MustPlan(mb, cp, ShardStrategy("balanced-chunks"), model);
       const double plan_ms = AdaptivePriceMs(plan, model, options);
       const bool fine_dealt = detail::DealsFineCut(request);
       bool is_a_deal = false;
-      for (const auto [min_chunks, deal] : kChunkDealCases) {
-        SCOPED_TRACE(absl::StrFormat("deal %d min_chunks %d", static_cast<int>(deal), min_chunks));
+      for (const detail::ChunkCutSpec spec : kChunkCuts) {
+        const int64_t min_chunks = spec.min_chunks;
+        SCOPED_TRACE(absl::StrFormat("per_rank %d min_chunks %d", spec.per_rank, min_chunks));
+        const int64_t unit = detail::BalancedChunkUnit(mb.tokens, cp, model, spec.per_rank);
         const detail::ChunkLedger dealt =
-            detail::PlaceBalancedChunks(request, deal, /*refine_rounds=*/0, min_chunks);
+            detail::PlaceBalancedChunks(request, spec, /*refine_rounds=*/0);
         int64_t room = 0;
         for (size_t r = 0; r < static_cast<size_t>(cp); ++r) {
           room = std::max(room, cap - dealt.tokens(r));
@@ -1734,8 +1733,8 @@ TEST(BalancedChunksTest, ShortDocumentsStayWholeAndPiecesMerge) {
           }
         }
         if (min_chunks > 1 && !fine_dealt) continue;
-        const ShardPlan deal_plan = *detail::BalancedChunksPlan(
-            request, detail::PlaceBalancedChunks(request, deal, 2, min_chunks));
+        const ShardPlan deal_plan =
+            *detail::BalancedChunksPlan(request, detail::PlaceBalancedChunks(request, spec));
         EXPECT_LE(plan_ms, AdaptivePriceMs(deal_plan, model, options) * (1 + 1e-12));
         is_a_deal = is_a_deal || deal_plan.ranks == plan.ranks;
         std::vector<std::vector<std::pair<int64_t, int>>> pieces(mb.documents.size());
@@ -1829,20 +1828,122 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
     SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
     const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
     const ShardPlanRequest request = BalancedChunksRequest(mb, starts, cp, model, options);
-    for (const auto [min_chunks, deal] : kChunkDealCases) {
-      const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request, deal, 2, min_chunks);
+    for (const detail::ChunkCutSpec spec : kChunkCuts) {
+      const detail::ChunkLedger ledger = detail::PlaceBalancedChunks(request, spec);
       const ShardPlan plan = *detail::BalancedChunksPlan(request, ledger);
       ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
       EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, cp));
       const std::vector<RankExchange> x = ExchangedKvRows(plan);
       for (size_t r = 0; r < x.size(); ++r) {
         EXPECT_EQ(ledger.sent(r), x[r].send_rows)
-            << "deal " << static_cast<int>(deal) << " rank " << r;
+            << "cut " << spec.per_rank << "/" << spec.min_chunks << " rank " << r;
         EXPECT_EQ(ledger.received(r), x[r].recv_rows)
-            << "deal " << static_cast<int>(deal) << " rank " << r;
+            << "cut " << spec.per_rank << "/" << spec.min_chunks << " rank " << r;
         EXPECT_EQ(ledger.tokens(r), plan.ranks[r].tokens)
-            << "deal " << static_cast<int>(deal) << " rank " << r;
+            << "cut " << spec.per_rank << "/" << spec.min_chunks << " rank " << r;
       }
+    }
+  }
+}
+
+// The coarse cuts where the cut's chunks are too small (issue 57): two long documents at C = 8
+// over 25 GB/s, where chunks of T / 8C scatter each document's rows over every rank and the
+// exchange dominates, and a 12K-token micro-batch at C = 4, whose 384-row chunks each pay the
+// kernel's per-segment floor. Measured when the coarse cuts came in: 67.06 -> 59.78 ms and
+// 0.609 -> 0.535 ms of the slowest rank; asserted at least 8% faster than the cut's deal.
+TEST(BalancedChunksTest, CoarseCutsWhereTheCutsChunksAreTooSmall) {
+  const KernelModel model = KernelModel::Default();
+  struct Case {
+    std::vector<int64_t> lengths;
+    int cp;
+    double gbps;
+  };
+  for (const Case& c : {Case{{38223, 59271}, 8, 25.0},
+                        Case{{5056, 900, 880, 860, 840, 820, 800, 780, 760}, 4, 450.0}}) {
+    const MicroBatch mb = MakeMicroBatch(c.lengths);
+    SCOPED_TRACE(absl::StrFormat("tokens %d cp %d", mb.tokens, c.cp));
+    const CpPlanOptions options{.comm = {.link_gbps = c.gbps}};
+    const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, c.cp);
+    const ShardPlanRequest request = BalancedChunksRequest(mb, starts, c.cp, model, options);
+    const double cut_ms = AdaptivePriceMs(
+        *detail::BalancedChunksPlan(request, detail::PlaceBalancedChunks(request, detail::kCut)),
+        model, options);
+    const ShardPlan plan = MustPlan(mb, c.cp, ShardStrategy("balanced-chunks"), model, options);
+    EXPECT_LT(AdaptivePriceMs(plan, model, options), 0.92 * cut_ms);
+    EXPECT_LE(plan.rank_capacity, CpRankTokenCap(mb.tokens, c.cp));
+  }
+}
+
+// contiguous: rank q holds one run of the micro-batch in document order, runs in rank order,
+// every run within the memory cap; each boundary is a document start where one lies in its
+// window (the cap's room on both sides, past the previous boundary), so at most C - 1 documents
+// are cut and a document is cut only where no start was in reach.
+TEST(ContiguousTest, RunsInOrderWithinTheCapCutAtDocumentStarts) {
+  std::mt19937_64 rng(5706);
+  for (int iter = 0; iter < testing::PropertyIterations(400); ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::uniform_int_distribution<int>(1, 16)(rng);
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
+    const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
+    const ShardPlan plan = MustPlan(mb, cp, ShardStrategy("contiguous"), KernelModel::Default());
+    ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
+    const int64_t cap = CpRankTokenCap(mb.tokens, cp);
+    EXPECT_LE(plan.rank_capacity, cap);
+    const std::vector<int64_t> bound = detail::ContiguousBounds(starts, cp);
+    ASSERT_EQ(bound.size(), static_cast<size_t>(cp) + 1);
+    EXPECT_EQ(bound.front(), 0);
+    EXPECT_EQ(bound.back(), mb.tokens);
+    int64_t next = 0;  // where the next rank's run must begin
+    int cut = 0;
+    for (int q = 0; q < cp; ++q) {
+      const RankShard& r = plan.ranks[static_cast<size_t>(q)];
+      EXPECT_EQ(next, bound[static_cast<size_t>(q)]) << "rank " << q;
+      for (const Segment& s : r.segments) {
+        const int64_t at = starts[static_cast<size_t>(s.doc_index)];
+        EXPECT_EQ(at + s.q_begin, next) << "rank " << q << " is not one run";
+        next = at + s.q_end;
+      }
+      EXPECT_EQ(next, bound[static_cast<size_t>(q) + 1]) << "rank " << q;
+      EXPECT_LE(next - bound[static_cast<size_t>(q)], cap);
+      if (q == 0) continue;
+      const int64_t b = bound[static_cast<size_t>(q)], prev = bound[static_cast<size_t>(q) - 1];
+      const bool at_start = std::binary_search(starts.begin(), starts.end(), b);
+      cut += !at_start;
+      const int64_t lo = std::max(prev, mb.tokens - static_cast<int64_t>(cp - q) * cap);
+      const int64_t hi = std::min(mb.tokens, prev + cap);
+      const bool reachable = std::any_of(starts.begin(), starts.end(),
+                                         [&](int64_t x) { return x >= lo && x <= hi && x > prev; });
+      EXPECT_TRUE(at_start || !reachable) << "boundary " << q << " cuts a document with a start "
+                                          << "in [" << lo << ", " << hi << "]";
+    }
+    EXPECT_LE(cut, cp - 1);
+  }
+}
+
+// Where the exchange outweighs attention, adaptive is never slower than the contiguous split
+// (one of its candidates): on small micro-batches over a slow link it was up to 1.5-2x slower
+// before contiguous became a candidate (docs/results/cp/balance.md).
+TEST(ContiguousTest, AdaptiveIsNeverSlowerThanTheContiguousSplit) {
+  std::mt19937_64 rng(5707);
+  const KernelModel model = KernelModel::Default();
+  for (int iter = 0; iter < testing::PropertyIterations(60); ++iter) {
+    const int64_t tokens = std::uniform_int_distribution<int64_t>(8192, 32768)(rng);
+    std::vector<int64_t> lengths;
+    for (int64_t t = 0; t < tokens;) {
+      const int64_t d = std::min<int64_t>(
+          tokens - t, std::uniform_int_distribution<int64_t>(64, tokens / 2)(rng));
+      lengths.push_back(d);
+      t += d;
+    }
+    const MicroBatch mb = MakeMicroBatch(lengths);
+    for (const int cp : {4, 8}) {
+      const CpPlanOptions options{.comm = {.link_gbps = 25.0}};
+      SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d", iter, cp, mb.tokens));
+      const double adaptive = AdaptivePriceMs(
+          MustPlan(mb, cp, ShardStrategy("adaptive"), model, options), model, options);
+      const double contiguous = AdaptivePriceMs(
+          MustPlan(mb, cp, ShardStrategy("contiguous"), model, options), model, options);
+      EXPECT_LE(adaptive, contiguous);
     }
   }
 }

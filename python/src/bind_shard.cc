@@ -156,7 +156,8 @@ void BindShards(nb::module_& m) {
           "strategy",
           [](const PyShardPlan& p) { return std::string(wlb::ShardStrategyName(p.plan.strategy)); },
           "The strategy used (adaptive resolves to the fastest predicted plan within the memory "
-          "cap: per-seq-ordered, per-doc, hybrid, doc-degree, per-seq or balanced-chunks; "
+          "cap: per-seq-ordered, per-doc, hybrid, doc-degree, per-seq, balanced-chunks or "
+          "contiguous; "
           "doc-degree to doc-degree or the per-doc, hybrid or per-seq-ordered plan it predicted "
           "faster).",
           nb::rv_policy::automatic)

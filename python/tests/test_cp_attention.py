@@ -240,7 +240,6 @@ def test_masked_plans_gather_exactly_the_keys_their_queries_see(mask):
         assert plan.mask == mask and plan.layer_mix == f"{mask}x1"
         allowed = mask_allowed(lengths, mask).numpy()
         starts = np.concatenate([[0], np.cumsum(lengths)])
-        causal = wlb.plan_shards(lengths, cp, strategy)
         for r in range(cp):
             rank = plan[r]
             rows = rank.token_indices
@@ -260,7 +259,8 @@ def test_masked_plans_gather_exactly_the_keys_their_queries_see(mask):
                     assert np.array_equal(visible, allowed[rows[cu_q[i] + t]]), (mask, r, i, t)
                     seen += last - first + 1
             assert seen == rank.pairs == allowed[rows].sum()
-            assert len(rank.key_rows) <= len(causal[r].key_rows)
+            # at most the keys the same segments gather causally: each one's prefix [0, q_end)
+            assert len(rank.key_rows) <= int(np.sum(rank.q_end))
         # comm_volume vs the planner's prediction of the exchange it picks (16 KiB rows).
         vol = [comm_volume(plan, 32, 128, 2, rank=r) for r in range(cp)]
         predicted = plan.cp_prediction

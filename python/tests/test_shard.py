@@ -82,11 +82,11 @@ def test_index_arrays_cover_every_token_once():
         # adaptive's candidates (adaptive.hpp); doc-degree keeps its greedy plan or per-doc,
         # hybrid or per-seq-ordered when predicted faster
         adaptive = ["per-seq-ordered", "per-doc", "hybrid", "doc-degree", "per-seq",
-                    "balanced-chunks"]
+                    "balanced-chunks", "contiguous"]
         allowed = {"adaptive": adaptive,
                    "doc-degree": ["doc-degree", "per-seq-ordered", "per-doc", "hybrid"]}
         assert plan.strategy in allowed.get(strategy, [strategy])
-        if strategy in ("adaptive", "doc-degree", "balanced-chunks"):
+        if strategy in ("adaptive", "doc-degree", "balanced-chunks", "contiguous"):
             # the memory cap (wlb::CpRankTokenCap)
             total, mean = int(np.sum(lengths)), int(np.sum(lengths)) // cp
             cap = max(2 * -(-total // (2 * cp)), mean + mean // 100)

@@ -208,8 +208,8 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
       absl::StatusOr<wlb::AdaptiveChoice> c =
           wlb::ChooseAdaptive(mb, cp, *rank_by[k], wlb::cuda::bench::KernelTimeOnly());
       // Adaptive's ranking among the strategies the GPU measured: its candidates added since
-      // (doc-degree's greedy plan, balanced-chunks) have no measured row to be scored by. A
-      // candidate adaptive did not price (over the memory cap) has a maximum of 0.
+      // (doc-degree's greedy plan, balanced-chunks, contiguous) have no measured row to be scored
+      // by. A candidate adaptive did not price (over the memory cap) has a maximum of 0.
       std::string name;
       if (c.ok()) {
         double best_ms = INFINITY;
@@ -219,7 +219,8 @@ int PackedCallRanking(const std::vector<Row>& rows, const Cost& cost,
                  {"per-doc", c->per_doc_max_ms},
                  {"hybrid", c->hybrid_max_ms},
                  {"doc-degree", c->doc_degree_max_ms},
-                 {"balanced-chunks", c->balanced_chunks_max_ms}}) {
+                 {"balanced-chunks", c->balanced_chunks_max_ms},
+                 {"contiguous", c->contiguous_max_ms}}) {
           if (ms > 0.0 && ms < best_ms && measured.contains(candidate)) {
             best_ms = ms;
             name = candidate;

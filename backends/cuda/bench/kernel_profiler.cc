@@ -19,11 +19,11 @@
 // Packed mode (--packed_micro_batches=N > 0) profiles the calls CP ranks run instead: for N
 // WLB-like micro-batches of --tokens tokens (WlbLikeMicroBatch, seeds --seed.. --seed+N-1; the
 // default 101 keeps them apart from cp_bench's 1..12), every C = 2, 4, ..., --max_cp and every
-// strategy adaptive ranks (per-seq, per-seq-ordered, per-doc, hybrid, doc-degree, balanced-chunks;
-// planned with --profile's table, else the analytic model, as cp_bench plans), each rank's
-// segments are timed as ONE varlen call (keys of a segment: its document's first q_end tokens,
-// as the CP executor's call). Calls with the same segment list are timed once. The CSV (columns
-// mb, cp, strategy, rank, segments, ms, bwd_ms, then the provenance note) is what
+// strategy adaptive ranks (per-seq, per-seq-ordered, per-doc, hybrid, doc-degree, balanced-chunks,
+// contiguous; planned with --profile's table, else the analytic model, as cp_bench plans), each
+// rank's segments are timed as ONE varlen call (keys of a segment: its document's first q_end
+// tokens, as the CP executor's call). Calls with the same segment list are timed once. The CSV
+// (columns mb, cp, strategy, rank, segments, ms, bwd_ms, then the provenance note) is what
 // wlb::ReadPackedCallProfile reads and FitPackedCalls fits; cp_bench --packed_profile=PATH ranks
 // adaptive by that fit.
 //

@@ -37,14 +37,14 @@
 //    data loader lays tokens out as before and only the chunk boundaries move. Never predicted
 //    worse than per-seq: the micro-batch order is one of the candidates.
 //  - adaptive (the default): plans per-seq-ordered, per-doc, hybrid, doc-degree's greedy plan,
-//    per-seq and balanced-chunks and uses the one predicted fastest with its K/V exchange among
-//    those within the memory cap (CpRankTokenCap: no rank above 1.01 x T / C tokens; hybrid,
-//    whose whole documents follow cost, is often over it): PredictCp under CpPlanOptions (each
-//    layer kind's slowest rank of attention + the exchange the CP executors run, ChooseExchange:
-//    row-exact or the all-gather fallback, bytes over the link plus a latency per collective);
-//    with a packed-call fit in the KernelModel, the slowest rank of its CallMs + its exchange
-//    once per pass (forward, and backward's dK/dV when the fit has backward). Ties keep the
-//    earlier candidate in that order. The plan records the strategy used. The default link (450
+//    per-seq, balanced-chunks and contiguous and uses the one predicted fastest with its K/V
+//    exchange among those within the memory cap (CpRankTokenCap: no rank above 1.01 x T / C tokens;
+//    hybrid, whose whole documents follow cost, is often over it): PredictCp under CpPlanOptions
+//    (each layer kind's slowest rank of attention + the exchange the CP executors run,
+//    ChooseExchange: row-exact or the all-gather fallback, bytes over the link plus a latency per
+//    collective); with a packed-call fit in the KernelModel, the slowest rank of its CallMs + its
+//    exchange once per pass (forward, and backward's dK/dV when the fit has backward). Ties keep
+//    the earlier candidate in that order. The plan records the strategy used. The default link (450
 //    GB/s, 10 us) steers long micro-batches towards plans that keep documents whole, and on tiny
 //    micro-batches the exchange is of the order of attention or above and decides the pick (see
 //    strategies/adaptive.hpp). The paper's adaptive (per-sequence in the given order against
@@ -89,11 +89,15 @@
 //    (the first chunk holds the rest, so only it pays a partial tile); each rank priced as
 //    attention + max(K/V rows sent, received) x CommModel::RowMs (causal row-exact); costliest
 //    first, each to the rank among those with room under the memory cap that leaves the slowest
-//    rank fastest, and again each to the one with the least attention (spilled over the roomiest
-//    ranks when none has room), and a fine cut (longer documents in about 4 chunks) the first
-//    way where it differs and is small enough, each deal then up to two rounds of the best move
-//    or swap between the slowest and fastest rank; the deal priced fastest is the plan; a rank's
-//    adjacent chunks of one document are one segment (see strategies/balanced_chunks.hpp).
+//    rank fastest (spilled over the roomiest ranks when none has room); the same for coarse cuts
+//    of 2 and 4 times the unit where they differ, and for a fine cut (longer documents in about 4
+//    chunks) where it differs and is small enough, each deal then up to two rounds of the best
+//    move or swap between the slowest and fastest rank; the deal priced fastest is the plan; a
+//    rank's adjacent chunks of one document are one segment (see strategies/balanced_chunks.hpp).
+//  - contiguous (ring-flash-attention's llama3 split): rank q holds the micro-batch's tokens
+//    [bound[q], bound[q + 1]) in document order, each boundary at q x T / C moved to the nearest
+//    document start that keeps every run within the memory cap, where there is one; the fewest
+//    K/V rows any plan moves where documents must be cut (see strategies/contiguous.hpp).
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.

@@ -31,6 +31,7 @@
 #include "wlb/shard/shard_types.hpp"
 #include "wlb/shard/strategies/adaptive.hpp"
 #include "wlb/shard/strategies/balanced_chunks.hpp"
+#include "wlb/shard/strategies/contiguous.hpp"
 #include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
 #include "wlb/shard/strategies/per_doc.hpp"

@@ -43,6 +43,7 @@ absl::StatusOr<ShardPlan> PlanHybrid(const ShardPlanRequest& r);              //
 absl::StatusOr<ShardPlan> PlanPerDocumentPadded(const ShardPlanRequest& r);   // te_zigzag.hpp
 absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r);      // doc_degree.hpp
 absl::StatusOr<ShardPlan> PlanBalancedChunks(const ShardPlanRequest& r);      // balanced_chunks.hpp
+absl::StatusOr<ShardPlan> PlanContiguous(const ShardPlanRequest& r);          // contiguous.hpp
 
 }  // namespace detail
 
@@ -120,6 +121,13 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      "balanced_chunks",
      true,
      &detail::PlanBalancedChunks},
+    {"contiguous",
+     "the packed micro-batch in C contiguous runs (llama3's split), each boundary moved to a "
+     "document start within the memory cap",
+     {},
+     "contiguous",
+     true,
+     &detail::PlanContiguous},
 };
 
 // Number of strategies (rows of kShardStrategyTable).

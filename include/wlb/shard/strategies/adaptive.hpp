@@ -1,7 +1,7 @@
 // adaptive (the default): per micro-batch the fastest predicted plan within the memory cap
 // (CpRankTokenCap: no rank holds more than 1.01 x T / C tokens) of per-seq-ordered, per-doc,
-// hybrid, doc-degree's greedy plan, per-seq and te-zigzag (see shard_plan.hpp), K/V exchange
-// included.
+// hybrid, doc-degree's greedy plan, per-seq, balanced-chunks and contiguous (see
+// shard_plan.hpp), K/V exchange included.
 //
 //   absl::StatusOr<AdaptiveChoice> c = ChooseAdaptive(mb, /*cp_size=*/4, KernelModel::Default(),
 //                                                     CpPlanOptions{.comm = {.link_gbps = 25}});
@@ -30,9 +30,10 @@
 // Why doc-degree's greedy plan is a candidate (issue 57): keeping documents whole or zig-zagged
 // over small groups saves most of the K/V exchange, and under the cap its plans are memory
 // balanced; without it adaptive traded balance for traffic and trailed the best peer's plans
-// by 5-10% at C = 4-8. Why per-seq and te-zigzag: they are cheap to build and sometimes move
-// fewer rows than the ordered or padding-free cuts, so the default is never slower than a
-// memory-balanced strategy.
+// by 5-10% at C = 4-8. Why per-seq: it is cheap to build and sometimes moves fewer rows than the
+// ordered or padding-free cuts, so the default is never slower than a memory-balanced strategy.
+// Why contiguous: where the exchange outweighs attention (a slow link, small micro-batches) it
+// moves the fewest rows of any plan (strategies/contiguous.hpp).
 //
 // What the default CommModel (450 GB/s per direction, 10 us per collective) does: on long
 // micro-batches (128K at C = 2..8, a 16 KiB K/V row) the exchange adds a few ms per layer to
@@ -61,6 +62,7 @@
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/shard_types.hpp"
 #include "wlb/shard/strategies/balanced_chunks.hpp"
+#include "wlb/shard/strategies/contiguous.hpp"
 #include "wlb/shard/strategies/doc_degree.hpp"
 #include "wlb/shard/strategies/hybrid.hpp"
 #include "wlb/shard/strategies/per_doc.hpp"
@@ -73,7 +75,8 @@ namespace wlb {
 // GreedyDocumentDegree).
 inline constexpr ShardStrategy kAdaptiveCandidates[] = {
     ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"), ShardStrategy("hybrid"),
-    ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks")};
+    ShardStrategy("doc-degree"),      ShardStrategy("per-seq"), ShardStrategy("balanced-chunks"),
+    ShardStrategy("contiguous")};
 
 // Predicted slowest rank (ms) of the fixed strategies' plans and adaptive's pick, K/V exchange
 // included (see the file comment): PredictCp's max_ms, or with a packed-call fit in the model the
@@ -86,6 +89,7 @@ struct AdaptiveChoice {
   double hybrid_max_ms = 0.0;
   double doc_degree_max_ms = 0.0;  // doc-degree's greedy plan (GreedyDocumentDegree)
   double balanced_chunks_max_ms = 0.0;
+  double contiguous_max_ms = 0.0;
   bool packed_calls = false;  // the maxima are the packed-call fit's CallMs + exchange per pass
 };
 
@@ -164,13 +168,18 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   AdaptiveChoice c;
   c.packed_calls = r.model.has_packed_calls();
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
-                   &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms};
+                   &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms,
+                   &c.contiguous_max_ms};
   const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
   auto price = [&](const ShardPlan& plan) { return AdaptivePriceMs(plan, r.model, r.options); };
   // Planning prices the usual winners first (balanced-chunks, doc-degree) and skips a candidate
   // known to be slower than the best so far (CausalCpSlowerThan); the pick is the same.
-  constexpr size_t kPlanningOrder[] = {5, 3, 0, 4, 1, 2};
-  constexpr size_t kReportOrder[] = {0, 1, 2, 3, 4, 5};
+  // contiguous goes last: it seldom wins where the exchange is cheap, and there its bound rules
+  // it out before pricing (measured: 3-4 µs of adaptive at C = 8 against pricing it third).
+  constexpr size_t kPlanningOrder[] = {5, 3, 0, 4, 1, 2, 6};
+  constexpr size_t kReportOrder[] = {0, 1, 2, 3, 4, 5, 6};
+  static_assert(std::size(kPlanningOrder) == std::size(kAdaptiveCandidates) &&
+                std::size(kReportOrder) == std::size(kAdaptiveCandidates));
   const bool planning = chosen_plan != nullptr;
   const bool bounded = planning && !c.packed_calls;
   // Under an all-causal mix planning knows that of per-doc and hybrid from their cuts alone and
@@ -223,8 +232,10 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
           return std::nullopt;
         }
         return PlanPerSequence(r);
-      default:
+      case 5:
         return PlanBalancedChunksPriced(r, priced_ms);
+      default:
+        return PlanContiguous(r);
     }
   };
   ShardPlan best_plan;

@@ -14,23 +14,27 @@
 // plus max(rows sent, rows received) x CommModel::RowMs (x 2 with a backward fit: the exchange
 // once per pass, as adaptive ranks), the causal row-exact exchange (a rank receives, per
 // document, keys [0, its largest end) less its own rows, and sends its rows below every other
-// holder's largest end). Items go costliest first (longest-processing-time order), dealt two ways
-// (ChunkDeal): to the rank, among those with room under CpRankTokenCap, that leaves the slowest
-// rank fastest, then is fastest itself; and to the rank with room with the least attention. A
-// fine cut (a document longer than the unit in about 4 chunks) is dealt the first way too, where
-// it differs and its size allows (PlanBalancedChunksPriced). An item no rank has room for is
-// spilled over the ranks with the most room (SpillShards). Each deal gets up to two rounds of
-// refinement: the best move or swap of items between the slowest and the fastest rank that
-// lowers the slowest time within the cap. A rank's adjacent chunks of one document are one
-// segment. The plan is the deal's that AdaptivePriceMs prices fastest, and
-// adaptive ranks it like every other candidate.
+// holder's largest end). Items go costliest first (longest-processing-time order), each to the
+// rank, among those with room under CpRankTokenCap, that leaves the slowest rank fastest, then is
+// fastest itself. Four cuts are dealt (ChunkCutSpec): the cut; coarse cuts of about 2 and 4
+// times the unit (4 and 2 chunks' worth per rank), each where it differs from the finer cuts;
+// and a fine cut (a document longer than the unit in about 4 chunks), where it differs and its
+// size allows (PlanBalancedChunksPriced). An item no rank has room for is spilled over the ranks
+// with the most room (SpillShards). Each deal gets up to two rounds of refinement: the best move or
+// swap of items between the slowest and the fastest rank that lowers the slowest time within the
+// cap. A rank's adjacent chunks of one document are one segment. The plan is the deal's that
+// AdaptivePriceMs prices fastest, and adaptive ranks it like every other candidate.
 //
-// Why two deals (issue 57): the first keeps a long document's chunks on few ranks, which saves
-// rows, but where every rank must hold some of long documents anyway it leaves the exchange
-// uneven; the second spreads them as MagiAttention's dispatch does. On held-back streams (the
-// balance table at seeds 2-7) the first alone left single C = 8 micro-batches up to 2.0% behind
-// the peer's plan; with both, every C = 4 and C = 8 micro-batch is within 0.9%
-// (docs/results/cp/balance.md). The second costs adaptive about 20 µs at C = 8.
+// Why the coarse cuts (issue 57): scored against the peer's dispatch at 1024- and 4096-token
+// chunks too (the balance table at seeds 1-13), the cut alone left exchange-bound micro-batches
+// (C = 8 at 25 GB/s, two or three long documents) up to 10.4% behind 4096-token chunks, and a
+// 12K-token micro-batch at C = 4 9.6% behind 1024-token chunks (its 384-row chunks each pay the
+// kernel's per-segment floor); with the coarse cuts no C = 4 or 8 micro-batch of those streams is
+// more than 1.9% behind any of the peer's chunk sizes, and on seeded random micro-batches of
+// 16K-128K tokens adaptive at C = 8 went from up to 1.8x behind the peer to 1.04x
+// (docs/results/cp/balance.md). They replaced a second deal of the cut to the rank with the least
+// attention (MagiAttention's rule), which they made redundant, so adaptive's planning at C = 8
+// stays under 100 µs.
 //
 // Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
 // sends it to every other holder, so a receive-only price piled those chunks on one rank, and
@@ -68,11 +72,14 @@ inline int64_t WholeTiles(int64_t rows, int64_t tile) {
   return std::max(tile, (rows + tile - 1) / tile * tile);
 }
 
-// Chunk size of balanced-chunks for a micro-batch of `tokens` over `cp_size` ranks.
-inline int64_t BalancedChunkUnit(int64_t tokens, int cp_size, const KernelModel& model) {
-  // 8 chunks' worth per rank: measured against 4, 16 and 32 on the balance table's streams
-  // (docs/results/cp/balance.md), 8 gave adaptive the fastest plans.
-  const int64_t per_rank = 8;
+// The cut's chunks' worth of tokens per rank: measured against 4, 16 and 32 on the balance table's
+// streams (docs/results/cp/balance.md), 8 gave adaptive the fastest plans as its only cut.
+inline constexpr int64_t kChunksPerRank = 8;
+
+// Chunk size of balanced-chunks for a micro-batch of `tokens` over `cp_size` ranks, about
+// `per_rank` chunks' worth per rank, in whole query tiles.
+inline int64_t BalancedChunkUnit(int64_t tokens, int cp_size, const KernelModel& model,
+                                 int64_t per_rank = kChunksPerRank) {
   const int64_t unit = (tokens + per_rank * cp_size - 1) / (per_rank * cp_size);
   return WholeTiles(unit, std::max<int64_t>(1, model.tile_q()));
 }
@@ -97,7 +104,8 @@ class ChunkLedger {
         received_(ranks, 0),
         doc_hi_(docs * ranks, 0),
         doc_lo_(docs, std::numeric_limits<int64_t>::max()),
-        of_doc_(docs),
+        doc_items_(docs, 0),
+        doc_last_(docs, kNoItem),
         d_sent_(ranks, 0),
         d_received_(ranks, 0),
         hi_(ranks, 0),
@@ -105,7 +113,9 @@ class ChunkLedger {
 
   // A new unplaced item: queries [begin, end) of document `doc`; its index.
   size_t Add(size_t doc, int64_t begin, int64_t end, double ms) {
-    of_doc_[doc].push_back(items_.size());
+    ++doc_items_[doc];
+    earlier_of_doc_.push_back(doc_last_[doc]);
+    doc_last_[doc] = items_.size();
     items_.push_back({ms, doc, begin, end, -1});
     return items_.size() - 1;
   }
@@ -123,7 +133,7 @@ class ChunkLedger {
   double MaxTimeIfPlaced(size_t k, size_t rank) {
     const Item& it = items_[k];
     const double others = rank == slowest_ ? second_ms_ : slowest_ms_;
-    if (of_doc_[it.doc].size() < 2) {  // a whole document moves no rows
+    if (doc_items_[it.doc] < 2) {  // a whole document moves no rows
       return std::max(Time(rank) + it.ms, others);
     }
     const size_t base = it.doc * ranks_;
@@ -157,7 +167,7 @@ class ChunkLedger {
   // Puts unplaced item k on `rank`.
   void Place(size_t k, size_t rank) {
     Item& it = items_[k];
-    if (of_doc_[it.doc].size() > 1) {
+    if (doc_items_[it.doc] > 1) {
       RowsIfPlaced(k, rank);
       for (size_t q = 0; q < ranks_; ++q) {
         sent_[q] += d_sent_[q];
@@ -170,17 +180,22 @@ class ChunkLedger {
     it.rank = static_cast<int>(rank);
     attention_[rank] += it.ms;
     tokens_[rank] += it.end - it.begin;
-    slowest_ms_ = second_ms_ = 0.0;  // the two slowest ranks, for whole documents' prices
+    // The two slowest ranks, for whole documents' prices (in locals: the loop runs per item).
+    double slowest_ms = 0.0, second_ms = 0.0;
+    size_t slowest = 0;
     for (size_t r = 0; r < ranks_; ++r) {
       const double t = Time(r);
-      if (t > slowest_ms_) {
-        second_ms_ = slowest_ms_;
-        slowest_ms_ = t;
-        slowest_ = r;
+      if (t > slowest_ms) {
+        second_ms = slowest_ms;
+        slowest_ms = t;
+        slowest = r;
       } else {
-        second_ms_ = std::max(second_ms_, t);
+        second_ms = std::max(second_ms, t);
       }
     }
+    slowest_ms_ = slowest_ms;
+    second_ms_ = second_ms;
+    slowest_ = slowest;
   }
 
   // Moves and swaps between the slowest rank and the fastest that lower the slowest time within
@@ -189,7 +204,7 @@ class ChunkLedger {
   // of one document, then priced together.
   void Refine(int64_t cap, int rounds) {
     if (rounds <= 0 || ranks_ < 2) return;
-    const size_t docs = of_doc_.size();
+    const size_t docs = doc_items_.size();
     doc_sent_.assign(docs * ranks_, 0);
     doc_received_.assign(docs * ranks_, 0);
     for (size_t i = 0; i < docs; ++i) {
@@ -248,9 +263,8 @@ class ChunkLedger {
           const Item& b = items_[on_f[y]];
           const int64_t lb = b.end - b.begin;
           if (b.ms >= a.ms || tokens_[s] - la + lb > cap || tokens_[f] - lb + la > cap) continue;
-          const double m = a.doc == b.doc && of_doc_[a.doc].size() > 1
-                               ? MaxIfSwapped(on_s[x], on_f[y])
-                               : price(x, y, a.ms - b.ms);
+          const double m = a.doc == b.doc && doc_items_[a.doc] > 1 ? MaxIfSwapped(on_s[x], on_f[y])
+                                                                   : price(x, y, a.ms - b.ms);
           if (m < best) best = m, best_a = on_s[x], best_b = on_f[y];
         }
       }
@@ -269,11 +283,10 @@ class ChunkLedger {
   // Adds document `doc`'s rows per rank to sent[0, ranks) and received[0, ranks): a rank needs
   // keys [0, its largest end) less its own rows, each other rank's rows in that range sent to it.
   void DocRows(size_t doc, int64_t* sent, int64_t* received) {
-    const std::vector<size_t>& of = of_doc_[doc];
-    if (of.size() < 2) return;
+    if (doc_items_[doc] < 2) return;
     std::fill(hi_.begin(), hi_.end(), 0);
     std::fill(own_.begin(), own_.end(), 0);
-    for (size_t k : of) {
+    for (size_t k = doc_last_[doc]; k != kNoItem; k = earlier_of_doc_[k]) {
       const Item& it = items_[k];
       if (it.rank < 0) continue;
       hi_[static_cast<size_t>(it.rank)] = std::max(hi_[static_cast<size_t>(it.rank)], it.end);
@@ -287,7 +300,7 @@ class ChunkLedger {
     }
     // An item's rows below each holder's largest end go to that holder (its own rank's end is
     // at or past the item's end: less its length).
-    for (size_t k : of) {
+    for (size_t k = doc_last_[doc]; k != kNoItem; k = earlier_of_doc_[k]) {
       const Item& it = items_[k];
       if (it.rank < 0) continue;
       int64_t rows = it.begin - it.end;
@@ -299,7 +312,7 @@ class ChunkLedger {
   // Per rank, the change of rows sent and received if placed item k went to rank `to`.
   void DeltaIfMoved(size_t k, size_t to, int64_t* sent, int64_t* received) {
     const size_t doc = items_[k].doc;
-    if (of_doc_[doc].size() < 2) return;  // a whole document moves no rows
+    if (doc_items_[doc] < 2) return;  // a whole document moves no rows
     const int from = items_[k].rank;
     items_[k].rank = static_cast<int>(to);
     DocRows(doc, sent, received);
@@ -374,7 +387,7 @@ class ChunkLedger {
       if (q != rank) d_sent_[rank] += RowsBelow(it, h);
     }
     if (it.end <= hi) return;
-    for (size_t j : of_doc_[it.doc]) {
+    for (size_t j = doc_last_[it.doc]; j != kNoItem; j = earlier_of_doc_[j]) {
       const Item& p = items_[j];
       if (p.rank < 0 || static_cast<size_t>(p.rank) == rank) continue;
       const int64_t rows = std::min(p.end, it.end) - std::max(p.begin, hi);
@@ -391,7 +404,10 @@ class ChunkLedger {
   std::vector<int64_t> doc_lo_;   // per document: the least begin placed
   size_t below_item_ = SIZE_MAX;  // MaxTimeIfPlaced's item and its rows below the holders' ends
   int64_t below_ = 0;
-  std::vector<std::vector<size_t>> of_doc_;  // per document: its items
+  // Per document its item count and last item, per item the document's item added before it
+  // (kNoItem for the first): a document's items without a vector per document.
+  static constexpr size_t kNoItem = std::numeric_limits<size_t>::max();
+  std::vector<size_t> doc_items_, doc_last_, earlier_of_doc_;
   size_t slowest_ = 0;
   double slowest_ms_ = 0.0, second_ms_ = 0.0;
   std::vector<int64_t> d_sent_, d_received_;      // RowsIfPlaced's
@@ -399,18 +415,21 @@ class ChunkLedger {
   std::vector<int64_t> hi_, own_, ends_;          // DocRows' scratch
 };
 
-// How balanced-chunks deals its items, costliest first. It deals both ways, refines both and keeps
-// the plan adaptive prices faster (AdaptivePriceMs; the first on a tie).
-enum class ChunkDeal {
-  // To the rank, among those with room, that leaves the slowest rank fastest (the exchange
-  // included), then is fastest itself: keeps a long document's chunks on few ranks.
-  kSlowestRank,
-  // To the rank with the least attention among those with room (MagiAttention's dispatch rule,
-  // by predicted time instead of pairs): spreads a long document's chunks over every rank, which
-  // the exchange-aware deal misses where every rank must hold some of it anyway (2.0% of a C = 8
-  // micro-batch's slowest rank at 25 GB/s, docs/results/cp/balance.md).
-  kLeastAttention,
+// How balanced-chunks cuts documents: the unit is BalancedChunkUnit at `per_rank` chunks' worth
+// per rank, and a document longer than it is cut into chunks of DocChunkUnit(d, unit, min_chunks).
+struct ChunkCutSpec {
+  int64_t per_rank = kChunksPerRank;
+  int64_t min_chunks = 1;
 };
+
+// The fine cut's chunks per document longer than the unit: enough for two ranks to share it
+// evenly (zigzag halves, as per-doc at degree 2).
+inline constexpr int64_t kFineCutMinChunks = 4;
+
+inline constexpr ChunkCutSpec kCut{};
+inline constexpr ChunkCutSpec kCoarseCuts[] = {{.per_rank = kChunksPerRank / 2, .min_chunks = 1},
+                                               {.per_rank = kChunksPerRank / 4, .min_chunks = 1}};
+inline constexpr ChunkCutSpec kFineCut{.per_rank = kChunksPerRank, .min_chunks = kFineCutMinChunks};
 
 // balanced-chunks' items, cut (see the file comment) and unplaced, and their deal order.
 struct ChunkCut {
@@ -425,11 +444,15 @@ inline int64_t DocChunkUnit(int64_t length, int64_t unit, int64_t min_chunks, in
   return std::min(unit, WholeTiles((length + min_chunks - 1) / min_chunks, tile));
 }
 
-// min_chunks > 1: the fine cut (DocChunkUnit).
-inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, int64_t min_chunks = 1) {
+// `whole_ms`: per document, its price whole (SegmentCallMs(d, d)) or < 0 while not yet computed;
+// the cuts of one request share it (every cut keeps the short documents whole, and pricing is
+// most of a cut's work).
+inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec,
+                                  std::vector<double>& whole_ms) {
   const MicroBatch& mb = r.mb;
   const size_t docs = mb.documents.size();
-  const int64_t unit0 = BalancedChunkUnit(mb.tokens, r.cp_size, r.model);
+  whole_ms.resize(docs, -1.0);
+  const int64_t unit0 = BalancedChunkUnit(mb.tokens, r.cp_size, r.model, spec.per_rank);
   const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
   // With a packed-call fit, adaptive prices a rank's call forward + backward and its exchange once
   // per pass; the deal weighs the same.
@@ -438,8 +461,13 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, int64_t min_chunks 
                .order = {}};
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
-    const int64_t unit = DocChunkUnit(d, unit0, min_chunks, tile);
+    const int64_t unit = DocChunkUnit(d, unit0, spec.min_chunks, tile);
     // From the document's end: whole-tile chunks of `unit`, the d mod unit rest first.
+    if (d <= unit) {
+      if (whole_ms[i] < 0.0) whole_ms[i] = r.model.SegmentCallMs(d, d);
+      cut.ledger.Add(i, 0, d, whole_ms[i]);
+      continue;
+    }
     for (int64_t b = 0, e = d % unit == 0 ? unit : d % unit; b < d; b = e, e += unit) {
       cut.ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
@@ -454,8 +482,10 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, int64_t min_chunks 
   return cut;
 }
 
-// The cut's items dealt by `deal`, then refined; refine_rounds = 0 stops after the deal (tests).
-inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut, ChunkDeal deal,
+// The cut's items dealt, costliest first, each to the rank among those with room that leaves the
+// slowest rank fastest (the exchange included), then is fastest itself; then refined.
+// refine_rounds = 0 stops after the deal (tests).
+inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut,
                                       int refine_rounds = 2) {
   const size_t ranks = static_cast<size_t>(r.cp_size);
   const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
@@ -470,8 +500,7 @@ inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut, C
     double best_key = 0.0, best_own = 0.0;
     for (size_t q = 0; q < ranks; ++q) {
       if (ledger.tokens(q) + len > cap) continue;
-      const double key =
-          deal == ChunkDeal::kSlowestRank ? ledger.MaxTimeIfPlaced(k, q) : ledger.attention(q);
+      const double key = ledger.MaxTimeIfPlaced(k, q);
       const double own = ledger.Time(q) + it.ms;
       if (best < 0 || key < best_key || (key == best_key && own < best_own)) {
         best = static_cast<int>(q);
@@ -501,11 +530,11 @@ inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut, C
   return std::move(ledger);
 }
 
-// One deal's placement of every item of the cut with `min_chunks` (tests).
-inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r,
-                                       ChunkDeal deal = ChunkDeal::kSlowestRank,
-                                       int refine_rounds = 2, int64_t min_chunks = 1) {
-  return DealBalancedChunks(r, CutBalancedChunks(r, min_chunks), deal, refine_rounds);
+// The deal of every item of the cut `spec` (tests).
+inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec = kCut,
+                                       int refine_rounds = 2) {
+  std::vector<double> whole_ms;
+  return DealBalancedChunks(r, CutBalancedChunks(r, spec, whole_ms), refine_rounds);
 }
 
 // The plan of a placement: a rank's adjacent pieces of one document are one segment.
@@ -535,10 +564,8 @@ inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
   return b.Finish(ShardStrategy("balanced-chunks"), r.requested, r.cp_size, -1);
 }
 
-// The fine cut: a document longer than the unit is cut into chunks of ceil(d / 4) rounded up to
-// whole query tiles (4 chunks, fewer where the rounding takes the rest), enough for two ranks to
-// share its attention evenly (zigzag halves, as per-doc at degree 2).
-inline constexpr int64_t kFineCutMinChunks = 4;
+// The fine cut (kFineCut): a document longer than the unit is cut into chunks of ceil(d / 4)
+// rounded up to whole query tiles (4 chunks, fewer where the rounding takes the rest).
 // The fine cut is dealt only while its chunks x ranks stay within this: the deal's work grows
 // with both, and adaptive's planning at C = 8 must stay under 100 us (shard_benchmark). 400
 // admits most 128K micro-batches at C = 2 and 4 and at C = 8 only those of at most 50 chunks:
@@ -548,12 +575,12 @@ inline constexpr size_t kFineCutMaxChunkRanks = 400;
 // Whether balanced-chunks deals the fine cut for this request (see PlanBalancedChunksPriced): some
 // document's chunks differ from the cut's, and its chunks x ranks are within the budget.
 inline bool DealsFineCut(const ShardPlanRequest& r) {
-  const int64_t unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model);
+  const int64_t unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model, kFineCut.per_rank);
   const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
   size_t chunks = 0;
   bool differs = false;
   for (const Document& doc : r.mb.documents) {
-    const int64_t u = DocChunkUnit(doc.length, unit, kFineCutMinChunks, tile);
+    const int64_t u = DocChunkUnit(doc.length, unit, kFineCut.min_chunks, tile);
     differs = differs || u != unit;
     chunks += static_cast<size_t>((doc.length + u - 1) / u);
   }
@@ -562,26 +589,33 @@ inline bool DealsFineCut(const ShardPlanRequest& r) {
 
 // The fastest of balanced-chunks' deals by AdaptivePriceMs under the request's model and options
 // (the earlier on a tie), and that price in *ms when given:
-//  1. the cut dealt to the rank that leaves the slowest rank fastest (ChunkDeal::kSlowestRank);
-//  2. the cut dealt to the least attention (kLeastAttention). While no document is in pieces (cut
-//     or spilled) no rank moves rows, so leaving the slowest rank fastest is taking the least
-//     loaded rank and both deals place alike: when deal 1 ends with every document whole, this
-//     one is not run;
-//  3. the fine cut (kFineCutMinChunks) dealt like 1, when DealsFineCut. Why (issue 57): with one
+//  1. the cut (kCut);
+//  2. the coarse cuts (kCoarseCuts, finest first), each when some document is longer than the
+//     previous cut's unit (else both keep every document whole and deal alike). Why: see the
+//     file comment;
+//  3. the fine cut (kFineCut), when DealsFineCut. Why (issue 57): with one
 //     document of T/8 to T/4 tokens among short ones at C = 2, the cut's 2-4 chunks of it cannot
 //     split its attention evenly, and the token cap stops the short documents from making up the
 //     rest; on the balance table's synthetic stream at seeds 8-11 adaptive's worst C = 2
 //     micro-batch went from 3.0-3.8% behind a peer's plan to 1.8-2.0% (what is left there is
 //     the flash table's preference for 512-token query segments, see balance.md).
 inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
-  ChunkCut cut = CutBalancedChunks(r);
-  const ChunkLedger first = DealBalancedChunks(r, cut, ChunkDeal::kSlowestRank);
-  absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(r, first);
+  std::vector<double> whole_ms;
+  auto place = [&](ChunkCutSpec spec) {
+    return DealBalancedChunks(r, CutBalancedChunks(r, spec, whole_ms));
+  };
+  absl::StatusOr<ShardPlan> plan = BalancedChunksPlan(r, place(kCut));
   if (!plan.ok()) return plan.status();
   double best_ms = AdaptivePriceMs(*plan, r.model, r.options);
+  // A deal known to be slower than the best so far is not priced (the lower bound adaptive skips
+  // candidates with; without a packed-call fit AdaptivePriceMs is PredictCp's max_ms).
+  const bool bounded = !r.model.has_packed_calls();
   auto keep_if_faster = [&](const ChunkLedger& ledger) -> absl::Status {
     absl::StatusOr<ShardPlan> other = BalancedChunksPlan(r, ledger);
     if (!other.ok()) return other.status();
+    if (bounded && CausalCpSlowerThan(*other, r.model, r.options, best_ms)) {
+      return absl::OkStatus();
+    }
     if (const double other_ms = AdaptivePriceMs(*other, r.model, r.options); other_ms < best_ms) {
       plan = std::move(other);
       best_ms = other_ms;
@@ -589,12 +623,16 @@ inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest
     return absl::OkStatus();
   };
   absl::Status status;
-  if (first.items().size() > r.mb.documents.size()) {
-    status = keep_if_faster(DealBalancedChunks(r, std::move(cut), ChunkDeal::kLeastAttention));
+  int64_t longest = 0;
+  for (const Document& doc : r.mb.documents) longest = std::max(longest, doc.length);
+  int64_t finer_unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model, kCut.per_rank);
+  for (const ChunkCutSpec& coarse : kCoarseCuts) {
+    if (!status.ok() || longest <= finer_unit) break;
+    status = keep_if_faster(place(coarse));
+    finer_unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model, coarse.per_rank);
   }
   if (status.ok() && DealsFineCut(r)) {
-    status = keep_if_faster(
-        DealBalancedChunks(r, CutBalancedChunks(r, kFineCutMinChunks), ChunkDeal::kSlowestRank));
+    status = keep_if_faster(place(kFineCut));
   }
   if (!status.ok()) return status;
   if (ms != nullptr) *ms = best_ms;
