@@ -1921,7 +1921,7 @@ TEST(ContiguousTest, RunsInOrderWithinTheCapCutAtDocumentStarts) {
 }
 
 // Where the exchange outweighs attention, adaptive is never slower than the contiguous split
-// (one of its candidates): on small micro-batches over a slow link it was up to 1.5-2x slower
+// (one of its candidates): on small micro-batches over a slow link it was up to 2.0x slower
 // before contiguous became a candidate (docs/results/cp/balance.md).
 TEST(ContiguousTest, AdaptiveIsNeverSlowerThanTheContiguousSplit) {
   std::mt19937_64 rng(5707);

@@ -96,8 +96,8 @@
 //    rank's adjacent chunks of one document are one segment (see strategies/balanced_chunks.hpp).
 //  - contiguous (ring-flash-attention's llama3 split): rank q holds the micro-batch's tokens
 //    [bound[q], bound[q + 1]) in document order, each boundary at q x T / C moved to the nearest
-//    document start that keeps every run within the memory cap, where there is one; the fewest
-//    K/V rows any plan moves where documents must be cut (see strategies/contiguous.hpp).
+//    document start that keeps every run within the memory cap, where there is one: at most C - 1
+//    documents cut, so few K/V rows move (see strategies/contiguous.hpp).
 //
 // Rules for edge cases:
 //  - cp_size must be in [1, kMaxCpSize]; anything else is InvalidArgument.

@@ -33,7 +33,7 @@
 // by 5-10% at C = 4-8. Why per-seq: it is cheap to build and sometimes moves fewer rows than the
 // ordered or padding-free cuts, so the default is never slower than a memory-balanced strategy.
 // Why contiguous: where the exchange outweighs attention (a slow link, small micro-batches) it
-// moves the fewest rows of any plan (strategies/contiguous.hpp).
+// cuts at most C - 1 documents, so few rows move (strategies/contiguous.hpp).
 //
 // What the default CommModel (450 GB/s per direction, 10 us per collective) does: on long
 // micro-batches (128K at C = 2..8, a 16 KiB K/V row) the exchange adds a few ms per layer to

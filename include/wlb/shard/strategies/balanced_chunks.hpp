@@ -31,10 +31,10 @@
 // 12K-token micro-batch at C = 4 9.6% behind 1024-token chunks (its 384-row chunks each pay the
 // kernel's per-segment floor); with the coarse cuts no C = 4 or 8 micro-batch of those streams is
 // more than 1.9% behind any of the peer's chunk sizes, and on seeded random micro-batches of
-// 16K-128K tokens adaptive at C = 8 went from up to 1.8x behind the peer to 1.04x
-// (docs/results/cp/balance.md). They replaced a second deal of the cut to the rank with the least
-// attention (MagiAttention's rule), which they made redundant, so adaptive's planning at C = 8
-// stays under 100 µs.
+// 16K-128K tokens adaptive at C = 8 went from up to 1.8x behind the peer to 1.04x (before
+// contiguous became a candidate; docs/results/cp/balance.md). They replaced a second deal of the
+// cut to the rank with the least attention (MagiAttention's rule), which they made redundant, so
+// adaptive's planning at C = 8 stays under 100 µs.
 //
 // Why the send side and the swaps (issue 57): the rank holding a long document's first chunk
 // sends it to every other holder, so a receive-only price piled those chunks on one rank, and

@@ -9,8 +9,8 @@
 //
 // Why (issue 57): where the exchange outweighs attention (a slow link, or micro-batches of a few
 // thousand tokens per rank, whose many short chunks each pay the kernel's per-segment floor)
-// this is the plan that moves the fewest rows, and no chunked plan reaches it: on seeded random
-// micro-batches of 8K-32K tokens at 25 GB/s adaptive was up to 1.5-2x slower than this split
+// a plan that moves few rows wins, and no chunked plan reached this one: on seeded random
+// micro-batches of 8K-32K tokens at 25 GB/s adaptive was up to 2.0x slower than this split
 // before it became one of adaptive's candidates (docs/results/cp/balance.md).
 #pragma once
 
