@@ -260,13 +260,11 @@ absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int 
   // Pairs of chunk j: every document piece in [j chunk, (j + 1) chunk).
   std::vector<std::pair<int64_t, int64_t>> order;  // (-pairs, chunk)
   for (int64_t j = 0, d = 0; j < chunks; ++j) {
-    const int64_t lo = j * chunk, hi = std::min(total, lo + chunk);
+    const int64_t lo = j * chunk;
     int64_t pairs = 0;
-    while (starts[d + 1] <= lo) ++d;
-    for (int64_t i = d; i < static_cast<int64_t>(mb.documents.size()) && starts[i] < hi; ++i) {
-      pairs += wlb::CausalPairs(std::max(lo, starts[i]) - starts[i],
-                                std::min(hi, starts[i + 1]) - starts[i]);
-    }
+    wlb::detail::ForEachPieceOfRun(
+        starts, lo, std::min(total, lo + chunk), d,
+        [&](int64_t, int64_t qb, int64_t qe) { pairs += wlb::CausalPairs(qb, qe); });
     order.push_back({-pairs, j});
   }
   std::sort(order.begin(), order.end());

@@ -77,22 +77,32 @@ inline int64_t PerSequenceChunk(int64_t tokens, int cp_size) {
   return (tokens + 2 * cp_size - 1) / (2 * cp_size);
 }
 
+// Calls fn(doc_index, q_begin, q_end) for every document piece of the packed tokens [lo, hi)
+// (documents laid out from `starts`, hi <= starts.back()), in order; nothing when lo >= hi. `k`:
+// a document at or before the one holding lo, advanced to it (runs visited in order reuse it).
+template <typename Fn>
+void ForEachPieceOfRun(const std::vector<int64_t>& starts, int64_t lo, int64_t hi, int64_t& k,
+                       Fn&& fn) {
+  if (lo >= hi) return;
+  const int64_t docs = static_cast<int64_t>(starts.size()) - 1;
+  while (starts[k + 1] <= lo) ++k;
+  for (int64_t i = k; i < docs && starts[i] < hi; ++i) {
+    fn(i, std::max(lo, starts[i]) - starts[i], std::min(hi, starts[i + 1]) - starts[i]);
+  }
+}
+
 // Calls fn(rank, doc_index, q_begin, q_end) for every per-sequence segment, chunks in order.
 template <typename Fn>
 void ForEachPerSequenceSegment(const std::vector<int64_t>& starts, int cp_size, Fn&& fn) {
   const int64_t total = starts.back();
   const int64_t chunk = PerSequenceChunk(total, cp_size);
-  const int64_t docs = static_cast<int64_t>(starts.size()) - 1;
   int64_t k = 0;
   for (int64_t j = 0; j < 2 * cp_size; ++j) {
     const int64_t lo = j * chunk;
-    const int64_t hi = std::min(lo + chunk, total);
-    if (lo >= hi) break;  // this and later chunks are all padding
-    while (starts[k + 1] <= lo) ++k;
-    for (int64_t i = k; i < docs && starts[i] < hi; ++i) {
-      fn(RankOfChunk(j, cp_size), i, std::max(lo, starts[i]) - starts[i],
-         std::min(hi, starts[i + 1]) - starts[i]);
-    }
+    if (lo >= total) break;  // this and later chunks are all padding
+    const int rank = RankOfChunk(j, cp_size);
+    ForEachPieceOfRun(starts, lo, std::min(lo + chunk, total), k,
+                      [&](int64_t i, int64_t qb, int64_t qe) { fn(rank, i, qb, qe); });
   }
 }
 

@@ -61,16 +61,10 @@ inline std::vector<int64_t> ContiguousBounds(const std::vector<int64_t>& starts,
 inline absl::StatusOr<ShardPlan> PlanContiguous(const ShardPlanRequest& r) {
   const std::vector<int64_t> bound = ContiguousBounds(r.starts, r.cp_size);
   PlanBuilder b(r.mb, r.starts, r.cp_size, r.mb.documents.size() + static_cast<size_t>(r.cp_size));
-  int rank = 0;
-  for (size_t i = 0; i < r.mb.documents.size(); ++i) {
-    const int64_t begin = r.starts[i], end = r.starts[i + 1];
-    while (rank + 1 < r.cp_size && bound[static_cast<size_t>(rank) + 1] <= begin) ++rank;
-    // The document's pieces, one per run it overlaps.
-    for (int q = rank; q < r.cp_size && bound[static_cast<size_t>(q)] < end; ++q) {
-      const int64_t qb = std::max(begin, bound[static_cast<size_t>(q)]);
-      const int64_t qe = std::min(end, bound[static_cast<size_t>(q) + 1]);
-      if (qb < qe) b.Add(q, static_cast<int64_t>(i), qb - begin, qe - begin);
-    }
+  int64_t k = 0;
+  for (int q = 0; q < r.cp_size; ++q) {
+    ForEachPieceOfRun(r.starts, bound[static_cast<size_t>(q)], bound[static_cast<size_t>(q) + 1], k,
+                      [&](int64_t i, int64_t qb, int64_t qe) { b.Add(q, i, qb, qe); });
   }
   return b.Finish(ShardStrategy("contiguous"), r.requested, r.cp_size, -1);
 }
