@@ -9,11 +9,19 @@
 // BM_ShardManyDocs/<strategy>/C: the same for 1024 documents of 128 tokens, the worst case for
 // per-document sharding (2C segments per document). BM_ShardKeyCopy/adaptive/C: adaptive with
 // the gathered key rows' copy priced (CommModel::gather_gbps = 3350).
+// BM_ShardStreams/adaptive/<distribution>/<link>/C: adaptive on 16 micro-batches of each registered
+// distribution (wlb::kDistributions) at 450 and 25 GB/s, since its planning time depends on the
+// documents (how many, how long) and the link (which candidates a bound rules out).
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
 #include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/default_distribution.hpp"
@@ -34,6 +42,17 @@ wlb::MicroBatch FromLengths(const std::vector<int64_t>& lengths) {
     mb.tokens += take;
   }
   return mb;
+}
+
+// 16 micro-batches of 128K tokens from the registered distribution `name`.
+std::vector<wlb::MicroBatch> DistributionMicroBatches(std::string_view name) {
+  std::vector<wlb::MicroBatch> out;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    std::optional<std::vector<int64_t>> lengths = wlb::SampleNamedLengths(name, kContext, seed);
+    if (!lengths.has_value()) std::abort();  // a registered name
+    out.push_back(FromLengths(*lengths));
+  }
+  return out;
 }
 
 const std::vector<wlb::MicroBatch>& RealisticMicroBatches() {
@@ -104,6 +123,22 @@ void Register() {
       ->Arg(4)
       ->Arg(8)
       ->Unit(benchmark::kMicrosecond);
+  for (const wlb::NamedDistribution& d : wlb::kDistributions) {
+    const auto mbs =
+        std::make_shared<const std::vector<wlb::MicroBatch>>(DistributionMicroBatches(d.name));
+    for (const double gbps : {450.0, 25.0}) {
+      const std::string name = absl::StrFormat("BM_ShardStreams/adaptive/%s/%gGBps", d.name, gbps);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [mbs, gbps](benchmark::State& st) {
+                                     Run(st, wlb::ShardStrategy("adaptive"), *mbs,
+                                         {.comm = {.link_gbps = gbps}});
+                                   })
+          ->ArgName("C")
+          ->Arg(4)
+          ->Arg(8)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
 }
 
 const int registered = (Register(), 0);
