@@ -14,7 +14,7 @@ import argparse
 import collections
 
 
-def summarize(path):
+def summarize(path, row_name="adaptive"):
     cells = collections.defaultdict(list)
     after = []  # the lines after the table
     with open(path) as f:
@@ -32,8 +32,11 @@ def summarize(path):
     mean_ratio, capped_worst, over, key_means, key_worst = 0.0, 0.0, 0, [], 0.0
     over_by_c = collections.Counter({c: 0 for _, c, _ in cells})  # cells > 1% per CP size
     for (_, c, _), rows in cells.items():
-        adaptive = next(r for r in rows if r[3] == "adaptive")
-        best_mean = min(float(r[4]) for r in rows)
+        adaptive = next((r for r in rows if r[3] == row_name), None)
+        if adaptive is None:
+            raise SystemExit(f"{path}: no {row_name!r} row in cell {' / '.join(rows[0][:3])}")
+        # The best of the rows a best is taken over (a what-if row is scored, never the best).
+        best_mean = min(float(r[4]) for r in rows if not r[3].startswith("what-if"))
         mean_ratio = max(mean_ratio, float(adaptive[4]) / best_mean)
         capped = float(adaptive[7])
         capped_worst = max(capped_worst, capped)
@@ -42,7 +45,7 @@ def summarize(path):
         key_mean, worst = (float(x) for x in adaptive[11].split("/"))
         key_means.append(key_mean)
         key_worst = max(key_worst, worst)
-    print(f"{path}: {len(cells)} cells; adaptive's mean slowest rank / the best row's mean, worst "
+    print(f"{path}: {len(cells)} cells; {row_name}'s mean slowest rank / the best row's mean, worst "
           f"cell {mean_ratio:.4f}; worst micro-batch / fastest capped plan {capped_worst:.4f}; "
           f"cells with a micro-batch > 1%: {over} ("
           + ", ".join(f"C = {c}: {n}" for c, n in sorted(over_by_c.items(), key=lambda x: int(x[0])))
@@ -55,8 +58,12 @@ def summarize(path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", nargs="+", help="sharding_table --balance outputs")
-    for path in parser.parse_args().raw:
-        summarize(path)
+    parser.add_argument("--row", default="adaptive",
+                        help="the row to summarize (default adaptive; e.g. the --split_what_if row, "
+                        "'what-if: adaptive, segments split where cheaper')")
+    args = parser.parse_args()
+    for path in args.raw:
+        summarize(path, args.row)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ ABSL_FLAG(double, gather_gbps, 0.0,
           "also pays the copy of its gathered key rows, cu_seqlens_k.back() rows of K/V read and "
           "written once at this memory bandwidth, GB/s, e.g. 3350, an H100 SXM's HBM3 peak; 0: "
           "not priced)");
+ABSL_FLAG(bool, split_what_if, false,
+          "balance table: add a what-if row, not a plan wlb makes: adaptive's plan with each "
+          "segment cut into the whole-tile pieces the planning model prices fastest (how much of "
+          "a gap to the peer's short chunks is the model pricing short query segments below long "
+          "ones, and the key rows it would cost); scored, never the best");
 ABSL_FLAG(std::string, plan_with, "",
           "balance table: plan with another kernel model than the scoring one: 'default' "
           "(wlb::KernelModel::Default()), 'analytic' (wlb::KernelModel::DefaultAnalytic(), the "
@@ -298,6 +303,54 @@ absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int 
   return b.Finish(wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq"), cp_size, -1);
 }
 
+// The --split_what_if row: `plan` with each segment [a, b) cut into pieces ending at b - j tiles
+// (pieces of 1, 2, 4, ... 64 tiles, or the rest down to a) chosen by dynamic programming to
+// minimize the sum of `model`'s SegmentCallMs plus, when priced, each piece's key copy
+// (copy_row_ms per key row: a piece gathers keys [0, its end) of its document). Queries, tokens
+// and the K/V a rank needs are unchanged; its segments and gathered key rows are not.
+absl::StatusOr<wlb::ShardPlan> SplitWhereCheaper(const wlb::MicroBatch& mb,
+                                                 const wlb::ShardPlan& plan,
+                                                 const wlb::KernelModel& model,
+                                                 double copy_row_ms) {
+  std::vector<int64_t> starts(mb.documents.size() + 1, 0);
+  for (size_t i = 0; i < mb.documents.size(); ++i) {
+    starts[i + 1] = starts[i] + mb.documents[i].length;
+  }
+  const int64_t tile = std::max<int64_t>(1, model.tile_q());
+  wlb::detail::PlanBuilder b(mb, starts, plan.cp_size, 0);
+  std::vector<int64_t> ends;  // piece ends, ascending, from the segment's start
+  std::vector<double> best;   // fastest pieces from ends[i] to the segment's end
+  std::vector<size_t> next;   // the end of the first of those pieces
+  for (const wlb::RankShard& r : plan.ranks) {
+    for (const wlb::Segment& s : r.segments) {
+      ends.clear();
+      for (int64_t x = s.q_end; x > s.q_begin; x -= tile) ends.push_back(x);
+      ends.push_back(s.q_begin);
+      std::reverse(ends.begin(), ends.end());
+      const size_t n = ends.size();
+      best.assign(n, INFINITY);
+      next.assign(n, n - 1);
+      best[n - 1] = 0.0;
+      for (size_t i = n - 1; i-- > 0;) {
+        auto consider = [&](size_t j) {
+          const double ms = model.SegmentCallMs(ends[j] - ends[i], ends[j]) +
+                            copy_row_ms * static_cast<double>(ends[j]) + best[j];
+          if (ms < best[i]) {
+            best[i] = ms;
+            next[i] = j;
+          }
+        };
+        consider(n - 1);
+        for (size_t tiles = 1; tiles <= 64; tiles *= 2) {
+          if (i + tiles < n - 1) consider(i + tiles);
+        }
+      }
+      for (size_t i = 0; i + 1 < n; i = next[i]) b.Add(r.rank, s.doc_index, ends[i], ends[next[i]]);
+    }
+  }
+  return b.Finish(plan.strategy, plan.requested, plan.cp_size, plan.rank_capacity);
+}
+
 // Per strategy over a set of micro-batches (see BalanceTable).
 struct BalanceRow {
   double max_ms = 0, received = 0, pair_imbalance = 0;
@@ -408,8 +461,11 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
   // every wlb plan where 512 and 2048 did not: docs/results/cp/balance.md).
   const std::vector<int64_t> peer_chunks = {512, 1024, 2048, 4096};
   const size_t strategies = wlb::kShardStrategyCount;
-  const size_t count = strategies + peer_chunks.size();
+  const size_t count = strategies + peer_chunks.size();  // the rows a best is taken over
+  const bool what_if = absl::GetFlag(FLAGS_split_what_if);
+  const size_t printed = count + (what_if ? 1 : 0);  // the what-if row last
   auto row_name = [&](size_t k) {
+    if (k == count) return std::string("what-if: adaptive, segments split where cheaper");
     return k < strategies
                ? std::string(wlb::ShardStrategyName(wlb::ShardStrategy::All()[k]))
                : absl::StrFormat("peer: chunk dispatch (%d)", peer_chunks[k - strategies]);
@@ -425,18 +481,22 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
         wlb::CpPlanOptions options = shared.cp;
         options.comm.link_gbps = gbps;
         options.comm.gather_gbps = gather_gbps;
-        std::vector<BalanceRow> rows(count);
-        std::vector<double> ms(count);
-        std::vector<char> capped(count);
+        std::vector<BalanceRow> rows(printed);
+        std::vector<double> ms(printed);
+        std::vector<char> capped(printed);
+        wlb::ShardPlan adaptive_plan;  // the what-if row splits its segments
         for (const wlb::MicroBatch& mb : st.mbs) {
           const double mean_tokens = static_cast<double>(mb.tokens) / c;
           const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c);
-          for (size_t k = 0; k < count; ++k) {
+          for (size_t k = 0; k < printed; ++k) {
             absl::StatusOr<wlb::ShardPlan> plan =
                 k < strategies
                     ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model, options)
-                    : PeerChunkDispatch(mb, c, peer_chunks[k - strategies]);
+                : k < count ? PeerChunkDispatch(mb, c, peer_chunks[k - strategies])
+                            : SplitWhereCheaper(mb, adaptive_plan, plan_model,
+                                                options.comm.GatherRowMs(plan_model));
             if (!plan.ok()) return plan.status();
+            if (k == adaptive_row) adaptive_plan = *plan;
             const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
             const wlb::CpBalance b = wlb::MeasureCpBalance(*plan, score);
             int64_t most = 0;
@@ -472,7 +532,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
           adaptive_vs_capped_wlb =
               std::max(adaptive_vs_capped_wlb, ms[adaptive_row] / best_capped_wlb);
           ++scored;
-          for (size_t k = 0; k < count; ++k) {
+          for (size_t k = 0; k < printed; ++k) {
             rows[k].mean_vs_best += ms[k] / best;
             rows[k].worst_vs_best = std::max(rows[k].worst_vs_best, ms[k] / best);
             rows[k].worst_vs_wlb = std::max(rows[k].worst_vs_wlb, ms[k] / best_wlb);
@@ -480,7 +540,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
           }
         }
         const double n = static_cast<double>(std::max<size_t>(1, st.mbs.size()));
-        for (size_t k = 0; k < count; ++k) {
+        for (size_t k = 0; k < printed; ++k) {
           const BalanceRow& row = rows[k];
           // What the plans recorded (a peer's rows record nothing).
           const std::string picks =
