@@ -306,7 +306,8 @@ absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int 
 // The --split_what_if row: `plan` with each segment [a, b) cut into pieces ending at b - j tiles
 // (pieces of 1, 2, 4, ... 64 tiles, or the rest down to a) chosen by dynamic programming to
 // minimize the sum of `model`'s SegmentCallMs plus, when priced, each piece's key copy
-// (copy_row_ms per key row: a piece gathers keys [0, its end) of its document). Queries, tokens
+// (copy_row_ms per key row, once per pass as adaptive prices it: a piece gathers keys [0, its
+// end) of its document). Queries, tokens
 // and the K/V a rank needs are unchanged; its segments and gathered key rows are not.
 absl::StatusOr<wlb::ShardPlan> SplitWhereCheaper(const wlb::MicroBatch& mb,
                                                  const wlb::ShardPlan& plan,
@@ -492,9 +493,10 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
             absl::StatusOr<wlb::ShardPlan> plan =
                 k < strategies
                     ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model, options)
-                : k < count ? PeerChunkDispatch(mb, c, peer_chunks[k - strategies])
-                            : SplitWhereCheaper(mb, adaptive_plan, plan_model,
-                                                options.comm.GatherRowMs(plan_model));
+                : k < count
+                    ? PeerChunkDispatch(mb, c, peer_chunks[k - strategies])
+                    : SplitWhereCheaper(mb, adaptive_plan, plan_model,
+                                        options.comm.GatherRowMs(plan_model) * plan_model.passes());
             if (!plan.ok()) return plan.status();
             if (k == adaptive_row) adaptive_plan = *plan;
             const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
