@@ -58,3 +58,42 @@ def test_a_file_without_rows_is_an_error_naming_it(tmp_path):
     out = run(bad)
     assert out.returncode != 0
     assert "notes.txt: no balance table rows" in out.stderr
+
+
+def test_split_what_if_moves_no_token_and_closes_most_cells():
+    """docs/results/cp/split_what_if (sharding_table --balance --split_what_if): the what-if row
+    cuts adaptive's segments into pieces, so in every cell it holds the same tokens, buffer, causal
+    pairs and received bytes as adaptive and gathers at least as many key rows; the summary gives
+    the numbers balance.md quotes."""
+    import re
+
+    what_if = "what-if: adaptive, segments split where cheaper"
+    files = sorted((ROOT / "docs" / "results" / "cp" / "split_what_if").glob("balance_*.txt"))
+    assert len(files) == 16
+    for path in files:
+        rows = [[c.strip() for c in row.split("|")] for row in path.read_text().splitlines()
+                if row.startswith("| ") and not row.startswith("| stream")]
+        cells = {}
+        for c in rows:
+            cells.setdefault(tuple(c[1:4]), {})[c[4]] = c
+        assert len(cells) == 54, path
+        for key, cell in cells.items():
+            a, w = cell["adaptive"], cell[what_if]
+            # pair imbalance, tokens and buffer worst, received MB: unchanged by the split
+            assert (a[9], a[10], a[11], a[13]) == (w[9], w[10], w[11], w[13]), (path, key)
+            a_keys, w_keys = (float(x.split("/")[0]) for x in (a[12], w[12]))
+            assert w_keys >= a_keys, (path, key)
+            # never slower under the model it was split with (it plans and scores with the same)
+            assert float(w[5]) <= float(a[5]) * (1 + 1e-9), (path, key)
+    out = subprocess.run([sys.executable, str(SCRIPT), "--row", what_if, *map(str, files)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    summary = {pathlib.Path(line.split(":")[0]).name: line for line in out.stdout.splitlines()
+               if "54 cells" in line}
+    assert "capped plan 1.0208; cells with a micro-batch > 1%: 2 (C = 2: 1, C = 4: 1, C = 8: 0)" \
+        in summary["balance_flash_table.txt"]
+    assert "> 1%: 0 (" in summary["balance_packed_calls.txt"]
+    seeds = [line for name, line in summary.items() if "seed" in name]
+    assert len(seeds) == 12
+    assert sum(int(re.search(r"> 1%: (\d+)", line).group(1)) for line in seeds) == 3
+    assert max(float(re.search(r"capped plan (\S+);", line).group(1)) for line in seeds) <= 1.023
