@@ -2059,5 +2059,34 @@ TEST(AdaptiveExchangeTest, PlanFreeBoundsAreLowerBounds) {
   }
   EXPECT_GT(slower, checked * 8 / 10);
 }
+// doc-degree's greedy step does not price a degree whose every group, without the document's
+// attention, already loses to the document's best placement so far: the placement is the one
+// pricing every degree gives, over shapes, CP sizes, links, key copies, masks and both models.
+TEST(DocumentDegreeTest, UnpricedDegreesChangeNoPlacement) {
+  std::mt19937_64 rng(5707);
+  const LayerMix window_mix = *LayerMix::Parse("window:700x3,causal");
+  int iterations = 0;
+  for (const KernelModel& model : {KernelModel::Default(), KernelModel::DefaultAnalytic()}) {
+    for (int iter = 0; iter < testing::PropertyIterations(300); ++iter, ++iterations) {
+      const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+      const int cp = std::vector<int>{1, 2, 3, 4, 8, 16}[rng() % 6];
+      CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450, 1e6}[rng() % 4],
+                                     .gather_gbps = std::vector<double>{0, 3350}[rng() % 2]}};
+      if (rng() % 3 == 0) options.mix = window_mix;
+      SCOPED_TRACE(absl::StrFormat("iter %d cp %d tokens %d link %g gather %g mix %d analytic %d",
+                                   iter, cp, mb.tokens, options.comm.link_gbps,
+                                   options.comm.gather_gbps, options.mix.layers.size(),
+                                   model.analytic()));
+      const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, cp);
+      detail::DocumentDegreePlacement probed, priced;
+      ASSERT_TRUE(detail::PlaceDocumentDegrees(mb, cp, model, options, INFINITY, probed));
+      ASSERT_TRUE(detail::PlaceDocumentDegrees(mb, cp, model, options, INFINITY, priced,
+                                               /*price_every_degree=*/true));
+      EXPECT_EQ(*detail::DocumentDegreePlan(mb, starts, cp, ShardStrategy("doc-degree"), probed),
+                *detail::DocumentDegreePlan(mb, starts, cp, ShardStrategy("doc-degree"), priced));
+    }
+  }
+  EXPECT_GT(iterations, 0);
+}
 }  // namespace shard_plan_test
 }  // namespace wlb

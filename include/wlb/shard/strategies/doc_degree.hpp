@@ -93,10 +93,13 @@ struct DocumentDegreePlacement {
 // doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
 // finite `give_up_above_ms` and an all-causal mix it stops and returns false once the
 // CausalCpLowerBound of the documents placed so far exceeds it: the finished plan's PredictCp
-// max_ms would too, as every further document only adds attention, rows and tokens.
+// max_ms would too, as every further document only adds attention, rows and tokens. A degree
+// none of whose groups could beat the document's best placement so far even without the
+// document's attention is not priced (the same placement; price_every_degree: priced anyway,
+// the reference for tests).
 inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const KernelModel& model,
                                  const CpPlanOptions& options, double give_up_above_ms,
-                                 DocumentDegreePlacement& out) {
+                                 DocumentDegreePlacement& out, bool price_every_degree = false) {
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(cp_size);
   const LayerMix& mix = options.mix;
@@ -199,13 +202,10 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       std::fill(ds.begin(), ds.end(), 0.0);
       std::fill(dr.begin(), dr.end(), 0.0);
       std::fill(dt.begin(), dt.end(), 0);
+      shards.clear();
       if (g == 1) {
-        for (size_t k = 0; k < kinds; ++k) {
-          da[k] = MaskedSegmentMs(model, mix.layers[k].first, 0, length);
-        }
         dt[0] = length;
       } else {
-        shards.clear();
         const WholeTileCut cut(length, n, tile);
         for (int m = 0; m < g; ++m) {
           for (const int64_t j : {int64_t{m}, n - 1 - m}) {
@@ -216,10 +216,6 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
         }
         for (size_t k = 0; k < kinds; ++k) {
           const AttentionMask& mask = mix.layers[k].first;
-          for (const DocShard& sh : shards) {
-            da[static_cast<size_t>(sh.rank) * kinds + k] +=
-                MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
-          }
           if (!mask.causal()) {
             ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
               dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
@@ -241,65 +237,87 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
           }
         }
       }
-      for (int first = 0; first + g <= cp_size; first += g) {
-        const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
-        bool fits = true;  // every member stays within the memory cap
-        for (int m = 0; m < g; ++m) {
-          fits = fits && tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)] <= cap;
-        }
-        if (!fits) continue;
-        // The exchange ChooseExchange picks per layer kind for the plan with this placement.
-        int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
-        for (int m = 0; m < g; ++m) {
-          capacity =
-              std::max(capacity, tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)]);
-        }
-        bool any_gather = false, all_gather = true;
-        double nonmember_fixed = 0.0;
-        for (size_t k = 0; k < kinds; ++k) {
-          double rows = std::max(pre_rows[lo * kinds + k], suf_rows[hi * kinds + k]);
+      // Each group's key (slowest rank, slowest member, added time, degree, first rank) with the
+      // document's attention da as it stands; `probe` only asks whether one would beat the best.
+      auto weigh_groups = [&](bool probe) {
+        for (int first = 0; first + g <= cp_size; first += g) {
+          const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
+          bool fits = true;  // every member stays within the memory cap
           for (int m = 0; m < g; ++m) {
-            const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
-            const size_t y = static_cast<size_t>(m) * kinds + k;
-            rows = std::max(rows, std::max(sent[x] + ds[y], received[x] + dr[y]));
+            fits = fits && tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)] <= cap;
           }
-          const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
-                                                    row_bytes, options.comm);
-          gather[k] = c.kind == ExchangeKind::kAllGather;
-          fixed_ms[k] = (gather[k] ? static_cast<double>(c.allgather_rows) * row_ms : 0.0) +
-                        (rows > 0 ? latency : 0.0);
-          any_gather = any_gather || gather[k];
-          all_gather = all_gather && gather[k];
-          nonmember_fixed += weight[k] * fixed_ms[k];
-        }
-        double member_max = 0.0, added = 0.0;
-        for (int m = 0; m < g; ++m) {
-          const size_t r = lo + static_cast<size_t>(m);
-          double t = 0.0;
+          if (!fits) continue;
+          // The exchange ChooseExchange picks per layer kind for the plan with this placement.
+          int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
+          for (int m = 0; m < g; ++m) {
+            capacity = std::max(capacity,
+                                tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)]);
+          }
+          bool any_gather = false, all_gather = true;
+          double nonmember_fixed = 0.0;
           for (size_t k = 0; k < kinds; ++k) {
-            const size_t x = r * kinds + k;
-            const size_t y = static_cast<size_t>(m) * kinds + k;
-            const double rows = gather[k] ? 0.0 : std::max(sent[x] + ds[y], received[x] + dr[y]);
-            t += weight[k] * (attention[x] + da[y] + rows * row_ms + fixed_ms[k]);
+            double rows = std::max(pre_rows[lo * kinds + k], suf_rows[hi * kinds + k]);
+            for (int m = 0; m < g; ++m) {
+              const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
+              const size_t y = static_cast<size_t>(m) * kinds + k;
+              rows = std::max(rows, std::max(sent[x] + ds[y], received[x] + dr[y]));
+            }
+            const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
+                                                      row_bytes, options.comm);
+            gather[k] = c.kind == ExchangeKind::kAllGather;
+            fixed_ms[k] = (gather[k] ? static_cast<double>(c.allgather_rows) * row_ms : 0.0) +
+                          (rows > 0 ? latency : 0.0);
+            any_gather = any_gather || gather[k];
+            all_gather = all_gather && gather[k];
+            nonmember_fixed += weight[k] * fixed_ms[k];
           }
-          member_max = std::max(member_max, t);
-          added += t - before[r];
+          double member_max = 0.0, added = 0.0;
+          for (int m = 0; m < g; ++m) {
+            const size_t r = lo + static_cast<size_t>(m);
+            double t = 0.0;
+            for (size_t k = 0; k < kinds; ++k) {
+              const size_t x = r * kinds + k;
+              const size_t y = static_cast<size_t>(m) * kinds + k;
+              const double rows = gather[k] ? 0.0 : std::max(sent[x] + ds[y], received[x] + dr[y]);
+              t += weight[k] * (attention[x] + da[y] + rows * row_ms + fixed_ms[k]);
+            }
+            member_max = std::max(member_max, t);
+            added += t - before[r];
+          }
+          // Other ranks: exact when no layer kind or every one takes the all-gather; when only
+          // some do, their own rows are still counted for those (an over-estimate).
+          double slowest = member_max;
+          if (g < cp_size) {
+            const double base = any_gather && all_gather ? std::max(pre_att[lo], suf_att[hi])
+                                                         : std::max(pre_exact[lo], suf_exact[hi]);
+            slowest = std::max(slowest, base + nonmember_fixed);
+          }
+          const std::tuple<double, double, double, int, int> key{slowest, member_max, added, g,
+                                                                 first};
+          if (key < best) {
+            if (probe) return true;
+            best = key;
+            best_degree = di;
+          }
         }
-        // Other ranks: exact when no layer kind or every one takes the all-gather; when only some
-        // do, their own rows are still counted for those (an over-estimate).
-        double slowest = member_max;
-        if (g < cp_size) {
-          const double base = any_gather && all_gather ? std::max(pre_att[lo], suf_att[hi])
-                                                       : std::max(pre_exact[lo], suf_exact[hi]);
-          slowest = std::max(slowest, base + nonmember_fixed);
+        return false;
+      };
+      // Without the document's attention (da = 0) every group's key is at most its priced key
+      // in each part (the exchange does not depend on it, and adding it only grows the times),
+      // so a degree none of whose groups beats the best that way is not priced.
+      if (!price_every_degree && !weigh_groups(/*probe=*/true)) continue;
+      for (size_t k = 0; k < kinds; ++k) {
+        const AttentionMask& mask = mix.layers[k].first;
+        if (g == 1) {
+          da[k] = MaskedSegmentMs(model, mask, 0, length);
+          continue;
         }
-        const std::tuple<double, double, double, int, int> key{slowest, member_max, added, g,
-                                                               first};
-        if (key < best) {
-          best = key;
-          best_degree = di;
+        for (const DocShard& sh : shards) {
+          da[static_cast<size_t>(sh.rank) * kinds + k] +=
+              MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
         }
       }
+      weigh_groups(/*probe=*/false);
     }
     // Apply the best placement, or spill the document when no whole or zig-zag placement fits
     // the cap.
