@@ -256,10 +256,9 @@ std::vector<wlb::MicroBatch> SmallMicroBatches(int64_t count, uint64_t seed) {
 // rank); a rank's adjacent chunks of one document form one segment.
 absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int cp_size,
                                                  int64_t chunk) {
-  std::vector<int64_t> starts(mb.documents.size() + 1, 0);
-  for (size_t i = 0; i < mb.documents.size(); ++i) {
-    starts[i + 1] = starts[i] + mb.documents[i].length;
-  }
+  absl::StatusOr<std::vector<int64_t>> checked = wlb::detail::CheckMicroBatch(mb, cp_size);
+  if (!checked.ok()) return checked.status();
+  const std::vector<int64_t>& starts = *checked;
   const int64_t total = starts.back();
   const int64_t chunks = (total + chunk - 1) / chunk;
   // Pairs of chunk j: every document piece in [j chunk, (j + 1) chunk).
@@ -307,18 +306,16 @@ absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int 
 // (pieces of 1, 2, 4, ... 64 tiles, or the rest down to a) chosen by dynamic programming to
 // minimize the sum of `model`'s SegmentCallMs plus, when priced, each piece's key copy
 // (copy_row_ms per key row, once per pass as adaptive prices it: a piece gathers keys [0, its
-// end) of its document). Queries, tokens
-// and the K/V a rank needs are unchanged; its segments and gathered key rows are not.
+// end) of its document). Queries, tokens and the K/V a rank needs are unchanged; its segments
+// and gathered key rows are not.
 absl::StatusOr<wlb::ShardPlan> SplitWhereCheaper(const wlb::MicroBatch& mb,
                                                  const wlb::ShardPlan& plan,
                                                  const wlb::KernelModel& model,
                                                  double copy_row_ms) {
-  std::vector<int64_t> starts(mb.documents.size() + 1, 0);
-  for (size_t i = 0; i < mb.documents.size(); ++i) {
-    starts[i + 1] = starts[i] + mb.documents[i].length;
-  }
+  absl::StatusOr<std::vector<int64_t>> starts = wlb::detail::CheckMicroBatch(mb, plan.cp_size);
+  if (!starts.ok()) return starts.status();
   const int64_t tile = std::max<int64_t>(1, model.tile_q());
-  wlb::detail::PlanBuilder b(mb, starts, plan.cp_size, 0);
+  wlb::detail::PlanBuilder b(mb, *starts, plan.cp_size, 0);
   std::vector<int64_t> ends;  // piece ends, ascending, from the segment's start
   std::vector<double> best;   // fastest pieces from ends[i] to the segment's end
   std::vector<size_t> next;   // the end of the first of those pieces
@@ -498,7 +495,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
                     : SplitWhereCheaper(mb, adaptive_plan, plan_model,
                                         options.comm.GatherRowMs(plan_model) * plan_model.passes());
             if (!plan.ok()) return plan.status();
-            if (k == adaptive_row) adaptive_plan = *plan;
+            if (what_if && k == adaptive_row) adaptive_plan = *plan;
             const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
             const wlb::CpBalance b = wlb::MeasureCpBalance(*plan, score);
             int64_t most = 0;

@@ -304,8 +304,10 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       };
       // Without the document's attention (da = 0) every group's key is at most its priced key
       // in each part (the exchange does not depend on it, and adding it only grows the times),
-      // so a degree none of whose groups beats the best that way is not priced.
-      if (!price_every_degree && !weigh_groups(/*probe=*/true)) continue;
+      // so once the document has a best placement a degree none of whose groups beats it that
+      // way is not priced.
+      const bool has_best = std::get<0>(best) < INFINITY;
+      if (has_best && !price_every_degree && !weigh_groups(/*probe=*/true)) continue;
       for (size_t k = 0; k < kinds; ++k) {
         const AttentionMask& mask = mix.layers[k].first;
         if (g == 1) {
