@@ -97,3 +97,11 @@ def test_split_what_if_moves_no_token_and_closes_most_cells():
     assert len(seeds) == 12
     assert sum(int(re.search(r"> 1%: (\d+)", line).group(1)) for line in seeds) == 3
     assert max(float(re.search(r"capped plan (\S+);", line).group(1)) for line in seeds) <= 1.023
+
+
+def test_an_unknown_row_is_an_error_naming_it():
+    raw = ROOT / "docs" / "results" / "cp" / "balance_flash_table.txt"
+    out = subprocess.run([sys.executable, str(SCRIPT), "--row", "no-such-strategy", str(raw)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0
+    assert "no 'no-such-strategy' row in cell" in out.stderr
