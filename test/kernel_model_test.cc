@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -190,6 +192,46 @@ TEST(KernelModelTest, TableLookupIsTheLogLogInterpolation) {
           << "table " << table << " q " << q << " kv " << kv;
     }
   }
+}
+
+// FlopsPerMs remembers the shapes each thread asked (planning repeats them): tables asked the
+// same shapes in turn, a table built where a destroyed one lived, and two threads at once must
+// each get their own table's answer. Table k's times are k times table 1's, so its throughput is
+// table 1's over k at every shape.
+TEST(KernelModelTest, TablesAskedTheSameShapesAnswerEachTheirOwn) {
+  auto table = [](double scale) {
+    std::vector<KernelProfilePoint> points;
+    for (const int64_t q : {64, 256, 1024}) {
+      for (const int64_t kv : {1024, 8192, 65536}) {
+        points.push_back({q, kv, scale * 1e-6 * static_cast<double>(q * kv)});
+      }
+    }
+    absl::StatusOr<KernelModel> m = KernelModel::FromProfile(points);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return *std::move(m);
+  };
+  const KernelModel one = table(1.0);
+  auto check = [&](uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::optional<KernelModel> slot;  // rebuilt in place: a new table where the last one lived
+    for (int round = 0; round < 200; ++round) {
+      const int k = 2 + round % 3;
+      slot.reset();
+      slot.emplace(table(k));
+      const KernelModel copy = *slot;  // a copy shares its table's memo
+      for (int probe = 0; probe < 20; ++probe) {
+        const int64_t q = std::uniform_int_distribution<int64_t>(1, 2048)(rng);
+        const int64_t kv = q + std::uniform_int_distribution<int64_t>(0, 70000)(rng);
+        const double want = one.FlopsPerMs(q, kv) / k;
+        ASSERT_NEAR(slot->FlopsPerMs(q, kv), want, 1e-12 * want) << "table " << k;
+        ASSERT_NEAR(one.FlopsPerMs(q, kv), want * k, 1e-12 * want * k);
+        ASSERT_EQ(copy.FlopsPerMs(q, kv), slot->FlopsPerMs(q, kv));
+      }
+    }
+  };
+  std::thread other(check, 2);
+  check(1);
+  other.join();
 }
 
 TEST(KernelModelTest, AnalyticRejectsBadConstants) {

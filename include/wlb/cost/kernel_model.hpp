@@ -54,6 +54,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -222,6 +223,7 @@ class KernelModel {
     }
     for (Row& row : m.rows_) row.kv_starts.Build(row.kv);
     m.row_starts_.Build(m.row_q_);
+    m.table_id_ = NewTableId();
     return m;
   }
 
@@ -351,18 +353,17 @@ class KernelModel {
       return params_.peak_tflops * 1e9 * (qp / (qp + params_.q_half)) *
              (kvp / (kvp + params_.kv_half));
     }
-    // Lengths are searched as integers and log2 taken only to interpolate: a length on the grid
-    // or outside it gives the row or column itself, the bits the interpolation gives there.
     q_len = std::max<int64_t>(q_len, 1);
     kv_len = std::max<int64_t>(kv_len, 1);
-    const size_t upper = row_starts_.UpperBound(row_q_, q_len);
-    const double lkv = std::log2(static_cast<double>(kv_len));
-    if (upper == 0) return rows_.front().At(kv_len, lkv);
-    const Row& lo = rows_[upper - 1];
-    if (upper == rows_.size() || row_q_[upper - 1] == q_len) return lo.At(kv_len, lkv);
-    const Row& hi = rows_[upper];
-    const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (hi.log_q - lo.log_q);
-    return (1.0 - w) * lo.At(kv_len, lkv) + w * hi.At(kv_len, lkv);
+    // Planning asks a table for the same shapes many times (a plan is bounded, priced and
+    // rebuilt from the same segments): each thread keeps the last shapes it was asked, by table,
+    // so a repeat costs a lookup, not two searches and two log2 (adaptive at C = 8 repeats 60% of
+    // its shapes). The memo holds what TableFlopsPerMs returned, so the bits are the same.
+    ShapeMemo& memo = ShapeMemoOf(q_len, kv_len);
+    if (memo.table != table_id_ || memo.q_len != q_len || memo.kv_len != kv_len) {
+      memo = {table_id_, q_len, kv_len, TableFlopsPerMs(q_len, kv_len)};
+    }
+    return memo.flops_per_ms;
   }
 
   // Predicted latency (ms) of one segment; 0 for an empty one.
@@ -391,6 +392,40 @@ class KernelModel {
   }
 
  private:
+  // A table's throughput at q_len, kv_len >= 1. Lengths are searched as integers and log2 taken
+  // only to interpolate: a length on the grid or outside it gives the row or column itself, the
+  // bits the interpolation gives there.
+  double TableFlopsPerMs(int64_t q_len, int64_t kv_len) const {
+    const size_t upper = row_starts_.UpperBound(row_q_, q_len);
+    const double lkv = std::log2(static_cast<double>(kv_len));
+    if (upper == 0) return rows_.front().At(kv_len, lkv);
+    const Row& lo = rows_[upper - 1];
+    if (upper == rows_.size() || row_q_[upper - 1] == q_len) return lo.At(kv_len, lkv);
+    const Row& hi = rows_[upper];
+    const double w = (std::log2(static_cast<double>(q_len)) - lo.log_q) / (hi.log_q - lo.log_q);
+    return (1.0 - w) * lo.At(kv_len, lkv) + w * hi.At(kv_len, lkv);
+  }
+
+  // One remembered shape of FlopsPerMs: the table it was asked of (table_id_; 0 is none) and
+  // the answer.
+  struct ShapeMemo {
+    uint64_t table = 0;
+    int64_t q_len = 0, kv_len = 0;
+    double flops_per_ms = 0.0;
+  };
+  // This thread's memo slot for a shape: direct-mapped, 1024 slots (32 KiB).
+  static ShapeMemo& ShapeMemoOf(int64_t q_len, int64_t kv_len) {
+    static thread_local std::array<ShapeMemo, 1024> memo{};
+    const uint64_t h = (static_cast<uint64_t>(q_len) * 0x9E3779B97F4A7C15ull) ^
+                       (static_cast<uint64_t>(kv_len) * 0xC2B2AE3D27D4EB4Full);
+    return memo[h >> 54];
+  }
+  // A number per table built (FromProfile), shared by its copies: the table never changes after.
+  static uint64_t NewTableId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
   // std::upper_bound over ascending lengths >= 1, started at the first length of x's bit width
   // (a table has a few lengths per octave, so the scan after it is short).
   struct OctaveStarts {
@@ -476,6 +511,7 @@ class KernelModel {
   std::vector<Row> rows_;          // by q_len, ascending (table models only)
   std::vector<int64_t> row_q_;     // rows_[i]'s q_len
   OctaveStarts row_starts_;        // over row_q_
+  uint64_t table_id_ = 0;          // FlopsPerMs's memo key (table models only)
   bool has_packed_ = false;        // packed_ holds a packed-call fit
   PackedCallFit packed_;
 };
