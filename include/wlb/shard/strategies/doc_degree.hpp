@@ -152,6 +152,7 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
   // Per member of a group and layer kind: added attention, sent and received rows; per member:
   // added tokens.
   std::vector<double> da(ranks * kinds), ds(ranks * kinds), dr(ranks * kinds);
+  std::vector<double> member_rows(ranks * kinds);  // a group's: max(sent, received) with ds, dr
   std::vector<int64_t> dt(ranks);
   // Per layer kind, for one candidate: the exchange every rank pays whatever its rows (the
   // all-gather's rows x row_ms and the latency), and whether it is the all-gather.
@@ -242,17 +243,16 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       auto weigh_groups = [&](bool probe) {
         for (int first = 0; first + g <= cp_size; first += g) {
           const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
-          bool fits = true;  // every member stays within the memory cap
+          // Every member stays within the memory cap; the plan's capacity with this placement.
+          bool fits = true;
+          int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
           for (int m = 0; m < g; ++m) {
-            fits = fits && tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)] <= cap;
+            const int64_t held = tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)];
+            fits = fits && held <= cap;
+            capacity = std::max(capacity, held);
           }
           if (!fits) continue;
           // The exchange ChooseExchange picks per layer kind for the plan with this placement.
-          int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
-          for (int m = 0; m < g; ++m) {
-            capacity = std::max(capacity,
-                                tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)]);
-          }
           bool any_gather = false, all_gather = true;
           double nonmember_fixed = 0.0;
           for (size_t k = 0; k < kinds; ++k) {
@@ -260,7 +260,8 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
             for (int m = 0; m < g; ++m) {
               const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
               const size_t y = static_cast<size_t>(m) * kinds + k;
-              rows = std::max(rows, std::max(sent[x] + ds[y], received[x] + dr[y]));
+              member_rows[y] = std::max(sent[x] + ds[y], received[x] + dr[y]);
+              rows = std::max(rows, member_rows[y]);
             }
             const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
                                                       row_bytes, options.comm);
@@ -278,7 +279,7 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
             for (size_t k = 0; k < kinds; ++k) {
               const size_t x = r * kinds + k;
               const size_t y = static_cast<size_t>(m) * kinds + k;
-              const double rows = gather[k] ? 0.0 : std::max(sent[x] + ds[y], received[x] + dr[y]);
+              const double rows = gather[k] ? 0.0 : member_rows[y];
               t += weight[k] * (attention[x] + da[y] + rows * row_ms + fixed_ms[k]);
             }
             member_max = std::max(member_max, t);
