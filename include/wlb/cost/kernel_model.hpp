@@ -413,12 +413,15 @@ class KernelModel {
     int64_t q_len = 0, kv_len = 0;
     double flops_per_ms = 0.0;
   };
-  // This thread's memo slot for a shape: direct-mapped, 1024 slots (32 KiB).
+  // This thread's memo slot for a shape: direct-mapped, kShapeMemoSlots slots (32 KiB), indexed
+  // by the top bits of a multiplicative hash.
+  static constexpr size_t kShapeMemoSlots = 1024;
+  static_assert(std::has_single_bit(kShapeMemoSlots));
   static ShapeMemo& ShapeMemoOf(int64_t q_len, int64_t kv_len) {
-    static thread_local std::array<ShapeMemo, 1024> memo{};
+    static thread_local std::array<ShapeMemo, kShapeMemoSlots> memo{};
     const uint64_t h = (static_cast<uint64_t>(q_len) * 0x9E3779B97F4A7C15ull) ^
                        (static_cast<uint64_t>(kv_len) * 0xC2B2AE3D27D4EB4Full);
-    return memo[h >> 54];
+    return memo[h >> (64 - std::countr_zero(kShapeMemoSlots))];
   }
   // A number per table built (FromProfile), shared by its copies: the table never changes after.
   static uint64_t NewTableId() {
