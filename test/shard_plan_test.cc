@@ -1851,6 +1851,26 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
 // exchange dominates, and a 12K-token micro-batch at C = 4, whose 384-row chunks each pay the
 // kernel's per-segment floor. Measured when the coarse cuts came in: 67.06 -> 59.78 ms and
 // 0.609 -> 0.535 ms of the slowest rank; asserted at least 8% faster than the cut's deal.
+// The ledger keeps per-rank rows only for cut documents: 2^20 one-token documents at C = 4096
+// (what wlb-plan --cp 4096 packs from a stream of one-token documents at a 1M context) once
+// asked for a per-(document, rank) array of 32 GiB and threw std::bad_alloc. Here the whole
+// documents cost no such row, and a cut one among them still counts its rows exactly.
+TEST(BalancedChunksTest, LedgerRowsAreKeptForCutDocumentsOnly) {
+  constexpr size_t kDocs = size_t{1} << 20, kRanks = 4096;
+  detail::ChunkLedger ledger(kDocs + 1, kRanks, /*row_ms=*/1e-3);
+  for (size_t i = 0; i < kDocs; ++i) ledger.Add(i, 0, 1, 1e-3);
+  // Document kDocs: 300 tokens in two chunks, the later one on rank 0, the earlier on rank 1.
+  const size_t late = ledger.Add(kDocs, 100, 300, 0.5), early = ledger.Add(kDocs, 0, 100, 0.1);
+  ledger.Place(late, 0);
+  ledger.Place(early, 1);
+  for (size_t k = 0; k < 64; ++k) ledger.Place(k, 2 + k % (kRanks - 2));
+  EXPECT_EQ(ledger.received(0), 100);  // keys [0, 300) less its own 200
+  EXPECT_EQ(ledger.sent(1), 100);
+  EXPECT_EQ(ledger.sent(0) + ledger.received(1), 0);
+  EXPECT_EQ(ledger.tokens(0), 200);
+  EXPECT_EQ(ledger.tokens(2), 1);
+}
+
 TEST(BalancedChunksTest, CoarseCutsWhereTheCutsChunksAreTooSmall) {
   const KernelModel model = KernelModel::Default();
   struct Case {

@@ -102,8 +102,8 @@ class ChunkLedger {
         tokens_(ranks, 0),
         sent_(ranks, 0),
         received_(ranks, 0),
-        doc_hi_(docs * ranks, 0),
         doc_lo_(docs, std::numeric_limits<int64_t>::max()),
+        split_row_(docs, kNoItem),
         doc_items_(docs, 0),
         doc_last_(docs, kNoItem),
         d_sent_(ranks, 0),
@@ -113,7 +113,10 @@ class ChunkLedger {
 
   // A new unplaced item: queries [begin, end) of document `doc`; its index.
   size_t Add(size_t doc, int64_t begin, int64_t end, double ms) {
-    ++doc_items_[doc];
+    if (++doc_items_[doc] == 2) {  // the document is cut: it gets a row of per-rank entries
+      split_row_[doc] = doc_hi_.size();
+      doc_hi_.resize(doc_hi_.size() + ranks_, 0);
+    }
     earlier_of_doc_.push_back(doc_last_[doc]);
     doc_last_[doc] = items_.size();
     items_.push_back({ms, doc, begin, end, -1});
@@ -136,7 +139,7 @@ class ChunkLedger {
     if (doc_items_[it.doc] < 2) {  // a whole document moves no rows
       return std::max(Time(rank) + it.ms, others);
     }
-    const size_t base = it.doc * ranks_;
+    const size_t base = split_row_[it.doc];
     const int64_t hi = doc_hi_[base + rank];
     if (it.end > hi && doc_lo_[it.doc] < it.end) {
       // Other holders would send it rows: every rank's time may change.
@@ -173,7 +176,7 @@ class ChunkLedger {
         sent_[q] += d_sent_[q];
         received_[q] += d_received_[q];
       }
-      int64_t& hi = doc_hi_[it.doc * ranks_ + rank];
+      int64_t& hi = doc_hi_[split_row_[it.doc] + rank];
       hi = std::max(hi, it.end);
       doc_lo_[it.doc] = std::min(doc_lo_[it.doc], it.begin);
     }
@@ -204,11 +207,12 @@ class ChunkLedger {
   // of one document, then priced together.
   void Refine(int64_t cap, int rounds) {
     if (rounds <= 0 || ranks_ < 2) return;
-    const size_t docs = doc_items_.size();
-    doc_sent_.assign(docs * ranks_, 0);
-    doc_received_.assign(docs * ranks_, 0);
-    for (size_t i = 0; i < docs; ++i) {
-      DocRows(i, &doc_sent_[i * ranks_], &doc_received_[i * ranks_]);
+    doc_sent_.assign(doc_hi_.size(), 0);
+    doc_received_.assign(doc_hi_.size(), 0);
+    for (size_t i = 0; i < doc_items_.size(); ++i) {
+      if (doc_items_[i] > 1) {
+        DocRows(i, &doc_sent_[split_row_[i]], &doc_received_[split_row_[i]]);
+      }
     }
     std::vector<size_t> on_s, on_f;
     std::vector<int64_t> ds_a, dr_a, ds_b, dr_b;  // per listed item, per rank: its change
@@ -317,9 +321,10 @@ class ChunkLedger {
     items_[k].rank = static_cast<int>(to);
     DocRows(doc, sent, received);
     items_[k].rank = from;
+    const size_t x = split_row_[doc];
     for (size_t q = 0; q < ranks_; ++q) {
-      sent[q] -= doc_sent_[doc * ranks_ + q];
-      received[q] -= doc_received_[doc * ranks_ + q];
+      sent[q] -= doc_sent_[x + q];
+      received[q] -= doc_received_[x + q];
     }
   }
 
@@ -334,7 +339,7 @@ class ChunkLedger {
     items_[a].rank = ra;
     items_[b].rank = rb;
     const double d = items_[a].ms - items_[b].ms;
-    const size_t x = items_[a].doc * ranks_;
+    const size_t x = split_row_[items_[a].doc];
     double worst = 0.0;
     for (size_t q = 0; q < ranks_; ++q) {
       const int64_t sent = sent_[q] + d_sent_[q] - doc_sent_[x + q];
@@ -356,7 +361,8 @@ class ChunkLedger {
     attention_[to] += it.ms;
     tokens_[to] += it.end - it.begin;
     it.rank = static_cast<int>(to);
-    const size_t x = it.doc * ranks_;
+    if (doc_items_[it.doc] < 2) return;  // a whole document moves no rows
+    const size_t x = split_row_[it.doc];
     for (size_t q = 0; q < ranks_; ++q) {
       sent_[q] -= doc_sent_[x + q];
       received_[q] -= doc_received_[x + q];
@@ -377,7 +383,7 @@ class ChunkLedger {
   // other holders of rows in the new range send them to it.
   void RowsIfPlaced(size_t k, size_t rank) {
     const Item& it = items_[k];
-    const size_t base = it.doc * ranks_;
+    const size_t base = split_row_[it.doc];
     std::fill(d_sent_.begin(), d_sent_.end(), 0);
     std::fill(d_received_.begin(), d_received_.end(), 0);
     const int64_t hi = doc_hi_[base + rank];
@@ -400,8 +406,12 @@ class ChunkLedger {
   double row_ms_;
   std::vector<double> attention_;
   std::vector<int64_t> tokens_, sent_, received_;
-  std::vector<int64_t> doc_hi_;   // per (document, rank): its largest end
-  std::vector<int64_t> doc_lo_;   // per document: the least begin placed
+  // Per cut document (two items or more) a row of per-rank entries at split_row_[doc] (kNoItem
+  // for a whole one): memory grows with the cut documents x C, not every document x C (a
+  // micro-batch of 2^20 one-token documents at C = 4096 needed 32 GiB per array).
+  std::vector<int64_t> doc_hi_;    // per (cut document, rank): its largest end
+  std::vector<int64_t> doc_lo_;    // per document: the least begin placed
+  std::vector<size_t> split_row_;  // per document: its row's first entry, or kNoItem
   size_t below_item_ = SIZE_MAX;  // MaxTimeIfPlaced's item and its rows below the holders' ends
   int64_t below_ = 0;
   // Per document its item count and last item, per item the document's item added before it
@@ -411,7 +421,7 @@ class ChunkLedger {
   size_t slowest_ = 0;
   double slowest_ms_ = 0.0, second_ms_ = 0.0;
   std::vector<int64_t> d_sent_, d_received_;      // RowsIfPlaced's
-  std::vector<int64_t> doc_sent_, doc_received_;  // Refine's: per (document, rank) rows
+  std::vector<int64_t> doc_sent_, doc_received_;  // Refine's: per (cut document, rank) rows
   std::vector<int64_t> hi_, own_, ends_;          // DocRows' scratch
 };
 
