@@ -1215,35 +1215,46 @@ TEST(ShardPlanFastPathTest, SegmentMsShortcutIsBitExact) {
   }
 }
 
-// ForEachDocExchange's causal shortcut gives the general path's calls, in its order: a window
-// longer than the document sees every earlier key, as causal does, and takes the general path.
-TEST(ShardPlanFastPathTest, CausalExchangeMatchesTheGeneralPath) {
+// DocExchangeRows' per-rank sums (causal: sorted sums, O(S log S)) are ForEachDocExchange's
+// pairwise calls added up, for documents cut into up to 400 shards over up to 64 ranks, and for a
+// window mask (which takes the pairwise path).
+TEST(ShardPlanFastPathTest, CausalExchangeSumsMatchThePairwiseDefinition) {
   std::mt19937_64 rng(2529);
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  const AttentionMask wide = *AttentionMask::SlidingWindow(int64_t{1} << 20);
+  detail::DocExchangeScratch scratch;  // reused across documents, as ExchangeOf does
   for (int iter = 0; iter < 3000; ++iter) {
     // Cut a document into shards dealt to random ranks.
-    const int64_t length = uniform(1, 5000);
+    const int64_t length = uniform(1, 50000);
     std::vector<int64_t> cuts = {0, length};
-    for (int64_t k = uniform(0, 20); k > 0; --k) cuts.push_back(uniform(0, length));
+    for (int64_t k = uniform(0, iter % 10 == 0 ? 400 : 20); k > 0; --k) {
+      cuts.push_back(uniform(0, length));
+    }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
     std::vector<DocShard> shards;
-    const int ranks = static_cast<int>(uniform(1, 8));
+    const int ranks = static_cast<int>(uniform(1, iter % 2 == 0 ? 8 : 64));
     for (size_t k = 0; k + 1 < cuts.size(); ++k) {
       shards.push_back({static_cast<int>(uniform(0, ranks - 1)), cuts[k], cuts[k + 1]});
     }
     std::shuffle(shards.begin(), shards.end(), rng);
-    std::vector<std::tuple<int, int, int64_t>> causal_calls, wide_calls;
-    ForEachDocExchange(shards, AttentionMask::Causal(), [&](int to, int from, int64_t rows) {
-      causal_calls.push_back({to, from, rows});
-    });
-    ForEachDocExchange(shards, wide, [&](int to, int from, int64_t rows) {
-      wide_calls.push_back({to, from, rows});
-    });
-    ASSERT_EQ(causal_calls, wide_calls) << "iter " << iter;
+    const AttentionMask window = *AttentionMask::SlidingWindow(uniform(1, 2 * length));
+    for (const AttentionMask& mask : {AttentionMask::Causal(), window}) {
+      std::vector<RankExchange> pairwise(static_cast<size_t>(ranks)), sums(pairwise.size());
+      ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+        pairwise[static_cast<size_t>(to)].recv_rows += rows;
+        pairwise[static_cast<size_t>(from)].send_rows += rows;
+      });
+      DocExchangeRows(shards, mask, scratch, [&](int rank, int64_t in, int64_t out) {
+        sums[static_cast<size_t>(rank)].recv_rows += in;
+        sums[static_cast<size_t>(rank)].send_rows += out;
+      });
+      for (size_t r = 0; r < pairwise.size(); ++r) {
+        ASSERT_EQ(sums[r].recv_rows, pairwise[r].recv_rows) << "iter " << iter << " rank " << r;
+        ASSERT_EQ(sums[r].send_rows, pairwise[r].send_rows) << "iter " << iter << " rank " << r;
+      }
+    }
   }
 }
 

@@ -159,6 +159,7 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
   std::vector<double> fixed_ms(kinds);
   std::vector<char> gather(kinds);
   std::vector<DocShard> shards;
+  DocExchangeScratch exchange_scratch;
   for (const auto& [whole, i] : order) {
     const int64_t length = mb.documents[i].length;
     for (size_t r = 0; r < ranks; ++r) {
@@ -353,10 +354,10 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
         attention[static_cast<size_t>(sh.rank) * kinds + k] +=
             MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
       }
-      ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
-        received[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
-        sent[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
-        moving[k] = 1;
+      DocExchangeRows(shards, mask, exchange_scratch, [&](int rank, int64_t in, int64_t out) {
+        received[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(in);
+        sent[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(out);
+        if (in > 0) moving[k] = 1;
       });
     }
     if (may_give_up) {
