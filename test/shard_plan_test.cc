@@ -232,6 +232,30 @@ TEST(ShardPlanTest, BadInputsNameTheValue) {
     EXPECT_THAT(std::string(p.status().message()), HasSubstr(absl::StrFormat("got %d", cp)));
     EXPECT_THAT(std::string(p.status().message()), HasSubstr("cp_size must be in [1, 4096]"));
   }
+  // documents x C is bounded (kMaxCpDocumentRanks): at the limit per-seq plans; one document
+  // more is refused before any strategy's work, naming both numbers.
+  const MicroBatch at_limit =
+      MakeMicroBatch(std::vector<int64_t>(kMaxCpDocumentRanks / kMaxCpSize, 1));
+  for (const size_t docs : {at_limit.documents.size(), at_limit.documents.size() + 1}) {
+    MicroBatch ones = at_limit;
+    if (docs > ones.documents.size()) {
+      ones.documents.push_back(Document{.id = static_cast<int64_t>(docs), .length = 1});
+      ++ones.tokens;
+    }
+    for (const ShardStrategy s : {ShardStrategy("per-seq"), ShardStrategy("adaptive")}) {
+      if (docs == at_limit.documents.size() && s != ShardStrategy("per-seq")) continue;
+      absl::StatusOr<ShardPlan> p = PlanShards(ones, kMaxCpSize, s, model);
+      if (docs == at_limit.documents.size()) {
+        EXPECT_TRUE(p.ok()) << p.status();
+        continue;
+      }
+      ASSERT_FALSE(p.ok());
+      EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange);
+      EXPECT_THAT(std::string(p.status().message()),
+                  HasSubstr("micro-batch of 16385 documents at cp_size 4096: documents x cp_size "
+                            "is 67112960, over the limit 67108864"));
+    }
+  }
   MicroBatch wrong_total = mb;
   wrong_total.tokens = 31;
   absl::StatusOr<ShardPlan> p = PlanShards(wrong_total, 2, ShardStrategy("per-doc"), model);

@@ -140,6 +140,9 @@ def test_corrupted_state_is_rejected_and_leaves_packer_unchanged(packer):
 def test_shard_errors():
     with pytest.raises(ValueError, match=r"cp_size must be in \[1, 4096\], got 0"):
         wlb.plan_shards([3, 4], 0)
+    # documents x C is bounded (2^26): the balancing strategies weigh every document on every rank.
+    with pytest.raises(ValueError, match="16385 documents at cp_size 4096: .* over the limit 67108864"):
+        wlb.plan_shards([1] * 16385, 4096)
     with pytest.raises(ValueError, match="unknown sharding 'zigzag'"):
         wlb.plan_shards([3, 4], 2, "zigzag")
     with pytest.raises(ValueError, match="document length must be > 0"):

@@ -23,6 +23,11 @@ inline constexpr int32_t kMaxMicroBatches = 4096;           // N: micro-batches 
 inline constexpr int32_t kMaxWindow = 4096;                 // W: fixed-greedy window, steps
 inline constexpr int64_t kMaxWindowMicroBatches = int64_t{1} << 16;  // W x N: bins of one window
 inline constexpr int kMaxCpSize = 4096;                              // C: context-parallel ranks
+// Documents x C of one micro-batch a CP plan is made for: the balancing strategies weigh every
+// document against every rank (doc-degree's and balanced-chunks' greedy steps, adaptive's
+// bounds), so planning time grows with the product. At the limit adaptive plans in seconds; far
+// beyond it (2^20 one-token documents at C = 4096) it took many minutes.
+inline constexpr int64_t kMaxCpDocumentRanks = int64_t{1} << 26;
 // Rows of one plan's token index maps (BuildShardMaps): every rank's key rows together, about
 // C x tokens under per-document sharding (1 GiB of int32 at the limit).
 inline constexpr int64_t kMaxShardMapRows = int64_t{1} << 28;

@@ -38,6 +38,14 @@ inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb
     return absl::InvalidArgumentError(
         absl::StrFormat("cp_size must be in [1, %d], got %d", kMaxCpSize, cp_size));
   }
+  if (static_cast<int64_t>(mb.documents.size()) > kMaxCpDocumentRanks / cp_size) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "micro-batch of %d documents at cp_size %d: documents x cp_size is %d, over the limit %d "
+        "(kMaxCpDocumentRanks: CP planning weighs every document against every rank); plan "
+        "smaller micro-batches or a smaller CP size",
+        mb.documents.size(), cp_size, static_cast<int64_t>(mb.documents.size()) * cp_size,
+        kMaxCpDocumentRanks));
+  }
   std::vector<int64_t> starts(mb.documents.size() + 1, 0);
   absl::flat_hash_set<std::pair<int64_t, int32_t>> seen;
   seen.reserve(mb.documents.size());
