@@ -256,6 +256,23 @@ TEST(ShardPlanTest, BadInputsNameTheValue) {
                             "is 67112960, over the limit 67108864"));
     }
   }
+  // A piece is at most a context window and a micro-batch at most a stream (kMaxContext,
+  // kMaxStreamTokens), which keeps planning's products in int64 (a 2^60-token document overflowed
+  // the causal pairs of the kernel model and of the order search).
+  for (const ShardStrategy s : ShardStrategy::All()) {
+    absl::StatusOr<ShardPlan> p = PlanShards(MakeMicroBatch({5, kMaxContext + 1}), 4096, s, model);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange);
+    EXPECT_THAT(std::string(p.status().message()),
+                HasSubstr("document 1 (id 1): length 16777217 is above the limit of 16777216"));
+  }
+  const MicroBatch stream_sized =
+      MakeMicroBatch(std::vector<int64_t>(kMaxStreamTokens / kMaxContext + 1, kMaxContext));
+  absl::StatusOr<ShardPlan> too_many = PlanShards(stream_sized, 1, ShardStrategy("per-seq"), model);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_THAT(std::string(too_many.status().message()),
+              HasSubstr("document 2048 (id 2048): length 16777216 takes the micro-batch above the "
+                        "limit of 34359738368 tokens"));
   MicroBatch wrong_total = mb;
   wrong_total.tokens = 31;
   absl::StatusOr<ShardPlan> p = PlanShards(wrong_total, 2, ShardStrategy("per-doc"), model);

@@ -89,8 +89,10 @@ void ForEachDocExchange(std::span<const DocShard> shards, const AttentionMask& m
 
 namespace detail {
 
-// Sorted values and their prefix sums: SumOfMin(x) is the sum over the values of min(v, x), in
-// O(log n).
+// Sorted values (non-negative) and their prefix sums: RowsBetween(b, e) is the sum over the
+// values v of min(v, e) - min(v, b), the rows of [b, e) below each v, in O(log n). The values are
+// ends within one document (at most kMaxContext, CheckMicroBatch) and n at most C, so every sum
+// stays below 2^37.
 class SortedSums {
  public:
   void Assign(std::vector<int64_t>& values) {
@@ -99,13 +101,14 @@ class SortedSums {
     for (size_t i = 0; i < values.size(); ++i) prefix_[i + 1] = prefix_[i] + values[i];
     values_ = &values;
   }
+  int64_t RowsBetween(int64_t b, int64_t e) const { return SumOfMin(e) - SumOfMin(b); }
+
+ private:
   int64_t SumOfMin(int64_t x) const {
     const size_t below = static_cast<size_t>(std::lower_bound(values_->begin(), values_->end(), x) -
                                              values_->begin());
     return prefix_[below] + x * static_cast<int64_t>(values_->size() - below);
   }
-
- private:
   const std::vector<int64_t>* values_ = nullptr;
   std::vector<int64_t> prefix_;
 };
@@ -164,7 +167,7 @@ void DocExchangeRows(std::span<const DocShard> shards, const AttentionMask& mask
       const int64_t b = grouped[i].q_begin, e = grouped[i].q_end;
       own += e - b;
       // Its rows below every holder's largest end, less its own holder's (all of them).
-      sent += holder_end_sums.SumOfMin(e) - holder_end_sums.SumOfMin(b) - (e - b);
+      sent += holder_end_sums.RowsBetween(b, e) - (e - b);
     }
     fn(rank, largest[holder] - own, sent);
   }

@@ -57,10 +57,20 @@ inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb
           "length %d, piece %d, offset %d",
           i, d.id, d.length, d.piece, d.offset));
     }
-    if (starts[i] > std::numeric_limits<int64_t>::max() / 4 - d.length) {
-      return absl::OutOfRangeError(
-          absl::StrFormat("micro-batch document %d (id %d): length %d overflows the token count", i,
-                          d.id, d.length));
+    // A piece of a micro-batch is at most a context window, and a micro-batch at most a stream,
+    // so every product planning forms fits in int64: causal pairs of a piece (< 2^48), their sum
+    // over the micro-batch (< 2^59), rows summed over C holders (< 2^47).
+    if (d.length > kMaxContext) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "micro-batch document %d (id %d): length %d is above the limit of %d tokens "
+          "(kMaxContext: a micro-batch's pieces are at most a context window)",
+          i, d.id, d.length, kMaxContext));
+    }
+    if (starts[i] + d.length > kMaxStreamTokens) {
+      return absl::OutOfRangeError(absl::StrFormat(
+          "micro-batch document %d (id %d): length %d takes the micro-batch above the limit of %d "
+          "tokens (kMaxStreamTokens)",
+          i, d.id, d.length, kMaxStreamTokens));
     }
     if (!seen.insert({d.id, d.piece}).second) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -313,7 +313,7 @@ class ChunkLedger {
         const Item& it = items_[k];
         if (it.rank < 0) continue;
         sent[static_cast<size_t>(it.rank)] +=
-            end_sums_.SumOfMin(it.end) - end_sums_.SumOfMin(it.begin) - (it.end - it.begin);
+            end_sums_.RowsBetween(it.begin, it.end) - (it.end - it.begin);
       }
       return;
     }
