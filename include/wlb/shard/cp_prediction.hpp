@@ -95,28 +95,28 @@ namespace detail {
 // stays below 2^37.
 class SortedSums {
  public:
-  void Assign(std::vector<int64_t>& values) {
-    std::sort(values.begin(), values.end());
-    prefix_.assign(values.size() + 1, 0);
-    for (size_t i = 0; i < values.size(); ++i) prefix_[i + 1] = prefix_[i] + values[i];
-    values_ = &values;
+  // Keeps a sorted copy of `values` (its memory is reused by the next Assign).
+  void Assign(std::span<const int64_t> values) {
+    values_.assign(values.begin(), values.end());
+    std::sort(values_.begin(), values_.end());
+    prefix_.assign(values_.size() + 1, 0);
+    for (size_t i = 0; i < values_.size(); ++i) prefix_[i + 1] = prefix_[i] + values_[i];
   }
   int64_t RowsBetween(int64_t b, int64_t e) const { return SumOfMin(e) - SumOfMin(b); }
 
  private:
   int64_t SumOfMin(int64_t x) const {
-    const size_t below = static_cast<size_t>(std::lower_bound(values_->begin(), values_->end(), x) -
-                                             values_->begin());
-    return prefix_[below] + x * static_cast<int64_t>(values_->size() - below);
+    const size_t below =
+        static_cast<size_t>(std::lower_bound(values_.begin(), values_.end(), x) - values_.begin());
+    return prefix_[below] + x * static_cast<int64_t>(values_.size() - below);
   }
-  const std::vector<int64_t>* values_ = nullptr;
-  std::vector<int64_t> prefix_;
+  std::vector<int64_t> values_, prefix_;
 };
 
 // DocExchangeRows' scratch, kept across documents (a vector per call costs more than the sums).
 struct DocExchangeScratch {
   std::vector<DocShard> by_rank;
-  std::vector<int64_t> largest, holder_ends;
+  std::vector<int64_t> largest;  // per holder, in rank order: its largest end
   SortedSums holder_end_sums;
 };
 
@@ -142,7 +142,7 @@ void DocExchangeRows(std::span<const DocShard> shards, const AttentionMask& mask
     return;
   }
   if (shards.size() < 2) return;  // a whole document moves no rows
-  auto& [by_rank, largest, holder_ends, holder_end_sums] = scratch;
+  auto& [by_rank, largest, holder_end_sums] = scratch;
   // Shards grouped by rank: a plan's come so (ShardsByDocument), others are sorted.
   auto rank_less = [](const DocShard& a, const DocShard& b) { return a.rank < b.rank; };
   std::span<const DocShard> grouped = shards;
@@ -151,14 +151,13 @@ void DocExchangeRows(std::span<const DocShard> shards, const AttentionMask& mask
     std::sort(by_rank.begin(), by_rank.end(), rank_less);
     grouped = by_rank;
   }
-  largest.clear();  // per holder, in rank order: its largest end
+  largest.clear();
   for (size_t i = 0; i < grouped.size(); ++i) {
     if (i == 0 || grouped[i].rank != grouped[i - 1].rank) largest.push_back(grouped[i].q_end);
     largest.back() = std::max(largest.back(), grouped[i].q_end);
   }
   if (largest.size() < 2) return;  // one holder
-  holder_ends.assign(largest.begin(), largest.end());
-  holder_end_sums.Assign(holder_ends);
+  holder_end_sums.Assign(largest);
   size_t holder = 0;
   for (size_t i = 0; i < grouped.size(); ++holder) {
     const int rank = grouped[i].rank;
