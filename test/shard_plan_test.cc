@@ -1894,6 +1894,81 @@ TEST(BalancedChunksTest, LedgerRowsAreTheIndependentCount) {
   }
 }
 
+// Refine weighs a move or a swap by its change of rows on the two ranks involved only
+// (DeltaIfMoved, DeltaIfSwapped): exactly the rows of a ledger with the items placed there from
+// the start, on random cuts (up to 12 pieces a document, some left unplaced as a spill leaves
+// them) over 2-40 ranks.
+TEST(BalancedChunksTest, RowChangesOfAMoveOrSwapAreTheLedgerWithItsPlacement) {
+  std::mt19937_64 rng(6101);
+  for (int iter = 0; iter < testing::PropertyIterations(2000); ++iter) {
+    const size_t ranks = std::uniform_int_distribution<size_t>(2, iter % 4 == 0 ? 40 : 8)(rng);
+    const size_t docs = std::uniform_int_distribution<size_t>(1, 4)(rng);
+    struct Piece {
+      size_t doc;
+      int64_t begin, end;
+      int rank;  // -1: unplaced
+    };
+    std::vector<Piece> pieces;
+    for (size_t d = 0; d < docs; ++d) {
+      const int64_t length = std::uniform_int_distribution<int64_t>(1, 5000)(rng);
+      std::vector<int64_t> cuts = {0, length};
+      for (int c = std::uniform_int_distribution<int>(0, 11)(rng); c > 0; --c) {
+        cuts.push_back(std::uniform_int_distribution<int64_t>(0, length)(rng));
+      }
+      std::sort(cuts.begin(), cuts.end());
+      cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        const bool placed = std::uniform_int_distribution<int>(0, 9)(rng) > 0;
+        const int rank = std::uniform_int_distribution<int>(0, static_cast<int>(ranks) - 1)(rng);
+        pieces.push_back({d, cuts[c], cuts[c + 1], placed ? rank : -1});
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);  // items of a document in any order
+    auto ledger_of = [&](const std::vector<Piece>& placement) {
+      detail::ChunkLedger ledger(docs, ranks, /*row_ms=*/1e-3);
+      for (const Piece& p : placement) ledger.Add(p.doc, p.begin, p.end, 1e-3);
+      for (size_t k = 0; k < placement.size(); ++k) {
+        if (placement[k].rank >= 0) ledger.Place(k, static_cast<size_t>(placement[k].rank));
+      }
+      return ledger;
+    };
+    detail::ChunkLedger ledger = ledger_of(pieces);
+    ledger.StoreDocRows();
+    std::vector<size_t> placed;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (pieces[k].rank >= 0) placed.push_back(k);
+    }
+    if (placed.empty()) continue;
+    auto expect_change = [&](const std::vector<Piece>& after, const std::vector<int64_t>& sent,
+                             const std::vector<int64_t>& received) {
+      const detail::ChunkLedger expected = ledger_of(after);
+      for (size_t r = 0; r < ranks; ++r) {
+        EXPECT_EQ(ledger.sent(r) + sent[r], expected.sent(r)) << "rank " << r;
+        EXPECT_EQ(ledger.received(r) + received[r], expected.received(r)) << "rank " << r;
+      }
+    };
+    const size_t k = placed[rng() % placed.size()];
+    const size_t to = (static_cast<size_t>(pieces[k].rank) + 1 + rng() % (ranks - 1)) % ranks;
+    SCOPED_TRACE(absl::StrFormat("iter %d ranks %d item %d to %d", iter, ranks, k, to));
+    std::vector<int64_t> sent(ranks, 0), received(ranks, 0);
+    ledger.DeltaIfMoved(k, to, sent.data(), received.data());
+    std::vector<Piece> moved = pieces;
+    moved[k].rank = static_cast<int>(to);
+    expect_change(moved, sent, received);
+    // A swap with a placed item of the same document on another rank, where there is one.
+    for (const size_t j : placed) {
+      if (pieces[j].doc != pieces[k].doc || pieces[j].rank == pieces[k].rank) continue;
+      std::fill(sent.begin(), sent.end(), 0);
+      std::fill(received.begin(), received.end(), 0);
+      ledger.DeltaIfSwapped(k, j, sent.data(), received.data());
+      std::vector<Piece> swapped = pieces;
+      std::swap(swapped[k].rank, swapped[j].rank);
+      expect_change(swapped, sent, received);
+      break;
+    }
+  }
+}
+
 // The ledger keeps per-rank rows only for cut documents: 2^20 one-token documents at C = 4096
 // (what wlb-plan --cp 4096 packs from a stream of one-token documents at a 1M context) once
 // asked for a per-(document, rank) array of 32 GiB and threw std::bad_alloc. Here the whole

@@ -222,10 +222,11 @@ class PlanBuilder {
     plan.tokens = starts_.back();
     int64_t largest = 0;
     for (RankShard& r : ranks_) {
-      r.cu_seqlens_q.assign(1, 0);
-      r.cu_seqlens_k.assign(1, 0);
+      // Reserved before the leading 0 goes in: one allocation each, not two.
       r.cu_seqlens_q.reserve(r.segments.size() + 1);
       r.cu_seqlens_k.reserve(r.segments.size() + 1);
+      r.cu_seqlens_q.assign(1, 0);
+      r.cu_seqlens_k.assign(1, 0);
       int64_t total_k = 0;
       for (const Segment& s : r.segments) {
         r.tokens += s.q_len();

@@ -207,15 +207,10 @@ class ChunkLedger {
   // of one document, then priced together.
   void Refine(int64_t cap, int rounds) {
     if (rounds <= 0 || ranks_ < 2) return;
-    doc_sent_.assign(doc_hi_.size(), 0);
-    doc_received_.assign(doc_hi_.size(), 0);
-    for (size_t i = 0; i < doc_items_.size(); ++i) {
-      if (doc_items_[i] > 1) {
-        DocRows(i, &doc_sent_[split_row_[i]], &doc_received_[split_row_[i]]);
-      }
-    }
+    StoreDocRows();
     std::vector<size_t> on_s, on_f;
     std::vector<int64_t> ds_a, dr_a, ds_b, dr_b;  // per listed item, per rank: its change
+    std::vector<char> priced_a, priced_b;         // per listed item: whether counted yet
     for (int round = 0; round < rounds; ++round) {
       size_t s = 0, f = 0;
       for (size_t q = 1; q < ranks_; ++q) {
@@ -233,16 +228,21 @@ class ChunkLedger {
       dr_a.assign(on_s.size() * ranks_, 0);
       ds_b.assign(on_f.size() * ranks_, 0);
       dr_b.assign(on_f.size() * ranks_, 0);
-      for (size_t x = 0; x < on_s.size(); ++x) {
-        DeltaIfMoved(on_s[x], f, &ds_a[x * ranks_], &dr_a[x * ranks_]);
-      }
-      for (size_t y = 0; y < on_f.size(); ++y) {
-        DeltaIfMoved(on_f[y], s, &ds_b[y * ranks_], &dr_b[y * ranks_]);
-      }
+      // An item's change is counted when a move or swap within the cap first needs it.
+      priced_a.assign(on_s.size(), 0);
+      priced_b.assign(on_f.size(), 0);
       const double now = Time(s);
       double best = now * (1.0 - 1e-9);
       size_t best_a = items_.size(), best_b = items_.size();
       auto price = [&](size_t x, size_t y, double d_attention) {
+        if (!priced_a[x]) {
+          DeltaIfMoved(on_s[x], f, &ds_a[x * ranks_], &dr_a[x * ranks_]);
+          priced_a[x] = 1;
+        }
+        if (y < on_f.size() && !priced_b[y]) {
+          DeltaIfMoved(on_f[y], s, &ds_b[y * ranks_], &dr_b[y * ranks_]);
+          priced_b[y] = 1;
+        }
         double worst = 0.0;
         for (size_t q = 0; q < ranks_; ++q) {
           int64_t sent = sent_[q] + ds_a[x * ranks_ + q];
@@ -276,6 +276,39 @@ class ChunkLedger {
       Apply(best_a, f);
       if (best_b < items_.size()) Apply(best_b, s);
     }
+  }
+
+  // Counts every cut document's rows per rank, which DeltaIfMoved and DeltaIfSwapped weigh
+  // changes against (Refine counts them first and Apply keeps them; Place does not).
+  void StoreDocRows() {
+    doc_sent_.assign(doc_hi_.size(), 0);
+    doc_received_.assign(doc_hi_.size(), 0);
+    for (size_t i = 0; i < doc_items_.size(); ++i) {
+      if (doc_items_[i] > 1) {
+        DocRows(i, &doc_sent_[split_row_[i]], &doc_received_[split_row_[i]]);
+      }
+    }
+  }
+
+  // Adds to sent[0, ranks) and received[0, ranks) the change of rows each rank sends and
+  // receives if placed item k went to rank `to` (the ledger is unchanged; see StoreDocRows).
+  void DeltaIfMoved(size_t k, size_t to, int64_t* sent, int64_t* received) {
+    const size_t doc = items_[k].doc;
+    if (doc_items_[doc] < 2) return;  // a whole document moves no rows
+    const int from = items_[k].rank;
+    items_[k].rank = static_cast<int>(to);
+    DocRowsChange(doc, static_cast<size_t>(from), to, sent, received);
+    items_[k].rank = from;
+  }
+
+  // The same if placed items a and b, of one cut document on different ranks, traded ranks.
+  void DeltaIfSwapped(size_t a, size_t b, int64_t* sent, int64_t* received) {
+    const int ra = items_[a].rank, rb = items_[b].rank;
+    items_[a].rank = rb;
+    items_[b].rank = ra;
+    DocRowsChange(items_[a].doc, static_cast<size_t>(ra), static_cast<size_t>(rb), sent, received);
+    items_[a].rank = ra;
+    items_[b].rank = rb;
   }
 
  private:
@@ -326,19 +359,42 @@ class ChunkLedger {
     }
   }
 
-  // Per rank, the change of rows sent and received if placed item k went to rank `to`.
-  void DeltaIfMoved(size_t k, size_t to, int64_t* sent, int64_t* received) {
-    const size_t doc = items_[k].doc;
-    if (doc_items_[doc] < 2) return;  // a whole document moves no rows
-    const int from = items_[k].rank;
-    items_[k].rank = static_cast<int>(to);
-    DocRows(doc, sent, received);
-    items_[k].rank = from;
+  // Adds to sent[0, ranks) and received[0, ranks) how cut document `doc`'s rows change when, of
+  // its placed items, only some on ranks a and b have traded between them since StoreDocRows
+  // (doc_hi_, doc_sent_, doc_received_; items_ hold the new ranks): DocRows' count less the
+  // stored one, in O(items + C) rather than items x holders. Only a's and b's largest ends move,
+  // so another rank's item sends its rows below them anew, and a and b are counted afresh.
+  void DocRowsChange(size_t doc, size_t a, size_t b, int64_t* sent, int64_t* received) {
     const size_t x = split_row_[doc];
-    for (size_t q = 0; q < ranks_; ++q) {
-      sent[q] -= doc_sent_[x + q];
-      received[q] -= doc_received_[x + q];
+    int64_t hi_a = 0, hi_b = 0, own_a = 0, own_b = 0;
+    for (size_t k = doc_last_[doc]; k != kNoItem; k = earlier_of_doc_[k]) {
+      const Item& it = items_[k];
+      if (it.rank == static_cast<int>(a)) hi_a = std::max(hi_a, it.end), own_a += it.end - it.begin;
+      if (it.rank == static_cast<int>(b)) hi_b = std::max(hi_b, it.end), own_b += it.end - it.begin;
     }
+    const int64_t old_hi_a = doc_hi_[x + a], old_hi_b = doc_hi_[x + b];
+    int64_t sent_a = 0, sent_b = 0;
+    for (size_t k = doc_last_[doc]; k != kNoItem; k = earlier_of_doc_[k]) {
+      const Item& it = items_[k];
+      if (it.rank < 0) continue;
+      const size_t r = static_cast<size_t>(it.rank);
+      if (r != a && r != b) {
+        sent[r] += RowsBelow(it, hi_a) - RowsBelow(it, old_hi_a) + RowsBelow(it, hi_b) -
+                   RowsBelow(it, old_hi_b);
+        continue;
+      }
+      // Its rows below every holder's largest end, less its length (its own rank's end is at or
+      // past its end), as in DocRows.
+      int64_t rows = RowsBelow(it, hi_a) + RowsBelow(it, hi_b) - (it.end - it.begin);
+      for (size_t q = 0; q < ranks_; ++q) {
+        if (q != a && q != b) rows += RowsBelow(it, doc_hi_[x + q]);
+      }
+      (r == a ? sent_a : sent_b) += rows;
+    }
+    sent[a] += sent_a - doc_sent_[x + a];
+    sent[b] += sent_b - doc_sent_[x + b];
+    received[a] += hi_a - own_a - doc_received_[x + a];
+    received[b] += hi_b - own_b - doc_received_[x + b];
   }
 
   // The slowest rank's time if placed items a and b, of one document, traded ranks.
@@ -346,17 +402,12 @@ class ChunkLedger {
     const int ra = items_[a].rank, rb = items_[b].rank;
     std::fill(d_sent_.begin(), d_sent_.end(), 0);
     std::fill(d_received_.begin(), d_received_.end(), 0);
-    items_[a].rank = rb;
-    items_[b].rank = ra;
-    DocRows(items_[a].doc, d_sent_.data(), d_received_.data());
-    items_[a].rank = ra;
-    items_[b].rank = rb;
+    DeltaIfSwapped(a, b, d_sent_.data(), d_received_.data());
     const double d = items_[a].ms - items_[b].ms;
-    const size_t x = split_row_[items_[a].doc];
     double worst = 0.0;
     for (size_t q = 0; q < ranks_; ++q) {
-      const int64_t sent = sent_[q] + d_sent_[q] - doc_sent_[x + q];
-      const int64_t received = received_[q] + d_received_[q] - doc_received_[x + q];
+      const int64_t sent = sent_[q] + d_sent_[q];
+      const int64_t received = received_[q] + d_received_[q];
       const double att = attention_[q] + (q == static_cast<size_t>(ra)   ? -d
                                           : q == static_cast<size_t>(rb) ? d
                                                                          : 0.0);
