@@ -1165,6 +1165,37 @@ TEST(ShardPlanFastPathTest, SwapEvaluationIsExact) {
   }
 }
 
+TEST(ShardPlanFastPathTest, SwapLoadsTheSwappedOrder) {
+  std::mt19937_64 rng(2528);
+  for (int iter = 0; iter < 200; ++iter) {
+    const MicroBatch mb = EqualityMicroBatch(rng, iter);
+    const int cp = 1 + iter % 12;
+    const size_t n = mb.documents.size();
+    if (n < 2) continue;
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::shuffle(order.begin(), order.end(), rng);
+    detail::PerSequencePairEvaluator eval(mb, cp), fresh(mb, cp);
+    eval.Load(order);
+    for (int step = 0; step < 6; ++step) {
+      const size_t i = std::uniform_int_distribution<size_t>(0, n - 2)(rng);
+      const size_t j = std::uniform_int_distribution<size_t>(i + 1, n - 1)(rng);
+      const int64_t want = eval.SwapMaxPairs(i, j);
+      std::swap(order[i], order[j]);
+      eval.Swap(i, j);
+      const int64_t loaded = fresh.Load(order);
+      ASSERT_EQ(loaded, want) << "iter " << iter << " swap " << i << "," << j;
+      // Every further swap evaluates as after a fresh Load, with or without a bound.
+      for (size_t a = 0; a < n; ++a) {
+        for (size_t b = a + 1; b < n; ++b) {
+          ASSERT_EQ(eval.SwapMaxPairs(a, b), fresh.SwapMaxPairs(a, b)) << "iter " << iter;
+          ASSERT_EQ(eval.SwapMaxPairs(a, b, loaded), fresh.SwapMaxPairs(a, b, loaded));
+        }
+      }
+    }
+  }
+}
+
 TEST(ShardPlanFastPathTest, OrderSearchMatchesTheReference) {
   std::mt19937_64 rng(2526);
   const KernelModel model = KernelModel::Default();

@@ -45,7 +45,8 @@ inline double PerSequenceMaxMs(const MicroBatch& mb, const std::vector<int64_t>&
 // the search's result is checked against it). Load(order) computes it in O(documents + C) and
 // keeps the order's layout; SwapMaxPairs(i, j) then gives the objective of that order with
 // positions i and j swapped in O(C + chunk boundaries between them), exactly (only the chunk
-// boundaries inside the swapped span see different documents).
+// boundaries inside the swapped span see different documents), and Swap(i, j) loads that order
+// in O(j - i + C).
 class PerSequencePairEvaluator {
  public:
   PerSequencePairEvaluator(const MicroBatch& mb, int cp_size)
@@ -68,41 +69,24 @@ class PerSequencePairEvaluator {
 
   // The objective of `order`, which becomes the loaded order.
   int64_t Load(const std::vector<int64_t>& order) {
-    const size_t n = order.size();
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t len = mb_.documents[static_cast<size_t>(order[i])].length;
-      length_[i] = len;
-      starts_[i + 1] = starts_[i] + len;
-      pairs_before_[i + 1] = pairs_before_[i] + CausalPairs(0, len);
-    }
+    const size_t n = length_.size();
+    for (size_t p = 0; p < n; ++p) length_[p] = mb_.documents[static_cast<size_t>(order[p])].length;
+    LayOut(0, n);
     const int64_t total = starts_[n];
     chunk_ = PerSequenceChunk(total, cp_size_);
-    std::fill(rank_pairs_.begin(), rank_pairs_.end(), 0);
-    size_t k = 0;  // document holding position x (boundaries only grow)
-    auto pairs_up_to = [&](int64_t x) {
-      while (k < n && starts_[k + 1] <= x) ++k;
-      return k < n ? pairs_before_[k] + CausalPairs(0, x - starts_[k]) : pairs_before_[n];
-    };
-    int64_t previous = 0;
-    for (size_t j = 0; j < bound_.size(); ++j) {
-      bound_[j] = std::min((static_cast<int64_t>(j) + 1) * chunk_, total);
-      bound_pairs_[j] = pairs_up_to(bound_[j]);
-      bound_doc_[j] = std::min(k, n - 1);
-      rank_pairs_[static_cast<size_t>(RankOfChunk(static_cast<int64_t>(j), cp_size_))] +=
-          bound_pairs_[j] - previous;
-      previous = bound_pairs_[j];
+    for (size_t t = 0; t < bound_.size(); ++t) {
+      bound_[t] = std::min((static_cast<int64_t>(t) + 1) * chunk_, total);
     }
-    size_t t = 0;  // first_bound_[i]: the first boundary at or after document i's start
-    for (size_t i = 0; i <= n; ++i) {
-      while (t < bound_.size() && bound_[t] < starts_[i]) ++t;
-      first_bound_[i] = t;
-    }
-    max_ = *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
-    max_ranks_.clear();
-    for (int r = 0; r < cp_size_; ++r) {
-      if (rank_pairs_[static_cast<size_t>(r)] == max_) max_ranks_.push_back(r);
-    }
+    PlaceBoundaries(0, bound_.size(), 0, n);
     return max_;
+  }
+
+  // Loads the loaded order with positions i < j swapped, as Load would, in O(j - i + C): the
+  // total and so the boundaries stay, and only the documents of positions i .. j move.
+  void Swap(size_t i, size_t j) {
+    std::swap(length_[i], length_[j]);
+    LayOut(i, j + 1);
+    PlaceBoundaries(first_bound_[i], first_bound_[j + 1], i, j + 1);
   }
 
   // The objective of the loaded order with positions i < j swapped (the loaded order stays), or,
@@ -113,52 +97,120 @@ class PerSequencePairEvaluator {
     // first_bound_[i] .. first_bound_[j + 1] can change.
     const size_t c0 = first_bound_[i], c1 = first_bound_[j + 1];
     if (c0 == c1) return max_;
-    const int64_t a = starts_[i], e = starts_[j + 1];
-    const int64_t li = length_[i], lj = length_[j];
-    const int64_t delta = lj - li;                                  // shift of documents i+1..j-1
-    const int64_t shift = CausalPairs(0, lj) - CausalPairs(0, li);  // and of their pairs before
-    const int64_t last_start = e - li;                              // where document i lands
-    const int64_t last_before = pairs_before_[j + 1] - CausalPairs(0, li);
-    // Pairs before boundary t after the swap, less before it (0 outside c0 .. c1 - 1).
-    auto moved = [&](int64_t t) -> int64_t {
-      if (t < static_cast<int64_t>(c0) || t >= static_cast<int64_t>(c1)) return 0;
-      const int64_t x = bound_[static_cast<size_t>(t)];
-      int64_t p;
-      if (x < a + lj) {
-        p = pairs_before_[i] + CausalPairs(0, x - a);
-      } else if (x >= last_start) {
-        p = last_before + CausalPairs(0, x - last_start);
-      } else {  // a middle document, at its old position y
-        const int64_t y = x - delta;
-        // From the document holding x before the swap, step to the one holding y.
-        size_t k = std::clamp(bound_doc_[static_cast<size_t>(t)], i + 1, j - 1);
-        while (starts_[k] > y) --k;
-        while (starts_[k + 1] <= y) ++k;
-        p = pairs_before_[k] + shift + CausalPairs(0, y - starts_[k]);
-      }
-      return p - bound_pairs_[static_cast<size_t>(t)];
-    };
-    const int64_t last = 2 * static_cast<int64_t>(cp_size_) - 1;
+    const SwapSpan s(*this, i, j, c0, c1);
     if (max_ >= below) {
       // A rank holding the maximum that stays at or above `below` decides it. Rank r's chunks
-      // are r and 2C-1-r; chunk t gains moved(t) - moved(t - 1).
+      // are r and 2C-1-r.
+      const size_t last = 2 * static_cast<size_t>(cp_size_) - 1;
       for (const int r : max_ranks_) {
-        const int64_t late = last - r;
-        const int64_t after = max_ + moved(r) - moved(r - 1) + moved(late) - moved(late - 1);
-        if (after >= below) return max_;
+        const size_t early = static_cast<size_t>(r);
+        if (max_ + ChunkGain(s, early) + ChunkGain(s, last - early) >= below) return max_;
       }
     }
     std::copy(rank_pairs_.begin(), rank_pairs_.end(), scratch_.begin());
-    int64_t previous = 0;  // moved(t - 1)
-    for (int64_t t = static_cast<int64_t>(c0); t <= static_cast<int64_t>(c1); ++t) {
-      const int64_t m = moved(t);
-      scratch_[rank_of_chunk_[static_cast<size_t>(t)]] += m - previous;
+    int64_t previous = 0;  // Moved(t - 1)
+    for (size_t t = s.c0; t < s.c1; ++t) {
+      const int64_t m = Moved(s, t);
+      scratch_[rank_of_chunk_[t]] += m - previous;
       previous = m;
     }
+    scratch_[rank_of_chunk_[s.c1]] -= previous;  // chunk c1 starts at the last moved boundary
     return *std::max_element(scratch_.begin(), scratch_.end());
   }
 
  private:
+  // A swap of positions i < j under evaluation, moving boundaries c0 .. c1 - 1.
+  struct SwapSpan {
+    SwapSpan(const PerSequencePairEvaluator& e, size_t i, size_t j, size_t c0, size_t c1)
+        : c0(c0),
+          c1(c1),
+          i(i),
+          j(j),
+          a(e.starts_[i]),
+          i_end(a + e.length_[j]),
+          delta(e.length_[j] - e.length_[i]),
+          shift(e.OwnPairs(j) - e.OwnPairs(i)),
+          last_start(e.starts_[j + 1] - e.length_[i]),
+          last_before(e.pairs_before_[j + 1] - e.OwnPairs(i)) {}
+    size_t c0, c1, i, j;
+    int64_t a;            // starts_[i]
+    int64_t i_end;        // where document j, landing at a, ends
+    int64_t delta;        // shift of documents i+1..j-1
+    int64_t shift;        // and of their pairs before
+    int64_t last_start;   // where document i lands
+    int64_t last_before;  // pairs before it there
+  };
+
+  // Causal pairs of the document at position p.
+  int64_t OwnPairs(size_t p) const { return pairs_before_[p + 1] - pairs_before_[p]; }
+
+  // Pairs before boundary t (c0 <= t < c1) after the swap, less before it.
+  [[gnu::always_inline]] int64_t Moved(const SwapSpan& s, size_t t) const {
+    const int64_t x = bound_[t];
+    int64_t p;
+    if (x < s.i_end) {
+      p = pairs_before_[s.i] + CausalPairs(0, x - s.a);
+    } else if (x >= s.last_start) {
+      p = s.last_before + CausalPairs(0, x - s.last_start);
+    } else {  // a middle document, at its old position y
+      const int64_t y = x - s.delta;
+      // Step from the document that held x toward y: down when y < x, else up.
+      size_t k = bound_doc_[t];
+      if (s.delta > 0) {
+        while (starts_[k] > y) --k;
+      } else {
+        while (starts_[k + 1] <= y) ++k;
+      }
+      p = pairs_before_[k] + s.shift + CausalPairs(0, y - starts_[k]);
+    }
+    return p - bound_pairs_[t];
+  }
+
+  // What chunk t, from boundary t - 1 to boundary t, gains by the swap: only chunks c0 .. c1
+  // have a moved boundary.
+  [[gnu::always_inline]] int64_t ChunkGain(const SwapSpan& s, size_t t) const {
+    if (t < s.c0 || t > s.c1) return 0;
+    return (t < s.c1 ? Moved(s, t) : 0) - (t > s.c0 ? Moved(s, t - 1) : 0);
+  }
+
+  // starts_ and pairs_before_ after positions lo .. hi - 1 from their lengths.
+  void LayOut(size_t lo, size_t hi) {
+    for (size_t p = lo; p < hi; ++p) {
+      starts_[p + 1] = starts_[p] + length_[p];
+      pairs_before_[p + 1] = pairs_before_[p] + CausalPairs(0, length_[p]);
+    }
+  }
+
+  // Places boundaries t0 .. t1 - 1, which lie in positions lo .. hi - 1 (or at the total), and
+  // the first boundaries of positions lo .. hi, then sums the ranks.
+  void PlaceBoundaries(size_t t0, size_t t1, size_t lo, size_t hi) {
+    const size_t n = length_.size();
+    size_t k = lo;  // document holding bound_[t] (boundaries only grow)
+    for (size_t t = t0; t < t1; ++t) {
+      const int64_t x = bound_[t];
+      while (k < n && starts_[k + 1] <= x) ++k;
+      bound_pairs_[t] =
+          k < n ? pairs_before_[k] + CausalPairs(0, x - starts_[k]) : pairs_before_[n];
+      bound_doc_[t] = std::min(k, n - 1);
+    }
+    size_t t = t0;  // first_bound_[p]: the first boundary at or after document p's start
+    for (size_t p = lo; p <= hi; ++p) {
+      while (t < bound_.size() && bound_[t] < starts_[p]) ++t;
+      first_bound_[p] = t;
+    }
+    std::fill(rank_pairs_.begin(), rank_pairs_.end(), 0);
+    int64_t previous = 0;
+    for (size_t t = 0; t < bound_.size(); ++t) {
+      rank_pairs_[rank_of_chunk_[t]] += bound_pairs_[t] - previous;
+      previous = bound_pairs_[t];
+    }
+    max_ = *std::max_element(rank_pairs_.begin(), rank_pairs_.end());
+    max_ranks_.clear();
+    for (int r = 0; r < cp_size_; ++r) {
+      if (rank_pairs_[static_cast<size_t>(r)] == max_) max_ranks_.push_back(r);
+    }
+  }
+
   const MicroBatch& mb_;
   int cp_size_;
   int64_t chunk_ = 0;
@@ -201,20 +253,23 @@ inline std::vector<int64_t> OrganPipeOrder(const MicroBatch& mb) {
     return mb.documents[static_cast<size_t>(a)].length >
            mb.documents[static_cast<size_t>(b)].length;
   });
-  std::vector<int64_t> left, right;  // left is built outward (reversed at the end)
+  // The left side is written from the front, the right side from the back (no vector per side),
+  // each the wrong way round until reversed.
+  std::vector<int64_t> pipe(by_length.size());
+  auto left = pipe.begin(), right = pipe.end();
   int64_t left_tokens = 0, right_tokens = 0;
   for (int64_t i : by_length) {
     const int64_t len = mb.documents[static_cast<size_t>(i)].length;
     if (left_tokens <= right_tokens) {
-      left.push_back(i);
+      *left++ = i;
       left_tokens += len;
     } else {
-      right.push_back(i);
+      *--right = i;
       right_tokens += len;
     }
   }
-  std::vector<int64_t> pipe(left.rbegin(), left.rend());
-  pipe.insert(pipe.end(), right.begin(), right.end());
+  std::reverse(pipe.begin(), left);
+  std::reverse(right, pipe.end());
   return pipe;
 }
 
@@ -231,20 +286,20 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
       std::minmax_element(mb.documents.begin(), mb.documents.end(),
                           [](const Document& a, const Document& b) { return a.length < b.length; });
   if (n < 2 || cp_size < 2 || shortest->length == longest->length) return given;  // nothing to gain
+  // The better of the given order and the organ pipe (loaded last: it is usually the given one).
   PerSequencePairEvaluator eval(mb, cp_size);
-  std::vector<int64_t> best = given.order;
-  int64_t best_pairs = eval.Load(best);
-  const std::vector<int64_t> pipe = OrganPipeOrder(mb);
-  if (const int64_t p = eval.Load(pipe); p < best_pairs) {
-    best = pipe;
-    best_pairs = p;
+  std::vector<int64_t> order = OrganPipeOrder(mb);
+  const int64_t pipe_pairs = eval.Load(order);
+  int64_t best_pairs = eval.Load(given.order);
+  if (pipe_pairs < best_pairs) {
+    best_pairs = eval.Load(order);
+  } else {
+    order = given.order;
   }
-  eval.Load(best);
   // Improve it by first-improvement swaps of documents of different lengths, within a bounded
   // number of evaluations.
   int64_t budget = std::min(kOrderSearchEvaluationsPerDocument * n,
                             kOrderSearchWorkBudget / (n + 2 * int64_t{cp_size}));
-  std::vector<int64_t> order = best;
   for (bool improved = true; improved && budget > 0;) {
     improved = false;
     for (int64_t i = 0; i < n && budget > 0; ++i) {
@@ -258,8 +313,7 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
                 eval.SwapMaxPairs(static_cast<size_t>(i), static_cast<size_t>(j), best_pairs);
             p < best_pairs) {
           std::swap(order[i], order[j]);
-          eval.Load(order);
-          best = order;
+          eval.Swap(static_cast<size_t>(i), static_cast<size_t>(j));
           best_pairs = p;
           improved = true;
         }
@@ -268,8 +322,8 @@ inline OrderResult SearchPerSequenceOrder(const MicroBatch& mb, int cp_size,
   }
   // The kernel model decides between the search's order and the given one, so ordering is never
   // predicted worse than plain per-sequence sharding.
-  const double best_ms = PerSequenceMaxMs(mb, best, cp_size, model);
-  if (best_ms < given.max_ms) return {std::move(best), best_ms, given.max_ms};
+  const double best_ms = PerSequenceMaxMs(mb, order, cp_size, model);
+  if (best_ms < given.max_ms) return {std::move(order), best_ms, given.max_ms};
   return given;
 }
 
