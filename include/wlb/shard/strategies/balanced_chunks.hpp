@@ -109,7 +109,15 @@ class ChunkLedger {
         d_sent_(ranks, 0),
         d_received_(ranks, 0),
         hi_(ranks, 0),
-        own_(ranks, 0) {}
+        own_(ranks, 0),
+        time_(ranks, 0.0) {}
+
+  // Room for `items` items, `cut_docs` of whose documents have more than one.
+  void Reserve(size_t items, size_t cut_docs) {
+    items_.reserve(items);
+    earlier_of_doc_.reserve(items);
+    doc_hi_.reserve(cut_docs * ranks_);
+  }
 
   // A new unplaced item: queries [begin, end) of document `doc`; its index.
   size_t Add(size_t doc, int64_t begin, int64_t end, double ms) {
@@ -128,9 +136,9 @@ class ChunkLedger {
   int64_t tokens(size_t r) const { return tokens_[r]; }
   int64_t sent(size_t r) const { return sent_[r]; }
   int64_t received(size_t r) const { return received_[r]; }
-  double Time(size_t r) const {
-    return attention_[r] + static_cast<double>(std::max(sent_[r], received_[r])) * row_ms_;
-  }
+  // Rank r's attention + max(rows sent, rows received) x row_ms, kept by Place and Apply (the
+  // deal asks it of every rank for every item).
+  double Time(size_t r) const { return time_[r]; }
 
   // The slowest rank's time if unplaced item k went to `rank` (the ledger is unchanged).
   double MaxTimeIfPlaced(size_t k, size_t rank) {
@@ -139,6 +147,12 @@ class ChunkLedger {
     if (doc_items_[it.doc] < 2) {  // a whole document moves no rows
       return std::max(Time(rank) + it.ms, others);
     }
+    return MaxTimeIfCutPlaced(k, rank, others);
+  }
+
+  // MaxTimeIfPlaced of an item of a cut document; `others`: the other ranks' slowest time now.
+  double MaxTimeIfCutPlaced(size_t k, size_t rank, double others) {
+    const Item& it = items_[k];
     const size_t base = split_row_[it.doc];
     const int64_t hi = doc_hi_[base + rank];
     if (it.end > hi && doc_lo_[it.doc] < it.end) {
@@ -183,22 +197,22 @@ class ChunkLedger {
     it.rank = static_cast<int>(rank);
     attention_[rank] += it.ms;
     tokens_[rank] += it.end - it.begin;
-    // The two slowest ranks, for whole documents' prices (in locals: the loop runs per item).
-    double slowest_ms = 0.0, second_ms = 0.0;
-    size_t slowest = 0;
-    for (size_t r = 0; r < ranks_; ++r) {
-      const double t = Time(r);
-      if (t > slowest_ms) {
-        second_ms = slowest_ms;
-        slowest_ms = t;
-        slowest = r;
-      } else {
-        second_ms = std::max(second_ms, t);
-      }
+    if (doc_items_[it.doc] > 1) {
+      UpdateTimes();
+      return;
     }
-    slowest_ms_ = slowest_ms;
-    second_ms_ = second_ms;
-    slowest_ = slowest;
+    // A whole document changes `rank`'s time only, and only upwards: the scan's two slowest,
+    // updated (the slowest is the lowest rank of the largest time, as the scan finds it).
+    const double t = time_[rank] = TimeOf(rank);
+    if (rank == slowest_) {
+      slowest_ms_ = t;
+    } else if (t > slowest_ms_ || (t == slowest_ms_ && rank < slowest_)) {
+      second_ms_ = slowest_ms_;
+      slowest_ms_ = t;
+      slowest_ = rank;
+    } else {
+      second_ms_ = std::max(second_ms_, t);
+    }
   }
 
   // Moves and swaps between the slowest rank and the fastest that lower the slowest time within
@@ -425,19 +439,44 @@ class ChunkLedger {
     attention_[to] += it.ms;
     tokens_[to] += it.end - it.begin;
     it.rank = static_cast<int>(to);
-    if (doc_items_[it.doc] < 2) return;  // a whole document moves no rows
-    const size_t x = split_row_[it.doc];
-    for (size_t q = 0; q < ranks_; ++q) {
-      sent_[q] -= doc_sent_[x + q];
-      received_[q] -= doc_received_[x + q];
-      doc_sent_[x + q] = doc_received_[x + q] = 0;
+    if (doc_items_[it.doc] > 1) {  // a whole document moves no rows
+      const size_t x = split_row_[it.doc];
+      for (size_t q = 0; q < ranks_; ++q) {
+        sent_[q] -= doc_sent_[x + q];
+        received_[q] -= doc_received_[x + q];
+        doc_sent_[x + q] = doc_received_[x + q] = 0;
+      }
+      DocRows(it.doc, &doc_sent_[x], &doc_received_[x]);
+      for (size_t q = 0; q < ranks_; ++q) {
+        sent_[q] += doc_sent_[x + q];
+        received_[q] += doc_received_[x + q];
+        doc_hi_[x + q] = hi_[q];
+      }
     }
-    DocRows(it.doc, &doc_sent_[x], &doc_received_[x]);
-    for (size_t q = 0; q < ranks_; ++q) {
-      sent_[q] += doc_sent_[x + q];
-      received_[q] += doc_received_[x + q];
-      doc_hi_[x + q] = hi_[q];
+    UpdateTimes();
+  }
+
+  double TimeOf(size_t r) const {
+    return attention_[r] + static_cast<double>(std::max(sent_[r], received_[r])) * row_ms_;
+  }
+
+  // Every rank's time, and the two slowest for MaxTimeIfPlaced.
+  void UpdateTimes() {
+    double slowest_ms = 0.0, second_ms = 0.0;  // in locals: the loop runs per item
+    size_t slowest = 0;
+    for (size_t r = 0; r < ranks_; ++r) {
+      const double t = time_[r] = TimeOf(r);
+      if (t > slowest_ms) {
+        second_ms = slowest_ms;
+        slowest_ms = t;
+        slowest = r;
+      } else {
+        second_ms = std::max(second_ms, t);
+      }
     }
+    slowest_ms_ = slowest_ms;
+    second_ms_ = second_ms;
+    slowest_ = slowest;
   }
 
   // d_sent_ and d_received_: how placing unplaced item k on `rank` changes the rows each rank
@@ -487,6 +526,7 @@ class ChunkLedger {
   std::vector<int64_t> d_sent_, d_received_;      // RowsIfPlaced's
   std::vector<int64_t> doc_sent_, doc_received_;  // Refine's: per (cut document, rank) rows
   std::vector<int64_t> hi_, own_, ends_;          // DocRows' scratch
+  std::vector<double> time_;                      // Time(r)
   SortedSums end_sums_;                           // DocRows': the holders' largest ends
   static constexpr size_t kScannedHolders = 16;   // DocRows scans up to this many
 };
@@ -535,6 +575,14 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec,
   ChunkCut cut{.ledger = ChunkLedger(docs, static_cast<size_t>(r.cp_size),
                                      r.options.comm.RowMs(r.model) * r.model.passes()),
                .order = {}};
+  size_t item_count = 0, cut_docs = 0;
+  for (const Document& doc : mb.documents) {
+    const int64_t unit = DocChunkUnit(doc.length, unit0, spec.min_chunks, tile);
+    const int64_t chunks = (doc.length + unit - 1) / unit;
+    item_count += static_cast<size_t>(chunks);
+    cut_docs += chunks > 1;
+  }
+  cut.ledger.Reserve(item_count, cut_docs);
   for (size_t i = 0; i < docs; ++i) {
     const int64_t d = mb.documents[i].length;
     const int64_t unit = DocChunkUnit(d, unit0, spec.min_chunks, tile);
@@ -548,13 +596,14 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec,
       cut.ledger.Add(i, b, e, r.model.SegmentCallMs(e - b, e));
     }
   }
+  // Costliest first, ties by document and position: the items' order (added so), hence by
+  // (-ms, index).
   const std::vector<ChunkLedger::Item>& items = cut.ledger.items();
+  std::vector<std::pair<double, size_t>> by_cost(items.size());
+  for (size_t k = 0; k < items.size(); ++k) by_cost[k] = {-items[k].ms, k};
+  std::sort(by_cost.begin(), by_cost.end());
   cut.order.resize(items.size());
-  for (size_t k = 0; k < cut.order.size(); ++k) cut.order[k] = k;
-  std::sort(cut.order.begin(), cut.order.end(), [&](size_t x, size_t y) {
-    return std::tie(items[y].ms, items[x].doc, items[x].begin) <
-           std::tie(items[x].ms, items[y].doc, items[y].begin);
-  });
+  for (size_t k = 0; k < items.size(); ++k) cut.order[k] = by_cost[k].second;
   return cut;
 }
 
@@ -623,9 +672,12 @@ inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
   for (size_t k = 0; k < items.size(); ++k) {
     if (items[k].rank >= 0) placed.push_back(k);
   }
-  std::sort(placed.begin(), placed.end(), [&](size_t x, size_t y) {
+  auto by_position = [&](size_t x, size_t y) {
     return std::tie(items[x].doc, items[x].begin) < std::tie(items[y].doc, items[y].begin);
-  });
+  };
+  if (!std::is_sorted(placed.begin(), placed.end(), by_position)) {  // sorted but for spills
+    std::sort(placed.begin(), placed.end(), by_position);
+  }
   PlanBuilder b(r.mb, r.starts, r.cp_size, items.size() + static_cast<size_t>(r.cp_size));
   for (size_t k = 0; k < placed.size();) {
     const ChunkLedger::Item& first = items[placed[k]];
