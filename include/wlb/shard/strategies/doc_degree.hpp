@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -90,76 +91,137 @@ struct DocumentDegreePlacement {
   int64_t tile = 1;  // the kernel's query tile: zig-zag shards are whole tiles (WholeTileCut)
 };
 
-// doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
-// finite `give_up_above_ms` and an all-causal mix it stops and returns false once the
-// CausalCpLowerBound of the documents placed so far exceeds it: the finished plan's PredictCp
-// max_ms would too, as every further document only adds attention, rows and tokens. A degree
-// none of whose groups could beat the document's best placement so far even without the
-// document's attention is not priced (the same placement; price_every_degree: priced anyway,
-// the reference for tests).
-inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const KernelModel& model,
-                                 const CpPlanOptions& options, double give_up_above_ms,
-                                 DocumentDegreePlacement& out, bool price_every_degree = false) {
+// One degree's placement of a document in PlaceDocumentDegrees, members numbered from 0: its
+// shards (one whole shard for degree 1) and their attention per layer kind; per member and layer
+// kind the added attention (da), sent (ds) and received (dr) rows; per member the added tokens
+// (dt). The best degree's is kept so applying it reuses what pricing computed.
+struct DocDegreeCandidate {
+  std::vector<DocShard> shards;
+  std::vector<double> shard_ms, da, ds, dr;
+  std::vector<int64_t> dt;
+  size_t shard_count = 0;
+};
+
+// PlaceDocumentDegrees' arrays (see there).
+struct DocDegreeScratch {
+  std::vector<double> weight, attention, sent, received, whole_kind_ms, row_exact, attention_only,
+      before, pre_exact, suf_exact, pre_att, suf_att, pre_rows, suf_rows, member_rows, fixed_ms,
+      others_ms;
+  std::vector<int64_t> tokens, pointer, pre_tokens, suf_tokens;
+  std::vector<char> moving, gather, group_fits;
+  std::vector<int> degrees;
+  std::vector<std::pair<double, size_t>> order;
+  DocDegreeCandidate candidates[2];
+  std::vector<DocShard> spill;
+  DocExchangeScratch exchange;
+
+  static DocDegreeScratch& OfThread() {
+    static thread_local DocDegreeScratch scratch;
+    return scratch;
+  }
+};
+
+// PlaceDocumentDegrees (below) for a mix of kKinds layer kinds (0: any number), so that the
+// common single kind is compiled without loops over kinds.
+template <size_t kKinds>
+bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel& model,
+                            const CpPlanOptions& options, double give_up_above_ms,
+                            DocumentDegreePlacement& out, bool price_every_degree) {
   const size_t docs = mb.documents.size();
   const size_t ranks = static_cast<size_t>(cp_size);
   const LayerMix& mix = options.mix;
-  const size_t kinds = mix.layers.size();
+  const size_t kinds = kKinds != 0 ? kKinds : mix.layers.size();
   const double row_ms = options.comm.RowMs(model);
   const int64_t row_bytes = options.comm.RowBytes(model);
   const double latency = options.comm.LatencyMs();
-  std::vector<double> weight(kinds);
+  // The arrays live in a per-thread scratch (adaptive places every micro-batch it plans, and
+  // allocating some 40 arrays per call cost about 8% of the placement); `zeroed` clears what is
+  // read before written, `sized` only sizes the rest.
+  DocDegreeScratch& s = DocDegreeScratch::OfThread();
+  auto zeroed = [](auto& v, size_t n) -> auto& {
+    v.assign(n, {});
+    return v;
+  };
+  auto sized = [](auto& v, size_t n) -> auto& {
+    v.resize(n);
+    return v;
+  };
+  std::vector<double>& weight = sized(s.weight, kinds);
   for (size_t k = 0; k < kinds; ++k) {
     weight[k] = static_cast<double>(mix.layers[k].second) / static_cast<double>(mix.total_layers());
   }
-  std::vector<int> degrees;  // 1, 2, 4, ... below C, then C
+  std::vector<int>& degrees = s.degrees;  // 1, 2, 4, ... below C, then C
+  degrees.clear();
   for (int g = 1; g < cp_size; g *= 2) degrees.push_back(g);
   degrees.push_back(cp_size);
   // Per rank and layer kind: attention ms, rows sent, rows received; per rank: tokens held; per
   // layer kind: whether any rank moves rows yet.
-  std::vector<double> attention(ranks * kinds, 0.0), sent(ranks * kinds, 0.0),
-      received(ranks * kinds, 0.0);
-  std::vector<int64_t> tokens(ranks, 0);
-  std::vector<char> moving(kinds, 0);
-  auto whole_ms = [&](int64_t length) {
+  std::vector<double>& attention = zeroed(s.attention, ranks * kinds);
+  std::vector<double>& sent = zeroed(s.sent, ranks * kinds);
+  std::vector<double>& received = zeroed(s.received, ranks * kinds);
+  std::vector<int64_t>& tokens = zeroed(s.tokens, ranks);
+  std::vector<char>& moving = zeroed(s.moving, kinds);
+  // Per document and layer kind: the whole document's attention (degree 1's, priced once).
+  std::vector<double>& whole_kind_ms = sized(s.whole_kind_ms, docs * kinds);
+  // (whole-document ms, index), costliest first
+  std::vector<std::pair<double, size_t>>& order = s.order;
+  order.clear();
+  for (size_t i = 0; i < docs; ++i) {
     double t = 0.0;
     for (size_t k = 0; k < kinds; ++k) {
-      t += weight[k] * MaskedSegmentMs(model, mix.layers[k].first, 0, length);
+      const double ms = MaskedSegmentMs(model, mix.layers[k].first, 0, mb.documents[i].length);
+      whole_kind_ms[i * kinds + k] = ms;
+      t += weight[k] * ms;
     }
-    return t;
-  };
-  std::vector<std::pair<double, size_t>> order;  // (whole-document ms, index), costliest first
-  order.reserve(docs);
-  for (size_t i = 0; i < docs; ++i) order.push_back({whole_ms(mb.documents[i].length), i});
+    order.push_back({t, i});
+  }
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   });
   std::vector<DocumentDegreePlacement::Placement>& placed = out.placed;
   std::vector<std::vector<DocShard>>& spilled = out.spilled;
   placed.assign(docs, {});
-  spilled.assign(docs, {});
+  spilled.clear();
+  spilled.resize(docs);
   const bool may_give_up = give_up_above_ms < INFINITY && mix.all_causal();
   const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
-  std::vector<int64_t> pointer(degrees.size(), 0);
+  std::vector<int64_t>& pointer = zeroed(s.pointer, degrees.size());
   const int64_t tile = out.tile = std::max<int64_t>(1, model.tile_q());
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
   // row_ms), attention alone, and the time as priced now (with the latency of moving kinds).
-  std::vector<double> row_exact(ranks), attention_only(ranks), before(ranks);
+  std::vector<double>& row_exact = sized(s.row_exact, ranks);
+  std::vector<double>& attention_only = sized(s.attention_only, ranks);
+  std::vector<double>& before = sized(s.before, ranks);
   // Prefix (ranks [0, r)) and suffix (ranks [r, C)) maxima of row_exact, attention_only, tokens,
   // and per layer kind of the rows a rank moves (max of sent and received).
-  std::vector<double> pre_exact(ranks + 1), suf_exact(ranks + 1), pre_att(ranks + 1),
-      suf_att(ranks + 1), pre_rows((ranks + 1) * kinds), suf_rows((ranks + 1) * kinds);
-  std::vector<int64_t> pre_tokens(ranks + 1), suf_tokens(ranks + 1);
-  // Per member of a group and layer kind: added attention, sent and received rows; per member:
-  // added tokens.
-  std::vector<double> da(ranks * kinds), ds(ranks * kinds), dr(ranks * kinds);
-  std::vector<double> member_rows(ranks * kinds);  // a group's: max(sent, received) with ds, dr
-  std::vector<int64_t> dt(ranks);
-  // Per layer kind, for one candidate: the exchange every rank pays whatever its rows (the
-  // all-gather's rows x row_ms and the latency), and whether it is the all-gather.
-  std::vector<double> fixed_ms(kinds);
-  std::vector<char> gather(kinds);
-  std::vector<DocShard> shards;
-  DocExchangeScratch exchange_scratch;
+  std::vector<double>& pre_exact = sized(s.pre_exact, ranks + 1);
+  std::vector<double>& suf_exact = sized(s.suf_exact, ranks + 1);
+  std::vector<double>& pre_att = sized(s.pre_att, ranks + 1);
+  std::vector<double>& suf_att = sized(s.suf_att, ranks + 1);
+  std::vector<double>& pre_rows = sized(s.pre_rows, (ranks + 1) * kinds);
+  std::vector<double>& suf_rows = sized(s.suf_rows, (ranks + 1) * kinds);
+  std::vector<int64_t>& pre_tokens = sized(s.pre_tokens, ranks + 1);
+  std::vector<int64_t>& suf_tokens = sized(s.suf_tokens, ranks + 1);
+  for (DocDegreeCandidate& c : s.candidates) {
+    c.shards.resize(2 * ranks);
+    c.shard_ms.resize(2 * ranks * kinds);
+    c.da.resize(ranks * kinds);
+    c.ds.resize(ranks * kinds);
+    c.dr.resize(ranks * kinds);
+    c.dt.resize(ranks);
+  }
+  size_t priced = 0;  // s.candidates[priced] is the degree being priced, the other the best's
+  // Per rank and layer kind, as a member of its group: max(sent, received) with ds, dr.
+  std::vector<double>& member_rows = sized(s.member_rows, ranks * kinds);
+  // Per group of a degree and layer kind: the exchange every rank pays whatever its rows (the
+  // all-gather's rows x row_ms and the latency), and whether it is the all-gather; per group:
+  // whether it fits and the slowest other rank's time.
+  std::vector<double>& fixed_ms = sized(s.fixed_ms, ranks * kinds);
+  std::vector<double>& others_ms = sized(s.others_ms, ranks);
+  std::vector<char>& gather = sized(s.gather, ranks * kinds);
+  std::vector<char>& group_fits = sized(s.group_fits, ranks);
+  std::vector<DocShard>& spill = s.spill;
+  DocExchangeScratch& exchange_scratch = s.exchange;
   for (const auto& [whole, i] : order) {
     const int64_t length = mb.documents[i].length;
     for (size_t r = 0; r < ranks; ++r) {
@@ -195,31 +257,41 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
     }
     // Best (slowest rank, slowest member, added time, degree, group) so far.
     std::tuple<double, double, double, int, int> best{INFINITY, INFINITY, INFINITY, 0, 0};
-    size_t best_degree = 0;
+    size_t best_degree = degrees.size();  // none yet
     for (size_t di = 0; di < degrees.size(); ++di) {
       const int g = degrees[di];
       if (g > 1 && length < 2 * static_cast<int64_t>(g)) continue;  // every shard non-empty
       const int64_t n = 2 * static_cast<int64_t>(g);
-      std::fill(da.begin(), da.end(), 0.0);
-      std::fill(ds.begin(), ds.end(), 0.0);
-      std::fill(dr.begin(), dr.end(), 0.0);
-      std::fill(dt.begin(), dt.end(), 0);
-      shards.clear();
+      const size_t members = static_cast<size_t>(g);
+      DocDegreeCandidate& cur = s.candidates[priced];
+      std::vector<DocShard>& shards = cur.shards;
+      std::vector<double>& shard_ms = cur.shard_ms;
+      std::vector<double>& da = cur.da;
+      std::vector<double>& ds = cur.ds;
+      std::vector<double>& dr = cur.dr;
+      std::vector<int64_t>& dt = cur.dt;
+      std::fill_n(da.begin(), members * kinds, 0.0);
+      std::fill_n(ds.begin(), members * kinds, 0.0);
+      std::fill_n(dr.begin(), members * kinds, 0.0);
       if (g == 1) {
         dt[0] = length;
+        shards[0] = {0, 0, length};
+        cur.shard_count = 1;
       } else {
         const WholeTileCut cut(length, n, tile);
         for (int m = 0; m < g; ++m) {
-          for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-            const auto [b, e] = cut.Shard(n, pointer[di], j);
-            shards.push_back({m, b, e});
-            dt[static_cast<size_t>(m)] += e - b;
-          }
+          const auto [eb, ee] = cut.Shard(n, pointer[di], m);
+          const auto [lb, le] = cut.Shard(n, pointer[di], n - 1 - m);
+          shards[2 * static_cast<size_t>(m)] = {m, eb, ee};
+          shards[2 * static_cast<size_t>(m) + 1] = {m, lb, le};
+          dt[static_cast<size_t>(m)] = (ee - eb) + (le - lb);
         }
+        cur.shard_count = 2 * members;
+        const std::span<const DocShard> zigzag(shards.data(), cur.shard_count);
         for (size_t k = 0; k < kinds; ++k) {
           const AttentionMask& mask = mix.layers[k].first;
           if (!mask.causal()) {
-            ForEachDocExchange(shards, mask, [&](int to, int from, int64_t rows) {
+            ForEachDocExchange(zigzag, mask, [&](int to, int from, int64_t rows) {
               dr[static_cast<size_t>(to) * kinds + k] += static_cast<double>(rows);
               ds[static_cast<size_t>(from) * kinds + k] += static_cast<double>(rows);
             });
@@ -239,63 +311,74 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
           }
         }
       }
+      // Per group (first rank q x g): whether every member stays within the memory cap and, when
+      // it does, what does not depend on the document's attention, for the probe and the priced
+      // pass alike: per layer kind the exchange ChooseExchange picks for the plan with this
+      // placement (gather, fixed_ms; member_rows by rank), and the slowest other rank.
+      size_t groups = 0;
+      for (int first = 0; first + g <= cp_size; first += g, ++groups) {
+        const size_t q = groups;
+        const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
+        bool fits = true;
+        int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
+        for (int m = 0; m < g; ++m) {
+          const int64_t held = tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)];
+          fits = fits && held <= cap;
+          capacity = std::max(capacity, held);
+        }
+        group_fits[q] = fits;
+        if (!fits) continue;
+        bool any_gather = false, all_gather = true;
+        double nonmember_fixed = 0.0;
+        for (size_t k = 0; k < kinds; ++k) {
+          double rows = std::max(pre_rows[lo * kinds + k], suf_rows[hi * kinds + k]);
+          for (int m = 0; m < g; ++m) {
+            const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
+            const size_t y = static_cast<size_t>(m) * kinds + k;
+            member_rows[x] = std::max(sent[x] + ds[y], received[x] + dr[y]);
+            rows = std::max(rows, member_rows[x]);
+          }
+          const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
+                                                    row_bytes, options.comm);
+          const bool gathers = c.kind == ExchangeKind::kAllGather;
+          const double fixed = (gathers ? static_cast<double>(c.allgather_rows) * row_ms : 0.0) +
+                               (rows > 0 ? latency : 0.0);
+          gather[q * kinds + k] = gathers;
+          fixed_ms[q * kinds + k] = fixed;
+          any_gather = any_gather || gathers;
+          all_gather = all_gather && gathers;
+          nonmember_fixed += weight[k] * fixed;
+        }
+        // Other ranks: exact when no layer kind or every one takes the all-gather; when only
+        // some do, their own rows are still counted for those (an over-estimate).
+        if (g < cp_size) {
+          const double base = any_gather && all_gather ? std::max(pre_att[lo], suf_att[hi])
+                                                       : std::max(pre_exact[lo], suf_exact[hi]);
+          others_ms[q] = base + nonmember_fixed;
+        }
+      }
       // Each group's key (slowest rank, slowest member, added time, degree, first rank) with the
       // document's attention da as it stands; `probe` only asks whether one would beat the best.
       auto weigh_groups = [&](bool probe) {
-        for (int first = 0; first + g <= cp_size; first += g) {
-          const size_t lo = static_cast<size_t>(first), hi = static_cast<size_t>(first + g);
-          // Every member stays within the memory cap; the plan's capacity with this placement.
-          bool fits = true;
-          int64_t capacity = std::max(pre_tokens[lo], suf_tokens[hi]);
-          for (int m = 0; m < g; ++m) {
-            const int64_t held = tokens[lo + static_cast<size_t>(m)] + dt[static_cast<size_t>(m)];
-            fits = fits && held <= cap;
-            capacity = std::max(capacity, held);
-          }
-          if (!fits) continue;
-          // The exchange ChooseExchange picks per layer kind for the plan with this placement.
-          bool any_gather = false, all_gather = true;
-          double nonmember_fixed = 0.0;
-          for (size_t k = 0; k < kinds; ++k) {
-            double rows = std::max(pre_rows[lo * kinds + k], suf_rows[hi * kinds + k]);
-            for (int m = 0; m < g; ++m) {
-              const size_t x = (lo + static_cast<size_t>(m)) * kinds + k;
-              const size_t y = static_cast<size_t>(m) * kinds + k;
-              member_rows[y] = std::max(sent[x] + ds[y], received[x] + dr[y]);
-              rows = std::max(rows, member_rows[y]);
-            }
-            const ExchangeChoice c = ChooseExchangeOf(static_cast<int64_t>(rows), cp_size, capacity,
-                                                      row_bytes, options.comm);
-            gather[k] = c.kind == ExchangeKind::kAllGather;
-            fixed_ms[k] = (gather[k] ? static_cast<double>(c.allgather_rows) * row_ms : 0.0) +
-                          (rows > 0 ? latency : 0.0);
-            any_gather = any_gather || gather[k];
-            all_gather = all_gather && gather[k];
-            nonmember_fixed += weight[k] * fixed_ms[k];
-          }
+        for (size_t q = 0; q < groups; ++q) {
+          if (!group_fits[q]) continue;
+          const size_t lo = q * members;
           double member_max = 0.0, added = 0.0;
-          for (int m = 0; m < g; ++m) {
-            const size_t r = lo + static_cast<size_t>(m);
+          for (size_t m = 0; m < members; ++m) {
+            const size_t r = lo + m;
             double t = 0.0;
             for (size_t k = 0; k < kinds; ++k) {
               const size_t x = r * kinds + k;
-              const size_t y = static_cast<size_t>(m) * kinds + k;
-              const double rows = gather[k] ? 0.0 : member_rows[y];
-              t += weight[k] * (attention[x] + da[y] + rows * row_ms + fixed_ms[k]);
+              const double rows = gather[q * kinds + k] ? 0.0 : member_rows[x];
+              t += weight[k] *
+                   (attention[x] + da[m * kinds + k] + rows * row_ms + fixed_ms[q * kinds + k]);
             }
             member_max = std::max(member_max, t);
             added += t - before[r];
           }
-          // Other ranks: exact when no layer kind or every one takes the all-gather; when only
-          // some do, their own rows are still counted for those (an over-estimate).
-          double slowest = member_max;
-          if (g < cp_size) {
-            const double base = any_gather && all_gather ? std::max(pre_att[lo], suf_att[hi])
-                                                         : std::max(pre_exact[lo], suf_exact[hi]);
-            slowest = std::max(slowest, base + nonmember_fixed);
-          }
+          const double slowest = g < cp_size ? std::max(member_max, others_ms[q]) : member_max;
           const std::tuple<double, double, double, int, int> key{slowest, member_max, added, g,
-                                                                 first};
+                                                                 static_cast<int>(lo)};
           if (key < best) {
             if (probe) return true;
             best = key;
@@ -313,52 +396,66 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
       for (size_t k = 0; k < kinds; ++k) {
         const AttentionMask& mask = mix.layers[k].first;
         if (g == 1) {
-          da[k] = MaskedSegmentMs(model, mask, 0, length);
+          da[k] = shard_ms[k] = whole_kind_ms[i * kinds + k];
           continue;
         }
-        for (const DocShard& sh : shards) {
-          da[static_cast<size_t>(sh.rank) * kinds + k] +=
-              MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
+        for (size_t j = 0; j < cur.shard_count; ++j) {
+          const DocShard& sh = shards[j];
+          const double ms = MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
+          shard_ms[j * kinds + k] = ms;
+          da[static_cast<size_t>(sh.rank) * kinds + k] += ms;
         }
       }
       weigh_groups(/*probe=*/false);
+      if (best_degree == di) priced ^= 1;  // this degree is the best so far: keep it
     }
     // Apply the best placement, or spill the document when no whole or zig-zag placement fits
     // the cap.
-    shards.clear();
     if (std::get<0>(best) == INFINITY) {
-      SpillShards(length, cap, tokens, before, shards);
+      spill.clear();
+      SpillShards(length, cap, tokens, before, spill);
       placed[i] = {0, 0, 0};
-      spilled[i] = shards;
-    } else {
-      const int g = std::get<3>(best);
-      const int first = std::get<4>(best);
-      placed[i] = {g, first, pointer[best_degree]};
-      const int64_t n = 2 * static_cast<int64_t>(g);
-      if (g == 1) shards.push_back({first, 0, length});
-      if (g > 1) {
-        const WholeTileCut cut(length, n, tile);
-        for (int m = 0; m < g; ++m) {
-          for (const int64_t j : {int64_t{m}, n - 1 - m}) {
-            const auto [b, e] = cut.Shard(n, pointer[best_degree], j);
-            shards.push_back({first + m, b, e});
-          }
+      spilled[i] = spill;
+      for (const DocShard& sh : spill) {
+        tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
+      }
+      for (size_t k = 0; k < kinds; ++k) {
+        const AttentionMask& mask = mix.layers[k].first;
+        for (const DocShard& sh : spill) {
+          attention[static_cast<size_t>(sh.rank) * kinds + k] +=
+              MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
         }
-        pointer[best_degree] = (pointer[best_degree] + cut.PointerStep(n)) % n;
+        DocExchangeRows(spill, mask, exchange_scratch, [&](int rank, int64_t in, int64_t out) {
+          received[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(in);
+          sent[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(out);
+          if (in > 0) moving[k] = 1;
+        });
       }
-    }
-    for (const DocShard& sh : shards) tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
-    for (size_t k = 0; k < kinds; ++k) {
-      const AttentionMask& mask = mix.layers[k].first;
-      for (const DocShard& sh : shards) {
-        attention[static_cast<size_t>(sh.rank) * kinds + k] +=
-            MaskedSegmentMs(model, mask, sh.q_begin, sh.q_end);
+    } else {
+      // The chosen degree as priced: the same shards' attention, added shard by shard as
+      // MaskedSegmentMs would, and its rows (integers, so their sums are exact in any order).
+      const int g = std::get<3>(best);
+      const size_t first = static_cast<size_t>(std::get<4>(best));
+      placed[i] = {g, static_cast<int>(first), pointer[best_degree]};
+      if (g > 1) {
+        const int64_t n = 2 * static_cast<int64_t>(g);
+        pointer[best_degree] =
+            (pointer[best_degree] + WholeTileCut(length, n, tile).PointerStep(n)) % n;
       }
-      DocExchangeRows(shards, mask, exchange_scratch, [&](int rank, int64_t in, int64_t out) {
-        received[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(in);
-        sent[static_cast<size_t>(rank) * kinds + k] += static_cast<double>(out);
-        if (in > 0) moving[k] = 1;
-      });
+      const DocDegreeCandidate& chosen = s.candidates[priced ^ 1];
+      for (size_t m = 0; m < static_cast<size_t>(g); ++m) tokens[first + m] += chosen.dt[m];
+      for (size_t k = 0; k < kinds; ++k) {
+        for (size_t j = 0; j < chosen.shard_count; ++j) {
+          const size_t r = first + static_cast<size_t>(chosen.shards[j].rank);
+          attention[r * kinds + k] += chosen.shard_ms[j * kinds + k];
+        }
+        for (size_t m = 0; m < static_cast<size_t>(g); ++m) {
+          const size_t x = (first + m) * kinds + k, y = m * kinds + k;
+          received[x] += chosen.dr[y];
+          sent[x] += chosen.ds[y];
+          if (chosen.dr[y] > 0) moving[k] = 1;
+        }
+      }
     }
     if (may_give_up) {
       // Every layer kind is causal, so kind 0's attention and rows are every kind's.
@@ -372,6 +469,23 @@ inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const Kernel
     }
   }
   return true;
+}
+
+// doc-degree's greedy placement (see shard_plan.hpp's file comment), inputs checked. With a
+// finite `give_up_above_ms` and an all-causal mix it stops and returns false once the
+// CausalCpLowerBound of the documents placed so far exceeds it: the finished plan's PredictCp
+// max_ms would too, as every further document only adds attention, rows and tokens. A degree
+// none of whose groups could beat the document's best placement so far even without the
+// document's attention is not priced (the same placement; price_every_degree: priced anyway,
+// the reference for tests).
+inline bool PlaceDocumentDegrees(const MicroBatch& mb, int cp_size, const KernelModel& model,
+                                 const CpPlanOptions& options, double give_up_above_ms,
+                                 DocumentDegreePlacement& out, bool price_every_degree = false) {
+  return options.mix.layers.size() == 1
+             ? PlaceDocumentDegreesOf<1>(mb, cp_size, model, options, give_up_above_ms, out,
+                                         price_every_degree)
+             : PlaceDocumentDegreesOf<0>(mb, cp_size, model, options, give_up_above_ms, out,
+                                         price_every_degree);
 }
 
 // The plan of a DocumentDegreePlacement.
