@@ -102,15 +102,13 @@ struct DocDegreeCandidate {
   size_t shard_count = 0;
 };
 
-// PlaceDocumentDegrees' arrays (see there).
+// PlaceDocumentDegrees' arrays sized by C (see there), kept per thread.
 struct DocDegreeScratch {
-  std::vector<double> weight, attention, sent, received, whole_kind_ms, row_exact, attention_only,
-      before, pre_exact, suf_exact, pre_att, suf_att, pre_rows, suf_rows, member_rows, fixed_ms,
-      others_ms;
+  std::vector<double> weight, attention, sent, received, row_exact, attention_only, before,
+      pre_exact, suf_exact, pre_att, suf_att, pre_rows, suf_rows, member_rows, fixed_ms, others_ms;
   std::vector<int64_t> tokens, pointer, pre_tokens, suf_tokens;
   std::vector<char> moving, gather, group_fits;
   std::vector<int> degrees;
-  std::vector<std::pair<double, size_t>> order;
   DocDegreeCandidate candidates[2];
   std::vector<DocShard> spill;
   DocExchangeScratch exchange;
@@ -134,9 +132,9 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   const double row_ms = options.comm.RowMs(model);
   const int64_t row_bytes = options.comm.RowBytes(model);
   const double latency = options.comm.LatencyMs();
-  // The arrays live in a per-thread scratch (adaptive places every micro-batch it plans, and
-  // allocating some 40 arrays per call cost about 8% of the placement); `zeroed` clears what is
-  // read before written, `sized` only sizes the rest.
+  // The arrays sized by C live in a per-thread scratch (adaptive places every micro-batch it
+  // plans, and allocating some 40 arrays per call cost about 8% of the placement); `zeroed`
+  // clears what is read before written, `sized` only sizes the rest.
   DocDegreeScratch& s = DocDegreeScratch::OfThread();
   auto zeroed = [](auto& v, size_t n) -> auto& {
     v.assign(n, {});
@@ -161,11 +159,11 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   std::vector<double>& received = zeroed(s.received, ranks * kinds);
   std::vector<int64_t>& tokens = zeroed(s.tokens, ranks);
   std::vector<char>& moving = zeroed(s.moving, kinds);
-  // Per document and layer kind: the whole document's attention (degree 1's, priced once).
-  std::vector<double>& whole_kind_ms = sized(s.whole_kind_ms, docs * kinds);
-  // (whole-document ms, index), costliest first
-  std::vector<std::pair<double, size_t>>& order = s.order;
-  order.clear();
+  // Per document and layer kind: the whole document's attention (degree 1's, priced once). This
+  // and the order grow with the documents, so they are not kept in the thread's scratch.
+  std::vector<double> whole_kind_ms(docs * kinds);
+  std::vector<std::pair<double, size_t>> order;  // (whole-document ms, index), costliest first
+  order.reserve(docs);
   for (size_t i = 0; i < docs; ++i) {
     double t = 0.0;
     for (size_t k = 0; k < kinds; ++k) {
