@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -2261,6 +2262,53 @@ TEST(DocumentDegreeTest, UnpricedDegreesChangeNoPlacement) {
     }
   }
   EXPECT_GT(iterations, 0);
+}
+
+// doc-degree's placement keeps its arrays sized by C in a per-thread scratch: two threads placing
+// micro-batches of different CP sizes and mixes at once get the placements one thread gets alone.
+TEST(DocumentDegreeTest, ThreadsPlaceAsOneThreadDoes) {
+  std::mt19937_64 rng(5711);
+  const KernelModel& model = KernelModel::Default();
+  struct Case {
+    MicroBatch mb;
+    int cp;
+    CpPlanOptions options;
+    std::vector<int64_t> starts;
+    ShardPlan alone;
+  };
+  std::vector<Case> cases;
+  for (int iter = 0; iter < 60; ++iter) {
+    Case c{.mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4)),
+           .cp = std::vector<int>{2, 3, 8, 16, 64}[rng() % 5],
+           .options = {},
+           .starts = {},
+           .alone = {}};
+    if (iter % 3 == 0) c.options.mix = *LayerMix::Parse("window:700x3,causal");
+    c.starts = *detail::CheckMicroBatch(c.mb, c.cp);
+    detail::DocumentDegreePlacement placement;
+    EXPECT_TRUE(detail::PlaceDocumentDegrees(c.mb, c.cp, model, c.options, INFINITY, placement));
+    c.alone = *detail::DocumentDegreePlan(c.mb, c.starts, c.cp, ShardStrategy("doc-degree"),
+                                          placement);
+    cases.push_back(std::move(c));
+  }
+  auto place_all = [&](size_t first, std::vector<int>& same) {
+    for (int round = 0; round < 5; ++round) {
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const Case& c = cases[(first + k) % cases.size()];
+        detail::DocumentDegreePlacement placement;
+        detail::PlaceDocumentDegrees(c.mb, c.cp, model, c.options, INFINITY, placement);
+        same.push_back(*detail::DocumentDegreePlan(c.mb, c.starts, c.cp,
+                                                   ShardStrategy("doc-degree"), placement) ==
+                       c.alone);
+      }
+    }
+  };
+  std::vector<int> same_other, same_here;
+  std::thread other(place_all, cases.size() / 2, std::ref(same_other));
+  place_all(0, same_here);
+  other.join();
+  EXPECT_EQ(std::count(same_other.begin(), same_other.end(), 1), std::ssize(same_other));
+  EXPECT_EQ(std::count(same_here.begin(), same_here.end(), 1), std::ssize(same_here));
 }
 }  // namespace shard_plan_test
 }  // namespace wlb
