@@ -1134,15 +1134,21 @@ MicroBatch EqualityMicroBatch(std::mt19937_64& rng, int iter) {
   return ::wlb::testing::MakeMicroBatch(lengths);
 }
 
+// Document indices 0 .. n - 1 in a random order.
+std::vector<int64_t> ShuffledOrder(size_t n, std::mt19937_64& rng) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::shuffle(order.begin(), order.end(), rng);
+  return order;
+}
+
 TEST(ShardPlanFastPathTest, SwapEvaluationIsExact) {
   std::mt19937_64 rng(2525);
   for (int iter = 0; iter < 400; ++iter) {
     const MicroBatch mb = EqualityMicroBatch(rng, iter);
     const int cp = 1 + iter % 12;
     const size_t n = mb.documents.size();
-    std::vector<int64_t> order(n);
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int64_t> order = ShuffledOrder(n, rng);
     detail::PerSequencePairEvaluator eval(mb, cp);
     const int64_t loaded = eval.Load(order);
     ASSERT_EQ(loaded, ReferenceMaxPairs(mb, order, cp));
@@ -1173,9 +1179,7 @@ TEST(ShardPlanFastPathTest, SwapLoadsTheSwappedOrder) {
     const int cp = 1 + iter % 12;
     const size_t n = mb.documents.size();
     if (n < 2) continue;
-    std::vector<int64_t> order(n);
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int64_t> order = ShuffledOrder(n, rng);
     detail::PerSequencePairEvaluator eval(mb, cp), fresh(mb, cp);
     eval.Load(order);
     for (int step = 0; step < 6; ++step) {
@@ -2264,8 +2268,8 @@ TEST(DocumentDegreeTest, UnpricedDegreesChangeNoPlacement) {
   EXPECT_GT(iterations, 0);
 }
 
-// doc-degree's placement keeps its arrays sized by C in a per-thread scratch: two threads placing
-// micro-batches of different CP sizes and mixes at once get the placements one thread gets alone.
+// doc-degree's placement shares no state between calls: two threads placing micro-batches of
+// different CP sizes and mixes at once get the placements one thread gets alone.
 TEST(DocumentDegreeTest, ThreadsPlaceAsOneThreadDoes) {
   std::mt19937_64 rng(5711);
   const KernelModel& model = KernelModel::Default();

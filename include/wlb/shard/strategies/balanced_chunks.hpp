@@ -150,37 +150,6 @@ class ChunkLedger {
     return MaxTimeIfCutPlaced(k, rank, others);
   }
 
-  // MaxTimeIfPlaced of an item of a cut document; `others`: the other ranks' slowest time now.
-  double MaxTimeIfCutPlaced(size_t k, size_t rank, double others) {
-    const Item& it = items_[k];
-    const size_t base = split_row_[it.doc];
-    const int64_t hi = doc_hi_[base + rank];
-    if (it.end > hi && doc_lo_[it.doc] < it.end) {
-      // Other holders would send it rows: every rank's time may change.
-      RowsIfPlaced(k, rank);
-      double worst = 0.0;
-      for (size_t q = 0; q < ranks_; ++q) {
-        const int64_t rows = std::max(sent_[q] + d_sent_[q], received_[q] + d_received_[q]);
-        worst = std::max(
-            worst, attention_[q] + (q == rank ? it.ms : 0.0) + static_cast<double>(rows) * row_ms_);
-      }
-      return worst;
-    }
-    // Only `rank` changes (the usual case: a document's chunks go latest first, so no holder has
-    // rows below this one's end): it receives its largest end's growth less its rows, and sends
-    // its rows below every other holder's largest end.
-    if (below_item_ != k) {
-      below_item_ = k;
-      below_ = 0;
-      for (size_t q = 0; q < ranks_; ++q) below_ += RowsBelow(it, doc_hi_[base + q]);
-    }
-    const int64_t sent = sent_[rank] + below_ - RowsBelow(it, hi);
-    const int64_t received =
-        received_[rank] + std::max<int64_t>(0, it.end - hi) - (it.end - it.begin);
-    return std::max(
-        others, attention_[rank] + it.ms + static_cast<double>(std::max(sent, received)) * row_ms_);
-  }
-
   // Puts unplaced item k on `rank`.
   void Place(size_t k, size_t rank) {
     Item& it = items_[k];
@@ -326,6 +295,37 @@ class ChunkLedger {
   }
 
  private:
+  // MaxTimeIfPlaced of an item of a cut document; `others`: the other ranks' slowest time now.
+  double MaxTimeIfCutPlaced(size_t k, size_t rank, double others) {
+    const Item& it = items_[k];
+    const size_t base = split_row_[it.doc];
+    const int64_t hi = doc_hi_[base + rank];
+    if (it.end > hi && doc_lo_[it.doc] < it.end) {
+      // Other holders would send it rows: every rank's time may change.
+      RowsIfPlaced(k, rank);
+      double worst = 0.0;
+      for (size_t q = 0; q < ranks_; ++q) {
+        const int64_t rows = std::max(sent_[q] + d_sent_[q], received_[q] + d_received_[q]);
+        worst = std::max(
+            worst, attention_[q] + (q == rank ? it.ms : 0.0) + static_cast<double>(rows) * row_ms_);
+      }
+      return worst;
+    }
+    // Only `rank` changes (the usual case: a document's chunks go latest first, so no holder has
+    // rows below this one's end): it receives its largest end's growth less its rows, and sends
+    // its rows below every other holder's largest end.
+    if (below_item_ != k) {
+      below_item_ = k;
+      below_ = 0;
+      for (size_t q = 0; q < ranks_; ++q) below_ += RowsBelow(it, doc_hi_[base + q]);
+    }
+    const int64_t sent = sent_[rank] + below_ - RowsBelow(it, hi);
+    const int64_t received =
+        received_[rank] + std::max<int64_t>(0, it.end - hi) - (it.end - it.begin);
+    return std::max(
+        others, attention_[rank] + it.ms + static_cast<double>(std::max(sent, received)) * row_ms_);
+  }
+
   // Rows of item `it` below a holder's largest end `hi` (what it sends that holder).
   static int64_t RowsBelow(const Item& it, int64_t hi) {
     return std::max<int64_t>(0, std::min(hi, it.end) - it.begin);

@@ -102,23 +102,6 @@ struct DocDegreeCandidate {
   size_t shard_count = 0;
 };
 
-// PlaceDocumentDegrees' arrays sized by C (see there), kept per thread.
-struct DocDegreeScratch {
-  std::vector<double> weight, attention, sent, received, row_exact, attention_only, before,
-      pre_exact, suf_exact, pre_att, suf_att, pre_rows, suf_rows, member_rows, fixed_ms, others_ms;
-  std::vector<int64_t> tokens, pointer, pre_tokens, suf_tokens;
-  std::vector<char> moving, gather, group_fits;
-  std::vector<int> degrees;
-  DocDegreeCandidate candidates[2];
-  std::vector<DocShard> spill;
-  DocExchangeScratch exchange;
-
-  static DocDegreeScratch& OfThread() {
-    static thread_local DocDegreeScratch scratch;
-    return scratch;
-  }
-};
-
 // PlaceDocumentDegrees (below) for a mix of kKinds layer kinds (0: any number), so that the
 // common single kind is compiled without loops over kinds.
 template <size_t kKinds>
@@ -132,35 +115,21 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   const double row_ms = options.comm.RowMs(model);
   const int64_t row_bytes = options.comm.RowBytes(model);
   const double latency = options.comm.LatencyMs();
-  // The arrays sized by C live in a per-thread scratch (adaptive places every micro-batch it
-  // plans, and allocating some 40 arrays per call cost about 8% of the placement); `zeroed`
-  // clears what is read before written, `sized` only sizes the rest.
-  DocDegreeScratch& s = DocDegreeScratch::OfThread();
-  auto zeroed = [](auto& v, size_t n) -> auto& {
-    v.assign(n, {});
-    return v;
-  };
-  auto sized = [](auto& v, size_t n) -> auto& {
-    v.resize(n);
-    return v;
-  };
-  std::vector<double>& weight = sized(s.weight, kinds);
+  std::vector<double> weight(kinds);
   for (size_t k = 0; k < kinds; ++k) {
     weight[k] = static_cast<double>(mix.layers[k].second) / static_cast<double>(mix.total_layers());
   }
-  std::vector<int>& degrees = s.degrees;  // 1, 2, 4, ... below C, then C
-  degrees.clear();
+  std::vector<int> degrees;  // 1, 2, 4, ... below C, then C
   for (int g = 1; g < cp_size; g *= 2) degrees.push_back(g);
   degrees.push_back(cp_size);
   // Per rank and layer kind: attention ms, rows sent, rows received; per rank: tokens held; per
   // layer kind: whether any rank moves rows yet.
-  std::vector<double>& attention = zeroed(s.attention, ranks * kinds);
-  std::vector<double>& sent = zeroed(s.sent, ranks * kinds);
-  std::vector<double>& received = zeroed(s.received, ranks * kinds);
-  std::vector<int64_t>& tokens = zeroed(s.tokens, ranks);
-  std::vector<char>& moving = zeroed(s.moving, kinds);
-  // Per document and layer kind: the whole document's attention (degree 1's, priced once). This
-  // and the order grow with the documents, so they are not kept in the thread's scratch.
+  std::vector<double> attention(ranks * kinds);
+  std::vector<double> sent(ranks * kinds);
+  std::vector<double> received(ranks * kinds);
+  std::vector<int64_t> tokens(ranks);
+  std::vector<char> moving(kinds);
+  // Per document and layer kind: the whole document's attention (degree 1's, priced once).
   std::vector<double> whole_kind_ms(docs * kinds);
   std::vector<std::pair<double, size_t>> order;  // (whole-document ms, index), costliest first
   order.reserve(docs);
@@ -183,24 +152,25 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   spilled.resize(docs);
   const bool may_give_up = give_up_above_ms < INFINITY && mix.all_causal();
   const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
-  std::vector<int64_t>& pointer = zeroed(s.pointer, degrees.size());
+  std::vector<int64_t> pointer(degrees.size());
   const int64_t tile = out.tile = std::max<int64_t>(1, model.tile_q());
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
   // row_ms), attention alone, and the time as priced now (with the latency of moving kinds).
-  std::vector<double>& row_exact = sized(s.row_exact, ranks);
-  std::vector<double>& attention_only = sized(s.attention_only, ranks);
-  std::vector<double>& before = sized(s.before, ranks);
+  std::vector<double> row_exact(ranks);
+  std::vector<double> attention_only(ranks);
+  std::vector<double> before(ranks);
   // Prefix (ranks [0, r)) and suffix (ranks [r, C)) maxima of row_exact, attention_only, tokens,
   // and per layer kind of the rows a rank moves (max of sent and received).
-  std::vector<double>& pre_exact = sized(s.pre_exact, ranks + 1);
-  std::vector<double>& suf_exact = sized(s.suf_exact, ranks + 1);
-  std::vector<double>& pre_att = sized(s.pre_att, ranks + 1);
-  std::vector<double>& suf_att = sized(s.suf_att, ranks + 1);
-  std::vector<double>& pre_rows = sized(s.pre_rows, (ranks + 1) * kinds);
-  std::vector<double>& suf_rows = sized(s.suf_rows, (ranks + 1) * kinds);
-  std::vector<int64_t>& pre_tokens = sized(s.pre_tokens, ranks + 1);
-  std::vector<int64_t>& suf_tokens = sized(s.suf_tokens, ranks + 1);
-  for (DocDegreeCandidate& c : s.candidates) {
+  std::vector<double> pre_exact(ranks + 1);
+  std::vector<double> suf_exact(ranks + 1);
+  std::vector<double> pre_att(ranks + 1);
+  std::vector<double> suf_att(ranks + 1);
+  std::vector<double> pre_rows((ranks + 1) * kinds);
+  std::vector<double> suf_rows((ranks + 1) * kinds);
+  std::vector<int64_t> pre_tokens(ranks + 1);
+  std::vector<int64_t> suf_tokens(ranks + 1);
+  DocDegreeCandidate candidates[2];
+  for (DocDegreeCandidate& c : candidates) {
     c.shards.resize(2 * ranks);
     c.shard_ms.resize(2 * ranks * kinds);
     c.da.resize(ranks * kinds);
@@ -208,18 +178,18 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
     c.dr.resize(ranks * kinds);
     c.dt.resize(ranks);
   }
-  size_t priced = 0;  // s.candidates[priced] is the degree being priced, the other the best's
+  size_t priced = 0;  // candidates[priced] is the degree being priced, the other the best's
   // Per rank and layer kind, as a member of its group: max(sent, received) with ds, dr.
-  std::vector<double>& member_rows = sized(s.member_rows, ranks * kinds);
+  std::vector<double> member_rows(ranks * kinds);
   // Per group of a degree and layer kind: the exchange every rank pays whatever its rows (the
   // all-gather's rows x row_ms and the latency), and whether it is the all-gather; per group:
   // whether it fits and the slowest other rank's time.
-  std::vector<double>& fixed_ms = sized(s.fixed_ms, ranks * kinds);
-  std::vector<double>& others_ms = sized(s.others_ms, ranks);
-  std::vector<char>& gather = sized(s.gather, ranks * kinds);
-  std::vector<char>& group_fits = sized(s.group_fits, ranks);
-  std::vector<DocShard>& spill = s.spill;
-  DocExchangeScratch& exchange_scratch = s.exchange;
+  std::vector<double> fixed_ms(ranks * kinds);
+  std::vector<double> others_ms(ranks);
+  std::vector<char> gather(ranks * kinds);
+  std::vector<char> group_fits(ranks);
+  std::vector<DocShard> spill;
+  DocExchangeScratch exchange_scratch;
   for (const auto& [whole, i] : order) {
     const int64_t length = mb.documents[i].length;
     for (size_t r = 0; r < ranks; ++r) {
@@ -261,7 +231,7 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
       if (g > 1 && length < 2 * static_cast<int64_t>(g)) continue;  // every shard non-empty
       const int64_t n = 2 * static_cast<int64_t>(g);
       const size_t members = static_cast<size_t>(g);
-      DocDegreeCandidate& cur = s.candidates[priced];
+      DocDegreeCandidate& cur = candidates[priced];
       std::vector<DocShard>& shards = cur.shards;
       std::vector<double>& shard_ms = cur.shard_ms;
       std::vector<double>& da = cur.da;
@@ -440,7 +410,7 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
         pointer[best_degree] =
             (pointer[best_degree] + WholeTileCut(length, n, tile).PointerStep(n)) % n;
       }
-      const DocDegreeCandidate& chosen = s.candidates[priced ^ 1];
+      const DocDegreeCandidate& chosen = candidates[priced ^ 1];
       for (size_t m = 0; m < static_cast<size_t>(g); ++m) tokens[first + m] += chosen.dt[m];
       for (size_t k = 0; k < kinds; ++k) {
         for (size_t j = 0; j < chosen.shard_count; ++j) {
