@@ -62,8 +62,8 @@ fi
 "${build_dir}/pyenv/bin/python" - <<'PY'
 import importlib
 # The integrations the tests need: a missing one fails here instead of skipping its tests.
-for name in ("numpy", "pytest", "torch", "pyarrow", "hypothesis", "transformers", "accelerate",
-             "wlb"):
+for name in ("numpy", "pytest", "xdist", "torch", "pyarrow", "hypothesis", "transformers",
+             "accelerate", "wlb"):
     module = importlib.import_module(name)
     print(f"python_env: {name} {getattr(module, '__version__', '?')}")
 PY

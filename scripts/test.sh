@@ -40,8 +40,10 @@ phase "Python package (pip install . over build/, no second compile), pytest"
 # gtest_report.py, torch_attention_bench.py's signature handling) are tested here too: they run
 # on a GPU machine only once a session has one.
 scripts/python_env.sh build --reuse-build
+# One pytest worker per core (pytest-xdist): the tests take about 1.2 cores on their own, so on
+# two cores this took pytest from 261 to 177 s of wall (docs/guides/testing.md).
 pytest_status=0
-WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest python/tests \
+WLB_BUILD_DIR="$PWD/build" build/pyenv/bin/python -m pytest -n "$jobs" python/tests \
   backends/cuda/scripts/gtest_report_test.py backends/cuda/scripts/table2_repeats_test.py \
   backends/cuda/scripts/kernel_resources_test.py \
   backends/cuda/bench/test_torch_attention_bench.py \
