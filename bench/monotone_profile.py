@@ -11,10 +11,10 @@ measured, since the backward parallelises over key blocks, not query blocks. Pad
 the library's (KernelModel.analytic at a constant throughput: zero q_half, kv_half and overhead,
 so its segment_ms is the tiled kernel's padded FLOPs over the peak). Prints every raised entry.
 
-Why: a single profiling run can leave one entry a few percent off its neighbours, and planning
-(and scoring) with that table then prefers query pieces of exactly that size
-(docs/results/cp/balance.md, "A monotone table"). The envelope is a what-if for that question,
-not a model wlb plans with.
+Why: a profile can price one entry a few percent off its neighbours (a run's noise or the
+kernel's own), and planning and scoring with it then prefer query pieces of that size
+(docs/results/cp/balance.md, "the rest of the gap is 35 of the table's 103 entries"). The
+envelope is a what-if for that question, not a model wlb plans with.
 """
 import argparse
 import collections
@@ -37,6 +37,8 @@ def read_profile(path):
         try:
             q, kv = int(cells[0]), int(cells[1])
             ms = [float(c) for c in cells[2:2 + times]]
+            if len(ms) != times:
+                raise ValueError
         except (ValueError, IndexError):
             raise SystemExit(f"{path}:{n}: not a profile row: {line!r}") from None
         if q < 1 or kv < q or any(not t > 0 for t in ms):

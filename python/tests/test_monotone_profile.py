@@ -80,6 +80,7 @@ def test_bad_input_is_refused_by_name(tmp_path):
     cases = {
         "q,kv,ms\n16,16,0.1\n": "header must start with q_len,kv_len,ms",
         "q_len,kv_len,ms\n16,sixteen,0.1\n": ":2: not a profile row",
+        "q_len,kv_len,ms,bwd_ms\n16,16,0.1\n": ":2: not a profile row",
         "q_len,kv_len,ms\n32,16,0.1\n": ":2: need 1 <= q_len <= kv_len and times > 0",
         "q_len,kv_len,ms\n16,16,0\n": ":2: need 1 <= q_len <= kv_len and times > 0",
         "": "empty profile",
