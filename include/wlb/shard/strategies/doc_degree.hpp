@@ -188,7 +188,6 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   std::vector<double> others_ms(ranks);
   std::vector<char> gather(ranks * kinds);
   std::vector<char> group_fits(ranks);
-  std::vector<DocShard> spill;
   DocExchangeScratch exchange_scratch;
   for (const auto& [whole, i] : order) {
     const int64_t length = mb.documents[i].length;
@@ -380,10 +379,9 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
     // Apply the best placement, or spill the document when no whole or zig-zag placement fits
     // the cap.
     if (std::get<0>(best) == INFINITY) {
-      spill.clear();
-      SpillShards(length, cap, tokens, before, spill);
+      SpillShards(length, cap, tokens, before, spilled[i]);
+      const std::vector<DocShard>& spill = spilled[i];
       placed[i] = {0, 0, 0};
-      spilled[i] = spill;
       for (const DocShard& sh : spill) {
         tokens[static_cast<size_t>(sh.rank)] += sh.q_end - sh.q_begin;
       }
