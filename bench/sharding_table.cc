@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <random>
 #include <span>
@@ -73,6 +74,11 @@ ABSL_FLAG(bool, split_what_if, false,
           "segment cut into the whole-tile pieces the planning model prices fastest (how much of "
           "a gap to the peer's short chunks is the model pricing short query segments below long "
           "ones, and the key rows it would cost); scored, never the best");
+ABSL_FLAG(bool, finer_cut_what_if, false,
+          "balance table: add a what-if row, not a plan wlb makes: adaptive's plan, or where the "
+          "planning model prices it faster, balanced-chunks' deal of a cut twice as fine as its "
+          "finest (16 chunks' worth per rank): what adaptive would pick were that one of "
+          "balanced-chunks' deals, and the key rows it gathers; scored, never the best");
 ABSL_FLAG(std::string, plan_with, "",
           "balance table: plan with another kernel model than the scoring one: 'default' "
           "(wlb::KernelModel::Default()), 'analytic' (wlb::KernelModel::DefaultAnalytic(), the "
@@ -349,6 +355,43 @@ absl::StatusOr<wlb::ShardPlan> SplitWhereCheaper(const wlb::MicroBatch& mb,
   return b.Finish(plan.strategy, plan.requested, plan.cp_size, plan.rank_capacity);
 }
 
+// The --finer_cut_what_if row: `adaptive`'s plan, or balanced-chunks' deal of a cut of
+// 2 x kChunksPerRank chunks' worth per rank (T / 16C tokens a chunk, in whole query tiles) where
+// `model` prices that deal faster (AdaptivePriceMs, adaptive's ranking): the plan adaptive would
+// choose were this cut one of balanced-chunks' deals, under the fine cut's budget (chunks x C at
+// most kFineCutMaxChunkRanks: C = 2 and some C = 4 micro-batches of 128K, so adaptive's planning
+// at C = 8 would not change). Within the memory cap like every deal; a rank's non-adjacent chunks
+// of one document are segments of their own, each gathering keys [0, its end).
+absl::StatusOr<wlb::ShardPlan> FinerCutWhereFaster(const wlb::MicroBatch& mb,
+                                                   const wlb::ShardPlan& adaptive,
+                                                   const wlb::KernelModel& model,
+                                                   const wlb::CpPlanOptions& options) {
+  absl::StatusOr<std::vector<int64_t>> starts = wlb::detail::CheckMicroBatch(mb, adaptive.cp_size);
+  if (!starts.ok()) return starts.status();
+  const wlb::ShardPlanRequest r{.mb = mb,
+                                .starts = *starts,
+                                .cp_size = adaptive.cp_size,
+                                .requested = adaptive.requested,
+                                .model = model,
+                                .options = options};
+  const wlb::detail::ChunkCutSpec finer{.per_rank = 2 * wlb::detail::kChunksPerRank};
+  const int64_t unit = wlb::detail::BalancedChunkUnit(mb.tokens, r.cp_size, model, finer.per_rank);
+  size_t chunks = 0;
+  for (const wlb::Document& doc : mb.documents) {
+    chunks += static_cast<size_t>((doc.length + unit - 1) / unit);
+  }
+  if (chunks * static_cast<size_t>(r.cp_size) > wlb::detail::kFineCutMaxChunkRanks) return adaptive;
+  std::vector<double> whole_ms;
+  absl::StatusOr<wlb::ShardPlan> plan = wlb::detail::BalancedChunksPlan(
+      r, wlb::detail::DealBalancedChunks(r, wlb::detail::CutBalancedChunks(r, finer, whole_ms)));
+  if (!plan.ok()) return plan.status();
+  if (wlb::AdaptivePriceMs(*plan, model, options) <
+      wlb::AdaptivePriceMs(adaptive, model, options)) {
+    return plan;
+  }
+  return adaptive;
+}
+
 // Per strategy over a set of micro-batches (see BalanceTable).
 struct BalanceRow {
   double max_ms = 0, received = 0, pair_imbalance = 0;
@@ -460,10 +503,33 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
   const std::vector<int64_t> peer_chunks = {512, 1024, 2048, 4096};
   const size_t strategies = wlb::kShardStrategyCount;
   const size_t count = strategies + peer_chunks.size();  // the rows a best is taken over
-  const bool what_if = absl::GetFlag(FLAGS_split_what_if);
-  const size_t printed = count + (what_if ? 1 : 0);  // the what-if row last
+  // What-if rows, last: from adaptive's plan of the micro-batch, under the planning model.
+  struct WhatIf {
+    std::string name;
+    std::function<absl::StatusOr<wlb::ShardPlan>(const wlb::MicroBatch&, const wlb::ShardPlan&,
+                                                 const wlb::CpPlanOptions&)>
+        plan;
+  };
+  std::vector<WhatIf> what_ifs;
+  if (absl::GetFlag(FLAGS_split_what_if)) {
+    what_ifs.push_back({"what-if: adaptive, segments split where cheaper",
+                        [&](const wlb::MicroBatch& mb, const wlb::ShardPlan& adaptive,
+                            const wlb::CpPlanOptions& options) {
+                          return SplitWhereCheaper(
+                              mb, adaptive, plan_model,
+                              options.comm.GatherRowMs(plan_model) * plan_model.passes());
+                        }});
+  }
+  if (absl::GetFlag(FLAGS_finer_cut_what_if)) {
+    what_ifs.push_back({"what-if: adaptive, or a finer balanced-chunks cut where faster",
+                        [&](const wlb::MicroBatch& mb, const wlb::ShardPlan& adaptive,
+                            const wlb::CpPlanOptions& options) {
+                          return FinerCutWhereFaster(mb, adaptive, plan_model, options);
+                        }});
+  }
+  const size_t printed = count + what_ifs.size();
   auto row_name = [&](size_t k) {
-    if (k == count) return std::string("what-if: adaptive, segments split where cheaper");
+    if (k >= count) return what_ifs[k - count].name;
     return k < strategies
                ? std::string(wlb::ShardStrategyName(wlb::ShardStrategy::All()[k]))
                : absl::StrFormat("peer: chunk dispatch (%d)", peer_chunks[k - strategies]);
@@ -482,7 +548,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
         std::vector<BalanceRow> rows(printed);
         std::vector<double> ms(printed);
         std::vector<char> capped(printed);
-        wlb::ShardPlan adaptive_plan;  // the what-if row splits its segments
+        wlb::ShardPlan adaptive_plan;  // what the what-if rows start from
         for (const wlb::MicroBatch& mb : st.mbs) {
           const double mean_tokens = static_cast<double>(mb.tokens) / c;
           const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c);
@@ -492,10 +558,9 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
                     ? wlb::PlanShards(mb, c, wlb::ShardStrategy::All()[k], plan_model, options)
                 : k < count
                     ? PeerChunkDispatch(mb, c, peer_chunks[k - strategies])
-                    : SplitWhereCheaper(mb, adaptive_plan, plan_model,
-                                        options.comm.GatherRowMs(plan_model) * plan_model.passes());
+                    : what_ifs[k - count].plan(mb, adaptive_plan, options);
             if (!plan.ok()) return plan.status();
-            if (what_if && k == adaptive_row) adaptive_plan = *plan;
+            if (!what_ifs.empty() && k == adaptive_row) adaptive_plan = *plan;
             const wlb::CpPrediction p = wlb::PredictCp(*plan, score, options);
             const wlb::CpBalance b = wlb::MeasureCpBalance(*plan, score);
             int64_t most = 0;

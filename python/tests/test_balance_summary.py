@@ -15,6 +15,18 @@ def run(*paths):
                           text=True, cwd=ROOT)
 
 
+def table_cells(path):
+    """A balance table's 54 cells, (stream, C, link) -> {row name: its columns}; a row's columns
+    are its "|"-separated fields (columns[4] the row name, [5] the mean slowest rank, ...)."""
+    cells = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("| ") and not line.startswith("| stream"):
+            columns = [c.strip() for c in line.split("|")]
+            cells.setdefault(tuple(columns[1:4]), {})[columns[4]] = columns
+    assert len(cells) == 54, path
+    return cells
+
+
 def test_committed_tables_give_the_quoted_numbers():
     raw = ROOT / "docs" / "results" / "cp"
     out = run(raw / "balance_flash_table.txt", raw / "balance_gather_3350.txt")
@@ -71,13 +83,7 @@ def test_split_what_if_moves_no_token_and_closes_most_cells():
     files = sorted((ROOT / "docs" / "results" / "cp" / "split_what_if").glob("balance_*.txt"))
     assert len(files) == 16
     for path in files:
-        rows = [[c.strip() for c in row.split("|")] for row in path.read_text().splitlines()
-                if row.startswith("| ") and not row.startswith("| stream")]
-        cells = {}
-        for c in rows:
-            cells.setdefault(tuple(c[1:4]), {})[c[4]] = c
-        assert len(cells) == 54, path
-        for key, cell in cells.items():
+        for key, cell in table_cells(path).items():
             a, w = cell["adaptive"], cell[what_if]
             # pair imbalance, tokens and buffer worst, received MB: unchanged by the split
             assert (a[9], a[10], a[11], a[13]) == (w[9], w[10], w[11], w[13]), (path, key)
@@ -97,6 +103,35 @@ def test_split_what_if_moves_no_token_and_closes_most_cells():
     assert len(seeds) == 12
     assert sum(int(re.search(r"> 1%: (\d+)", line).group(1)) for line in seeds) == 3
     assert max(float(re.search(r"capped plan (\S+);", line).group(1)) for line in seeds) <= 1.023
+
+
+def test_finer_cut_what_if_stays_in_the_cap_and_closes_most_monotone_cells():
+    """docs/results/cp/finer_cut_what_if (sharding_table --balance --finer_cut_what_if, seeds 1-13
+    under the flash table and under its monotone envelope): in every cell the what-if row holds
+    tokens and buffer within the cap and is never slower than adaptive on the mean under the model
+    it was planned and scored with; the summary gives the numbers balance.md quotes."""
+    import re
+
+    what_if = "what-if: adaptive, or a finer balanced-chunks cut where faster"
+    raw = ROOT / "docs" / "results" / "cp" / "finer_cut_what_if"
+    totals = {}
+    for truth in ("flash_table", "monotone"):
+        files = [raw / f"balance_{truth}_seed{s}.txt" for s in range(1, 14)]
+        for path in files:
+            for key, cell in table_cells(path).items():
+                a, w = cell["adaptive"], cell[what_if]
+                assert float(w[10]) <= 1.01 and float(w[11]) <= 1.01, (path, key)
+                assert float(w[5]) <= float(a[5]) * (1 + 1e-9), (path, key)
+        counts = {}
+        for row in ("adaptive", what_if):
+            out = subprocess.run([sys.executable, str(SCRIPT), "--row", row, *map(str, files)],
+                                 capture_output=True, text=True, cwd=ROOT)
+            assert out.returncode == 0, out.stderr
+            lines = [line for line in out.stdout.splitlines() if "54 cells" in line]
+            assert len(lines) == 13
+            counts[row] = sum(int(re.search(r"> 1%: (\d+)", line).group(1)) for line in lines)
+        totals[truth] = (counts["adaptive"], counts[what_if])
+    assert totals == {"flash_table": (215, 175), "monotone": (26, 5)}
 
 
 def test_an_unknown_row_is_an_error_naming_it():
