@@ -374,16 +374,13 @@ absl::StatusOr<wlb::ShardPlan> FinerCutWhereFaster(const wlb::MicroBatch& mb,
                                 .requested = adaptive.requested,
                                 .model = model,
                                 .options = options};
-  const wlb::detail::ChunkCutSpec finer{.per_rank = 2 * wlb::detail::kChunksPerRank};
-  const int64_t unit = wlb::detail::BalancedChunkUnit(mb.tokens, r.cp_size, model, finer.per_rank);
-  size_t chunks = 0;
-  for (const wlb::Document& doc : mb.documents) {
-    chunks += static_cast<size_t>((doc.length + unit - 1) / unit);
-  }
-  if (chunks * static_cast<size_t>(r.cp_size) > wlb::detail::kFineCutMaxChunkRanks) return adaptive;
   std::vector<double> whole_ms;
-  absl::StatusOr<wlb::ShardPlan> plan = wlb::detail::BalancedChunksPlan(
-      r, wlb::detail::DealBalancedChunks(r, wlb::detail::CutBalancedChunks(r, finer, whole_ms)));
+  wlb::detail::ChunkCut cut =
+      wlb::detail::CutBalancedChunks(r, {.per_rank = 2 * wlb::detail::kChunksPerRank}, whole_ms);
+  const size_t chunks = cut.ledger.items().size();
+  if (chunks * static_cast<size_t>(r.cp_size) > wlb::detail::kFineCutMaxChunkRanks) return adaptive;
+  absl::StatusOr<wlb::ShardPlan> plan =
+      wlb::detail::BalancedChunksPlan(r, wlb::detail::DealBalancedChunks(r, std::move(cut)));
   if (!plan.ok()) return plan.status();
   if (wlb::AdaptivePriceMs(*plan, model, options) <
       wlb::AdaptivePriceMs(adaptive, model, options)) {
