@@ -9,12 +9,20 @@ fastest plan within the memory cap ("x capped worst"), how many cells have a mic
 than 1% behind (in all and per C), and the range of its gathered key rows; then the raw file's
 lines after the table (the micro-batch cells where a peer's plan beats every wlb plan, and
 adaptive's worst against the fastest wlb plan within the cap).
+
+    python3 bench/balance_summary.py --against BASE OTHER [OTHER ...]
+
+compares the row cell by cell with BASE's (e.g. the same command at another
+--cp_memory_cap_percent): per stream, the range over its C x link cells of the change of the
+row's mean slowest rank, its worst micro-batch against the best of all rows before -> after, and
+its fullest rank's tokens over T / C after.
 """
 import argparse
 import collections
 
 
-def summarize(path, row_name="adaptive"):
+def read_cells(path):
+    """{(stream, C, GB/s): [row cells, ...]} of a balance table, and the lines after it."""
     cells = collections.defaultdict(list)
     after = []  # the lines after the table
     with open(path) as f:
@@ -29,12 +37,42 @@ def summarize(path, row_name="adaptive"):
             cells[tuple(row[:3])].append(row)
     if not cells:
         raise SystemExit(f"{path}: no balance table rows")
+    return cells, after
+
+
+def row_of(path, cell, rows, row_name):
+    found = next((r for r in rows if r[3] == row_name), None)
+    if found is None:
+        raise SystemExit(f"{path}: no {row_name!r} row in cell {' / '.join(cell)}")
+    return found
+
+
+def compare(base_path, path, row_name="adaptive"):
+    base, _ = read_cells(base_path)
+    other, _ = read_cells(path)
+    if set(base) != set(other):
+        raise SystemExit(f"{path}: its cells differ from {base_path}'s")
+    print(f"{path} against {base_path}, {row_name}:")
+    by_stream = collections.defaultdict(list)
+    for cell in base:
+        a = row_of(base_path, cell, base[cell], row_name)
+        b = row_of(path, cell, other[cell], row_name)
+        by_stream[cell[0]].append((float(b[4]) / float(a[4]) - 1,
+                                   float(a[5].split("/")[1]), float(b[5].split("/")[1]),
+                                   float(b[9])))
+    for stream, cells in by_stream.items():
+        change = [c[0] for c in cells]
+        print(f"  {stream}: mean slowest rank {min(change):+.2%} to {max(change):+.2%}; worst "
+              f"micro-batch over the best row {max(c[1] for c in cells):.4f} -> "
+              f"{max(c[2] for c in cells):.4f}; tokens worst up to {max(c[3] for c in cells):.3f}")
+
+
+def summarize(path, row_name="adaptive"):
+    cells, after = read_cells(path)
     mean_ratio, capped_worst, over, key_means, key_worst = 0.0, 0.0, 0, [], 0.0
     over_by_c = collections.Counter({c: 0 for _, c, _ in cells})  # cells > 1% per CP size
     for (_, c, _), rows in cells.items():
-        adaptive = next((r for r in rows if r[3] == row_name), None)
-        if adaptive is None:
-            raise SystemExit(f"{path}: no {row_name!r} row in cell {' / '.join(rows[0][:3])}")
+        adaptive = row_of(path, rows[0][:3], rows, row_name)
         # The best of the rows a best is taken over (a what-if row is scored, never the best).
         best_mean = min(float(r[4]) for r in rows if not r[3].startswith("what-if"))
         mean_ratio = max(mean_ratio, float(adaptive[4]) / best_mean)
@@ -58,12 +96,17 @@ def summarize(path, row_name="adaptive"):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", nargs="+", help="sharding_table --balance outputs")
+    parser.add_argument("--against", metavar="BASE",
+                        help="compare the row of each raw output with BASE's, cell by cell")
     parser.add_argument("--row", default="adaptive",
                         help="the row to summarize (default adaptive; e.g. the --split_what_if row, "
                         "'what-if: adaptive, segments split where cheaper')")
     args = parser.parse_args()
     for path in args.raw:
-        summarize(path, args.row)
+        if args.against:
+            compare(args.against, path, args.row)
+        else:
+            summarize(path, args.row)
 
 
 if __name__ == "__main__":

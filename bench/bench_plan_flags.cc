@@ -30,9 +30,24 @@ ABSL_FLAG(uint64_t, seed, 1, "seed for sampling the embedded distribution");
 namespace wlb::bench {
 namespace {
 
-// The CP link: a plan key, but here not of the spec (the benches predict the exchange of every
-// strategy with it, not only doc-degree's plans).
-constexpr std::string_view kCpLink = "cp_link_gbps";
+// The CP link and memory cap: plan keys, but here not of the spec (the benches plan and predict
+// every strategy with them, not only the spec's strategy). Each moves the spec's value into the
+// options and back to the default in the spec.
+struct BenchCpKey {
+  std::string_view key;
+  void (*move)(PlanSpec& spec, CpPlanOptions& options);
+};
+constexpr BenchCpKey kBenchCpKeys[] = {
+    {"cp_link_gbps",
+     [](PlanSpec& spec, CpPlanOptions& options) {
+       options.comm.link_gbps = std::exchange(spec.cp_link_gbps, PlanSpec{}.cp_link_gbps);
+     }},
+    {"cp_memory_cap_percent",
+     [](PlanSpec& spec, CpPlanOptions& options) {
+       options.memory_cap_percent =
+           std::exchange(spec.cp_memory_cap_percent, PlanSpec{}.cp_memory_cap_percent);
+     }},
+};
 
 // The shared plan flags the program takes (ParseFlags).
 std::vector<std::string>& Takes() {
@@ -124,11 +139,15 @@ absl::StatusOr<BenchPlan> PlanFromFlags() {
                            .distribution = absl::GetFlag(FLAGS_distribution),
                            .seed = absl::GetFlag(FLAGS_seed)},
                  .cp = {}};
-  plan.cp.comm.link_gbps = plan.spec.cp_link_gbps;
-  plan.spec.given.erase(std::string(kCpLink));
-  plan.spec.cp_link_gbps = PlanSpec{}.cp_link_gbps;
-  if (absl::Status s = ValidateCpPlanOptions(plan.cp); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--cp_link_gbps: ", s.message()));
+  for (const BenchCpKey& k : kBenchCpKeys) {
+    CpPlanOptions only;  // the defaults but for this key: the error is about its value
+    PlanSpec spec = plan.spec;
+    k.move(spec, only);
+    if (absl::Status s = ValidateCpPlanOptions(only); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", std::string(k.key), ": ", s.message()));
+    }
+    k.move(plan.spec, plan.cp);
+    plan.spec.given.erase(std::string(k.key));
   }
   return plan;
 }

@@ -1,8 +1,9 @@
 // The flags the table benches (bench/*_table.cc) share, defined once in bench_plan_flags.cc:
 // the input (--docs, --distribution, --seed, Abseil flags) and the plan settings of
 // wlb::kPlanSettings offered to benches (kBenchFlag: --packer, --context, --max_tokens,
-// --micro_batches, --cost, --queues, --lookahead, --attention_range, and --cp_link_gbps, the CP
-// link of the predictions), spelled as wlb-plan spells them. Each bench says which plan flags it
+// --micro_batches, --cost, --queues, --lookahead, --attention_range, and --cp_link_gbps and
+// --cp_memory_cap_percent, the CP link and memory cap of the plans and predictions), spelled as
+// wlb-plan spells them. Each bench says which plan flags it
 // takes; --steps (its default and meaning differ per bench) and the bench's own flags stay in its
 // file.
 //
@@ -31,7 +32,7 @@ void ParseFlags(int argc, char** argv, std::string_view usage,
 struct BenchPlan {
   PlanSpec spec;       // the plan keys taken; those on the command line are given
   InputOptions input;  // --docs, --distribution, --seed (steps: the bench's)
-  CpPlanOptions cp;    // the K/V link of --cp_link_gbps, checked
+  CpPlanOptions cp;    // --cp_link_gbps's K/V link and --cp_memory_cap_percent's cap, checked
 };
 
 // The parsed shared flags (ParseFlags). A taken plan flag on the command line is a given key of

@@ -48,7 +48,9 @@
 #include "wlb/wlb.hpp"
 
 // Shared flags (bench_plan_flags.hpp): --docs, --distribution, --seed, --packer (whose
-// micro-batches are sharded), --micro_batches, --cp_link_gbps (the exchange table's link).
+// micro-batches are sharded), --micro_batches, --cp_link_gbps (the exchange table's link),
+// --cp_memory_cap_percent (the memory cap every table plans with and the balance table's "x
+// capped" scores within).
 ABSL_FLAG(int64_t, steps, 50, "steps of input per context window (>= 1)");
 ABSL_FLAG(std::string, csv, "",
           "also write S,C,strategy,pair_imbalance_mean,model_imbalance_mean,max_rank_ms_mean");
@@ -448,14 +450,15 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
       "wlb::AdaptivePriceMs under %s: %s + the exchange wlb::ChooseExchange picks over the link + "
       "10 us per collective%s; planned with %s. Per micro-batch: a strategy's slowest rank over "
       "the fastest plan of all rows (x best), of the wlb strategies only (x best wlb) and of the "
-      "rows within the memory cap of 1.01 x T / C (x capped); tokens and buffer (rank_capacity) of "
+      "rows within the memory cap of %.2f x T / C (x capped); tokens and buffer (rank_capacity) of "
       "the fullest rank over T / C; key rows: the most key rows a rank gathers for its varlen "
       "call (the sum of its segments' key lengths, cu_seqlens_k's last entry) over T / C. Means "
       "and worst over micro-batches.\n\n",
       model_name.c_str(),
       score.has_packed_calls() ? "each rank's segments as one call, forward + backward"
                                : "attention forward",
-      extra_price.c_str(), plan_name.c_str());
+      extra_price.c_str(), plan_name.c_str(),
+      static_cast<double>(shared.cp.memory_cap_percent) / 100.0);
   std::printf(
       "| stream | C | GB/s | strategy | slowest ms (mean) | x best mean / worst | x best wlb worst "
       "| "
@@ -548,7 +551,7 @@ absl::Status BalanceTable(const wlb::bench::BenchPlan& shared, int64_t steps,
         wlb::ShardPlan adaptive_plan;  // what the what-if rows start from
         for (const wlb::MicroBatch& mb : st.mbs) {
           const double mean_tokens = static_cast<double>(mb.tokens) / c;
-          const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c);
+          const int64_t cap = wlb::CpRankTokenCap(mb.tokens, c, options.memory_cap_percent);
           for (size_t k = 0; k < printed; ++k) {
             absl::StatusOr<wlb::ShardPlan> plan =
                 k < strategies
@@ -712,7 +715,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   wlb::bench::ParseFlags(argc, argv, "Compares CP shard strategies by CP size and context window.",
-                         {"packer", "micro_batches", "cp_link_gbps"});
+                         {"packer", "micro_batches", "cp_link_gbps", "cp_memory_cap_percent"});
   if (absl::Status s = Run(); !s.ok()) {
     std::fprintf(stderr, "sharding_table: %s\n", std::string(s.message()).c_str());
     return 1;

@@ -1,8 +1,9 @@
 // Fuzzes CP shard planning: the input picks a CP size, a strategy, a link, a layer mix, whether the
-// key copy is priced, and the micro-batch's document lengths. Every strategy must plan every such
-// micro-batch: a complete plan (ValidateShardPlan: every token once, keys the piece's prefix,
-// consistent cu_seqlens), the same plan twice, a finite prediction, and for the strategies that
-// cap memory (adaptive, doc-degree, balanced-chunks, contiguous) no rank above CpRankTokenCap.
+// key copy is priced, the memory cap, and the micro-batch's document lengths. Every strategy must
+// plan every such micro-batch: a complete plan (ValidateShardPlan: every token once, keys the
+// piece's prefix, consistent cu_seqlens), the same plan twice, a finite prediction, and for the
+// strategies that cap memory (uses.memory_cap: adaptive, doc-degree, balanced-chunks, contiguous)
+// no rank above CpRankTokenCap at that cap.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (knobs & 16) options.mix = *wlb::LayerMix::Parse(absl::StrFormat("chunk:%dx2,causal", window));
   static const wlb::KernelModel analytic = wlb::KernelModel::DefaultAnalytic();
   const wlb::KernelModel& model = knobs & 32 ? wlb::KernelModel::Default() : analytic;
+  // The memory cap: the default, the tightest, a loose one, or none.
+  const int64_t caps[] = {wlb::kDefaultCpMemoryCapPercent, 100, 150, wlb::kMaxCpMemoryCapPercent};
+  options.memory_cap_percent = caps[knobs >> 6];
   // Lengths: 2 bytes each (1..65535 tokens; 0xffff means 2^20), at most max_tokens in all.
   wlb::MicroBatch mb;
   while (!in.done() && mb.documents.size() < max_docs) {
@@ -71,10 +75,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   WLB_FUZZ_CHECK(again.ok() && *again == *plan);
   const wlb::CpPrediction p = wlb::PredictCp(*plan, model, options);
   WLB_FUZZ_CHECK(std::isfinite(p.max_ms) && p.max_ms >= 0.0);
-  if (strategy == wlb::ShardStrategy("adaptive") || strategy == wlb::ShardStrategy("doc-degree") ||
-      strategy == wlb::ShardStrategy("balanced-chunks") ||
-      strategy == wlb::ShardStrategy("contiguous")) {
-    WLB_FUZZ_CHECK(plan->rank_capacity <= wlb::CpRankTokenCap(mb.tokens, cp));
+  if (wlb::ShardStrategyRow(strategy).uses.memory_cap) {
+    WLB_FUZZ_CHECK(plan->rank_capacity <=
+                   wlb::CpRankTokenCap(mb.tokens, cp, options.memory_cap_percent));
   }
   return 0;
 }

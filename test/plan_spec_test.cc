@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -113,6 +114,25 @@ TEST(PlanSpec, AnOptionThePlanDoesNotUseIsAnError) {
       ValidateError({{"cp", "4"}, {"sharding", "balanced-chunks"}, {"cp_gather_gbps", "2e6"}}),
       HasSubstr("--cp-gather-gbps: CP key gather bandwidth must be in [0, 1e6] GB/s (0: "
                 "not priced), got 2e+06"));
+  // The memory cap: read by the strategies that cap memory, in [100, 409700] percent.
+  EXPECT_EQ(ValidateError({{"cp", "4"}, {"cp_memory_cap_percent", "125"}}), "");
+  EXPECT_EQ(
+      ValidateError({{"cp", "4"}, {"sharding", "contiguous"}, {"cp_memory_cap_percent", "100"}}),
+      "");
+  EXPECT_THAT(
+      ValidateError({{"cp", "4"}, {"sharding", "hybrid"}, {"cp_memory_cap_percent", "125"}}),
+      HasSubstr("--cp-memory-cap-percent is not used by this run: it applies to --cp with "
+                "--sharding adaptive, doc-degree, balanced-chunks or contiguous"));
+  EXPECT_THAT(ValidateError({{"cp_memory_cap_percent", "125"}}),
+              HasSubstr("--cp-memory-cap-percent is not used by this run"));
+  for (const char* bad : {"99", "0", "-101", "409701", "9223372036854775807"}) {
+    EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_memory_cap_percent", bad}}),
+                HasSubstr(absl::StrCat("--cp-memory-cap-percent: CP memory cap must be in [100, "
+                                       "409700] percent of T / C (101: 1.01 x T / C), got ",
+                                       bad)));
+  }
+  EXPECT_THAT(ValidateError({{"cp", "4"}, {"cp_memory_cap_percent", "1.25"}}),
+              HasSubstr("'1.25' is not an integer"));
   // A wlb comparison (wlb-plan's table) uses the thresholds whatever the packer.
   absl::StatusOr<PlanSpec> spec = ParsePlanSpec({{"packer", "original"}, {"queues", "3"}});
   ASSERT_TRUE(spec.ok());

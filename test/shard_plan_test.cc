@@ -1667,20 +1667,67 @@ TEST(MemoryCapTest, CapIsOnePercentOverTheMeanButNeverBelowEqualChunks) {
   }
 }
 
-// adaptive (the default), doc-degree and balanced-chunks hold no rank above the cap, on every
-// shape of micro-batch, C, link and mask mix, and their plans are valid.
+// The cap at other percentages: 101 is the default, the part over 100% rounds down, a larger
+// percentage never gives a smaller cap, and kMaxCpMemoryCapPercent is no cap at all.
+TEST(MemoryCapTest, CapPercentScalesTheMeanFromTheDefault) {
+  EXPECT_EQ(CpRankTokenCap(131072, 8, 125), 16384 + 4096);
+  EXPECT_EQ(CpRankTokenCap(131072, 8, 100), 16384);
+  EXPECT_EQ(CpRankTokenCap(131072, 8, 199), 16384 + 16220);
+  EXPECT_EQ(CpRankTokenCap(10, 4, 100), 4);  // never below what per-seq gives a rank
+  std::mt19937_64 rng(5707);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int64_t t = std::uniform_int_distribution<int64_t>(1, kMaxStreamTokens)(rng);
+    const int c = std::uniform_int_distribution<int>(1, kMaxCpSize)(rng);
+    const int64_t p = std::uniform_int_distribution<int64_t>(100, kMaxCpMemoryCapPercent - 1)(rng);
+    SCOPED_TRACE(absl::StrFormat("t %d c %d p %d", t, c, p));
+    EXPECT_EQ(CpRankTokenCap(t, c), CpRankTokenCap(t, c, kDefaultCpMemoryCapPercent));
+    const int64_t cap = CpRankTokenCap(t, c, p);
+    EXPECT_GE(cap, 2 * ((t + 2 * c - 1) / (2 * c)));
+    EXPECT_LE(cap, CpRankTokenCap(t, c, p + 1));
+    EXPECT_LE(static_cast<double>(cap),
+              std::max(static_cast<double>(p) / 100 * static_cast<double>(t) / c + 1,
+                       static_cast<double>(t) / c + 2.0));
+    EXPECT_GE(CpRankTokenCap(t, c, kMaxCpMemoryCapPercent), t);
+  }
+}
+
+// A memory cap outside [100, kMaxCpMemoryCapPercent] is an error naming it, for every strategy.
+TEST(MemoryCapTest, CapOutsideItsRangeIsAnError) {
+  const MicroBatch mb = MakeMicroBatch({4096, 1000, 300});
+  for (int64_t bad : {int64_t{99}, int64_t{0}, int64_t{-5}, kMaxCpMemoryCapPercent + 1,
+                      std::numeric_limits<int64_t>::max()}) {
+    for (ShardStrategy s : ShardStrategy::All()) {
+      absl::StatusOr<ShardPlan> plan =
+          PlanShards(mb, 4, s, KernelModel::Default(), CpPlanOptions{.memory_cap_percent = bad});
+      ASSERT_FALSE(plan.ok()) << ShardStrategyName(s) << " " << bad;
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(plan.status().message()),
+                  ::testing::HasSubstr(absl::StrCat("CP memory cap must be in [100, ",
+                                                    kMaxCpMemoryCapPercent,
+                                                    "] percent of T / C "
+                                                    "(101: 1.01 x T / C), got ",
+                                                    bad)));
+    }
+  }
+}
+
+// adaptive (the default) and the other strategies that cap memory (uses.memory_cap: doc-degree,
+// balanced-chunks, contiguous) hold no rank above the cap, on every shape of micro-batch, C, link,
+// mask mix and memory cap, and their plans are valid.
 TEST(MemoryCapTest, BalancedStrategiesStayWithinTheCap) {
   std::mt19937_64 rng(5702);
   const KernelModel model = KernelModel::Default();
   const int iterations = testing::PropertyIterations(400);
+  const int64_t caps[] = {kDefaultCpMemoryCapPercent, 100, 110, 150, 400, kMaxCpMemoryCapPercent};
   for (int iter = 0; iter < iterations; ++iter) {
     const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
     const int cp = std::uniform_int_distribution<int>(1, 16)(rng);
-    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]}};
+    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{0.5, 25, 450}[iter % 3]},
+                          .memory_cap_percent = caps[iter % std::size(caps)]};
     if (iter % 4 == 1) options.mix = *LayerMix::Parse("window:700x3,causal");
-    const int64_t cap = CpRankTokenCap(mb.tokens, cp);
-    for (ShardStrategy s : {ShardStrategy("adaptive"), ShardStrategy("doc-degree"),
-                            ShardStrategy("balanced-chunks")}) {
+    const int64_t cap = CpRankTokenCap(mb.tokens, cp, options.memory_cap_percent);
+    for (ShardStrategy s : ShardStrategy::All()) {
+      if (!ShardStrategyRow(s).uses.memory_cap) continue;
       SCOPED_TRACE(
           absl::StrFormat("iter %d cp %d %s tokens %d", iter, cp, ShardStrategyName(s), mb.tokens));
       absl::StatusOr<ShardPlan> plan = PlanShards(mb, cp, s, model, options);
@@ -1690,6 +1737,42 @@ TEST(MemoryCapTest, BalancedStrategiesStayWithinTheCap) {
       for (const RankShard& r : plan->ranks) EXPECT_LE(r.tokens, cap);
     }
   }
+}
+
+// With a larger cap adaptive weighs the candidates within that cap: never predicted slower than
+// any of them (hybrid, whose whole documents follow cost, among them once the cap admits it).
+TEST(MemoryCapTest, AdaptiveIsTheFastestCandidateWithinALargerCap) {
+  std::mt19937_64 rng(5708);
+  const KernelModel model = KernelModel::Default();
+  const int iterations = testing::PropertyIterations(120);
+  int hybrid_picked = 0;
+  for (int iter = 0; iter < iterations; ++iter) {
+    const MicroBatch mb = RandomMicroBatch(rng, static_cast<Shape>(iter % 4));
+    const int cp = std::uniform_int_distribution<int>(2, 8)(rng);
+    CpPlanOptions options{.comm = {.link_gbps = std::vector<double>{25, 450}[iter % 2]},
+                          .memory_cap_percent = iter % 3 == 0 ? kMaxCpMemoryCapPercent : 125};
+    SCOPED_TRACE(absl::StrFormat("iter %d cp %d cap %d%% tokens %d", iter, cp,
+                                 options.memory_cap_percent, mb.tokens));
+    const int64_t cap = CpRankTokenCap(mb.tokens, cp, options.memory_cap_percent);
+    const auto price = [&](const ShardPlan& p) { return AdaptivePriceMs(p, model, options); };
+    absl::StatusOr<ShardPlan> ad = PlanShards(mb, cp, ShardStrategy("adaptive"), model, options);
+    ASSERT_TRUE(ad.ok()) << ad.status();
+    EXPECT_LE(ad->rank_capacity, cap);
+    hybrid_picked += ad->strategy == ShardStrategy("hybrid");
+    double best = INFINITY;
+    for (ShardStrategy s : {ShardStrategy("per-seq-ordered"), ShardStrategy("per-doc"),
+                            ShardStrategy("hybrid"), ShardStrategy("per-seq"),
+                            ShardStrategy("balanced-chunks"), ShardStrategy("contiguous")}) {
+      absl::StatusOr<ShardPlan> p = PlanShards(mb, cp, s, model, options);
+      ASSERT_TRUE(p.ok()) << p.status();
+      if (s == ShardStrategy("hybrid") && options.memory_cap_percent == kMaxCpMemoryCapPercent) {
+        EXPECT_LE(p->rank_capacity, cap);  // no cap: every plan is a candidate
+      }
+      if (p->rank_capacity <= cap) best = std::min(best, price(*p));
+    }
+    EXPECT_LE(price(*ad), best * (1 + 1e-12));
+  }
+  EXPECT_GT(hybrid_picked, 0);  // the larger cap does admit plans the default holds back
 }
 
 // A document that no whole or zig-zag placement fits is cut into contiguous pieces over the ranks
@@ -2068,7 +2151,7 @@ TEST(ContiguousTest, RunsInOrderWithinTheCapCutAtDocumentStarts) {
     ASSERT_TRUE(ValidateShardPlan(plan, mb).ok()) << ValidateShardPlan(plan, mb);
     const int64_t cap = CpRankTokenCap(mb.tokens, cp);
     EXPECT_LE(plan.rank_capacity, cap);
-    const std::vector<int64_t> bound = detail::ContiguousBounds(starts, cp);
+    const std::vector<int64_t> bound = detail::ContiguousBounds(starts, cp, cap);
     ASSERT_EQ(bound.size(), static_cast<size_t>(cp) + 1);
     EXPECT_EQ(bound.front(), 0);
     EXPECT_EQ(bound.back(), mb.tokens);

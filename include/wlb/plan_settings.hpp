@@ -49,7 +49,7 @@ struct PlanSettings {
   PackerOptions options;
   int32_t cp_size = -1;  // -1: no shard plans
   ShardStrategy strategy = ShardStrategy("adaptive");
-  CpPlanOptions cp_options;  // cp_link_gbps, and a masked cost's layer mix
+  CpPlanOptions cp_options;  // cp_link_gbps, cp_gather_gbps, the memory cap, a masked layer mix
 };
 
 struct PlanSpec {
@@ -73,6 +73,7 @@ struct PlanSpec {
   std::string sharding = "adaptive";
   double cp_link_gbps = kDefaultCpLinkGbps;
   double cp_gather_gbps = 0.0;  // CommModel::gather_gbps (0: the key rows' copy is not priced)
+  int64_t cp_memory_cap_percent = kDefaultCpMemoryCapPercent;  // CpPlanOptions::memory_cap_percent
   std::string kernel_profile;  // empty: KernelModel::Default() (the measured H100 flash table)
 
   // What else the caller does with this spec (wlb-plan's table compares against wlb with these
@@ -376,6 +377,13 @@ inline constexpr PlanSetting kPlanSettings[] = {
      "kernel that reads keys in place; in [0, 1e6]",
      0, nullptr, nullptr, kWlbPlanFlag, "3350", detail::ParseMember<&PlanSpec::cp_gather_gbps>,
      detail::ShowMember<&PlanSpec::cp_gather_gbps>},
+    {"cp_memory_cap_percent", SettingType::kInt, "CP shard plans",
+     "the most tokens one CP rank may hold, in percent of T / C, for --sharding "
+     "{memory_cap_strategies} (default 101: 1.01 x T / C; a larger cap lets adaptive trade memory "
+     "for time, e.g. on a slow link); in [100, 409700]",
+     0, nullptr, nullptr, kWlbPlanFlag | kBenchFlag, "125",
+     detail::ParseMember<&PlanSpec::cp_memory_cap_percent>,
+     detail::ShowMember<&PlanSpec::cp_memory_cap_percent>},
     {"kernel_profile", SettingType::kString, "CP shard plans",
      "with --cp or --estimate: kernel profile CSV (q_len,kv_len,ms) for the kernel model; empty "
      "= the default (CP plans: the measured H100 flash table; --estimate: the analytic curve for "
@@ -383,6 +391,9 @@ inline constexpr PlanSetting kPlanSettings[] = {
      0, nullptr, nullptr, kWlbPlanFlag, "kernels.csv",
      detail::ParseMember<&PlanSpec::kernel_profile>, detail::ShowMember<&PlanSpec::kernel_profile>},
 };
+
+static_assert(kMaxCpMemoryCapPercent == 409700,
+              "kPlanSettings: cp_memory_cap_percent's help names the range");
 
 // The row of `key` (spelled with '_' or '-'), or nullptr.
 inline const PlanSetting* FindPlanSetting(std::string_view key) {
@@ -418,8 +429,8 @@ inline std::string PlanSettingReaders(const PlanSetting& row) {
 }
 
 // The row's help text with the registries' names in place of "{packers}", "{strategies}",
-// "{cp_link_strategies}" and "{key_copy_strategies}", after the names of the packers that read a
-// packer option.
+// "{cp_link_strategies}", "{key_copy_strategies}" and "{memory_cap_strategies}", after the names
+// of the packers that read a packer option.
 inline std::string PlanSettingHelp(const PlanSetting& row) {
   std::string help = absl::StrReplaceAll(
       row.help,
@@ -427,8 +438,10 @@ inline std::string PlanSettingHelp(const PlanSetting& row) {
        {"{strategies}", ShardStrategyNameList(" or ")},
        {"{cp_link_strategies}",
         ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) { return i.uses.cp_link; })},
-       {"{key_copy_strategies}", ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) {
-          return i.uses.key_copy;
+       {"{key_copy_strategies}",
+        ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) { return i.uses.key_copy; })},
+       {"{memory_cap_strategies}", ShardStrategyNameList(" or ", [](const ShardStrategyInfo& i) {
+          return i.uses.memory_cap;
         })}});
   if (row.readers == 0) return help;
   std::string readers = PackerNamesReading(row.readers, "/");

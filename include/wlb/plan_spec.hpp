@@ -154,26 +154,37 @@ inline absl::StatusOr<PlanSettings> PlanSpec::Validate() const {
   s.strategy = *strategy;
   s.cp_options.comm.link_gbps = cp_link_gbps;
   s.cp_options.comm.gather_gbps = cp_gather_gbps;
+  s.cp_options.memory_cap_percent = cp_memory_cap_percent;
   if (masked.ok()) s.cp_options.mix = masked->mix;  // adaptive and doc-degree plan for its masks
-  // A given CommModel setting must be read by the strategy (its uses bit) and valid.
-  struct CommSetting {
+  // A given CpPlanOptions setting must be read by the strategy (its uses bit) and valid.
+  struct CpSetting {
     const char* key;
     bool ShardStrategyUses::*used;
-    double CommModel::*field;
+    // Copies the setting from `from` into `to` (options at their defaults otherwise).
+    void (*copy)(const CpPlanOptions& from, CpPlanOptions& to);
   };
-  constexpr CommSetting kCommSettings[] = {
-      {"cp_link_gbps", &ShardStrategyUses::cp_link, &CommModel::link_gbps},
-      {"cp_gather_gbps", &ShardStrategyUses::key_copy, &CommModel::gather_gbps}};
-  for (const CommSetting& c : kCommSettings) {
+  constexpr CpSetting kCpSettings[] = {{"cp_link_gbps", &ShardStrategyUses::cp_link,
+                                        [](const CpPlanOptions& from, CpPlanOptions& to) {
+                                          to.comm.link_gbps = from.comm.link_gbps;
+                                        }},
+                                       {"cp_gather_gbps", &ShardStrategyUses::key_copy,
+                                        [](const CpPlanOptions& from, CpPlanOptions& to) {
+                                          to.comm.gather_gbps = from.comm.gather_gbps;
+                                        }},
+                                       {"cp_memory_cap_percent", &ShardStrategyUses::memory_cap,
+                                        [](const CpPlanOptions& from, CpPlanOptions& to) {
+                                          to.memory_cap_percent = from.memory_cap_percent;
+                                        }}};
+  for (const CpSetting& c : kCpSettings) {
     if (!Given(c.key)) continue;
     const auto reads = [&c](const ShardStrategyInfo& i) { return i.uses.*c.used; };
     if (!reads(ShardStrategyRow(s.strategy)) || s.cp_size < 1) {
       return UnusedOption(
           c.key, "it applies to --cp with --sharding " + ShardStrategyNameList(" or ", reads));
     }
-    CommModel only;  // the defaults but for this setting: the error is about its value
-    only.*c.field = s.cp_options.comm.*c.field;
-    if (absl::Status st = ValidateCommModel(only); !st.ok()) {
+    CpPlanOptions only;  // the defaults but for this setting: the error is about its value
+    c.copy(s.cp_options, only);
+    if (absl::Status st = ValidateCpPlanOptions(only); !st.ok()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s: %s", FlagSpelling(c.key), st.message()));
     }

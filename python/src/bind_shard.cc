@@ -305,7 +305,15 @@ void BindShards(nb::module_& m) {
       "of " +
       wlb::ShardStrategyNameList(" and ",
                                  [](const wlb::ShardStrategyInfo& i) { return i.uses.key_copy; }) +
-      " and cp_prediction.";
+      " and cp_prediction. cp_memory_cap_percent (the most tokens one rank may hold, in percent of "
+      "T / C, in [100, " +
+      std::to_string(wlb::kMaxCpMemoryCapPercent) + "]; " +
+      std::to_string(wlb::kDefaultCpMemoryCapPercent) +
+      ", the default, is 1.01 x T / C; larger lets adaptive trade memory for time) caps every "
+      "rank of " +
+      wlb::ShardStrategyNameList(
+          " and ", [](const wlb::ShardStrategyInfo& i) { return i.uses.memory_cap; }) +
+      ".";
   m.def(
       "shard_strategy_names",
       [] {
@@ -320,7 +328,8 @@ void BindShards(nb::module_& m) {
       "plan_shards",
       [](nb::handle micro_batch, int cp, const std::string& strategy,
          std::optional<wlb::KernelModel> kernel_model, double cp_link_gbps,
-         const std::string& layer_mix, double cp_latency_us, double cp_gather_gbps) {
+         const std::string& layer_mix, double cp_latency_us, double cp_gather_gbps,
+         int64_t cp_memory_cap_percent) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
         const wlb::KernelModel& model = kernel_model ? *kernel_model : wlb::KernelModel::Default();
@@ -328,6 +337,7 @@ void BindShards(nb::module_& m) {
                                             .latency_us = cp_latency_us,
                                             .gather_gbps = cp_gather_gbps}};
         options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
+        options.memory_cap_percent = cp_memory_cap_percent;
         auto out = std::make_shared<PyShardPlan>();
         out->mix = options.mix;
         out->comm = options.comm;
@@ -355,10 +365,12 @@ void BindShards(nb::module_& m) {
       "micro_batch"_a, "cp"_a, "strategy"_a = "adaptive", "kernel_model"_a = nb::none(),
       "cp_link_gbps"_a = wlb::kDefaultCpLinkGbps, "layer_mix"_a = "causal",
       "cp_latency_us"_a = wlb::kDefaultCpLatencyUs, "cp_gather_gbps"_a = 0.0,
+      "cp_memory_cap_percent"_a = wlb::kDefaultCpMemoryCapPercent,
       nb::sig("def plan_shards(micro_batch: MicroBatch | Documents | numpy.typing.ArrayLike, cp: "
               "int, strategy: str = 'adaptive', kernel_model: KernelModel | None = None, "
               "cp_link_gbps: float = 450.0, layer_mix: str = 'causal', "
-              "cp_latency_us: float = 10.0, cp_gather_gbps: float = 0.0) -> ShardPlan"),
+              "cp_latency_us: float = 10.0, cp_gather_gbps: float = 0.0, "
+              "cp_memory_cap_percent: int = 101) -> ShardPlan"),
       plan_shards_doc.c_str());
 }
 

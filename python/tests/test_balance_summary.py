@@ -140,3 +140,47 @@ def test_an_unknown_row_is_an_error_naming_it():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode != 0
     assert "no 'no-such-strategy' row in cell" in out.stderr
+
+
+def test_a_larger_memory_cap_holds_what_its_readme_says():
+    """docs/results/cp/memory_cap/README.md: with the cap at 125% and with none, no cell of the
+    committed streams is slower than at the default, and the fullest rank stays within the cap;
+    --against prints the quoted ranges."""
+    raw = ROOT / "docs" / "results" / "cp"
+    base = table_cells(raw / "balance_flash_table.txt")
+    for name, cap in (("balance_flash_table_cap125.txt", 1.25),
+                      ("balance_flash_table_cap409700.txt", None)):
+        other = table_cells(raw / "memory_cap" / name)
+        assert set(other) == set(base)
+        for cell, rows in other.items():
+            assert float(rows["adaptive"][5]) <= float(base[cell]["adaptive"][5]), (name, cell)
+            if cap is not None:
+                assert float(rows["adaptive"][10]) <= cap and float(rows["adaptive"][11]) <= cap
+    out = run("--against", raw / "balance_flash_table.txt",
+              raw / "memory_cap" / "balance_flash_table_cap125.txt")
+    assert out.returncode == 0, out.stderr
+    assert ("small micro-batches, 8K-32K tokens (synthetic): mean slowest rank -16.18% to -2.44%; "
+            "worst micro-batch over the best row 2.4709 -> 1.9625; tokens worst up to 1.250"
+            ) in out.stdout
+    # a table of other cells is refused
+    mismatch = run("--against", raw / "memory_cap" / "balance_pareto_cap101.txt",
+                   raw / "balance_flash_table.txt")
+    assert mismatch.returncode != 0 and "cells differ" in mismatch.stderr
+
+
+def test_stress_lengths_are_the_same_files_everywhere(tmp_path):
+    """bench/stress_lengths.py (the memory-cap README's other shapes): a seeded shape is the same
+    file on every run, holds the tokens asked for, and an unknown shape is an error naming it."""
+    import hashlib
+    import json
+    script = ROOT / "bench" / "stress_lengths.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path), "longtail", "full"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    longtail = (tmp_path / "longtail.json").read_bytes()
+    assert hashlib.sha256(longtail).hexdigest()[:16] == "49eff2313fb4f976"
+    full = json.loads((tmp_path / "full.json").read_text())
+    assert set(full) == {131072} and sum(full) >= 52 * 4 * 131072
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path), "zipf"], capture_output=True,
+                         text=True)
+    assert bad.returncode != 0 and "unknown shape 'zipf'" in bad.stderr

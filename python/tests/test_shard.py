@@ -76,7 +76,10 @@ def test_index_arrays_cover_every_token_once():
         # doc-degree under a slow, a default and a fast link, causal or with local layers
         link = [1.0, 450.0, 1e5][trial % 3]
         mix = ["causal", "window:300x5,causal", "chunk:512x3,causal"][trial % 3]
-        plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix)
+        # the memory cap: the default, the tightest, a loose one, none
+        cap_percent = [101, 100, 125, 409700][trial % 4]
+        plan = wlb.plan_shards(lengths, cp, strategy, cp_link_gbps=link, layer_mix=mix,
+                               cp_memory_cap_percent=cap_percent)
         assert plan.requested == strategy
         assert (plan.mask is None) == (mix != "causal")  # a mix of two masks: pick one
         # adaptive's candidates (adaptive.hpp); doc-degree keeps its greedy plan or per-doc,
@@ -89,7 +92,7 @@ def test_index_arrays_cover_every_token_once():
         if strategy in ("adaptive", "doc-degree", "balanced-chunks", "contiguous"):
             # the memory cap (wlb::CpRankTokenCap)
             total, mean = int(np.sum(lengths)), int(np.sum(lengths)) // cp
-            cap = max(2 * -(-total // (2 * cp)), mean + mean // 100)
+            cap = max(2 * -(-total // (2 * cp)), mean + mean * (cap_percent - 100) // 100)
             assert plan.rank_capacity <= cap
         for mask in ("causal", mix.split("x")[0]):
             check_plan(plan.for_mask(mask), lengths)
@@ -213,6 +216,26 @@ def test_gather_rate_prices_each_ranks_key_rows():
     assert fewer > 0
     with pytest.raises(ValueError, match=r"key gather bandwidth must be in \[0, 1e6\].*got -1"):
         wlb.plan_shards([5, 19, 8], 2, cp_gather_gbps=-1.0)
+
+
+def test_memory_cap_trades_memory_for_time():
+    """cp_memory_cap_percent: above the default 101 adaptive may hold more tokens on a rank; on
+    a long document among many short ones over a slow link its plan then moves fewer K/V rows,
+    predicted faster than its plan within 1.01 x T / C."""
+    lengths = [49152] + [512] * 160
+    cp, link = 8, 25.0
+    capped = wlb.plan_shards(lengths, cp, cp_link_gbps=link)
+    loose = wlb.plan_shards(lengths, cp, cp_link_gbps=link, cp_memory_cap_percent=150)
+    check_plan(loose, lengths)
+    mean = sum(lengths) // cp
+    assert capped.rank_capacity <= mean + mean // 100
+    assert mean + mean // 100 < loose.rank_capacity <= mean + mean // 2
+    assert loose.cp_prediction["max_ms"] < capped.cp_prediction["max_ms"]
+    for bad in (99, 0, -3, 409701):
+        with pytest.raises(ValueError, match=rf"memory cap must be in \[100, 409700\].*got {bad}"):
+            wlb.plan_shards(lengths, cp, cp_memory_cap_percent=bad)
+    with pytest.raises(TypeError):
+        wlb.plan_shards(lengths, cp, cp_memory_cap_percent=1.25)
 
 
 def test_bad_cp_options_name_the_value():

@@ -32,6 +32,11 @@ struct ShardPlanRequest {
 
 namespace detail {
 
+// The request's memory cap: CpRankTokenCap at its options' memory_cap_percent.
+inline int64_t RankTokenCap(const ShardPlanRequest& r) {
+  return CpRankTokenCap(r.mb.tokens, r.cp_size, r.options.memory_cap_percent);
+}
+
 // Packed start of every document plus the total at the end, after checking the micro-batch.
 inline absl::StatusOr<std::vector<int64_t>> CheckMicroBatch(const MicroBatch& mb, int cp_size) {
   if (cp_size < 1 || cp_size > kMaxCpSize) {

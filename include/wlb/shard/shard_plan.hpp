@@ -38,8 +38,9 @@
 //    worse than per-seq: the micro-batch order is one of the candidates.
 //  - adaptive (the default): plans per-seq-ordered, per-doc, hybrid, doc-degree's greedy plan,
 //    per-seq, balanced-chunks and contiguous and uses the one predicted fastest with its K/V
-//    exchange among those within the memory cap (CpRankTokenCap: no rank above 1.01 x T / C tokens;
-//    hybrid, whose whole documents follow cost, is often over it): PredictCp under CpPlanOptions
+//    exchange among those within the memory cap (CpRankTokenCap: by default no rank above
+//    1.01 x T / C tokens, CpPlanOptions::memory_cap_percent; hybrid, whose whole documents follow
+//    cost, is often over the default): PredictCp under CpPlanOptions
 //    (each layer kind's slowest rank of attention + the exchange the CP executors run,
 //    ChooseExchange: row-exact or the all-gather fallback, bytes over the link plus a latency per
 //    collective); with a packed-call fit in the KernelModel, the slowest rank of its CallMs + its

@@ -83,9 +83,10 @@ inline absl::StatusOr<ShardStrategy> ParseShardStrategy(std::string_view name) {
 
 // Plans one micro-batch for CP size cp_size (see shard_plan.hpp for strategies and rules).
 // `model` is used by the strategies whose uses.kernel_model is set (per-seq-ordered, adaptive,
-// hybrid, doc-degree, balanced-chunks); `options` (link, layer masks, key copy) by those with
-// uses.cp_link, uses.layer_mix or uses.key_copy (adaptive, doc-degree, balanced-chunks). Bad
-// options are InvalidArgument naming the value.
+// hybrid, doc-degree, balanced-chunks); `options` (link, layer masks, key copy, memory cap) by
+// those with uses.cp_link, uses.layer_mix, uses.key_copy or uses.memory_cap (adaptive,
+// doc-degree, balanced-chunks; contiguous reads the memory cap only). Bad options are
+// InvalidArgument naming the value.
 inline absl::StatusOr<ShardPlan> PlanShards(const MicroBatch& mb, int cp_size,
                                             ShardStrategy strategy, const KernelModel& model,
                                             const CpPlanOptions& options) {

@@ -59,15 +59,25 @@ struct ShardPlan {
   friend bool operator==(const ShardPlan&, const ShardPlan&) = default;
 };
 
-// The memory cap of the memory-balanced strategies (adaptive, doc-degree): the most tokens one
-// rank may hold, 1% over the mean T / C (rounded down), and never below 2 ceil(T / 2C), what
-// per-seq's and per-doc's equal chunks give a rank. Every rank buffer is sized to the largest
-// rank (rank_capacity), so a plan within the cap allocates at most 1.01 x T / C rows per rank on
-// micro-batches of more than 200 C tokens.
-inline int64_t CpRankTokenCap(int64_t tokens, int cp_size) {
+// The default memory cap (CpPlanOptions::memory_cap_percent): a rank holds at most 101% of the
+// mean T / C tokens (issue 57's 1.01 x T / C).
+inline constexpr int64_t kDefaultCpMemoryCapPercent = 101;
+// The largest memory cap a plan accepts: 100 x (C + 1) percent of T / C is over T for every C up
+// to kMaxCpSize, i.e. no cap.
+inline constexpr int64_t kMaxCpMemoryCapPercent = 100 * (int64_t{kMaxCpSize} + 1);
+
+// The memory cap of the memory-balanced strategies (adaptive, doc-degree, balanced-chunks,
+// contiguous): the most tokens one rank may hold, cap_percent percent of the mean T / C (the
+// part over 100% rounded down), and never below 2 ceil(T / 2C), what per-seq's and per-doc's
+// equal chunks give a rank. Every rank buffer is sized to the largest rank (rank_capacity), so a
+// plan within the default cap allocates at most 1.01 x T / C rows per rank on micro-batches of
+// more than 200 C tokens. cap_percent in [100, kMaxCpMemoryCapPercent] (ValidateCpPlanOptions):
+// the product stays below 2^35 x 2^19.
+inline int64_t CpRankTokenCap(int64_t tokens, int cp_size,
+                              int64_t cap_percent = kDefaultCpMemoryCapPercent) {
   const int64_t c = std::max(1, cp_size);
   const int64_t mean = tokens / c;
-  return std::max(2 * ((tokens + 2 * c - 1) / (2 * c)), mean + mean / 100);
+  return std::max(2 * ((tokens + 2 * c - 1) / (2 * c)), mean + mean * (cap_percent - 100) / 100);
 }
 
 // (query, key) pairs that queries [q_begin, q_end) attend under a causal mask: query i sees i+1
@@ -147,16 +157,26 @@ inline absl::Status ValidateCommModel(const CommModel& c) {
   return absl::OkStatus();
 }
 
-// Planner inputs beyond the kernel model: the link, and the layers' attention masks. adaptive
-// ranks its candidates with them and doc-degree plans with them (the other strategies keep
-// their causal plans).
+// Planner inputs beyond the kernel model: the link, the layers' attention masks and the memory
+// cap. adaptive ranks its candidates with the first two and doc-degree plans with them (the
+// other strategies keep their causal plans); the memory-balanced strategies (adaptive,
+// doc-degree, balanced-chunks, contiguous) keep every rank within the cap.
 struct CpPlanOptions {
   CommModel comm;
   LayerMix mix = LayerMix::Causal();
+  // The most tokens one rank may hold, in percent of T / C (CpRankTokenCap). Above the default a
+  // plan may trade memory for time: where short documents kept whole would save K/V traffic
+  // (a slow link, a few long documents among many short ones) adaptive can then choose them.
+  int64_t memory_cap_percent = kDefaultCpMemoryCapPercent;
 };
 
 inline absl::Status ValidateCpPlanOptions(const CpPlanOptions& o) {
   if (absl::Status s = ValidateCommModel(o.comm); !s.ok()) return s;
+  if (o.memory_cap_percent < 100 || o.memory_cap_percent > kMaxCpMemoryCapPercent) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "CP memory cap must be in [100, %d] percent of T / C (%d: 1.01 x T / C), got %d",
+        kMaxCpMemoryCapPercent, kDefaultCpMemoryCapPercent, o.memory_cap_percent));
+  }
   if (o.mix.layers.empty()) return absl::InvalidArgumentError("CP layer mix has no layers");
   for (const auto& [mask, count] : o.mix.layers) {
     if (count < 1 || o.mix.total_layers() > kMaxMixLayers) {

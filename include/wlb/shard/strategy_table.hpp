@@ -53,6 +53,9 @@ struct ShardStrategyUses {
   bool cp_link = false;       // CpPlanOptions::comm (wlb-plan --cp-link-gbps)
   bool layer_mix = false;     // CpPlanOptions::mix (the layers' attention masks)
   bool key_copy = false;      // CommModel::gather_gbps in its ranking (wlb-plan --cp-gather-gbps)
+  // CpPlanOptions::memory_cap_percent: no rank above the memory cap (wlb-plan
+  // --cp-memory-cap-percent)
+  bool memory_cap = false;
 };
 
 // One CP shard strategy.
@@ -90,9 +93,13 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      false,
      &detail::PlanPerDocument},
     {"adaptive",
-     "per micro-batch the fastest predicted plan within the memory cap (1.01 x T / C tokens per "
-     "rank), K/V exchange over the link included",
-     {.kernel_model = true, .cp_link = true, .layer_mix = true, .key_copy = true},
+     "per micro-batch the fastest predicted plan within the memory cap (by default 1.01 x T / C "
+     "tokens per rank), K/V exchange over the link included",
+     {.kernel_model = true,
+      .cp_link = true,
+      .layer_mix = true,
+      .key_copy = true,
+      .memory_cap = true},
      "",
      false,
      &detail::PlanAdaptive},
@@ -110,21 +117,25 @@ inline constexpr ShardStrategyInfo kShardStrategyTable[] = {
      &detail::PlanPerDocumentPadded},
     {"doc-degree",
      "per-document CP degree, weighing the K/V exchange over the link and the layer masks",
-     {.kernel_model = true, .cp_link = true, .layer_mix = true},
+     {.kernel_model = true, .cp_link = true, .layer_mix = true, .memory_cap = true},
      "doc_degree",
      true,
      &detail::PlanDocumentDegree},
     {"balanced-chunks",
      "documents whole or in equal chunks, dealt by predicted time with K/V locality under the "
      "memory cap",
-     {.kernel_model = true, .cp_link = true, .layer_mix = true, .key_copy = true},
+     {.kernel_model = true,
+      .cp_link = true,
+      .layer_mix = true,
+      .key_copy = true,
+      .memory_cap = true},
      "balanced_chunks",
      true,
      &detail::PlanBalancedChunks},
     {"contiguous",
      "the packed micro-batch in C contiguous runs (llama3's split), each boundary moved to a "
      "document start within the memory cap",
-     {},
+     {.memory_cap = true},
      "contiguous",
      true,
      &detail::PlanContiguous},

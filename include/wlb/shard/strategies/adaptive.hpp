@@ -1,5 +1,6 @@
 // adaptive (the default): per micro-batch the fastest predicted plan within the memory cap
-// (CpRankTokenCap: no rank holds more than 1.01 x T / C tokens) of per-seq-ordered, per-doc,
+// (CpRankTokenCap: by default no rank holds more than 1.01 x T / C tokens; a larger
+// CpPlanOptions::memory_cap_percent lets it trade memory for time) of per-seq-ordered, per-doc,
 // hybrid, doc-degree's greedy plan, per-seq, balanced-chunks and contiguous (see
 // shard_plan.hpp), K/V exchange included.
 //
@@ -170,7 +171,7 @@ inline absl::StatusOr<AdaptiveChoice> ChooseAdaptiveChecked(const ShardPlanReque
   double* out[] = {&c.per_seq_ordered_max_ms, &c.per_doc_max_ms, &c.hybrid_max_ms,
                    &c.doc_degree_max_ms,      &c.per_seq_max_ms, &c.balanced_chunks_max_ms,
                    &c.contiguous_max_ms};
-  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
+  const int64_t cap = RankTokenCap(r);
   auto price = [&](const ShardPlan& plan) { return AdaptivePriceMs(plan, r.model, r.options); };
   // Planning prices the usual winners first (balanced-chunks, doc-degree) and skips a candidate
   // known to be slower than the best so far (CausalCpSlowerThan); the pick is the same.

@@ -613,7 +613,7 @@ inline ChunkCut CutBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec,
 inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut,
                                       int refine_rounds = 2) {
   const size_t ranks = static_cast<size_t>(r.cp_size);
-  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
+  const int64_t cap = RankTokenCap(r);
   ChunkLedger& ledger = cut.ledger;
   std::vector<double> time(ranks, 0.0);
   std::vector<int64_t> tokens(ranks, 0);

@@ -28,11 +28,11 @@ namespace detail {
 
 // The C + 1 run boundaries of the contiguous split of a micro-batch with document starts
 // `starts` (starts.back() = T): bound[0] = 0, bound[C] = T, nondecreasing, every run at most
-// CpRankTokenCap(T, C) tokens.
-inline std::vector<int64_t> ContiguousBounds(const std::vector<int64_t>& starts, int cp_size) {
+// `cap` tokens (the memory cap, CpRankTokenCap(T, C, ...)).
+inline std::vector<int64_t> ContiguousBounds(const std::vector<int64_t>& starts, int cp_size,
+                                             int64_t cap) {
   const int64_t total = starts.back();
   const int64_t c = std::max(1, cp_size);
-  const int64_t cap = CpRankTokenCap(total, cp_size);
   std::vector<int64_t> bound(static_cast<size_t>(c) + 1, 0);
   bound[static_cast<size_t>(c)] = total;
   for (int64_t q = 1; q < c; ++q) {
@@ -59,7 +59,7 @@ inline std::vector<int64_t> ContiguousBounds(const std::vector<int64_t>& starts,
 }
 
 inline absl::StatusOr<ShardPlan> PlanContiguous(const ShardPlanRequest& r) {
-  const std::vector<int64_t> bound = ContiguousBounds(r.starts, r.cp_size);
+  const std::vector<int64_t> bound = ContiguousBounds(r.starts, r.cp_size, RankTokenCap(r));
   PlanBuilder b(r.mb, r.starts, r.cp_size, r.mb.documents.size() + static_cast<size_t>(r.cp_size));
   int64_t k = 0;
   for (int q = 0; q < r.cp_size; ++q) {

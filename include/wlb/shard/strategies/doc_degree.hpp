@@ -151,7 +151,7 @@ bool PlaceDocumentDegreesOf(const MicroBatch& mb, int cp_size, const KernelModel
   spilled.clear();
   spilled.resize(docs);
   const bool may_give_up = give_up_above_ms < INFINITY && mix.all_causal();
-  const int64_t cap = CpRankTokenCap(mb.tokens, cp_size);
+  const int64_t cap = CpRankTokenCap(mb.tokens, cp_size, options.memory_cap_percent);
   std::vector<int64_t> pointer(degrees.size());
   const int64_t tile = out.tile = std::max<int64_t>(1, model.tile_q());
   // Per rank, before the document: row-exact time without latency (mix mean of attention + rows x
@@ -512,7 +512,7 @@ inline absl::StatusOr<ShardPlan> PlanDocumentDegree(const ShardPlanRequest& r) {
   if (!greedy.ok()) return greedy.status();
   double best_ms = PredictCp(*greedy, model, options).max_ms;
   ShardPlan chosen = *std::move(greedy);
-  const int64_t cap = CpRankTokenCap(r.mb.tokens, r.cp_size);
+  const int64_t cap = RankTokenCap(r);
   auto consider = [&](absl::StatusOr<ShardPlan> plan) -> absl::Status {
     if (!plan.ok()) return plan.status();
     if (plan->rank_capacity > cap) return absl::OkStatus();  // over the memory cap
