@@ -1830,7 +1830,8 @@ ShardPlanRequest BalancedChunksRequest(const MicroBatch& mb, const std::vector<i
 
 // The cuts balanced-chunks deals: the cut, the coarse cuts and the fine cut (when DealsFineCut).
 constexpr detail::ChunkCutSpec kChunkCuts[] = {detail::kCut, detail::kCoarseCuts[0],
-                                               detail::kCoarseCuts[1], detail::kFineCut};
+                                               detail::kCoarseCuts[1], detail::kFineCut,
+                                               detail::kFinerCut};
 
 // balanced-chunks keeps every document of at most one chunk unit (its cut's) whole, cuts longer
 // ones into chunks of DocChunkUnit (the unit, or for the fine cut ceil(d / kFineCutMinChunks)
@@ -1977,6 +1978,45 @@ TEST(BalancedChunksTest, FineCutIsDealtWhereItDiffersWithinItsBudget) {
   EXPECT_TRUE(dealt(6000, 50, 4));
   // No document longer than the unit: nothing to cut finer.
   EXPECT_FALSE(dealt(1000, 100, 2));
+}
+
+// The finer cut (half-unit chunks) is dealt where it cuts some document finer with at most 5/4 of
+// the cut's chunks: many short documents around a long one. There the token cap makes one rank
+// take the long document's costly last chunk and nearly as many other tokens as the rest, and
+// the finer cut's plan is the faster (the Pareto-shaped micro-batch of
+// docs/results/cp/memory_cap/README.md in miniature).
+TEST(BalancedChunksTest, FinerCutIsDealtOnManyShortDocumentsAroundALongOne) {
+  const KernelModel model = KernelModel::Default();
+  const CpPlanOptions options;
+  auto request_of = [&](const MicroBatch& mb, const std::vector<int64_t>& starts, int cp) {
+    return BalancedChunksRequest(mb, starts, cp, model, options);
+  };
+  std::vector<int64_t> lengths = {14270};
+  std::mt19937_64 rng(5709);
+  while (lengths.size() < 430) {
+    lengths.push_back(std::uniform_int_distribution<int64_t>(64, 500)(rng));
+  }
+  const MicroBatch mb = MakeMicroBatch(lengths);
+  const std::vector<int64_t> starts = *detail::CheckMicroBatch(mb, 4);
+  const ShardPlanRequest r = request_of(mb, starts, 4);
+  EXPECT_TRUE(detail::DealsFinerCut(r));
+  EXPECT_LE(4 * detail::ChunkCount(r, detail::kFinerCut), 5 * detail::ChunkCount(r, detail::kCut));
+  const auto price = [&](const ShardPlan& p) { return AdaptivePriceMs(p, model, options); };
+  const double cut = price(*detail::BalancedChunksPlan(r, detail::PlaceBalancedChunks(r)));
+  const double finer =
+      price(*detail::BalancedChunksPlan(r, detail::PlaceBalancedChunks(r, detail::kFinerCut)));
+  EXPECT_LT(finer, cut);
+  double ms = 0.0;
+  ASSERT_TRUE(detail::PlanBalancedChunksPriced(r, &ms).ok());
+  EXPECT_LE(ms, finer);
+  // A usual 128K micro-batch of a few dozen documents: the finer cut has far more chunks.
+  const MicroBatch few = MakeMicroBatch({40000, 30000, 20000, 10000, 8000, 6000, 4000, 2000});
+  const std::vector<int64_t> few_starts = *detail::CheckMicroBatch(few, 8);
+  EXPECT_FALSE(detail::DealsFinerCut(request_of(few, few_starts, 8)));
+  // Only short documents: nothing to cut finer.
+  const MicroBatch shorts = MakeMicroBatch(std::vector<int64_t>(300, 400));
+  const std::vector<int64_t> short_starts = *detail::CheckMicroBatch(shorts, 4);
+  EXPECT_FALSE(detail::DealsFinerCut(request_of(shorts, short_starts, 4)));
 }
 
 // The ledger balanced-chunks plans with counts, per rank, exactly the causal rows its plan sends

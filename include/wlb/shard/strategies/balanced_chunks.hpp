@@ -16,10 +16,11 @@
 // document, keys [0, its largest end) less its own rows, and sends its rows below every other
 // holder's largest end). Items go costliest first (longest-processing-time order), each to the
 // rank, among those with room under CpRankTokenCap, that leaves the slowest rank fastest, then is
-// fastest itself. Four cuts are dealt (ChunkCutSpec): the cut; coarse cuts of about 2 and 4
+// fastest itself. Five cuts are dealt (ChunkCutSpec): the cut; coarse cuts of about 2 and 4
 // times the unit (4 and 2 chunks' worth per rank), each where it differs from the finer cuts;
-// and a fine cut (a document longer than the unit in about 4 chunks), where it differs and its
-// size allows (PlanBalancedChunksPriced). An item no rank has room for is spilled over the ranks
+// a fine cut (a document longer than the unit in about 4 chunks), where it differs and its
+// size allows; and a finer cut (chunks of half the unit), where it has at most 5/4 of the cut's
+// chunks (PlanBalancedChunksPriced). An item no rank has room for is spilled over the ranks
 // with the most room (SpillShards). Each deal gets up to two rounds of refinement: the best move or
 // swap of items between the slowest and the fastest rank that lowers the slowest time within the
 // cap. A rank's adjacent chunks of one document are one segment. The plan is the deal's that
@@ -546,6 +547,8 @@ inline constexpr ChunkCutSpec kCut{};
 inline constexpr ChunkCutSpec kCoarseCuts[] = {{.per_rank = kChunksPerRank / 2, .min_chunks = 1},
                                                {.per_rank = kChunksPerRank / 4, .min_chunks = 1}};
 inline constexpr ChunkCutSpec kFineCut{.per_rank = kChunksPerRank, .min_chunks = kFineCutMinChunks};
+// The finer cut: every document longer than half the unit in chunks of half the unit.
+inline constexpr ChunkCutSpec kFinerCut{.per_rank = 2 * kChunksPerRank, .min_chunks = 1};
 
 // balanced-chunks' items, cut (see the file comment) and unplaced, and their deal order.
 struct ChunkCut {
@@ -700,19 +703,39 @@ inline absl::StatusOr<ShardPlan> BalancedChunksPlan(const ShardPlanRequest& r,
 // adaptive's mean planning time at C = 8 is unchanged (docs/results/cp/balance.md).
 inline constexpr size_t kFineCutMaxChunkRanks = 400;
 
+// The cut's number of chunks (items) for this request, counted without cutting.
+inline size_t ChunkCount(const ShardPlanRequest& r, ChunkCutSpec spec) {
+  const int64_t unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model, spec.per_rank);
+  const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
+  size_t chunks = 0;
+  for (const Document& doc : r.mb.documents) {
+    const int64_t u = DocChunkUnit(doc.length, unit, spec.min_chunks, tile);
+    chunks += static_cast<size_t>((doc.length + u - 1) / u);
+  }
+  return chunks;
+}
+
 // Whether balanced-chunks deals the fine cut for this request (see PlanBalancedChunksPriced): some
 // document's chunks differ from the cut's, and its chunks x ranks are within the budget.
 inline bool DealsFineCut(const ShardPlanRequest& r) {
   const int64_t unit = BalancedChunkUnit(r.mb.tokens, r.cp_size, r.model, kFineCut.per_rank);
   const int64_t tile = std::max<int64_t>(1, r.model.tile_q());
-  size_t chunks = 0;
-  bool differs = false;
-  for (const Document& doc : r.mb.documents) {
-    const int64_t u = DocChunkUnit(doc.length, unit, kFineCut.min_chunks, tile);
-    differs = differs || u != unit;
-    chunks += static_cast<size_t>((doc.length + u - 1) / u);
-  }
-  return differs && chunks * static_cast<size_t>(r.cp_size) <= kFineCutMaxChunkRanks;
+  const bool differs =
+      std::any_of(r.mb.documents.begin(), r.mb.documents.end(), [&](const Document& d) {
+        return DocChunkUnit(d.length, unit, kFineCut.min_chunks, tile) != unit;
+      });
+  return differs &&
+         ChunkCount(r, kFineCut) * static_cast<size_t>(r.cp_size) <= kFineCutMaxChunkRanks;
+}
+
+// Whether balanced-chunks deals the finer cut (kFinerCut) for this request: it cuts some document
+// finer than the cut (kCut) and has at most 5/4 of the cut's chunks, so its deal costs about what
+// the cut's does. That holds on micro-batches of many short documents around a few long ones,
+// where the cut's deal is already the larger part of planning, and not on the usual 128K
+// micro-batch of a few dozen documents (adaptive's planning time at C = 8 is unchanged).
+inline bool DealsFinerCut(const ShardPlanRequest& r) {
+  const size_t cut = ChunkCount(r, kCut), finer = ChunkCount(r, kFinerCut);
+  return finer > cut && 4 * finer <= 5 * cut;
 }
 
 // The fastest of balanced-chunks' deals by AdaptivePriceMs under the request's model and options
@@ -726,7 +749,13 @@ inline bool DealsFineCut(const ShardPlanRequest& r) {
 //     split its attention evenly, and the token cap stops the short documents from making up the
 //     rest; on the balance table's synthetic stream at seeds 8-11 adaptive's worst C = 2
 //     micro-batch went from 3.0-3.8% behind a peer's plan to 1.8-2.0% (what is left there is
-//     the flash table's preference for 512-token query segments, see balance.md).
+//     the flash table's preference for 512-token query segments, see balance.md);
+//  4. the finer cut (kFinerCut, chunks of half the unit), when DealsFinerCut. Why (issue 57): on
+//     a micro-batch of hundreds of short documents around a long one the token cap makes the
+//     rank that takes the long document's costly last chunk hold nearly as many other tokens as
+//     the rest; half-size chunks spread that cost. On a Pareto-shaped stream at C = 4 adaptive's
+//     worst micro-batch went from 6.9% behind a peer's plan to 2.0%
+//     (docs/results/cp/memory_cap/README.md).
 inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
   std::vector<double> whole_ms;
   auto place = [&](ChunkCutSpec spec) {
@@ -761,6 +790,9 @@ inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest
   }
   if (status.ok() && DealsFineCut(r)) {
     status = keep_if_faster(place(kFineCut));
+  }
+  if (status.ok() && DealsFinerCut(r)) {
+    status = keep_if_faster(place(kFinerCut));
   }
   if (!status.ok()) return status;
   if (ms != nullptr) *ms = best_ms;
