@@ -753,9 +753,10 @@ inline bool DealsFinerCut(const ShardPlanRequest& r) {
 //  4. the finer cut (kFinerCut, chunks of half the unit), when DealsFinerCut. Why (issue 57): on
 //     a micro-batch of hundreds of short documents around a long one the token cap makes the
 //     rank that takes the long document's costly last chunk hold nearly as many other tokens as
-//     the rest; half-size chunks spread that cost. On a Pareto-shaped stream at C = 4 adaptive's
-//     worst micro-batch went from 6.9% behind a peer's plan to 2.0%
-//     (docs/results/cp/memory_cap/README.md).
+//     the rest; half-size chunks spread that cost. On a held-out Pareto-shaped stream adaptive's
+//     worst micro-batch went from 6.9% behind the fastest plan in the cap (a peer's, C = 4) to
+//     1.1%, and seeds 1-13 of the balance table from 215 cells with a micro-batch over 1% to 210
+//     (docs/results/cp/memory_cap/README.md, balance.md).
 inline absl::StatusOr<ShardPlan> PlanBalancedChunksPriced(const ShardPlanRequest& r, double* ms) {
   std::vector<double> whole_ms;
   auto place = [&](ChunkCutSpec spec) {
