@@ -77,15 +77,18 @@ def plan_options(case):
     """doc-degree cases with "pair_model": a tile-1 kernel model (tile "pair_tile" when given,
     so that doc-degree cuts whole-tile shards with the rest leading the first) without
     per-segment overhead and a fast link, so that even the tests' short documents get sharded
-    over rank groups; with "analytic_model": the analytic curve (KernelModel.analytic())."""
+    over rank groups; with "analytic_model": the analytic curve (KernelModel.analytic()); with
+    "memory_cap_percent": that memory cap (a rank may hold more than 1.01 x T / C)."""
+    cap = ({"cp_memory_cap_percent": case["memory_cap_percent"]}
+           if "memory_cap_percent" in case else {})
     if case.get("analytic_model"):
-        return {"kernel_model": wlb.KernelModel.analytic()}
+        return {"kernel_model": wlb.KernelModel.analytic(), **cap}
     if not case.get("pair_model"):
-        return {}
+        return cap
     tile = case.get("pair_tile", 1)
     return {"kernel_model": wlb.KernelModel.analytic(tile_q=tile, tile_k=tile, q_half=0.0,
                                                      segment_overhead_ms=0.0),
-            "cp_link_gbps": 1e5}
+            "cp_link_gbps": 1e5, **cap}
 
 
 def case_plan(case, world):

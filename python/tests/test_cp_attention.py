@@ -80,6 +80,8 @@ def cases_for(world, seed, count):
                       "seed": int(rng.integers(1 << 30)), "q_heads": q_heads,
                       "kv_heads": kv_heads, "head_dim": int(rng.choice([4, 8])),
                       "overlap": None if i % 3 else False, "fake_varlen": i % 3 == 1})
+        if i % 4 == 2:  # a larger memory cap: ranks of unequal tokens past 1.01 x T / C
+            cases[-1]["memory_cap_percent"] = [150, 409700][i % 8 // 4]
     # Edge cases: documents shorter than C (ranks with no queries), one document of S tokens,
     # a single token.
     for s, strategy in enumerate(STRATEGIES):
@@ -170,6 +172,15 @@ def test_cp_attention_equals_single_process_attention(world):
             ("all-gather", "causal", "varlen")} <= overlapped, overlapped
     strategies = {r["strategy"] for res in results for r in res}
     assert {"per-seq", "per-doc", "hybrid", "te-zigzag", "doc-degree"} <= strategies
+    # A larger memory cap's plans, a capped strategy's rank past 1.01 x T / C, ran exactly too.
+    def past_default_cap(case):
+        tokens = int(np.sum(case["lengths"]))
+        mean = tokens // world
+        cap = max(2 * -(-tokens // (2 * world)), mean + mean // 100)
+        return case_plan(case, world).rank_capacity > cap
+    capped = ("adaptive", "doc-degree", "balanced-chunks", "contiguous")
+    assert any(past_default_cap(c) for c in cases
+               if "memory_cap_percent" in c and c["strategy"] in capped)
 
 
 def masked_cases(world, seed):
