@@ -139,14 +139,13 @@ absl::StatusOr<BenchPlan> PlanFromFlags() {
                            .distribution = absl::GetFlag(FLAGS_distribution),
                            .seed = absl::GetFlag(FLAGS_seed)},
                  .cp = {}};
+  // One key at a time: the keys before it are valid and the ones after it still the defaults, so
+  // an error is about this key's value.
   for (const BenchCpKey& k : kBenchCpKeys) {
-    CpPlanOptions only;  // the defaults but for this key: the error is about its value
-    PlanSpec spec = plan.spec;
-    k.move(spec, only);
-    if (absl::Status s = ValidateCpPlanOptions(only); !s.ok()) {
+    k.move(plan.spec, plan.cp);
+    if (absl::Status s = ValidateCpPlanOptions(plan.cp); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--", std::string(k.key), ": ", s.message()));
     }
-    k.move(plan.spec, plan.cp);
     plan.spec.given.erase(std::string(k.key));
   }
   return plan;

@@ -357,8 +357,8 @@ absl::StatusOr<wlb::ShardPlan> SplitWhereCheaper(const wlb::MicroBatch& mb,
   return b.Finish(plan.strategy, plan.requested, plan.cp_size, plan.rank_capacity);
 }
 
-// The --finer_cut_what_if row: `adaptive`'s plan, or balanced-chunks' deal of a cut of
-// 2 x kChunksPerRank chunks' worth per rank (T / 16C tokens a chunk, in whole query tiles) where
+// The --finer_cut_what_if row: `adaptive`'s plan, or balanced-chunks' deal of its finer cut
+// (kFinerCut: 2 x kChunksPerRank chunks' worth per rank, T / 16C tokens a chunk) where
 // `model` prices that deal faster (AdaptivePriceMs, adaptive's ranking): the plan adaptive would
 // choose were this cut one of balanced-chunks' deals, under the fine cut's budget (chunks x C at
 // most kFineCutMaxChunkRanks: C = 2 and some C = 4 micro-batches of 128K, so adaptive's planning
@@ -376,13 +376,10 @@ absl::StatusOr<wlb::ShardPlan> FinerCutWhereFaster(const wlb::MicroBatch& mb,
                                 .requested = adaptive.requested,
                                 .model = model,
                                 .options = options};
-  std::vector<double> whole_ms;
-  wlb::detail::ChunkCut cut =
-      wlb::detail::CutBalancedChunks(r, {.per_rank = 2 * wlb::detail::kChunksPerRank}, whole_ms);
-  const size_t chunks = cut.ledger.items().size();
+  const size_t chunks = wlb::detail::ChunkCount(r, wlb::detail::kFinerCut);
   if (chunks * static_cast<size_t>(r.cp_size) > wlb::detail::kFineCutMaxChunkRanks) return adaptive;
-  absl::StatusOr<wlb::ShardPlan> plan =
-      wlb::detail::BalancedChunksPlan(r, wlb::detail::DealBalancedChunks(r, std::move(cut)));
+  absl::StatusOr<wlb::ShardPlan> plan = wlb::detail::BalancedChunksPlan(
+      r, wlb::detail::PlaceBalancedChunks(r, wlb::detail::kFinerCut));
   if (!plan.ok()) return plan.status();
   if (wlb::AdaptivePriceMs(*plan, model, options) <
       wlb::AdaptivePriceMs(adaptive, model, options)) {

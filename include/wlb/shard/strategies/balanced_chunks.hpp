@@ -658,7 +658,7 @@ inline ChunkLedger DealBalancedChunks(const ShardPlanRequest& r, ChunkCut cut,
   return std::move(ledger);
 }
 
-// The deal of every item of the cut `spec` (tests).
+// The deal of every item of the cut `spec` (tests, the balance table's what-if rows).
 inline ChunkLedger PlaceBalancedChunks(const ShardPlanRequest& r, ChunkCutSpec spec = kCut,
                                        int refine_rounds = 2) {
   std::vector<double> whole_ms;
