@@ -43,6 +43,7 @@
 #include "wlb/cost/kernel_model.hpp"
 #include "wlb/io/default_distribution.hpp"
 #include "wlb/io/kernel_profile.hpp"
+#include "wlb/shard/placement.hpp"
 #include "wlb/shard/shard_metrics.hpp"
 #include "wlb/shard/shard_plan.hpp"
 #include "wlb/wlb.hpp"
@@ -293,21 +294,9 @@ absl::StatusOr<wlb::ShardPlan> PeerChunkDispatch(const wlb::MicroBatch& mb, int 
     load[best] += static_cast<double>(-neg);
     ++count[best];
   }
-  wlb::detail::PlanBuilder b(mb, starts, cp_size, static_cast<size_t>(chunks) * 2);
-  for (size_t i = 0; i < mb.documents.size(); ++i) {
-    // Runs of the document's tokens whose chunks share an owner.
-    int64_t begin = starts[i];
-    while (begin < starts[i + 1]) {
-      const int r = owner[begin / chunk];
-      int64_t end = std::min(starts[i + 1], (begin / chunk + 1) * chunk);
-      while (end < starts[i + 1] && owner[end / chunk] == r) {
-        end = std::min(starts[i + 1], (end / chunk + 1) * chunk);
-      }
-      b.Add(r, static_cast<int64_t>(i), begin - starts[i], end - starts[i]);
-      begin = end;
-    }
-  }
-  return b.Finish(wlb::ShardStrategy("per-seq"), wlb::ShardStrategy("per-seq"), cp_size, -1);
+  std::vector<int64_t> token_owner(static_cast<size_t>(total));
+  for (int64_t t = 0; t < total; ++t) token_owner[static_cast<size_t>(t)] = owner[t / chunk];
+  return wlb::detail::PlanOfPlacement(mb, starts, cp_size, token_owner);
 }
 
 // The --split_what_if row: `plan` with each segment [a, b) cut into pieces ending at b - j tiles

@@ -6,6 +6,7 @@
 
 #include "wlb/shard/cp_prediction.hpp"
 #include "wlb/shard/per_seq_order.hpp"
+#include "wlb/shard/placement.hpp"
 #include "wlb/shard/plan_builder.hpp"
 #include "wlb/shard/row_exchange.hpp"
 #include "wlb/shard/shard_json.hpp"

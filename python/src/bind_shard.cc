@@ -3,6 +3,17 @@
 
 namespace wlb_py {
 
+// The CP options of plan_shards' and predict_cp_of_placement's keyword arguments (checked where
+// the library plans or prices).
+wlb::CpPlanOptions CpOptions(double cp_link_gbps, const std::string& layer_mix,
+                             double cp_latency_us, double cp_gather_gbps) {
+  wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps,
+                                      .latency_us = cp_latency_us,
+                                      .gather_gbps = cp_gather_gbps}};
+  options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
+  return options;
+}
+
 void BindShards(nb::module_& m) {
   // ---- shard plans --------------------------------------------------------------------------
   nb::class_<RankRef>(m, "RankShard",
@@ -333,10 +344,8 @@ void BindShards(nb::module_& m) {
         const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
         const wlb::ShardStrategy s = Unwrap(wlb::ParseShardStrategy(strategy));
         const wlb::KernelModel& model = kernel_model ? *kernel_model : wlb::KernelModel::Default();
-        wlb::CpPlanOptions options{.comm = {.link_gbps = cp_link_gbps,
-                                            .latency_us = cp_latency_us,
-                                            .gather_gbps = cp_gather_gbps}};
-        options.mix = Unwrap(wlb::LayerMix::Parse(layer_mix));
+        wlb::CpPlanOptions options =
+            CpOptions(cp_link_gbps, layer_mix, cp_latency_us, cp_gather_gbps);
         options.memory_cap_percent = cp_memory_cap_percent;
         auto out = std::make_shared<PyShardPlan>();
         out->mix = options.mix;
@@ -372,6 +381,37 @@ void BindShards(nb::module_& m) {
               "cp_latency_us: float = 10.0, cp_gather_gbps: float = 0.0, "
               "cp_memory_cap_percent: int = 101) -> ShardPlan"),
       plan_shards_doc.c_str());
+  m.def(
+      "predict_cp_of_placement",
+      [](nb::handle micro_batch, int cp, nb::handle owner,
+         std::optional<wlb::KernelModel> kernel_model, double cp_link_gbps,
+         const std::string& layer_mix, double cp_latency_us, double cp_gather_gbps) {
+        const wlb::MicroBatch mb = AsMicroBatch(micro_batch);
+        const std::vector<int64_t> ranks = ToInt64(owner, "owner");
+        const wlb::KernelModel& model = kernel_model ? *kernel_model : wlb::KernelModel::Default();
+        const wlb::CpPlanOptions options =
+            CpOptions(cp_link_gbps, layer_mix, cp_latency_us, cp_gather_gbps);
+        absl::StatusOr<wlb::CpPrediction> p;
+        {
+          nb::gil_scoped_release release;
+          p = wlb::PredictCpOfPlacement(mb, cp, ranks, model, options);
+        }
+        return JsonToDict(wlb::CpPredictionToJson(Unwrap(std::move(p))));
+      },
+      "micro_batch"_a, "cp"_a, "owner"_a, "kernel_model"_a = nb::none(),
+      "cp_link_gbps"_a = wlb::kDefaultCpLinkGbps, "layer_mix"_a = "causal",
+      "cp_latency_us"_a = wlb::kDefaultCpLatencyUs, "cp_gather_gbps"_a = 0.0,
+      nb::sig("def predict_cp_of_placement(micro_batch: MicroBatch | Documents | "
+              "numpy.typing.ArrayLike, cp: int, owner: numpy.typing.ArrayLike, kernel_model: "
+              "KernelModel | None = None, cp_link_gbps: float = 450.0, layer_mix: str = "
+              "'causal', cp_latency_us: float = 10.0, cp_gather_gbps: float = 0.0) -> dict"),
+      "Another balancer's placement priced as plan_shards prices its plans "
+      "(wlb::PredictCpOfPlacement): owner[t] is the rank holding packed token t (an integer "
+      "array of micro_batch's tokens, every value in [0, cp)); a rank's consecutive tokens of one "
+      "document are one varlen segment and its buffer holds the largest rank's tokens. Returns "
+      "ShardPlan.cp_prediction's dict (max_ms: the slowest rank's attention + K/V exchange, what "
+      "adaptive ranks plans by) under the same kernel model, link and layer mix arguments as "
+      "plan_shards. A bad owner array raises ValueError naming the token and its rank.");
 }
 
 }  // namespace wlb_py
