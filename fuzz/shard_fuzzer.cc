@@ -3,7 +3,9 @@
 // plan every such micro-batch: a complete plan (ValidateShardPlan: every token once, keys the
 // piece's prefix, consistent cu_seqlens), the same plan twice, a finite prediction, and for the
 // strategies that cap memory (uses.memory_cap: adaptive, doc-degree, balanced-chunks, contiguous)
-// no rank above CpRankTokenCap at that cap.
+// no rank above CpRankTokenCap at that cap; the plan as a placement (PredictCpOfPlacement) holds
+// the same pairs per rank.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +77,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   WLB_FUZZ_CHECK(again.ok() && *again == *plan);
   const wlb::CpPrediction p = wlb::PredictCp(*plan, model, options);
   WLB_FUZZ_CHECK(std::isfinite(p.max_ms) && p.max_ms >= 0.0);
+  // The plan as a placement (a rank per packed token, PredictCpOfPlacement) holds the same
+  // (query, key) pairs per rank: only adjacent segments of a document may merge.
+  std::vector<int64_t> owner(static_cast<size_t>(mb.tokens), -1);
+  for (const wlb::RankShard& r : plan->ranks) {
+    for (const wlb::Segment& s : r.segments) {
+      std::fill(owner.begin() + s.q_pos, owner.begin() + s.q_pos + s.q_len(), r.rank);
+    }
+  }
+  const absl::StatusOr<wlb::CpPrediction> placed =
+      wlb::PredictCpOfPlacement(mb, cp, owner, model, options);
+  WLB_FUZZ_CHECK(placed.ok() && placed->rank_pairs == p.rank_pairs &&
+                 std::isfinite(placed->max_ms) && placed->max_ms >= 0.0);
   if (wlb::ShardStrategyRow(strategy).uses.memory_cap) {
     WLB_FUZZ_CHECK(plan->rank_capacity <=
                    wlb::CpRankTokenCap(mb.tokens, cp, options.memory_cap_percent));

@@ -154,5 +154,26 @@ TEST(PlacementTest, ABadPlacementIsAnErrorNamingIt) {
   EXPECT_FALSE(error({0, 1, 0, 1, 0}, 2, {.comm = {.link_gbps = -1.0}}).empty());
 }
 
+// A placement scattered into more segments than any plan may have is an error before any is
+// built (kMaxCpDocumentRanks), not an allocation of gigabytes.
+TEST(PlacementTest, TooManySegmentsIsAnError) {
+  const int64_t per_document = kMaxContext;
+  const int64_t documents = kMaxCpDocumentRanks / per_document + 1;
+  const MicroBatch mb = MakeMicroBatch(std::vector<int64_t>(documents, per_document));
+  std::vector<int64_t> owner(static_cast<size_t>(mb.tokens), 0);
+  for (size_t t = 0; t < owner.size(); t += 2) owner[t] = 1;
+  const absl::StatusOr<CpPrediction> p =
+      PredictCpOfPlacement(mb, 2, owner, KernelModel::Default(), {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(p.status().message(),
+              HasSubstr(absl::StrFormat("placement: %d segments", mb.tokens)));
+  // The same micro-batch in two contiguous halves is a plan.
+  const auto half = owner.begin() + static_cast<int64_t>(owner.size() / 2);
+  std::fill(owner.begin(), half, 0);
+  std::fill(half, owner.end(), 1);
+  EXPECT_TRUE(detail::PlanOfPlacement(mb, *detail::CheckMicroBatch(mb, 2), 2, owner).ok());
+}
+
 }  // namespace placement_test
 }  // namespace wlb

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "wlb/core/document.hpp"
+#include "wlb/core/limits.hpp"
 #include "wlb/cost/kernel_model.hpp"
 #include "wlb/shard/cp_prediction.hpp"
 #include "wlb/shard/plan_builder.hpp"
@@ -30,7 +31,8 @@ namespace detail {
 // consecutive tokens of one document are one segment, its segments in packed order. A placement
 // is no registered strategy, so the plan records per-seq (PredictCp reads only its segments and
 // capacity, the largest rank's tokens). Errors: an owner count other than the micro-batch's
-// tokens, an owner outside [0, cp_size), and PlanBuilder's.
+// tokens, an owner outside [0, cp_size), more than kMaxCpDocumentRanks segments, and
+// PlanBuilder's.
 inline absl::StatusOr<ShardPlan> PlanOfPlacement(const MicroBatch& mb,
                                                  const std::vector<int64_t>& starts, int cp_size,
                                                  std::span<const int64_t> owner) {
@@ -40,13 +42,25 @@ inline absl::StatusOr<ShardPlan> PlanOfPlacement(const MicroBatch& mb,
         "placement: %d owners for a micro-batch of %d tokens (one rank per packed token)",
         owner.size(), tokens));
   }
-  for (size_t t = 0; t < owner.size(); ++t) {
+  // Segments: runs of one rank within a document, as many as a plan of documents x C pieces
+  // may have (kMaxCpDocumentRanks), so a scattered placement is an error before it is built.
+  int64_t segments = 0;
+  for (size_t t = 0, doc_end = 0, i = 0; t < owner.size(); ++t) {
     if (owner[t] < 0 || owner[t] >= cp_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "placement: token %d is on rank %d, outside [0, %d)", t, owner[t], cp_size));
     }
+    const bool starts_document = t == doc_end;
+    if (starts_document) doc_end = static_cast<size_t>(starts[++i]);
+    segments += starts_document || owner[t] != owner[t - 1];
   }
-  PlanBuilder b(mb, starts, cp_size, mb.documents.size() + static_cast<size_t>(cp_size));
+  if (segments > kMaxCpDocumentRanks) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "placement: %d segments (runs of one rank within a document), over the limit %d "
+        "(kMaxCpDocumentRanks, what a plan of documents x C pieces may have)",
+        segments, kMaxCpDocumentRanks));
+  }
+  PlanBuilder b(mb, starts, cp_size, static_cast<size_t>(segments));
   for (size_t i = 0; i < mb.documents.size(); ++i) {
     for (int64_t begin = starts[i]; begin < starts[i + 1];) {
       int64_t end = begin + 1;
