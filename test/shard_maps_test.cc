@@ -91,23 +91,25 @@ TEST(ShardMapsTest, RandomPlansHoldEveryTokenOnceAndFindTheirKeys) {
 }
 
 TEST(ShardMapsTest, WorkedExampleWindowAndChunk) {
-  // Documents 5, 19, 8 at CP 2 per sequence: rank 1 holds document 1's queries [3, 19) (packed
-  // rows [8, 24)), one segment across its adjacent chunks 1 and 2.
+  // Documents 5, 19, 8 at CP 2 per sequence: rank 1 holds document 1's queries [3, 11) and
+  // [11, 19) (packed rows [8, 16) and [16, 24)).
   const ShardPlan plan =
       *PlanShards(MakeMicroBatch({5, 19, 8}), 2, ShardStrategy("per-seq"), KernelModel::Default());
   const ShardMaps window = *BuildShardMaps(plan, *AttentionMask::SlidingWindow(3));
   EXPECT_EQ(window.mask, *AttentionMask::SlidingWindow(3));
-  // Query 3 sees keys [1, 3]: the segment's keys start at 1 (packed row 6, rank 0's row 6).
-  EXPECT_THAT(window.ranks[1].key_begin, ElementsAre(1));
-  EXPECT_THAT(window.ranks[1].cu_seqlens_k, ElementsAre(0, 18));
+  // Query 3 sees keys [1, 3]: the first segment's keys start at 1 (packed row 6, rank 0's row
+  // 6), the second's at 11 - 3 + 1 = 9.
+  EXPECT_THAT(window.ranks[1].key_begin, ElementsAre(1, 9));
+  EXPECT_THAT(window.ranks[1].cu_seqlens_k, ElementsAre(0, 10, 20));
   EXPECT_EQ(window.ranks[1].key_rows[0], 6);
   EXPECT_EQ(window.ranks[1].key_rows[2], 16);  // packed 8: rank 1's first row
-  // Chunks of 4 cut [3, 19) into [3, 4), [4, 8), [8, 12), [12, 16), [16, 19).
+  // Chunks of 4 cut [3, 11) into [3, 4), [4, 8), [8, 11) and [11, 19) into [11, 12), [12, 16),
+  // [16, 19).
   const ShardMaps chunk = *BuildShardMaps(plan, *AttentionMask::ChunkedLocal(4));
-  EXPECT_THAT(chunk.ranks[1].key_begin, ElementsAre(0, 4, 8, 12, 16));
-  EXPECT_THAT(chunk.ranks[1].segment, ElementsAre(0, 0, 0, 0, 0));
-  EXPECT_THAT(chunk.ranks[1].cu_seqlens_q, ElementsAre(0, 1, 5, 9, 13, 16));
-  EXPECT_THAT(chunk.ranks[1].cu_seqlens_k, ElementsAre(0, 4, 8, 12, 16, 19));
+  EXPECT_THAT(chunk.ranks[1].key_begin, ElementsAre(0, 4, 8, 8, 12, 16));
+  EXPECT_THAT(chunk.ranks[1].segment, ElementsAre(0, 0, 0, 1, 1, 1));
+  EXPECT_THAT(chunk.ranks[1].cu_seqlens_q, ElementsAre(0, 1, 5, 8, 9, 13, 16));
+  EXPECT_THAT(chunk.ranks[1].cu_seqlens_k, ElementsAre(0, 4, 8, 11, 15, 19, 22));
   EXPECT_EQ(chunk.ranks[1].max_seqlen_k, 4);
 }
 

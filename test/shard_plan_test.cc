@@ -71,16 +71,17 @@ TEST(ShardPlanTest, WorkedExamplePerSequence) {
             (Segment{.id = 2, .q_begin = 0, .q_end = 8, .doc_index = 2, .q_pos = 24, .k_pos = 24}));
   EXPECT_THAT(r0.cu_seqlens_q, ElementsAre(0, 5, 8, 16));
   EXPECT_THAT(r0.cu_seqlens_k, ElementsAre(0, 5, 8, 16));
-  // Rank 1: chunks 1 and 2 = doc 1 queries [3, 11) and [11, 19), adjacent, so one segment
-  // [3, 19) (keys [0, 19) gathered once, not [0, 11) and [0, 19)).
+  // Rank 1: chunks 1 and 2 = doc 1 queries [3, 11) and [11, 19).
   const RankShard& r1 = plan.ranks[1];
-  ASSERT_EQ(r1.segments.size(), 1u);
+  ASSERT_EQ(r1.segments.size(), 2u);
   EXPECT_EQ(r1.segments[0].q_begin, 3);
-  EXPECT_EQ(r1.segments[0].q_end, 19);
+  EXPECT_EQ(r1.segments[0].q_end, 11);
   EXPECT_EQ(r1.segments[0].q_pos, 8);
-  EXPECT_THAT(r1.cu_seqlens_q, ElementsAre(0, 16));
-  EXPECT_THAT(r1.cu_seqlens_k, ElementsAre(0, 19));
-  EXPECT_EQ(r1.max_seqlen_q, 16);
+  EXPECT_EQ(r1.segments[1].q_begin, 11);
+  EXPECT_EQ(r1.segments[1].q_end, 19);
+  EXPECT_THAT(r1.cu_seqlens_q, ElementsAre(0, 8, 16));
+  EXPECT_THAT(r1.cu_seqlens_k, ElementsAre(0, 11, 30));
+  EXPECT_EQ(r1.max_seqlen_q, 8);
   EXPECT_EQ(r1.max_seqlen_k, 19);
   EXPECT_TRUE(ValidateShardPlan(plan, mb).ok());
 }
@@ -337,7 +338,7 @@ TEST(ShardPlanTest, ValidateRejectsTamperedPlans) {
 TEST(ShardPlanTest, DuplicateTokensAreReported) {
   // Two ranks claiming the same query range of a one-document micro-batch.
   const MicroBatch mb = MakeMicroBatch({4});
-  ShardPlan plan = MustPlan(mb, 1, ShardStrategy("per-doc"));
+  ShardPlan plan = MustPlan(mb, 1, ShardStrategy("per-seq"));
   ASSERT_EQ(plan.ranks[0].segments.size(), 2u);  // chunks [0, 2) and [2, 4)
   plan.ranks[0].segments[1].q_begin = 1;
   plan.ranks[0].segments[1].q_pos = 1;
@@ -526,18 +527,10 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
     const int64_t chunk = (mb.tokens + n - 1) / n;
     EXPECT_EQ(seq.rank_capacity, 2 * chunk);
     for (const RankShard& r : seq.ranks) {
-      for (size_t x = 0; x < r.segments.size(); ++x) {
-        const Segment& s = r.segments[x];
+      for (const Segment& s : r.segments) {
         const int64_t c = s.q_pos / chunk;
         EXPECT_TRUE(c == r.rank || c == n - 1 - r.rank);
-        // Never crosses a chunk boundary but the one inside rank C-1's adjacent chunks C-1 and
-        // C, where a document is one segment, not two.
-        const int64_t last = (s.q_pos + s.q_len() - 1) / chunk;
-        EXPECT_TRUE(last == c || (r.rank == cp - 1 && c == cp - 1 && last == cp));
-        if (x > 0) {
-          const Segment& before = r.segments[x - 1];
-          EXPECT_FALSE(before.doc_index == s.doc_index && before.q_end == s.q_begin);
-        }
+        EXPECT_EQ((s.q_pos + s.q_len() - 1) / chunk, c);  // never crosses a chunk boundary
       }
     }
 
@@ -566,8 +559,7 @@ TEST(ShardPlanPropertyTest, RandomMicroBatches) {
           const int64_t p = ordered_start[static_cast<size_t>(s.doc_index)] + s.q_begin;
           const int64_t c = p / chunk;
           EXPECT_TRUE(c == r.rank || c == n - 1 - r.rank);
-          const int64_t last = (p + s.q_len() - 1) / chunk;
-          EXPECT_TRUE(last == c || (r.rank == cp - 1 && c == cp - 1 && last == cp));
+          EXPECT_EQ((p + s.q_len() - 1) / chunk, c);
         }
       }
     }

@@ -34,10 +34,10 @@ def test_committed_tables_give_the_quoted_numbers():
     lines = out.stdout.splitlines()
     flash = lines[0]
     gather = next(line for line in lines if line.startswith(str(raw / "balance_gather_3350.txt")))
-    assert "54 cells" in flash and "fastest capped plan 1.0191" in flash
+    assert "54 cells" in flash and "fastest capped plan 1.0237" in flash
     assert "worst cell 1.0044" in flash and "> 1%: 18 (C = 2: 14, C = 4: 2, C = 8: 2);" in flash
-    assert "fastest capped plan 1.0125" in gather and "> 1%: 1 (C = 2: 1, C = 4: 0, C = 8: 0)" in gather
-    assert "1137 of 10920" in out.stdout and "251 of 10920" in out.stdout
+    assert "fastest capped plan 1.0317" in gather and "> 1%: 1 (C = 2: 1, C = 4: 0, C = 8: 0)" in gather
+    assert "1140 of 10920" in out.stdout and "252 of 10920" in out.stdout
     # adaptive is the fastest wlb plan within the cap on every micro-batch under both truths
     assert out.stdout.count("within the memory cap, worst micro-batch cell: 1.0000") == 2
 
@@ -96,7 +96,7 @@ def test_split_what_if_moves_no_token_and_closes_most_cells():
     assert out.returncode == 0, out.stderr
     summary = {pathlib.Path(line.split(":")[0]).name: line for line in out.stdout.splitlines()
                if "54 cells" in line}
-    assert "capped plan 1.0101; cells with a micro-batch > 1%: 1 (C = 2: 1, C = 4: 0, C = 8: 0)" \
+    assert "capped plan 1.0208; cells with a micro-batch > 1%: 1 (C = 2: 1, C = 4: 0, C = 8: 0)" \
         in summary["balance_flash_table.txt"]
     assert "> 1%: 0 (" in summary["balance_packed_calls.txt"]
     seeds = [line for name, line in summary.items() if "seed" in name]
@@ -131,7 +131,7 @@ def test_finer_cut_what_if_stays_in_the_cap_and_closes_most_monotone_cells():
             assert len(lines) == 13
             counts[row] = sum(int(re.search(r"> 1%: (\d+)", line).group(1)) for line in lines)
         totals[truth] = (counts["adaptive"], counts[what_if])
-    assert totals == {"flash_table": (210, 175), "monotone": (8, 4)}
+    assert totals == {"flash_table": (210, 175), "monotone": (9, 5)}
 
 
 def test_an_unknown_row_is_an_error_naming_it():
@@ -159,7 +159,7 @@ def test_a_larger_memory_cap_holds_what_its_readme_says():
     out = run("--against", raw / "balance_flash_table.txt",
               raw / "memory_cap" / "balance_flash_table_cap125.txt")
     assert out.returncode == 0, out.stderr
-    assert ("small micro-batches, 8K-32K tokens (synthetic): mean slowest rank -16.16% to -2.40%; "
+    assert ("small micro-batches, 8K-32K tokens (synthetic): mean slowest rank -16.18% to -2.44%; "
             "worst micro-batch over the best row 2.4709 -> 1.9625; tokens worst up to 1.250"
             ) in out.stdout
     # a table of other cells is refused

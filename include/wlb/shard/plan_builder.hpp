@@ -115,34 +115,17 @@ void ForEachPieceOfRun(const std::vector<int64_t>& starts, int64_t lo, int64_t h
 }
 
 // Calls fn(rank, doc_index, q_begin, q_end) for every per-sequence segment, chunks in order.
-// Rank C-1 holds the adjacent chunks C-1 and C, so a document across their boundary is one
-// segment of it, not two: its keys are gathered once and its queries tiled as one run (as
-// PyTorch's head-tail placement runs it; two segments were up to 2.5% slower on a 16K
-// micro-batch at C = 2, docs/results/cp/torch_balancers.md).
 template <typename Fn>
 void ForEachPerSequenceSegment(const std::vector<int64_t>& starts, int cp_size, Fn&& fn) {
   const int64_t total = starts.back();
   const int64_t chunk = PerSequenceChunk(total, cp_size);
   int64_t k = 0;
-  // The start of chunk C-1's last piece while its document goes on into chunk C, whose first
-  // piece (of the same document) it then begins; -1 otherwise.
-  int64_t held_begin = -1;
   for (int64_t j = 0; j < 2 * cp_size; ++j) {
     const int64_t lo = j * chunk;
     if (lo >= total) break;  // this and later chunks are all padding
     const int rank = RankOfChunk(j, cp_size);
-    const int64_t hi = std::min(lo + chunk, total);
-    ForEachPieceOfRun(starts, lo, hi, k, [&](int64_t i, int64_t qb, int64_t qe) {
-      if (held_begin >= 0) {
-        qb = held_begin;
-        held_begin = -1;
-      }
-      if (j == cp_size - 1 && starts[i + 1] > hi) {
-        held_begin = qb;
-        return;
-      }
-      fn(rank, i, qb, qe);
-    });
+    ForEachPieceOfRun(starts, lo, std::min(lo + chunk, total), k,
+                      [&](int64_t i, int64_t qb, int64_t qe) { fn(rank, i, qb, qe); });
   }
 }
 
