@@ -115,15 +115,21 @@ BALANCERS = {
 }
 
 
-def compare(lengths, world, link_gbps):
+def placements(lengths, world):
+    """{balancer: owner} of one micro-batch at C = world; they do not depend on the link."""
+    return {name: fn(lengths, world) for name, fn in BALANCERS.items()}
+
+
+def compare(lengths, world, link_gbps, owners=None):
     """(adaptive's slowest rank ms, its most tokens on a rank over T / C, {balancer: its
-    slowest rank ms}) for one micro-batch."""
+    slowest rank ms}) for one micro-batch; `owners`: its placements, when already run."""
     import wlb
     plan = wlb.plan_shards(lengths, world, cp_link_gbps=link_gbps)
     mean = int(np.sum(lengths)) / world
-    peers = {name: wlb.predict_cp_of_placement(lengths, world, fn(lengths, world),
+    owners = placements(lengths, world) if owners is None else owners
+    peers = {name: wlb.predict_cp_of_placement(lengths, world, owner,
                                                cp_link_gbps=link_gbps)["max_ms"]
-             for name, fn in BALANCERS.items()}
+             for name, owner in owners.items()}
     return (plan.cp_prediction["max_ms"], max(r.tokens for r in plan.ranks) / mean, peers)
 
 
@@ -149,8 +155,9 @@ def main(argv=None):
           "adaptive's most tokens / (T / C) |")
     print("|---|---|---|---|---|---|---|")
     for world in (2, 4, 8):
+        owners = [placements(mb, world) for mb in mbs]
         for link in (450.0, 25.0):
-            rows = [compare(mb, world, link) for mb in mbs]
+            rows = [compare(mb, world, link, o) for mb, o in zip(mbs, owners)]
             tokens = max(r[1] for r in rows)
             for peer in BALANCERS:
                 ratio = np.array([r[2][peer] / r[0] for r in rows])

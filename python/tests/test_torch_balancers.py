@@ -16,12 +16,9 @@ tb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tb)
 
 
-def owners_of_plan(plan, tokens):
-    owner = np.full(tokens, -1, dtype=np.int64)
-    for r in plan.ranks:
-        owner[r.token_indices] = r.rank
-    assert (owner >= 0).all()
-    return owner
+def owners_of_plan(plan):
+    # The all-gathered layout is rank-major, rank_capacity rows a rank.
+    return plan.packed_to_gathered // plan.rank_capacity
 
 
 def some_micro_batches(count, seed=3):
@@ -59,11 +56,10 @@ def test_torchs_head_tail_balancers_are_wlbs_per_seq_and_per_doc_placements(worl
     # PyTorch's head-tail is wlb's per-seq (rank r: chunks r and 2C-1-r of the micro-batch), its
     # per-document head-tail is per-doc on documents of a multiple of 2C tokens.
     for lengths in some_micro_batches(2):
-        tokens = int(lengths.sum())
         per_seq = wlb.plan_shards(lengths, world, "per-seq")
         per_doc = wlb.plan_shards(lengths, world, "per-doc")
-        assert (tb.head_tail(lengths, world) == owners_of_plan(per_seq, tokens)).all()
-        assert (tb.per_document_head_tail(lengths, world) == owners_of_plan(per_doc, tokens)).all()
+        assert (tb.head_tail(lengths, world) == owners_of_plan(per_seq)).all()
+        assert (tb.per_document_head_tail(lengths, world) == owners_of_plan(per_doc)).all()
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -85,7 +81,7 @@ def test_a_plans_own_placement_prices_as_the_plan(strategy):
     for lengths in some_micro_batches(2, seed=5):
         for world, link in ((2, 450.0), (8, 25.0)):
             plan = wlb.plan_shards(lengths, world, strategy, cp_link_gbps=link)
-            owner = owners_of_plan(plan, int(lengths.sum()))
+            owner = owners_of_plan(plan)
             got = wlb.predict_cp_of_placement(lengths, world, owner, cp_link_gbps=link)
             assert got == plan.cp_prediction
 
@@ -94,8 +90,9 @@ def test_adaptive_beats_torchs_balancers():
     # The committed table (docs/results/cp/torch_balancers.md) over 20 micro-batches; here 3.
     for lengths in some_micro_batches(3, seed=7):
         for world in (2, 4, 8):
+            owners = tb.placements(lengths, world)
             for link in (450.0, 25.0):
-                adaptive, tokens, peers = tb.compare(lengths, world, link)
+                adaptive, tokens, peers = tb.compare(lengths, world, link, owners)
                 assert tokens <= 1.01
                 for name, ms in peers.items():
                     assert adaptive <= ms, (name, world, link, adaptive, ms)
